@@ -1,0 +1,36 @@
+//! The one place that reads the wall clock: maps `std::time::Instant` onto
+//! the core's [`Instant`](crate::core::time::Instant).
+
+use crate::core::time::Instant;
+
+/// A monotonic clock whose origin is the moment it was created.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    origin: std::time::Instant,
+}
+
+impl Clock {
+    /// A clock starting now.
+    #[allow(clippy::disallowed_methods)]
+    pub fn new() -> Self {
+        Clock { origin: std::time::Instant::now() }
+    }
+
+    /// The current time on this clock.
+    #[allow(clippy::disallowed_methods)]
+    pub fn now(&self) -> Instant {
+        let nanos = std::time::Instant::now().duration_since(self.origin).as_nanos();
+        Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// The wall-clock instant corresponding to `t` on this clock.
+    pub fn to_std(&self, t: Instant) -> std::time::Instant {
+        self.origin + std::time::Duration::from_nanos(t.as_nanos())
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}

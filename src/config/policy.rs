@@ -1,0 +1,193 @@
+//! The validated policy: what the rest of Fairway reads. Built only by
+//! [`crate::config::validate`]; every reference is resolved and every value
+//! is in range, so no consumer re-checks anything.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::sim::engine::EngineParams;
+
+/// The whole validated policy file.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Policy {
+    pub server: ServerPolicy,
+    pub poller: PollerPolicy,
+    pub queue: QueuePolicy,
+    pub pools: Vec<PoolPolicy>,
+    pub tenants: Vec<TenantPolicy>,
+}
+
+/// `[server]`: listeners and request limits.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ServerPolicy {
+    /// Client listener (HTTP/1.1 and h2c on one port). Restart-only.
+    pub listen: SocketAddr,
+    /// Admin listener: health, readiness, metrics, admin views. Restart-only.
+    pub admin_listen: SocketAddr,
+    /// Largest request body accepted, in bytes (default 10 MiB).
+    pub max_body_bytes: usize,
+    /// How long in-flight responses may run after shutdown starts.
+    #[serde(with = "humantime_serde_compat")]
+    pub drain_timeout: Duration,
+    /// Header naming the tenant, trusted only when the operator sets it.
+    pub trust_tenant_header: Option<String>,
+    /// TLS on the client listener (rustls). Restart-only.
+    pub tls: Option<TlsPolicy>,
+}
+
+/// `[server] tls`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TlsPolicy {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// `[poller]`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PollerPolicy {
+    /// Scrape period per backend (default 250 ms).
+    #[serde(with = "humantime_serde_compat")]
+    pub interval: Duration,
+}
+
+/// `[queue]`: the fair queue.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QueuePolicy {
+    pub discipline: Discipline,
+    /// A request not dispatched within this time is shed with 503.
+    #[serde(with = "humantime_serde_compat")]
+    pub max_wait: Duration,
+    /// Queued requests per tenant beyond which arrivals are refused (429).
+    pub max_queued_per_tenant: u32,
+    /// Weight of one output token relative to one prompt token in `wfq` cost.
+    pub output_token_weight: f64,
+}
+
+/// The fair-queue order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Discipline {
+    /// Arrival order across all tenants (baseline).
+    Fifo,
+    /// Strict priority by tenant class, FIFO within (baseline; starves).
+    Priority,
+    /// Virtual-time fair queueing, cost in tokens.
+    Wfq,
+    /// Virtual-time fair queueing, cost in dominant share (default).
+    Drf,
+}
+
+/// How a backend is picked within a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    LeastOutstanding,
+    P2c,
+    RoundRobin,
+    Random,
+    Pack,
+}
+
+/// `[[pools]]`: the backends serving one model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PoolPolicy {
+    pub model: String,
+    pub routing: Strategy,
+    /// Time allowed for a backend's response headers (default 60 s).
+    #[serde(with = "humantime_serde_compat")]
+    pub timeout: Duration,
+    /// Skip a backend whose KV usage is at or above this (default 0.8).
+    pub kv_high_watermark: f64,
+    /// Skip a backend whose TTFT p99 is above this (default 150 ms).
+    #[serde(with = "humantime_serde_compat")]
+    pub ttft_p99_threshold: Duration,
+    pub backends: Vec<BackendPolicy>,
+}
+
+/// `[[pools.backends]]`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BackendPolicy {
+    /// Stable name used in metrics and logs (default: `host:port`).
+    pub name: String,
+    pub target: BackendTarget,
+    /// GPUs behind this backend, for GPU-seconds accounting.
+    pub gpus: u32,
+    /// Most requests Fairway sends at once (the dispatch window's ceiling).
+    pub max_inflight: u32,
+    pub metrics: MetricsDialect,
+    /// KV capacity in tokens, for DRF cost (default: from the backend's
+    /// reading, or 65 536 until one arrives).
+    pub kv_tokens: u64,
+}
+
+/// Where a backend is.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendTarget {
+    /// A remote engine at `http://host:port`.
+    Url { authority: String },
+    /// A simulated engine that `fairway serve` starts in-process.
+    Sim { params: EngineParams },
+}
+
+/// The metrics dialect a backend speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricsDialect {
+    Vllm,
+    Triton,
+    Sglang,
+    Llamacpp,
+    Agent,
+    None,
+}
+
+/// Tenant class for the `priority` discipline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    Interactive,
+    Batch,
+}
+
+/// `[[tenants]]`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TenantPolicy {
+    pub name: String,
+    /// SHA-256 digests of the tenant's API keys; keys themselves are not kept.
+    #[serde(skip)]
+    pub key_digests: Vec<[u8; 32]>,
+    pub weight: f64,
+    pub priority: Priority,
+    /// Requests per second (refill of the request bucket); `None` = unlimited.
+    pub rate: Option<f64>,
+    /// Request bucket capacity (default: `rate`, at least 1).
+    pub burst: Option<f64>,
+    /// Requests in flight plus queued; `None` = unlimited.
+    pub max_concurrency: Option<u32>,
+    /// GPU-seconds budget per hour; `None` = unlimited.
+    pub gpu_seconds_per_hour: Option<f64>,
+    pub slo: Slo,
+}
+
+/// A tenant's latency objective; a served request meets it when both hold.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Slo {
+    #[serde(with = "humantime_serde_compat")]
+    pub ttft: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub e2e: Duration,
+}
+
+/// Serialises durations as humantime strings ("250ms") for `/admin/policy`.
+mod humantime_serde_compat {
+    use serde::Serializer;
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_duration(*d))
+    }
+}

@@ -1,0 +1,1 @@
+//! HTTP front of the simulated engine (being written).
