@@ -10,3 +10,4 @@ pub mod clock;
 pub mod config;
 pub mod core;
 pub mod sim;
+pub mod tokens;
