@@ -1,5 +1,14 @@
 //! The sans-IO scheduling core: admission, fair queue, dispatch windows,
 //! routing and GPU-seconds accounting. Every time-dependent method takes
 //! `now`; nothing here reads a clock, opens a socket, spawns, logs or counts.
+//! [`scheduler::Scheduler`] composes the parts; the live proxy and the
+//! replay simulator both drive it.
 
+pub mod accounting;
+pub mod admission;
+pub mod ids;
+pub mod queue;
+pub mod reading;
+pub mod routing;
+pub mod scheduler;
 pub mod time;

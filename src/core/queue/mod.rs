@@ -1,0 +1,248 @@
+//! The fair queue of one pool: per-tenant FIFO queues and the order across
+//! tenants chosen by the discipline.
+//!
+//! `drf` and `wfq` are virtual-time fair queueing after the Virtual Token
+//! Counter (Sheng et al., "Fairness in Serving Large Language Models", OSDI
+//! 2024): the next dispatch goes to the backlogged tenant with the smallest
+//! counter; counters advance by `cost / weight`; a tenant that becomes
+//! backlogged is lifted to the smallest backlogged counter (or to the
+//! counter of the last dispatch when none is backlogged), so idle time banks
+//! no credit. They differ only in the cost charged (see [`cost`]). `fifo` and
+//! `priority` are baselines: arrival order, and strict priority by tenant
+//! class (which starves `batch` tenants under load).
+//!
+//! Invariant: a tenant is in `backlogged` iff it has a live queued request,
+//! and its key there is its current ordering key. All operations are
+//! O(log tenants) amortised; cancelled entries are skipped lazily.
+
+pub mod cost;
+
+use std::collections::{BTreeSet, VecDeque};
+
+use crate::config::{Discipline, Priority};
+use crate::core::ids::{RequestId, TenantId};
+
+/// Ordering key: class first (priority), then counter or arrival sequence.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Key(u8, f64);
+
+impl Eq for Key {}
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0).then(self.1.total_cmp(&other.1))
+    }
+}
+
+#[derive(Clone, Debug)]
+struct TenantQueue {
+    entries: VecDeque<(RequestId, u64)>,
+    live: u32,
+    counter: f64,
+    weight: f64,
+    class: u8,
+    key: Option<Key>,
+}
+
+impl TenantQueue {
+    fn new(weight: f64, class: u8) -> Self {
+        TenantQueue { entries: VecDeque::new(), live: 0, counter: 0.0, weight, class, key: None }
+    }
+}
+
+/// The queue of one pool.
+#[derive(Clone, Debug)]
+pub struct FairQueue {
+    discipline: Discipline,
+    tenants: Vec<TenantQueue>,
+    backlogged: BTreeSet<(Key, TenantId)>,
+    /// Counter of the most recent dispatch: the floor for returning tenants.
+    vtime: f64,
+    next_seq: u64,
+    len: usize,
+}
+
+fn class_of(p: Priority) -> u8 {
+    match p {
+        Priority::Interactive => 0,
+        Priority::Batch => 1,
+    }
+}
+
+impl FairQueue {
+    /// An empty queue under `discipline`.
+    pub fn new(discipline: Discipline) -> Self {
+        FairQueue {
+            discipline,
+            tenants: Vec::new(),
+            backlogged: BTreeSet::new(),
+            vtime: 0.0,
+            next_seq: 0,
+            len: 0,
+        }
+    }
+
+    /// The discipline in force.
+    pub fn discipline(&self) -> Discipline {
+        self.discipline
+    }
+
+    /// Switches discipline (a reload); queued requests keep their order
+    /// within each tenant and are re-keyed across tenants.
+    pub fn set_discipline(&mut self, discipline: Discipline, is_live: impl Fn(RequestId) -> bool) {
+        if self.discipline != discipline {
+            self.discipline = discipline;
+            let ids: Vec<TenantId> = self.backlogged.iter().map(|(_, t)| *t).collect();
+            for t in ids {
+                self.rekey(t, &is_live);
+            }
+        }
+    }
+
+    /// Declares or updates a tenant's weight and class.
+    pub fn set_tenant(&mut self, tenant: TenantId, weight: f64, priority: Priority) {
+        let i = tenant.0 as usize;
+        if self.tenants.len() <= i {
+            self.tenants.resize_with(i + 1, || TenantQueue::new(1.0, 0));
+        }
+        let q = &mut self.tenants[i];
+        q.weight = weight.max(f64::MIN_POSITIVE);
+        q.class = class_of(priority);
+        if q.key.is_some() {
+            self.rekey(tenant, |_| true);
+        }
+    }
+
+    /// Live queued requests, all tenants.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Live queued requests of one tenant.
+    pub fn tenant_len(&self, tenant: TenantId) -> u32 {
+        self.tenants.get(tenant.0 as usize).map_or(0, |q| q.live)
+    }
+
+    /// A tenant's virtual counter (service received, weighted).
+    pub fn counter(&self, tenant: TenantId) -> f64 {
+        self.tenants.get(tenant.0 as usize).map_or(0.0, |q| q.counter)
+    }
+
+    fn key_for(&self, tenant: TenantId, is_live: impl Fn(RequestId) -> bool) -> Option<Key> {
+        let q = &self.tenants[tenant.0 as usize];
+        let head = q.entries.iter().find(|(id, _)| is_live(*id)).map(|(_, s)| *s)?;
+        Some(match self.discipline {
+            Discipline::Drf | Discipline::Wfq => Key(0, q.counter),
+            Discipline::Fifo => Key(0, head as f64),
+            Discipline::Priority => Key(q.class, head as f64),
+        })
+    }
+
+    fn rekey(&mut self, tenant: TenantId, is_live: impl Fn(RequestId) -> bool) {
+        let i = tenant.0 as usize;
+        if let Some(old) = self.tenants[i].key.take() {
+            self.backlogged.remove(&(old, tenant));
+        }
+        if self.tenants[i].live > 0 {
+            if let Some(k) = self.key_for(tenant, is_live) {
+                self.tenants[i].key = Some(k);
+                self.backlogged.insert((k, tenant));
+            }
+        }
+    }
+
+    /// Appends a request to its tenant's FIFO.
+    pub fn push(&mut self, tenant: TenantId, id: RequestId) {
+        let i = tenant.0 as usize;
+        if self.tenants.len() <= i {
+            self.set_tenant(tenant, 1.0, Priority::Interactive);
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let becomes_backlogged = self.tenants[i].live == 0;
+        if becomes_backlogged {
+            // VTC lift: no credit for idle time.
+            let floor = match self.backlogged.first() {
+                Some((_, t)) if matches!(self.discipline, Discipline::Drf | Discipline::Wfq) => {
+                    self.tenants[t.0 as usize].counter
+                }
+                _ => self.vtime,
+            };
+            let q = &mut self.tenants[i];
+            q.counter = q.counter.max(floor);
+            q.entries.clear();
+        }
+        let q = &mut self.tenants[i];
+        q.entries.push_back((id, seq));
+        q.live += 1;
+        self.len += 1;
+        if becomes_backlogged {
+            self.rekey(tenant, |_| true);
+        }
+    }
+
+    /// The tenant that would be served next.
+    pub fn peek_tenant(&self) -> Option<TenantId> {
+        self.backlogged.first().map(|(_, t)| *t)
+    }
+
+    /// Removes and returns the next request in discipline order, skipping
+    /// entries that are no longer live.
+    pub fn pop(&mut self, is_live: impl Fn(RequestId) -> bool) -> Option<(TenantId, RequestId)> {
+        let (_, tenant) = *self.backlogged.first()?;
+        let i = tenant.0 as usize;
+        let q = &mut self.tenants[i];
+        let mut found = None;
+        while let Some((id, _)) = q.entries.pop_front() {
+            if is_live(id) {
+                found = Some(id);
+                break;
+            }
+        }
+        let id = found?;
+        q.live = q.live.saturating_sub(1);
+        self.len = self.len.saturating_sub(1);
+        self.vtime = self.vtime.max(q.counter);
+        self.rekey(tenant, is_live);
+        Some((tenant, id))
+    }
+
+    /// Records that a queued request of `tenant` left the queue without being
+    /// dispatched (cancelled or shed). Call after marking it not live.
+    pub fn forget(&mut self, tenant: TenantId, is_live: impl Fn(RequestId) -> bool) {
+        let i = tenant.0 as usize;
+        let Some(q) = self.tenants.get_mut(i) else { return };
+        q.live = q.live.saturating_sub(1);
+        self.len = self.len.saturating_sub(1);
+        if q.live == 0 {
+            q.entries.clear();
+        }
+        self.rekey(tenant, is_live);
+    }
+
+    /// Charges `cost` (may be negative: a correction) to a tenant's counter.
+    pub fn charge(&mut self, tenant: TenantId, cost: f64) {
+        let Some(q) = self.tenants.get_mut(tenant.0 as usize) else { return };
+        q.counter = (q.counter + cost / q.weight).max(0.0);
+        if let Some(old) = q.key {
+            if matches!(self.discipline, Discipline::Drf | Discipline::Wfq) {
+                let new = Key(old.0, q.counter);
+                q.key = Some(new);
+                self.backlogged.remove(&(old, tenant));
+                self.backlogged.insert((new, tenant));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

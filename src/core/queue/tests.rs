@@ -1,0 +1,125 @@
+use super::*;
+
+fn id(n: u64) -> RequestId {
+    RequestId(n)
+}
+
+fn live(_: RequestId) -> bool {
+    true
+}
+
+/// Serves `n` requests of unit cost from a queue where both tenants stay
+/// backlogged; returns service per tenant after each dispatch.
+fn serve(q: &mut FairQueue, n: usize, cost: impl Fn(TenantId) -> f64) -> Vec<[f64; 2]> {
+    let mut served = [0.0, 0.0];
+    let mut next = 1000;
+    let mut trace = Vec::new();
+    for _ in 0..n {
+        let (t, _) = q.pop(live).expect("backlogged");
+        let c = cost(t);
+        q.charge(t, c);
+        served[t.0 as usize] += c;
+        q.push(t, id(next)); // stays backlogged
+        next += 1;
+        trace.push(served);
+    }
+    trace
+}
+
+#[test]
+fn weights_three_to_one_share_within_the_vtc_bound() {
+    let mut q = FairQueue::new(Discipline::Drf);
+    q.set_tenant(TenantId(0), 3.0, Priority::Interactive);
+    q.set_tenant(TenantId(1), 1.0, Priority::Batch);
+    for i in 0..4 {
+        q.push(TenantId(0), id(i));
+        q.push(TenantId(1), id(100 + i));
+    }
+    // Uneven request costs: tenant 0 sends small requests, tenant 1 big ones.
+    let max_cost = 5.0;
+    let trace = serve(&mut q, 4000, |t| if t.0 == 0 { 1.0 } else { max_cost });
+    for s in &trace {
+        // Weighted service differs by at most one maximal request per weight.
+        let gap = (s[0] / 3.0 - s[1] / 1.0).abs();
+        assert!(gap <= max_cost / 1.0 + max_cost / 3.0 + 1e-9, "gap {gap} at {s:?}");
+    }
+    let last = trace.last().unwrap();
+    let ratio = last[0] / last[1];
+    assert!((ratio - 3.0).abs() < 0.05, "ratio {ratio}");
+}
+
+#[test]
+fn idle_tenant_returns_without_banked_credit() {
+    let mut q = FairQueue::new(Discipline::Drf);
+    q.set_tenant(TenantId(0), 1.0, Priority::Interactive);
+    q.set_tenant(TenantId(1), 1.0, Priority::Interactive);
+    q.push(TenantId(0), id(0));
+    // Tenant 0 alone for a long time.
+    let mut n = 1;
+    for _ in 0..1000 {
+        let (t, _) = q.pop(live).unwrap();
+        q.charge(t, 1.0);
+        q.push(t, id(n));
+        n += 1;
+    }
+    // Tenant 1 arrives with many requests: it must not get 1000 in a row.
+    for i in 0..100 {
+        q.push(TenantId(1), id(10_000 + i));
+    }
+    let mut run = 0;
+    let mut longest = 0;
+    for _ in 0..100 {
+        let (t, _) = q.pop(live).unwrap();
+        q.charge(t, 1.0);
+        if t == TenantId(1) {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+            q.push(t, id(n));
+            n += 1;
+        }
+    }
+    assert!(longest <= 2, "returning tenant got a burst of {longest}");
+}
+
+#[test]
+fn priority_starves_batch_and_drf_does_not() {
+    for (discipline, expect_starved) in [(Discipline::Priority, true), (Discipline::Drf, false)] {
+        let mut q = FairQueue::new(discipline);
+        q.set_tenant(TenantId(0), 1.0, Priority::Interactive);
+        q.set_tenant(TenantId(1), 1.0, Priority::Batch);
+        q.push(TenantId(0), id(0));
+        q.push(TenantId(1), id(1));
+        let trace = serve(&mut q, 200, |_| 1.0);
+        let batch_served = trace.last().unwrap()[1];
+        assert_eq!(batch_served == 0.0, expect_starved, "{discipline:?}: {batch_served}");
+    }
+}
+
+#[test]
+fn fifo_serves_in_arrival_order_across_tenants() {
+    let mut q = FairQueue::new(Discipline::Fifo);
+    q.push(TenantId(1), id(1));
+    q.push(TenantId(0), id(2));
+    q.push(TenantId(1), id(3));
+    let order: Vec<u64> = std::iter::from_fn(|| q.pop(live).map(|(_, r)| r.0)).collect();
+    assert_eq!(order, vec![1, 2, 3]);
+}
+
+#[test]
+fn cancelled_entries_leave_the_queue_at_once() {
+    let mut q = FairQueue::new(Discipline::Drf);
+    q.push(TenantId(0), id(1));
+    q.push(TenantId(0), id(2));
+    q.push(TenantId(1), id(3));
+    let dead = |r: RequestId| r.0 != 1;
+    q.forget(TenantId(0), dead);
+    assert_eq!(q.len(), 2);
+    assert_eq!(q.tenant_len(TenantId(0)), 1);
+    let mut got: Vec<u64> = std::iter::from_fn(|| q.pop(dead).map(|(_, r)| r.0)).collect();
+    got.sort();
+    assert_eq!(got, vec![2, 3]);
+    assert!(q.is_empty());
+    assert_eq!(q.peek_tenant(), None);
+}

@@ -1,0 +1,328 @@
+use super::*;
+use crate::config::*;
+use crate::sim::engine::EngineParams;
+use proptest::prelude::{Strategy as PropStrategy, *};
+use crate::config::Strategy;
+
+fn t(ms: u64) -> Instant {
+    Instant::ZERO + Duration::from_millis(ms)
+}
+
+fn tenant(name: &str, weight: f64) -> TenantPolicy {
+    TenantPolicy {
+        name: name.into(),
+        key_digests: vec![],
+        weight,
+        priority: Priority::Interactive,
+        rate: None,
+        burst: None,
+        max_concurrency: None,
+        gpu_seconds_per_hour: None,
+        slo: Slo { ttft: Duration::from_secs(1), e2e: Duration::from_secs(30) },
+    }
+}
+
+fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
+    Policy {
+        server: ServerPolicy {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            admin_listen: "127.0.0.1:0".parse().unwrap(),
+            max_body_bytes: 1 << 20,
+            drain_timeout: Duration::from_secs(1),
+            trust_tenant_header: None,
+            tls: None,
+        },
+        poller: PollerPolicy { interval: Duration::from_millis(250) },
+        queue: QueuePolicy {
+            discipline: Discipline::Drf,
+            max_wait: Duration::from_secs(30),
+            max_queued_per_tenant: 1000,
+            output_token_weight: 1.0,
+        },
+        pools: vec![PoolPolicy {
+            model: "m".into(),
+            routing: Strategy::LeastOutstanding,
+            timeout: Duration::from_secs(60),
+            kv_high_watermark: 0.8,
+            ttft_p99_threshold: Duration::from_millis(150),
+            backends: (0..backends)
+                .map(|i| BackendPolicy {
+                    name: format!("b{i}"),
+                    target: BackendTarget::Sim { params: EngineParams::default() },
+                    gpus: 1,
+                    max_inflight: window,
+                    metrics: MetricsDialect::Vllm,
+                    kv_tokens: 65_536,
+                })
+                .collect(),
+        }],
+        tenants,
+    }
+}
+
+fn arrival(s: &Scheduler, name: &str) -> Arrival {
+    Arrival {
+        tenant: s.tenant(name).unwrap(),
+        pool: s.pool("m").unwrap(),
+        prompt_tokens: 100,
+        max_tokens: Some(100),
+        deadline: None,
+    }
+}
+
+fn dispatched(ds: &[Decision]) -> Vec<(RequestId, BackendId)> {
+    ds.iter()
+        .filter_map(|d| match d {
+            Decision::Dispatch { id, backend } => Some((*id, *backend)),
+            Decision::Shed { .. } => None,
+        })
+        .collect()
+}
+
+#[test]
+fn windows_hold_requests_in_the_gateway_queue() {
+    let mut s = Scheduler::new(&policy(2, 2, vec![tenant("a", 1.0)]), t(0), 1);
+    let mut running = Vec::new();
+    for _ in 0..6 {
+        let (_, ds) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
+        running.extend(dispatched(&ds));
+    }
+    assert_eq!(running.len(), 4, "two backends × window 2");
+    assert_eq!(s.queue_len(s.pool("m").unwrap()), 2);
+    let spread: std::collections::HashSet<_> = running.iter().map(|(_, b)| *b).collect();
+    assert_eq!(spread.len(), 2, "least outstanding spreads the load");
+    // A completion hands its slot to the next queued request.
+    let (id, b) = running[0];
+    let (ended, ds) = s.on_completion(t(1000), id, None).unwrap();
+    assert_eq!(ended.backend, b);
+    assert_eq!(dispatched(&ds).len(), 1);
+    assert_eq!(dispatched(&ds)[0].1, b);
+}
+
+#[test]
+fn weights_three_to_one_get_three_to_one_service() {
+    let mut s = Scheduler::new(&policy(1, 4, vec![tenant("a", 3.0), tenant("b", 1.0)]), t(0), 1);
+    let mut in_flight = std::collections::VecDeque::new();
+    for _ in 0..200 {
+        for name in ["a", "b"] {
+            let (_, ds) = s.on_arrival(t(0), arrival(&s, name)).unwrap();
+            in_flight.extend(dispatched(&ds));
+        }
+    }
+    let (a, b) = (s.tenant("a").unwrap(), s.tenant("b").unwrap());
+    let mut served = [0u32; 2];
+    let mut now = 0;
+    for _ in 0..200 {
+        now += 10;
+        let (id, _) = in_flight.pop_front().unwrap();
+        let usage = Usage { prompt_tokens: 100, completion_tokens: 100 };
+        let (ended, ds) = s.on_completion(t(now), id, Some(usage)).unwrap();
+        served[usize::from(ended.tenant == b)] += 1;
+        in_flight.extend(dispatched(&ds));
+    }
+    let _ = a;
+    let ratio = f64::from(served[0]) / f64::from(served[1]);
+    assert!((ratio - 3.0).abs() < 0.3, "served {served:?}");
+}
+
+#[test]
+fn rate_limit_refuses_with_retry_after_that_works() {
+    let mut p = tenant("a", 1.0);
+    p.rate = Some(2.0);
+    p.burst = Some(2.0);
+    let mut s = Scheduler::new(&policy(1, 100, vec![p]), t(0), 1);
+    assert!(s.on_arrival(t(0), arrival(&s, "a")).is_ok());
+    assert!(s.on_arrival(t(0), arrival(&s, "a")).is_ok());
+    let refusal = s.on_arrival(t(0), arrival(&s, "a")).unwrap_err();
+    assert_eq!(refusal.limit, LimitKind::Rate);
+    assert_eq!(refusal.retry_after, Duration::from_millis(500));
+    assert_eq!(refusal.requests_limit, Some(2.0));
+    assert_eq!(refusal.requests_remaining, Some(0.0));
+    assert!(s.on_arrival(t(499), arrival(&s, "a")).is_err());
+    assert!(s.on_arrival(t(500), arrival(&s, "a")).is_ok());
+}
+
+#[test]
+fn gpu_budget_in_debt_refuses_until_refilled() {
+    let mut p = tenant("a", 1.0);
+    p.gpu_seconds_per_hour = Some(3.6); // 1 ms of GPU per second
+    let mut s = Scheduler::new(&policy(1, 100, vec![p]), t(0), 1);
+    let (id, ds) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
+    assert_eq!(dispatched(&ds).len(), 1);
+    // Runs alone on one GPU for 10 s: 10 GPU-seconds, far over the 3.6 budget.
+    let (ended, _) = s.on_completion(t(10_000), id, None).unwrap();
+    assert!((ended.gpu_seconds - 10.0).abs() < 1e-6);
+    let refusal = s.on_arrival(t(10_000), arrival(&s, "a")).unwrap_err();
+    assert_eq!(refusal.limit, LimitKind::GpuSeconds);
+    // The bucket is at 3.6 - 10 = -6.4 GPU-s and refills 0.001/s.
+    assert!(refusal.retry_after > Duration::from_secs(6400), "{:?}", refusal.retry_after);
+    let view = s.tenant_view(t(10_000), s.tenant("a").unwrap());
+    assert!(view.gpu_seconds_level.unwrap() < 0.0);
+    assert!((view.gpu_seconds_total - 10.0).abs() < 1e-6);
+}
+
+#[test]
+fn concurrency_cap_counts_queued_and_in_flight() {
+    let mut p = tenant("a", 1.0);
+    p.max_concurrency = Some(3);
+    let mut s = Scheduler::new(&policy(1, 1, vec![p]), t(0), 1);
+    let (first, _) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
+    s.on_arrival(t(0), arrival(&s, "a")).unwrap();
+    s.on_arrival(t(0), arrival(&s, "a")).unwrap();
+    assert_eq!(s.on_arrival(t(0), arrival(&s, "a")).unwrap_err().limit, LimitKind::Concurrency);
+    s.on_completion(t(1), first, None).unwrap();
+    assert!(s.on_arrival(t(1), arrival(&s, "a")).is_ok());
+}
+
+#[test]
+fn queued_request_past_max_wait_is_shed_and_cancel_leaves_at_once() {
+    let mut s = Scheduler::new(&policy(1, 1, vec![tenant("a", 1.0)]), t(0), 1);
+    s.on_arrival(t(0), arrival(&s, "a")).unwrap();
+    let (queued, ds) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
+    assert!(ds.is_empty());
+    let (cancelled, _) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
+    assert_eq!(s.queue_len(PoolId(0)), 2);
+    let (ended, ds) = s.on_cancel(t(5), cancelled);
+    assert!(ended.is_none() && ds.is_empty());
+    assert_eq!(s.queue_len(PoolId(0)), 1, "cancelled request left the queue at once");
+    assert_eq!(s.next_wakeup(), Some(t(30_000)));
+    assert!(s.on_tick(t(29_999)).is_empty());
+    let ds = s.on_tick(t(30_000));
+    assert_eq!(ds, vec![Decision::Shed { id: queued, retry_after: Duration::from_secs(1) }]);
+    assert_eq!(s.queue_len(PoolId(0)), 0);
+    assert_eq!(s.live_requests(), 1);
+}
+
+#[test]
+fn full_kv_reading_stops_routing_until_it_drains() {
+    let mut s = Scheduler::new(&policy(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    let b0 = s.backend("b0").unwrap();
+    let b1 = s.backend("b1").unwrap();
+    // One request on each, then b0 reports a full KV cache.
+    let mut on = Vec::new();
+    for _ in 0..2 {
+        on.extend(dispatched(&s.on_arrival(t(0), arrival(&s, "a")).unwrap().1));
+    }
+    s.on_reading(t(1), b0, Reading { at: t(1), kv_usage: Some(0.95), ..Reading::default() });
+    for _ in 0..4 {
+        let ds = s.on_arrival(t(2), arrival(&s, "a")).unwrap().1;
+        assert!(dispatched(&ds).iter().all(|(_, b)| *b == b1));
+    }
+    // Stale after three intervals: routing falls back to local counts.
+    let ds = s.on_arrival(t(1000), arrival(&s, "a")).unwrap().1;
+    assert_eq!(dispatched(&ds)[0].1, b0);
+}
+
+#[test]
+fn reload_keeps_state_of_unchanged_tenants() {
+    let mut p = tenant("a", 1.0);
+    p.rate = Some(1.0);
+    p.burst = Some(1.0);
+    let pol = policy(1, 4, vec![p.clone(), tenant("b", 1.0)]);
+    let mut s = Scheduler::new(&pol, t(0), 1);
+    s.on_arrival(t(0), arrival(&s, "a")).unwrap();
+    let mut next = pol.clone();
+    next.tenants.retain(|t| t.name == "a");
+    next.tenants.push(tenant("c", 2.0));
+    s.apply_policy(&next, t(1));
+    assert!(s.tenant("b").is_none());
+    assert!(s.tenant("c").is_some());
+    assert_eq!(s.on_arrival(t(1), arrival(&s, "a")).unwrap_err().limit, LimitKind::Rate, "bucket survived");
+    assert_eq!(s.tenant_view(t(1), s.tenant("a").unwrap()).in_flight, 1);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Arrive(u8),
+    Complete(usize),
+    Cancel(usize),
+    Tick(u64),
+}
+
+fn op() -> impl PropStrategy<Value = Op> {
+    prop_oneof![
+        (0u8..3).prop_map(Op::Arrive),
+        (0usize..64).prop_map(Op::Complete),
+        (0usize..64).prop_map(Op::Cancel),
+        (0u64..20_000).prop_map(Op::Tick),
+    ]
+}
+
+proptest! {
+    /// Every admitted request ends exactly once, reservations are settled,
+    /// and the scheduler forgets nothing and holds nothing extra.
+    #[test]
+    fn every_admitted_request_ends_in_exactly_one_outcome(ops in proptest::collection::vec(op(), 1..300)) {
+        let mut ts = vec![tenant("a", 3.0), tenant("b", 1.0), tenant("c", 1.0)];
+        ts[1].gpu_seconds_per_hour = Some(36.0);
+        ts[2].rate = Some(5.0);
+        ts[2].max_concurrency = Some(5);
+        let mut s = Scheduler::new(&policy(2, 2, ts), t(0), 7);
+        let names = ["a", "b", "c"];
+        let mut now = 0u64;
+        let mut open: Vec<RequestId> = Vec::new(); // admitted, not ended
+        let mut in_flight: Vec<RequestId> = Vec::new();
+        let mut ended = std::collections::HashSet::new();
+        let apply = |ds: Vec<Decision>, in_flight: &mut Vec<RequestId>, open: &mut Vec<RequestId>, ended: &mut std::collections::HashSet<RequestId>| {
+            for d in ds {
+                match d {
+                    Decision::Dispatch { id, .. } => in_flight.push(id),
+                    Decision::Shed { id, .. } => {
+                        assert!(ended.insert(id), "ended twice");
+                        open.retain(|r| *r != id);
+                    }
+                }
+            }
+        };
+        for o in ops {
+            now += 1;
+            match o {
+                Op::Arrive(i) => {
+                    if let Ok((id, ds)) = s.on_arrival(t(now), arrival(&s, names[i as usize])) {
+                        open.push(id);
+                        apply(ds, &mut in_flight, &mut open, &mut ended);
+                    }
+                }
+                Op::Complete(i) if !in_flight.is_empty() => {
+                    let id = in_flight.remove(i % in_flight.len());
+                    let (_, ds) = s.on_completion(t(now), id, Some(Usage { prompt_tokens: 10, completion_tokens: 20 })).expect("in flight");
+                    prop_assert!(ended.insert(id));
+                    open.retain(|r| *r != id);
+                    apply(ds, &mut in_flight, &mut open, &mut ended);
+                }
+                Op::Cancel(i) if !open.is_empty() => {
+                    let id = open.remove(i % open.len());
+                    in_flight.retain(|r| *r != id);
+                    let (_, ds) = s.on_cancel(t(now), id);
+                    prop_assert!(ended.insert(id));
+                    apply(ds, &mut in_flight, &mut open, &mut ended);
+                }
+                Op::Tick(dt) => {
+                    now += dt;
+                    let ds = s.on_tick(t(now));
+                    apply(ds, &mut in_flight, &mut open, &mut ended);
+                }
+                _ => {}
+            }
+            prop_assert_eq!(s.live_requests(), open.len());
+            let ids: Vec<_> = s.tenants().collect();
+            let total_flight: u32 = ids.into_iter().map(|id| s.tenant_view(t(now), id).in_flight).sum();
+            prop_assert_eq!(total_flight as usize, in_flight.len());
+        }
+        // End everything: all reservations settle, buckets return within capacity.
+        for id in open.clone() {
+            s.on_cancel(t(now), id);
+        }
+        prop_assert_eq!(s.live_requests(), 0);
+        for id in s.tenants().collect::<Vec<_>>() {
+            // Long enough to repay everything actually used: with every
+            // reservation settled, the bucket is then exactly full.
+            let used = s.tenant_view(t(now), id).gpu_seconds_total;
+            let v = s.tenant_view(t(now + 3_600_000 + (used * 100_000.0) as u64 + 1000), id);
+            prop_assert_eq!(v.queued + v.in_flight, 0);
+            if let Some(level) = v.gpu_seconds_level {
+                prop_assert!((level - 36.0).abs() < 1e-6, "bucket refilled to capacity: {}", level);
+            }
+        }
+    }
+}
