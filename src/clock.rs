@@ -13,13 +13,17 @@ impl Clock {
     /// A clock starting now.
     #[allow(clippy::disallowed_methods)]
     pub fn new() -> Self {
-        Clock { origin: std::time::Instant::now() }
+        Clock {
+            origin: std::time::Instant::now(),
+        }
     }
 
     /// The current time on this clock.
     #[allow(clippy::disallowed_methods)]
     pub fn now(&self) -> Instant {
-        let nanos = std::time::Instant::now().duration_since(self.origin).as_nanos();
+        let nanos = std::time::Instant::now()
+            .duration_since(self.origin)
+            .as_nanos();
         Instant::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 

@@ -4,10 +4,15 @@
 //! - [`core`]: sans-IO scheduling (admission, fair queue, windows, routing, accounting).
 //! - [`config`]: the policy file, validation and reload.
 //! - [`sim`]: the simulated vLLM-like engine and its HTTP backend.
+//! - [`proxy`]: the I/O shell: listeners, the request path, the SSE relay, admin, reload.
+//! - [`telemetry`]: Prometheus metrics.
 //! - [`clock`]: the one wall-clock reader.
+//! - [`tokens`]: the shared token estimate.
 
 pub mod clock;
 pub mod config;
 pub mod core;
+pub mod proxy;
 pub mod sim;
+pub mod telemetry;
 pub mod tokens;

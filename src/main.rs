@@ -1,1 +1,255 @@
-fn main() {}
+//! The `fairway` command line: serve, check, sim-backend.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use fairway::config::{load_policy, summary};
+use fairway::proxy::server::{PolicySource, Server};
+use fairway::sim::backend::{SimBackendConfig, serve as serve_sim};
+use fairway::sim::engine::EngineParams;
+
+#[derive(Parser)]
+#[command(
+    name = "fairway",
+    version,
+    about = "An inline L7 inference gateway with per-tenant admission and fair queueing"
+)]
+struct Cli {
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true, env = "FAIRWAY_LOG_JSON")]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// The policy file.
+        #[arg(long, short, default_value = "config/fairway.toml")]
+        config: PathBuf,
+        /// How often to check the policy file for changes (0 disables).
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        watch_interval: Duration,
+    },
+    /// Validate policy files without serving.
+    Check {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Run a simulated vLLM-like backend.
+    SimBackend {
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        listen: SocketAddr,
+        #[arg(long, default_value = "sim-model")]
+        model: String,
+        #[arg(long, default_value_t = EngineParams::default().max_num_seqs)]
+        max_num_seqs: u32,
+        #[arg(long, default_value_t = EngineParams::default().kv_tokens)]
+        kv_tokens: u64,
+        #[arg(long, default_value_t = EngineParams::default().max_model_len)]
+        max_model_len: u32,
+        #[arg(long, default_value_t = EngineParams::default().prefill_tokens_per_s)]
+        prefill_tokens_per_s: f64,
+        /// Decode step time with one sequence in the batch.
+        #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+        decode_step_base: Duration,
+        /// Extra decode step time per additional sequence.
+        #[arg(long, default_value = "200us", value_parser = humantime::parse_duration)]
+        decode_step_per_seq: Duration,
+        /// Simulated seconds per wall second.
+        #[arg(long, default_value_t = 1.0)]
+        time_scale: f64,
+    },
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    match cli.command {
+        Command::Check { paths } => check(&paths),
+        Command::Serve {
+            config,
+            watch_interval,
+        } => report(runtime().and_then(|rt| rt.block_on(serve(config, watch_interval)))),
+        Command::SimBackend {
+            listen,
+            model,
+            max_num_seqs,
+            kv_tokens,
+            max_model_len,
+            prefill_tokens_per_s,
+            decode_step_base,
+            decode_step_per_seq,
+            time_scale,
+        } => {
+            let engine = EngineParams {
+                max_num_seqs,
+                kv_tokens,
+                max_model_len,
+                prefill_tokens_per_s,
+                decode_step_base,
+                decode_step_per_seq,
+                time_scale,
+                ..EngineParams::default()
+            };
+            report(runtime().and_then(|rt| {
+                rt.block_on(sim_backend(listen, SimBackendConfig { model, engine }))
+            }))
+        }
+    }
+}
+
+fn report(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fairway: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+fn check(paths: &[PathBuf]) -> ExitCode {
+    let mut ok = true;
+    for p in paths {
+        match load_policy(p) {
+            Ok((policy, _)) => println!("{}: ok: {}", p.display(), summary(&policy)),
+            Err(errors) => {
+                ok = false;
+                for e in errors {
+                    eprintln!("{e}");
+                }
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+async fn serve(config: PathBuf, watch_interval: Duration) -> anyhow::Result<()> {
+    let (policy, text) = load_policy(&config).map_err(|errors| {
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("invalid policy file:\n{}", lines.join("\n"))
+    })?;
+    let example_key = policy.tenants.first().and_then(|_| demo_key(&text));
+    let model = policy
+        .pools
+        .first()
+        .map(|p| p.model.clone())
+        .unwrap_or_default();
+    let server = Server::start(
+        policy,
+        PolicySource {
+            path: Some(config.clone()),
+            text,
+        },
+    )
+    .await
+    .with_context(|| format!("starting the gateway from {}", config.display()))?;
+    let addr = server.addr();
+    println!(
+        "fairway listening on http://{addr} (admin on http://{})",
+        server.admin_addr()
+    );
+    let auth = example_key
+        .map(|k| format!(" -H 'Authorization: Bearer {k}'"))
+        .unwrap_or_default();
+    println!(
+        "try: curl -s http://{addr}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":16}}'"
+    );
+    let gw = server.gateway().clone();
+    let stop = server.shutdown_token();
+    if !watch_interval.is_zero() {
+        tokio::spawn(fairway::proxy::reload::watch(
+            gw.clone(),
+            watch_interval,
+            stop.clone(),
+        ));
+    }
+    tokio::spawn(signals(gw, stop));
+    server.wait().await;
+    println!("fairway stopped");
+    Ok(())
+}
+
+/// The first clear-text key of the file, for the start-up curl example (the
+/// demo policy's keys are public; production files use digests or env).
+fn demo_key(text: &str) -> Option<String> {
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("api_keys"))?;
+    let start = line.find('"')? + 1;
+    let len = line[start..].find('"')?;
+    Some(line[start..start + len].to_owned())
+}
+
+#[cfg(unix)]
+async fn signals(
+    gw: std::sync::Arc<fairway::proxy::gateway::Gateway>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut hup), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("could not install signal handlers");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => { let _ = fairway::proxy::reload::reload(&gw).await; }
+        }
+    }
+    tracing::info!("shutdown signal received");
+    stop.cancel();
+}
+
+async fn sim_backend(listen: SocketAddr, cfg: SimBackendConfig) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    println!(
+        "fairway sim-backend for model {} listening on http://{}",
+        cfg.model,
+        listener.local_addr()?
+    );
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    serve_sim(listener, cfg, shutdown).await?;
+    Ok(())
+}

@@ -2,6 +2,10 @@
 //! a [`Policy`] (reporting every problem with file:line:column), `reload`
 //! swaps it at run time.
 
+pub mod file;
 pub mod policy;
+pub mod validate;
 
+pub use file::{ConfigError, load_policy};
 pub use policy::*;
+pub use validate::{parse_policy, parse_policy_with_env, summary};

@@ -21,7 +21,13 @@ pub struct GpuClock {
 impl GpuClock {
     /// A clock for a backend with `gpus` GPUs, starting at zero at `now`.
     pub fn new(gpus: u32, now: Instant) -> Self {
-        GpuClock { gpus: f64::from(gpus.max(1)), in_flight: 0, value: 0.0, updated: now, busy: 0.0 }
+        GpuClock {
+            gpus: f64::from(gpus.max(1)),
+            in_flight: 0,
+            value: 0.0,
+            updated: now,
+            busy: 0.0,
+        }
     }
 
     /// Changes the GPU count from `now` on (a reload).

@@ -43,7 +43,10 @@ pub enum Decision {
     Dispatch { id: RequestId, backend: BackendId },
     /// Answer request `id` with 503: it cannot be dispatched in time. It has
     /// already left the scheduler.
-    Shed { id: RequestId, retry_after: Duration },
+    Shed {
+        id: RequestId,
+        retry_after: Duration,
+    },
 }
 
 /// A request arriving at the gateway, identified and sized.
@@ -145,7 +148,12 @@ struct BackendState {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
     Queued,
-    InFlight { backend: BackendId, mark: f64, dispatched: Instant, charged: f64 },
+    InFlight {
+        backend: BackendId,
+        mark: f64,
+        dispatched: Instant,
+        charged: f64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -265,21 +273,24 @@ impl Scheduler {
             t.retired = true;
         }
         for tp in &policy.tenants {
-            let id = *self.tenant_by_name.entry(tp.name.clone()).or_insert_with(|| {
-                self.tenants.push(TenantState {
-                    name: tp.name.clone(),
-                    weight: 1.0,
-                    priority: Priority::Interactive,
-                    max_concurrency: None,
-                    active: 0,
-                    in_flight: 0,
-                    rate: None,
-                    gpu: None,
-                    gpu_seconds_total: 0.0,
-                    retired: false,
+            let id = *self
+                .tenant_by_name
+                .entry(tp.name.clone())
+                .or_insert_with(|| {
+                    self.tenants.push(TenantState {
+                        name: tp.name.clone(),
+                        weight: 1.0,
+                        priority: Priority::Interactive,
+                        max_concurrency: None,
+                        active: 0,
+                        in_flight: 0,
+                        rate: None,
+                        gpu: None,
+                        gpu_seconds_total: 0.0,
+                        retired: false,
+                    });
+                    TenantId((self.tenants.len() - 1) as u32)
                 });
-                TenantId((self.tenants.len() - 1) as u32)
-            });
             let t = &mut self.tenants[id.0 as usize];
             t.retired = false;
             t.weight = tp.weight;
@@ -295,21 +306,24 @@ impl Scheduler {
         }
         if policy.tenants.is_empty() {
             // No tenants declared: auth is off and everyone is "default".
-            let id = *self.tenant_by_name.entry("default".to_owned()).or_insert_with(|| {
-                self.tenants.push(TenantState {
-                    name: "default".to_owned(),
-                    weight: 1.0,
-                    priority: Priority::Interactive,
-                    max_concurrency: None,
-                    active: 0,
-                    in_flight: 0,
-                    rate: None,
-                    gpu: None,
-                    gpu_seconds_total: 0.0,
-                    retired: false,
+            let id = *self
+                .tenant_by_name
+                .entry("default".to_owned())
+                .or_insert_with(|| {
+                    self.tenants.push(TenantState {
+                        name: "default".to_owned(),
+                        weight: 1.0,
+                        priority: Priority::Interactive,
+                        max_concurrency: None,
+                        active: 0,
+                        in_flight: 0,
+                        rate: None,
+                        gpu: None,
+                        gpu_seconds_total: 0.0,
+                        retired: false,
+                    });
+                    TenantId((self.tenants.len() - 1) as u32)
                 });
-                TenantId((self.tenants.len() - 1) as u32)
-            });
             self.tenants[id.0 as usize].retired = false;
         }
 
@@ -320,38 +334,44 @@ impl Scheduler {
             b.retired = true;
         }
         for pp in &policy.pools {
-            let pid = *self.pool_by_model.entry(pp.model.clone()).or_insert_with(|| {
-                self.pools.push(PoolState {
-                    model: pp.model.clone(),
-                    strategy: pp.routing,
-                    kv_high_watermark: pp.kv_high_watermark,
-                    ttft_p99_threshold: pp.ttft_p99_threshold,
-                    queue: FairQueue::new(policy.queue.discipline),
-                    backends: Vec::new(),
-                    rr_cursor: 0,
-                    gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
-                    retired: false,
-                });
-                PoolId((self.pools.len() - 1) as u32)
-            });
-            let mut members = Vec::with_capacity(pp.backends.len());
-            for bp in &pp.backends {
-                let bid = *self.backend_by_name.entry(bp.name.clone()).or_insert_with(|| {
-                    self.backends.push(BackendState {
-                        name: bp.name.clone(),
-                        pool: pid,
-                        gpus: bp.gpus,
-                        kv_tokens: bp.kv_tokens,
-                        max_inflight: bp.max_inflight,
-                        window: bp.max_inflight,
-                        in_flight: 0,
-                        healthy: true,
-                        reading: None,
-                        clock: GpuClock::new(bp.gpus, now),
+            let pid = *self
+                .pool_by_model
+                .entry(pp.model.clone())
+                .or_insert_with(|| {
+                    self.pools.push(PoolState {
+                        model: pp.model.clone(),
+                        strategy: pp.routing,
+                        kv_high_watermark: pp.kv_high_watermark,
+                        ttft_p99_threshold: pp.ttft_p99_threshold,
+                        queue: FairQueue::new(policy.queue.discipline),
+                        backends: Vec::new(),
+                        rr_cursor: 0,
+                        gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
                         retired: false,
                     });
-                    BackendId((self.backends.len() - 1) as u32)
+                    PoolId((self.pools.len() - 1) as u32)
                 });
+            let mut members = Vec::with_capacity(pp.backends.len());
+            for bp in &pp.backends {
+                let bid = *self
+                    .backend_by_name
+                    .entry(bp.name.clone())
+                    .or_insert_with(|| {
+                        self.backends.push(BackendState {
+                            name: bp.name.clone(),
+                            pool: pid,
+                            gpus: bp.gpus,
+                            kv_tokens: bp.kv_tokens,
+                            max_inflight: bp.max_inflight,
+                            window: bp.max_inflight,
+                            in_flight: 0,
+                            healthy: true,
+                            reading: None,
+                            clock: GpuClock::new(bp.gpus, now),
+                            retired: false,
+                        });
+                        BackendId((self.backends.len() - 1) as u32)
+                    });
                 let b = &mut self.backends[bid.0 as usize];
                 if b.pool != pid {
                     // Moved to another pool: keep accounting, reset routing state.
@@ -376,7 +396,8 @@ impl Scheduler {
 
         let requests = &self.requests;
         for p in &mut self.pools {
-            p.queue.set_discipline(self.discipline, |id| is_queued(requests, id));
+            p.queue
+                .set_discipline(self.discipline, |id| is_queued(requests, id));
             for (i, t) in self.tenants.iter().enumerate() {
                 p.queue.set_tenant(TenantId(i as u32), t.weight, t.priority);
             }
@@ -390,7 +411,8 @@ impl Scheduler {
             .map(|(_, id)| *id)
             .filter(|id| {
                 self.requests.get(*id).is_some_and(|r| {
-                    self.pools[r.pool.0 as usize].retired || self.tenants[r.tenant.0 as usize].retired
+                    self.pools[r.pool.0 as usize].retired
+                        || self.tenants[r.tenant.0 as usize].retired
                 })
             })
             .collect();
@@ -405,17 +427,26 @@ impl Scheduler {
 
     /// The tenant with this name, if the running policy declares it.
     pub fn tenant(&self, name: &str) -> Option<TenantId> {
-        self.tenant_by_name.get(name).copied().filter(|t| !self.tenants[t.0 as usize].retired)
+        self.tenant_by_name
+            .get(name)
+            .copied()
+            .filter(|t| !self.tenants[t.0 as usize].retired)
     }
 
     /// The pool serving `model`, if any.
     pub fn pool(&self, model: &str) -> Option<PoolId> {
-        self.pool_by_model.get(model).copied().filter(|p| !self.pools[p.0 as usize].retired)
+        self.pool_by_model
+            .get(model)
+            .copied()
+            .filter(|p| !self.pools[p.0 as usize].retired)
     }
 
     /// The backend with this name, if declared.
     pub fn backend(&self, name: &str) -> Option<BackendId> {
-        self.backend_by_name.get(name).copied().filter(|b| !self.backends[b.0 as usize].retired)
+        self.backend_by_name
+            .get(name)
+            .copied()
+            .filter(|b| !self.backends[b.0 as usize].retired)
     }
 
     /// Name of a tenant (for labels).
@@ -435,37 +466,52 @@ impl Scheduler {
 
     /// Admits or refuses an arrival. On admission the request is queued and
     /// the returned decisions may already dispatch it.
-    pub fn on_arrival(&mut self, now: Instant, a: Arrival) -> Result<(RequestId, Vec<Decision>), Refusal> {
+    pub fn on_arrival(
+        &mut self,
+        now: Instant,
+        a: Arrival,
+    ) -> Result<(RequestId, Vec<Decision>), Refusal> {
         let output_estimate = a.max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE);
         let pool = &self.pools[a.pool.0 as usize];
-        let est_gpu = pool.gpu_seconds_per_token * f64::from(a.prompt_tokens.saturating_add(output_estimate));
+        let est_gpu =
+            pool.gpu_seconds_per_token * f64::from(a.prompt_tokens.saturating_add(output_estimate));
         let queued_here = pool.queue.tenant_len(a.tenant);
         let max_queued = self.max_queued_per_tenant;
         let t = &mut self.tenants[a.tenant.0 as usize];
 
         let rate_headers = |b: &Option<Bucket>| -> (Option<f64>, Option<f64>, Option<Duration>) {
             match b {
-                Some(b) => (Some(b.capacity()), Some(b.last_level().max(0.0).floor()), Some(b.time_to_full())),
+                Some(b) => (
+                    Some(b.capacity()),
+                    Some(b.last_level().max(0.0).floor()),
+                    Some(b.time_to_full()),
+                ),
                 None => (None, None, None),
             }
         };
         let refuse = |limit, retry_after, b: &Option<Bucket>| {
             let (requests_limit, requests_remaining, requests_reset) = rate_headers(b);
-            Refusal { limit, retry_after, requests_limit, requests_remaining, requests_reset }
+            Refusal {
+                limit,
+                retry_after,
+                requests_limit,
+                requests_remaining,
+                requests_reset,
+            }
         };
 
         if t.max_concurrency.is_some_and(|m| t.active >= m) {
             return Err(refuse(LimitKind::Concurrency, SHED_RETRY_AFTER, &t.rate));
         }
-        if let Some(b) = &mut t.rate {
-            if let Err(wait) = b.check(now, 1.0) {
-                return Err(refuse(LimitKind::Rate, wait, &t.rate));
-            }
+        if let Some(b) = &mut t.rate
+            && let Err(wait) = b.check(now, 1.0)
+        {
+            return Err(refuse(LimitKind::Rate, wait, &t.rate));
         }
-        if let Some(g) = &mut t.gpu {
-            if let Err(wait) = g.check(now, est_gpu) {
-                return Err(refuse(LimitKind::GpuSeconds, wait, &t.rate));
-            }
+        if let Some(g) = &mut t.gpu
+            && let Err(wait) = g.check(now, est_gpu)
+        {
+            return Err(refuse(LimitKind::GpuSeconds, wait, &t.rate));
         }
         if queued_here >= max_queued {
             return Err(refuse(LimitKind::QueueFull, SHED_RETRY_AFTER, &t.rate));
@@ -503,12 +549,25 @@ impl Scheduler {
     /// A response ended (served, or failed upstream). `usage` corrects the
     /// fair-queue charge when the backend reported it. `None` if `id` is not
     /// in flight (already ended).
-    pub fn on_completion(&mut self, now: Instant, id: RequestId, usage: Option<Usage>) -> Option<(Ended, Vec<Decision>)> {
+    pub fn on_completion(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        usage: Option<Usage>,
+    ) -> Option<(Ended, Vec<Decision>)> {
         if !matches!(self.requests.get(id)?.phase, Phase::InFlight { .. }) {
             return None;
         }
         let req = self.requests.remove(id)?;
-        let Phase::InFlight { backend, mark, dispatched, charged } = req.phase else { return None };
+        let Phase::InFlight {
+            backend,
+            mark,
+            dispatched,
+            charged,
+        } = req.phase
+        else {
+            return None;
+        };
         let b = &mut self.backends[backend.0 as usize];
         let gpu_seconds = b.clock.finish(now, mark);
         b.in_flight = b.in_flight.saturating_sub(1);
@@ -539,7 +598,12 @@ impl Scheduler {
         if let Some(g) = &mut t.gpu {
             g.settle(now, req.gpu_reserved, gpu_seconds);
         }
-        let ended = Ended { tenant: req.tenant, backend, gpu_seconds, queue_wait: dispatched - req.arrived };
+        let ended = Ended {
+            tenant: req.tenant,
+            backend,
+            gpu_seconds,
+            queue_wait: dispatched - req.arrived,
+        };
         let mut out = Vec::new();
         self.try_dispatch(now, req.pool, &mut out);
         Some((ended, out))
@@ -585,10 +649,18 @@ impl Scheduler {
     /// (AIMD: halve when the engine queues or KV is at the watermark, grow by
     /// one when it has headroom), so the engine's own queue stays near empty
     /// and queueing — and fairness — stays here.
-    pub fn on_reading(&mut self, now: Instant, backend: BackendId, reading: Reading) -> Vec<Decision> {
-        let Some(b) = self.backends.get_mut(backend.0 as usize) else { return Vec::new() };
+    pub fn on_reading(
+        &mut self,
+        now: Instant,
+        backend: BackendId,
+        reading: Reading,
+    ) -> Vec<Decision> {
+        let Some(b) = self.backends.get_mut(backend.0 as usize) else {
+            return Vec::new();
+        };
         let watermark = self.pools[b.pool.0 as usize].kv_high_watermark;
-        let pressured = reading.waiting.is_some_and(|w| w > 0) || reading.kv_usage.is_some_and(|k| k >= watermark);
+        let pressured = reading.waiting.is_some_and(|w| w > 0)
+            || reading.kv_usage.is_some_and(|k| k >= watermark);
         if pressured {
             b.window = (b.window / 2).max(1);
         } else if b.in_flight + 1 >= b.window {
@@ -607,7 +679,9 @@ impl Scheduler {
 
     /// Marks a backend healthy or ejected. Ejected backends get no new requests.
     pub fn set_health(&mut self, now: Instant, backend: BackendId, healthy: bool) -> Vec<Decision> {
-        let Some(b) = self.backends.get_mut(backend.0 as usize) else { return Vec::new() };
+        let Some(b) = self.backends.get_mut(backend.0 as usize) else {
+            return Vec::new();
+        };
         b.healthy = healthy;
         let pool = b.pool;
         let mut out = Vec::new();
@@ -627,17 +701,23 @@ impl Scheduler {
 
     /// Live pools.
     pub fn pools(&self) -> impl Iterator<Item = PoolId> + '_ {
-        (0..self.pools.len()).filter(|i| !self.pools[*i].retired).map(|i| PoolId(i as u32))
+        (0..self.pools.len())
+            .filter(|i| !self.pools[*i].retired)
+            .map(|i| PoolId(i as u32))
     }
 
     /// Live tenants.
     pub fn tenants(&self) -> impl Iterator<Item = TenantId> + '_ {
-        (0..self.tenants.len()).filter(|i| !self.tenants[*i].retired).map(|i| TenantId(i as u32))
+        (0..self.tenants.len())
+            .filter(|i| !self.tenants[*i].retired)
+            .map(|i| TenantId(i as u32))
     }
 
     /// Live backends.
     pub fn backends(&self) -> impl Iterator<Item = BackendId> + '_ {
-        (0..self.backends.len()).filter(|i| !self.backends[*i].retired).map(|i| BackendId(i as u32))
+        (0..self.backends.len())
+            .filter(|i| !self.backends[*i].retired)
+            .map(|i| BackendId(i as u32))
     }
 
     /// Queued requests in a pool.
@@ -689,7 +769,9 @@ impl Scheduler {
         let req = self.requests.remove(id)?;
         self.deadlines.remove(&(req.deadline, id));
         let requests = &self.requests;
-        self.pools[req.pool.0 as usize].queue.forget(req.tenant, |r| is_queued(requests, r));
+        self.pools[req.pool.0 as usize]
+            .queue
+            .forget(req.tenant, |r| is_queued(requests, r));
         let t = &mut self.tenants[req.tenant.0 as usize];
         t.active = t.active.saturating_sub(1);
         if let Some(g) = &mut t.gpu {
@@ -699,9 +781,16 @@ impl Scheduler {
     }
 
     fn shed(&mut self, now: Instant, id: RequestId, out: &mut Vec<Decision>) {
-        if self.requests.get(id).is_some_and(|r| r.phase == Phase::Queued) {
+        if self
+            .requests
+            .get(id)
+            .is_some_and(|r| r.phase == Phase::Queued)
+        {
             self.remove_queued(now, id);
-            out.push(Decision::Shed { id, retry_after: SHED_RETRY_AFTER });
+            out.push(Decision::Shed {
+                id,
+                retry_after: SHED_RETRY_AFTER,
+            });
         } else {
             // Not queued any more: drop a leftover deadline entry.
             self.deadlines.retain(|(_, r)| *r != id);
@@ -717,25 +806,41 @@ impl Scheduler {
         while !self.pools[p].queue.is_empty() {
             self.collect_candidates(now, pool);
             let ps = &mut self.pools[p];
-            let Some(i) = pick(ps.strategy, &self.scratch, &mut self.rng, &mut ps.rr_cursor) else { return };
+            let Some(i) = pick(ps.strategy, &self.scratch, &mut self.rng, &mut ps.rr_cursor) else {
+                return;
+            };
             let backend = self.scratch[i].id;
             let requests = &self.requests;
-            let Some((tenant, id)) = ps.queue.pop(|r| is_queued(requests, r)) else { return };
+            let Some((tenant, id)) = ps.queue.pop(|r| is_queued(requests, r)) else {
+                return;
+            };
             let capacity = pool_capacity(&self.backends, &self.pools[p]);
-            let Some(req) = self.requests.get_mut(id) else { continue };
+            let Some(req) = self.requests.get_mut(id) else {
+                continue;
+            };
             let estimate = Work {
                 prompt_tokens: f64::from(req.prompt_tokens),
                 output_tokens: f64::from(req.output_estimate),
                 gpu_seconds: self.pools[p].gpu_seconds_per_token
                     * f64::from(req.prompt_tokens.saturating_add(req.output_estimate)),
             };
-            let charged = cost(self.discipline, estimate, capacity, self.output_token_weight);
+            let charged = cost(
+                self.discipline,
+                estimate,
+                capacity,
+                self.output_token_weight,
+            );
             self.pools[p].queue.charge(tenant, charged);
             let b = &mut self.backends[backend.0 as usize];
             b.in_flight += 1;
             let mark = b.clock.start(now);
             self.deadlines.remove(&(req.deadline, id));
-            req.phase = Phase::InFlight { backend, mark, dispatched: now, charged };
+            req.phase = Phase::InFlight {
+                backend,
+                mark,
+                dispatched: now,
+                charged,
+            };
             self.tenants[tenant.0 as usize].in_flight += 1;
             out.push(Decision::Dispatch { id, backend });
         }
@@ -753,14 +858,17 @@ impl Scheduler {
             if b.retired || !b.healthy || b.in_flight >= b.window {
                 continue;
             }
-            let fresh = b.reading.as_ref().filter(|r| now.saturating_since(r.at) <= self.stale_after);
-            if b.in_flight > 0 {
-                if let Some(r) = fresh {
-                    let kv_full = r.kv_usage.is_some_and(|k| k >= ps.kv_high_watermark);
-                    let slow = r.ttft_p99.is_some_and(|t| t > ps.ttft_p99_threshold);
-                    if kv_full || slow {
-                        continue;
-                    }
+            let fresh = b
+                .reading
+                .as_ref()
+                .filter(|r| now.saturating_since(r.at) <= self.stale_after);
+            if b.in_flight > 0
+                && let Some(r) = fresh
+            {
+                let kv_full = r.kv_usage.is_some_and(|k| k >= ps.kv_high_watermark);
+                let slow = r.ttft_p99.is_some_and(|t| t > ps.ttft_p99_threshold);
+                if kv_full || slow {
+                    continue;
                 }
             }
             self.scratch.push(Candidate {
@@ -796,7 +904,10 @@ fn pool_capacity(backends: &[BackendState], pool: &PoolState) -> PoolCapacity {
         kv += b.kv_tokens as f64;
         gpus += f64::from(b.gpus);
     }
-    PoolCapacity { kv_tokens: kv, gpus }
+    PoolCapacity {
+        kv_tokens: kv,
+        gpus,
+    }
 }
 
 #[cfg(test)]

@@ -1,1 +1,524 @@
-//! HTTP front of the simulated engine (being written).
+//! The simulated backend: an HTTP server that exposes one [`Engine`] with
+//! vLLM's OpenAI-compatible wire format, `/health` and `/metrics`.
+//!
+//! Owns the engine (behind one `parking_lot::Mutex`, never held across an
+//! `.await`), the task that drives it in scaled wall time, the per-request
+//! event channels and the request-level metrics. It does not own the engine
+//! model itself (`sim::engine`), the endpoints (`routes`), the wire format
+//! (`openai`) or the text exposition (`metrics`).
+//!
+//! Time: simulated = wall × `time_scale`, on one [`Clock`] per backend.
+//! Invariant: a request is in `State::live` exactly while the engine holds
+//! its sequence; whoever removes it (the driver on `Finished`, the request's
+//! guard on drop) settles it, so a dropped stream always cancels.
+
+mod metrics;
+mod openai;
+mod routes;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+
+use self::metrics::{FinishReason, RequestMetrics};
+use crate::clock::Clock;
+use crate::core::time::Instant;
+use crate::sim::engine::{Engine, EngineError, EngineEvent, EngineParams, EngineStats, SeqRequest};
+
+/// Largest request body the backend reads.
+const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// The response body type of every endpoint.
+type Body = BoxBody<Bytes, Infallible>;
+
+/// What a simulated backend serves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimBackendConfig {
+    /// The served model name (`--served-model-name`); other names get 404.
+    pub model: String,
+    /// The engine model and its time scale.
+    pub engine: EngineParams,
+}
+
+/// A scripted failure mode of a simulated backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fault {
+    /// Serve normally.
+    #[default]
+    None,
+    /// `/v1/*` answers 500 and `/health` 503.
+    Error,
+    /// Accept requests but never send response headers (`/health` and
+    /// `/metrics` too); only `/admin/fault` still answers.
+    Hang,
+}
+
+/// Entry point for starting an in-process simulated backend.
+#[derive(Debug)]
+pub struct SimBackend;
+
+impl SimBackend {
+    /// A builder for a backend serving `model` with default engine parameters
+    /// on `127.0.0.1:0`.
+    pub fn builder(model: impl Into<String>) -> SimBackendBuilder {
+        SimBackendBuilder {
+            cfg: SimBackendConfig {
+                model: model.into(),
+                engine: EngineParams::default(),
+            },
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
+/// Builds and starts a simulated backend; see [`SimBackend::builder`].
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct SimBackendBuilder {
+    cfg: SimBackendConfig,
+    listen: SocketAddr,
+}
+
+impl SimBackendBuilder {
+    /// Most sequences in the running batch.
+    pub fn max_num_seqs(mut self, n: u32) -> Self {
+        self.cfg.engine.max_num_seqs = n;
+        self
+    }
+
+    /// KV cache capacity in tokens.
+    pub fn kv_tokens(mut self, tokens: u64) -> Self {
+        self.cfg.engine.kv_tokens = tokens;
+        self
+    }
+
+    /// Prefill throughput, prompt tokens per simulated second.
+    pub fn prefill_tokens_per_s(mut self, tokens_per_s: f64) -> Self {
+        self.cfg.engine.prefill_tokens_per_s = tokens_per_s;
+        self
+    }
+
+    /// Decode step time (simulated): `base` for one sequence plus `per_seq`
+    /// for each additional one.
+    pub fn decode_step(mut self, base: Duration, per_seq: Duration) -> Self {
+        self.cfg.engine.decode_step_base = base;
+        self.cfg.engine.decode_step_per_seq = per_seq;
+        self
+    }
+
+    /// Simulated seconds per wall second (10.0 runs ten times faster).
+    pub fn time_scale(mut self, scale: f64) -> Self {
+        self.cfg.engine.time_scale = scale;
+        self
+    }
+
+    /// Longest prompt + output accepted, in tokens.
+    pub fn max_model_len(mut self, tokens: u32) -> Self {
+        self.cfg.engine.max_model_len = tokens;
+        self
+    }
+
+    /// Replaces all engine parameters.
+    pub fn engine(mut self, params: EngineParams) -> Self {
+        self.cfg.engine = params;
+        self
+    }
+
+    /// The address to bind (port 0 picks a free one).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    /// Binds the listener and starts serving in a background task.
+    pub async fn start(self) -> std::io::Result<SimHandle> {
+        let listener = TcpListener::bind(self.listen).await?;
+        let addr = listener.local_addr()?;
+        let shared = Shared::new(self.cfg);
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let stop = async move {
+            let _ = stop_rx.await;
+        };
+        // Task "sim-backend-serve", owned by the handle; shutdown() stops it,
+        // Drop aborts it (and with it every connection and the driver).
+        let task = tokio::spawn(serve_shared(listener, Arc::clone(&shared), stop));
+        Ok(SimHandle {
+            addr,
+            shared,
+            stop: Some(stop_tx),
+            task: Some(task),
+        })
+    }
+}
+
+/// A running in-process simulated backend.
+#[derive(Debug)]
+pub struct SimHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl SimHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL, `http://IP:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Switches the failure mode for requests arriving from now on.
+    pub fn set_fault(&self, fault: Fault) {
+        *self.shared.fault.lock() = fault;
+    }
+
+    /// The engine's current state and counters.
+    pub fn stats(&self) -> EngineStats {
+        self.shared.stats()
+    }
+
+    /// Stops accepting, lets in-flight responses finish, and waits.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "sim backend stopped with an error"),
+                Err(e) => tracing::warn!(error = %e, "sim backend task failed"),
+            }
+        }
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Serves `cfg` on `listener` until `shutdown` resolves, then drains.
+pub async fn serve(
+    listener: TcpListener,
+    cfg: SimBackendConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_shared(listener, Shared::new(cfg), shutdown).await
+}
+
+async fn serve_shared(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    // Every task lives in this set: dropping the serve future (Drop of the
+    // handle aborts it) aborts the driver and all connections.
+    let mut tasks = JoinSet::new();
+    let driver = tasks.spawn(drive(Arc::clone(&shared)));
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        tracing::debug!(error = %e, "sim backend accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let shared = Arc::clone(&shared);
+                let svc = service_fn(move |req| routes::handle(Arc::clone(&shared), req));
+                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+                let conn = graceful.watch(conn);
+                tasks.spawn(async move {
+                    // A client that resets mid-response is normal here.
+                    let _ = conn.await;
+                });
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+    drop(listener);
+    // Hung requests (Fault::Hang) would block the drain forever.
+    shared.stop.cancel();
+    graceful.shutdown().await;
+    driver.abort();
+    tasks.shutdown().await;
+    Ok(())
+}
+
+/// What the driver tells one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Delivery {
+    Token {
+        index: u32,
+    },
+    Finished {
+        prompt_tokens: u32,
+        completion_tokens: u32,
+    },
+}
+
+/// A request the engine holds.
+#[derive(Debug)]
+struct Live {
+    tx: mpsc::UnboundedSender<Delivery>,
+    /// Simulated arrival time.
+    arrival: Instant,
+    reason: FinishReason,
+    has_first_token: bool,
+}
+
+/// Everything behind the backend's one lock.
+#[derive(Debug)]
+struct State {
+    engine: Engine,
+    next_id: u64,
+    live: HashMap<u64, Live>,
+    metrics: RequestMetrics,
+    /// Reused event buffer.
+    events: Vec<EngineEvent>,
+}
+
+/// State shared by the driver, the handlers and the handle.
+#[derive(Debug)]
+struct Shared {
+    model: String,
+    max_model_len: u32,
+    time_scale: f64,
+    clock: Clock,
+    state: Mutex<State>,
+    /// Wakes the driver after a submit or cancel changed the schedule.
+    wake: Notify,
+    fault: Mutex<Fault>,
+    /// Cancelled when the server drains.
+    stop: CancellationToken,
+}
+
+impl Shared {
+    fn new(cfg: SimBackendConfig) -> Arc<Self> {
+        let time_scale = if cfg.engine.time_scale.is_finite() && cfg.engine.time_scale > 0.0 {
+            cfg.engine.time_scale
+        } else {
+            1.0
+        };
+        Arc::new(Shared {
+            model: cfg.model,
+            max_model_len: cfg.engine.max_model_len,
+            time_scale,
+            clock: Clock::new(),
+            state: Mutex::new(State {
+                engine: Engine::new(cfg.engine),
+                next_id: 1,
+                live: HashMap::new(),
+                metrics: RequestMetrics::new(),
+                events: Vec::new(),
+            }),
+            wake: Notify::new(),
+            fault: Mutex::new(Fault::None),
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// The current simulated time.
+    fn sim_now(&self) -> Instant {
+        let wall = self.clock.now().as_nanos() as f64;
+        Instant::from_nanos((wall * self.time_scale) as u64)
+    }
+
+    /// The wall instant at which simulated time reaches `t` (rounded up so
+    /// that waking then finds the step ended).
+    fn wall_at(&self, t: Instant) -> tokio::time::Instant {
+        let wall = (t.as_nanos() as f64 / self.time_scale).ceil() as u64 + 1;
+        tokio::time::Instant::from_std(self.clock.to_std(Instant::from_nanos(wall)))
+    }
+
+    /// Wall seconds from simulated `from` to `to`, as a client sees them.
+    fn wall_secs(&self, from: Instant, to: Instant) -> f64 {
+        (to - from).as_secs_f64() / self.time_scale
+    }
+
+    fn stats(&self) -> EngineStats {
+        let now = self.sim_now();
+        let mut st = self.state.lock();
+        self.advance(&mut st, now);
+        st.engine.stats()
+    }
+
+    /// Runs the engine up to `now` and hands each event to its request.
+    fn advance(&self, st: &mut State, now: Instant) {
+        let State {
+            engine,
+            live,
+            metrics,
+            events,
+            ..
+        } = st;
+        events.clear();
+        engine.advance(now, events);
+        for ev in events.iter() {
+            match *ev {
+                EngineEvent::Token { id, index, at } => {
+                    if let Some(l) = live.get_mut(&id) {
+                        if !l.has_first_token {
+                            l.has_first_token = true;
+                            metrics.on_first_token(self.wall_secs(l.arrival, at));
+                        }
+                        // A closed receiver means the guard is about to cancel.
+                        let _ = l.tx.send(Delivery::Token { index });
+                    }
+                }
+                EngineEvent::Finished {
+                    id,
+                    at,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
+                    if let Some(l) = live.remove(&id) {
+                        metrics.on_finished(l.reason, self.wall_secs(l.arrival, at));
+                        let _ = l.tx.send(Delivery::Finished {
+                            prompt_tokens,
+                            completion_tokens,
+                        });
+                    }
+                }
+                EngineEvent::Admitted { .. } | EngineEvent::Preempted { .. } => {}
+            }
+        }
+    }
+
+    /// Puts a sequence in the engine; the guard cancels it when dropped.
+    fn submit(
+        self: &Arc<Self>,
+        prompt_tokens: u32,
+        output_tokens: u32,
+        reason: FinishReason,
+    ) -> Result<(SeqGuard, mpsc::UnboundedReceiver<Delivery>), EngineError> {
+        let now = self.sim_now();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = {
+            let mut st = self.state.lock();
+            self.advance(&mut st, now);
+            let id = st.next_id;
+            st.next_id += 1;
+            st.engine.submit(
+                now,
+                SeqRequest {
+                    id,
+                    prompt_tokens,
+                    output_tokens,
+                },
+            )?;
+            st.live.insert(
+                id,
+                Live {
+                    tx,
+                    arrival: now,
+                    reason,
+                    has_first_token: false,
+                },
+            );
+            id
+        };
+        self.wake.notify_one();
+        Ok((
+            SeqGuard {
+                shared: Arc::clone(self),
+                id,
+            },
+            rx,
+        ))
+    }
+
+    fn metrics_text(&self) -> String {
+        let now = self.sim_now();
+        let mut st = self.state.lock();
+        self.advance(&mut st, now);
+        let stats = st.engine.stats();
+        metrics::render(&self.model, &stats, st.engine.kv_usage(), &st.metrics)
+    }
+}
+
+/// Cancels its sequence on drop unless the engine already finished it.
+#[derive(Debug)]
+struct SeqGuard {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for SeqGuard {
+    fn drop(&mut self) {
+        let now = self.shared.sim_now();
+        let was_live = {
+            let mut st = self.shared.state.lock();
+            match st.live.remove(&self.id) {
+                Some(l) => {
+                    st.engine.cancel(self.id);
+                    let secs = self.shared.wall_secs(l.arrival, now);
+                    st.metrics.on_finished(FinishReason::Abort, secs);
+                    true
+                }
+                None => false,
+            }
+        };
+        if was_live {
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+/// The engine task: sleeps until the next step boundary or a wake-up, then
+/// advances. Task "sim-backend-driver", owned by the serve task's JoinSet.
+async fn drive(shared: Arc<Shared>) {
+    loop {
+        let next = {
+            let now = shared.sim_now();
+            let mut st = shared.state.lock();
+            shared.advance(&mut st, now);
+            st.engine.next_event_at()
+        };
+        match next {
+            Some(t) => {
+                let deadline = shared.wall_at(t);
+                tokio::select! {
+                    () = shared.wake.notified() => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+            None => shared.wake.notified().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,9 +1,34 @@
 //! A vLLM-like engine model as a sans-IO step function over simulated time.
-//! (Being written; see the module plan in sim/mod.rs.)
+//!
+//! Owns one model replica's scheduler state: the FIFO waiting queue, the
+//! running batch, the KV block pool and the step clock. It does not own any
+//! I/O, clock, task or channel: every method takes the caller's `now`, and
+//! what happened comes back as [`EngineEvent`]s, so the HTTP backend
+//! (`sim::backend`) and the offline replay drive the same model.
+//!
+//! Model (after vLLM V1's scheduler with recompute preemption):
+//! - Continuous batching: a step starts when the engine is idle and has work,
+//!   or right when the previous step ends. At step start the head of the
+//!   waiting queue is admitted while the batch has room and the KV pool has
+//!   blocks for its tokens plus one; nobody skips the head.
+//! - Step time = prefill tokens this step / `prefill_tokens_per_s`, plus one
+//!   decode step (`decode_step_base + decode_step_per_seq × (batch − 1)`)
+//!   when any sequence in the batch is decoding.
+//! - At step end every sequence in the batch emits one token (a newly
+//!   prefilled one its first). A sequence that needs a new block when none is
+//!   free preempts the most recently admitted running sequence, which goes
+//!   back to the head of the queue and re-prefills prompt + generated tokens.
+//!
+//! Invariant: `kv_blocks_used` is the sum of the running sequences' blocks,
+//! and each running sequence holds `ceil(tokens_in_kv / block_size)` blocks.
+//! Work per step is O(batch); no allocation per token.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use serde::Serialize;
+
+use crate::core::time::Instant;
 
 /// Engine parameters, in simulated time.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -42,3 +67,418 @@ impl Default for EngineParams {
         }
     }
 }
+
+/// One generation request as the engine sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqRequest {
+    /// Caller-chosen id, unique among the engine's live sequences.
+    pub id: u64,
+    /// Prompt length in tokens.
+    pub prompt_tokens: u32,
+    /// Tokens to generate before the sequence finishes (at least 1).
+    pub output_tokens: u32,
+}
+
+/// Why [`Engine::submit`] refused a sequence.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// Prompt plus output exceed the model's context length.
+    #[error(
+        "requested {requested} tokens ({prompt} prompt + {output} output), max_model_len is {max_model_len}"
+    )]
+    ContextTooLong {
+        /// Prompt plus output tokens.
+        requested: u64,
+        /// Prompt tokens.
+        prompt: u32,
+        /// Output tokens.
+        output: u32,
+        /// The engine's limit.
+        max_model_len: u32,
+    },
+    /// The sequence could never fit in the KV cache, even alone.
+    #[error("sequence needs {needed_blocks} KV blocks, the cache has {total_blocks}")]
+    ExceedsKvCache {
+        /// Blocks for prompt plus output.
+        needed_blocks: u64,
+        /// Blocks in the whole cache.
+        total_blocks: u64,
+    },
+    /// `output_tokens` was zero.
+    #[error("output_tokens must be at least 1")]
+    NoOutput,
+}
+
+/// Something that happened inside the engine, at simulated time `at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// The sequence entered the running batch (again, after a preemption).
+    Admitted {
+        /// Sequence id.
+        id: u64,
+        /// Step start.
+        at: Instant,
+    },
+    /// The sequence produced its `index`-th token (1-based).
+    Token {
+        /// Sequence id.
+        id: u64,
+        /// 1-based token index.
+        index: u32,
+        /// Step end.
+        at: Instant,
+    },
+    /// The sequence lost its KV blocks and went back to the queue head.
+    Preempted {
+        /// Sequence id.
+        id: u64,
+        /// Step end.
+        at: Instant,
+    },
+    /// The sequence produced its last token and freed its blocks.
+    Finished {
+        /// Sequence id.
+        id: u64,
+        /// Step end.
+        at: Instant,
+        /// Prompt tokens.
+        prompt_tokens: u32,
+        /// Generated tokens.
+        completion_tokens: u32,
+    },
+}
+
+/// A snapshot of the engine's state and counters, as vLLM exports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Sequences in the running batch.
+    pub running: u32,
+    /// Sequences waiting (new or preempted).
+    pub waiting: u32,
+    /// KV blocks held by running sequences.
+    pub kv_blocks_used: u64,
+    /// KV blocks in the cache.
+    pub kv_blocks_total: u64,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Recompute preemptions so far.
+    pub preemptions_total: u64,
+    /// Prompt tokens of admitted requests, counted once per request.
+    pub prompt_tokens_total: u64,
+    /// Tokens generated so far.
+    pub generation_tokens_total: u64,
+    /// Sequences that produced all their tokens.
+    pub finished_total: u64,
+}
+
+/// A sequence's state, waiting or running.
+#[derive(Clone, Copy, Debug)]
+struct Seq {
+    id: u64,
+    prompt_tokens: u32,
+    output_tokens: u32,
+    generated: u32,
+    /// KV blocks held (0 while waiting).
+    blocks: u64,
+    /// Admitted at this step's start: its prompt (+ generated) is prefilled.
+    is_prefilling: bool,
+    /// Prompt tokens were already counted in `prompt_tokens_total`.
+    has_counted_prompt: bool,
+}
+
+impl Seq {
+    /// Tokens whose KV the next step needs: the prompt and every generated
+    /// token but the newest (whose KV the next step writes).
+    fn tokens_in_kv(&self) -> u64 {
+        u64::from(self.prompt_tokens) + u64::from(self.generated)
+    }
+}
+
+/// Where the step clock is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// No step and no work.
+    Idle,
+    /// A step starts at this time (work arrived while idle).
+    StartAt(Instant),
+    /// A step is running and ends at this time.
+    Stepping { end: Instant },
+}
+
+/// The engine: one model replica's batch scheduler in simulated time.
+#[derive(Debug)]
+pub struct Engine {
+    params: EngineParams,
+    block_size: u64,
+    blocks_total: u64,
+    blocks_free: u64,
+    /// Simulated nanoseconds per prefill token.
+    prefill_ns_per_token: f64,
+    waiting: VecDeque<Seq>,
+    /// Oldest admission first; the youngest is the last.
+    running: Vec<Seq>,
+    phase: Phase,
+    stats: EngineStats,
+}
+
+impl Engine {
+    /// An idle engine with an empty KV cache of `kv_tokens / block_size` blocks.
+    pub fn new(params: EngineParams) -> Self {
+        let block_size = u64::from(params.block_size.max(1));
+        let blocks_total = params.kv_tokens / block_size;
+        let prefill_ns_per_token =
+            if params.prefill_tokens_per_s.is_finite() && params.prefill_tokens_per_s > 0.0 {
+                1e9 / params.prefill_tokens_per_s
+            } else {
+                0.0
+            };
+        Engine {
+            block_size,
+            blocks_total,
+            blocks_free: blocks_total,
+            prefill_ns_per_token,
+            waiting: VecDeque::new(),
+            running: Vec::with_capacity(params.max_num_seqs as usize),
+            phase: Phase::Idle,
+            stats: EngineStats {
+                kv_blocks_total: blocks_total,
+                block_size: params.block_size.max(1),
+                ..EngineStats::default()
+            },
+            params,
+        }
+    }
+
+    /// The parameters the engine was built with.
+    pub fn params(&self) -> &EngineParams {
+        &self.params
+    }
+
+    /// Queues `req` at the tail of the waiting queue, or refuses it.
+    ///
+    /// Call [`advance`](Self::advance) up to `now` first; an idle engine
+    /// starts its next step at `now` (reported by the next `advance`).
+    pub fn submit(&mut self, now: Instant, req: SeqRequest) -> Result<(), EngineError> {
+        if req.output_tokens == 0 {
+            return Err(EngineError::NoOutput);
+        }
+        let requested = u64::from(req.prompt_tokens) + u64::from(req.output_tokens);
+        if requested > u64::from(self.params.max_model_len) {
+            return Err(EngineError::ContextTooLong {
+                requested,
+                prompt: req.prompt_tokens,
+                output: req.output_tokens,
+                max_model_len: self.params.max_model_len,
+            });
+        }
+        // Checked against prompt + output, not the prompt alone: a sequence
+        // that outgrows the whole cache preempts itself forever.
+        let needed_blocks = self.blocks_for(requested);
+        if needed_blocks > self.blocks_total {
+            return Err(EngineError::ExceedsKvCache {
+                needed_blocks,
+                total_blocks: self.blocks_total,
+            });
+        }
+        self.waiting.push_back(Seq {
+            id: req.id,
+            prompt_tokens: req.prompt_tokens,
+            output_tokens: req.output_tokens,
+            generated: 0,
+            blocks: 0,
+            is_prefilling: false,
+            has_counted_prompt: false,
+        });
+        if self.phase == Phase::Idle {
+            self.phase = Phase::StartAt(now);
+        }
+        Ok(())
+    }
+
+    /// Removes sequence `id` wherever it is and frees its blocks; returns
+    /// whether it was there. The running step keeps its end time.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if let Some(pos) = self.running.iter().position(|s| s.id == id) {
+            let seq = self.running.remove(pos);
+            self.blocks_free += seq.blocks;
+            return true;
+        }
+        if let Some(pos) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(pos);
+            return true;
+        }
+        false
+    }
+
+    /// When the engine next needs [`advance`](Self::advance): the current
+    /// step's end, or a pending step start; `None` when idle.
+    pub fn next_event_at(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Idle => None,
+            Phase::StartAt(t) => Some(t),
+            Phase::Stepping { end } => Some(end),
+        }
+    }
+
+    /// Runs every step start and end at or before `now`, in order, pushing
+    /// what happened onto `out`. Each step starts at the previous step's end.
+    pub fn advance(&mut self, now: Instant, out: &mut Vec<EngineEvent>) {
+        loop {
+            match self.phase {
+                Phase::StartAt(t) if t <= now => self.start_step(t, out),
+                Phase::Stepping { end } if end <= now => {
+                    self.end_step(end, out);
+                    self.phase = if self.has_work() {
+                        Phase::StartAt(end)
+                    } else {
+                        Phase::Idle
+                    };
+                }
+                Phase::Idle | Phase::StartAt(_) | Phase::Stepping { .. } => return,
+            }
+        }
+    }
+
+    /// Counters and gauges, as vLLM exports them.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            running: u32::try_from(self.running.len()).unwrap_or(u32::MAX),
+            waiting: u32::try_from(self.waiting.len()).unwrap_or(u32::MAX),
+            kv_blocks_used: self.blocks_total - self.blocks_free,
+            ..self.stats
+        }
+    }
+
+    /// Fraction of KV blocks in use, 0..=1 (vLLM `kv_cache_usage_perc`).
+    pub fn kv_usage(&self) -> f64 {
+        if self.blocks_total == 0 {
+            return 0.0;
+        }
+        (self.blocks_total - self.blocks_free) as f64 / self.blocks_total as f64
+    }
+
+    fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    fn blocks_for(&self, tokens: u64) -> u64 {
+        tokens.div_ceil(self.block_size)
+    }
+
+    /// Admits from the queue head and fixes the step's end time.
+    fn start_step(&mut self, at: Instant, out: &mut Vec<EngineEvent>) {
+        let max_seqs = self.params.max_num_seqs.max(1) as usize;
+        let mut prefill_tokens: u64 = 0;
+        while self.running.len() < max_seqs {
+            let Some(head) = self.waiting.front() else {
+                break;
+            };
+            let tokens = head.tokens_in_kv();
+            // The +1 leaves room for the first decoded token, like vLLM's
+            // watermark, so a just-admitted sequence is not preempted at once.
+            if self.blocks_for(tokens + 1) > self.blocks_free {
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            seq.blocks = self.blocks_for(tokens);
+            self.blocks_free -= seq.blocks;
+            seq.is_prefilling = true;
+            if !seq.has_counted_prompt {
+                seq.has_counted_prompt = true;
+                self.stats.prompt_tokens_total += u64::from(seq.prompt_tokens);
+            }
+            prefill_tokens += tokens;
+            out.push(EngineEvent::Admitted { id: seq.id, at });
+            self.running.push(seq);
+        }
+        if self.running.is_empty() {
+            // Nothing fits (cannot happen with the submit checks) or all
+            // cancelled: stay idle rather than spin.
+            self.phase = if self.waiting.is_empty() {
+                Phase::Idle
+            } else {
+                Phase::Stepping {
+                    end: at + Duration::from_millis(1),
+                }
+            };
+            return;
+        }
+        let is_decoding = self.running.iter().any(|s| !s.is_prefilling);
+        let mut nanos = prefill_tokens as f64 * self.prefill_ns_per_token;
+        if is_decoding {
+            let extra = (self.running.len() - 1) as u32;
+            let decode = self.params.decode_step_base + self.params.decode_step_per_seq * extra;
+            nanos += decode.as_nanos() as f64;
+        }
+        let step = Duration::from_nanos(nanos.round() as u64);
+        self.phase = Phase::Stepping { end: at + step };
+    }
+
+    /// Emits a token for every sequence in the batch, finishes the done
+    /// ones, then grows the KV of the rest, preempting the youngest when
+    /// blocks run out.
+    fn end_step(&mut self, at: Instant, out: &mut Vec<EngineEvent>) {
+        let mut finished = 0u64;
+        let mut freed = 0u64;
+        self.running.retain_mut(|seq| {
+            seq.is_prefilling = false;
+            seq.generated += 1;
+            out.push(EngineEvent::Token {
+                id: seq.id,
+                index: seq.generated,
+                at,
+            });
+            if seq.generated >= seq.output_tokens {
+                finished += 1;
+                freed += seq.blocks;
+                out.push(EngineEvent::Finished {
+                    id: seq.id,
+                    at,
+                    prompt_tokens: seq.prompt_tokens,
+                    completion_tokens: seq.generated,
+                });
+                false
+            } else {
+                true
+            }
+        });
+        self.stats.generation_tokens_total += self.running.len() as u64 + finished;
+        self.stats.finished_total += finished;
+        self.blocks_free += freed;
+
+        // Oldest first, so the youngest is preempted for the elders (vLLM).
+        let mut i = 0;
+        while i < self.running.len() {
+            let needed = self.blocks_for(self.running[i].tokens_in_kv());
+            let mut is_self_preempted = false;
+            while needed > self.running[i].blocks + self.blocks_free {
+                let Some(mut victim) = self.running.pop() else {
+                    break;
+                };
+                self.blocks_free += victim.blocks;
+                victim.blocks = 0;
+                self.stats.preemptions_total += 1;
+                out.push(EngineEvent::Preempted { id: victim.id, at });
+                self.waiting.push_front(victim);
+                if self.running.len() == i {
+                    is_self_preempted = true;
+                    break;
+                }
+            }
+            if is_self_preempted {
+                break;
+            }
+            let seq = &mut self.running[i];
+            if needed > seq.blocks {
+                self.blocks_free -= needed - seq.blocks;
+                seq.blocks = needed;
+            }
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

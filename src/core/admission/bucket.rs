@@ -25,7 +25,12 @@ impl Bucket {
     /// A full bucket holding `capacity`, refilling at `rate` per second.
     pub fn new(capacity: f64, rate: f64, now: Instant) -> Self {
         let capacity = capacity.max(f64::MIN_POSITIVE);
-        Bucket { capacity, rate: rate.max(0.0), level: capacity, updated: now }
+        Bucket {
+            capacity,
+            rate: rate.max(0.0),
+            level: capacity,
+            updated: now,
+        }
     }
 
     /// Changes capacity and rate, keeping the level (clamped) — a reload.

@@ -19,8 +19,12 @@ pub enum LimitKind {
 
 impl LimitKind {
     /// Every kind, for metric pre-registration.
-    pub const ALL: [LimitKind; 4] =
-        [LimitKind::Concurrency, LimitKind::Rate, LimitKind::GpuSeconds, LimitKind::QueueFull];
+    pub const ALL: [LimitKind; 4] = [
+        LimitKind::Concurrency,
+        LimitKind::Rate,
+        LimitKind::GpuSeconds,
+        LimitKind::QueueFull,
+    ];
 
     /// Stable label value.
     pub fn as_str(self) -> &'static str {

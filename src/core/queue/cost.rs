@@ -33,7 +33,12 @@ pub struct Work {
 }
 
 /// The cost of `work` under `discipline`.
-pub fn cost(discipline: Discipline, work: Work, pool: PoolCapacity, output_token_weight: f64) -> f64 {
+pub fn cost(
+    discipline: Discipline,
+    work: Work,
+    pool: PoolCapacity,
+    output_token_weight: f64,
+) -> f64 {
     match discipline {
         Discipline::Drf => {
             let kv = (work.prompt_tokens + work.output_tokens) / pool.kv_tokens.max(1.0);
@@ -50,19 +55,34 @@ pub fn cost(discipline: Discipline, work: Work, pool: PoolCapacity, output_token
 mod tests {
     use super::*;
 
-    const POOL: PoolCapacity = PoolCapacity { kv_tokens: 10_000.0, gpus: 2.0 };
+    const POOL: PoolCapacity = PoolCapacity {
+        kv_tokens: 10_000.0,
+        gpus: 2.0,
+    };
 
     #[test]
     fn drf_charges_the_dominant_resource() {
-        let long_context = Work { prompt_tokens: 5000.0, output_tokens: 0.0, gpu_seconds: 0.1 };
-        let heavy_compute = Work { prompt_tokens: 10.0, output_tokens: 10.0, gpu_seconds: 1.0 };
+        let long_context = Work {
+            prompt_tokens: 5000.0,
+            output_tokens: 0.0,
+            gpu_seconds: 0.1,
+        };
+        let heavy_compute = Work {
+            prompt_tokens: 10.0,
+            output_tokens: 10.0,
+            gpu_seconds: 1.0,
+        };
         assert!((cost(Discipline::Drf, long_context, POOL, 1.0) - 0.5).abs() < 1e-12);
         assert!((cost(Discipline::Drf, heavy_compute, POOL, 1.0) - 0.5).abs() < 1e-12);
     }
 
     #[test]
     fn wfq_weights_output_tokens() {
-        let w = Work { prompt_tokens: 100.0, output_tokens: 10.0, gpu_seconds: 9.0 };
+        let w = Work {
+            prompt_tokens: 100.0,
+            output_tokens: 10.0,
+            gpu_seconds: 9.0,
+        };
         assert_eq!(cost(Discipline::Wfq, w, POOL, 2.0), 120.0);
     }
 }

@@ -50,7 +50,14 @@ struct TenantQueue {
 
 impl TenantQueue {
     fn new(weight: f64, class: u8) -> Self {
-        TenantQueue { entries: VecDeque::new(), live: 0, counter: 0.0, weight, class, key: None }
+        TenantQueue {
+            entries: VecDeque::new(),
+            live: 0,
+            counter: 0.0,
+            weight,
+            class,
+            key: None,
+        }
     }
 }
 
@@ -134,12 +141,18 @@ impl FairQueue {
 
     /// A tenant's virtual counter (service received, weighted).
     pub fn counter(&self, tenant: TenantId) -> f64 {
-        self.tenants.get(tenant.0 as usize).map_or(0.0, |q| q.counter)
+        self.tenants
+            .get(tenant.0 as usize)
+            .map_or(0.0, |q| q.counter)
     }
 
     fn key_for(&self, tenant: TenantId, is_live: impl Fn(RequestId) -> bool) -> Option<Key> {
         let q = &self.tenants[tenant.0 as usize];
-        let head = q.entries.iter().find(|(id, _)| is_live(*id)).map(|(_, s)| *s)?;
+        let head = q
+            .entries
+            .iter()
+            .find(|(id, _)| is_live(*id))
+            .map(|(_, s)| *s)?;
         Some(match self.discipline {
             Discipline::Drf | Discipline::Wfq => Key(0, q.counter),
             Discipline::Fifo => Key(0, head as f64),
@@ -152,11 +165,11 @@ impl FairQueue {
         if let Some(old) = self.tenants[i].key.take() {
             self.backlogged.remove(&(old, tenant));
         }
-        if self.tenants[i].live > 0 {
-            if let Some(k) = self.key_for(tenant, is_live) {
-                self.tenants[i].key = Some(k);
-                self.backlogged.insert((k, tenant));
-            }
+        if self.tenants[i].live > 0
+            && let Some(k) = self.key_for(tenant, is_live)
+        {
+            self.tenants[i].key = Some(k);
+            self.backlogged.insert((k, tenant));
         }
     }
 
@@ -220,7 +233,9 @@ impl FairQueue {
     /// dispatched (cancelled or shed). Call after marking it not live.
     pub fn forget(&mut self, tenant: TenantId, is_live: impl Fn(RequestId) -> bool) {
         let i = tenant.0 as usize;
-        let Some(q) = self.tenants.get_mut(i) else { return };
+        let Some(q) = self.tenants.get_mut(i) else {
+            return;
+        };
         q.live = q.live.saturating_sub(1);
         self.len = self.len.saturating_sub(1);
         if q.live == 0 {
@@ -231,15 +246,17 @@ impl FairQueue {
 
     /// Charges `cost` (may be negative: a correction) to a tenant's counter.
     pub fn charge(&mut self, tenant: TenantId, cost: f64) {
-        let Some(q) = self.tenants.get_mut(tenant.0 as usize) else { return };
+        let Some(q) = self.tenants.get_mut(tenant.0 as usize) else {
+            return;
+        };
         q.counter = (q.counter + cost / q.weight).max(0.0);
-        if let Some(old) = q.key {
-            if matches!(self.discipline, Discipline::Drf | Discipline::Wfq) {
-                let new = Key(old.0, q.counter);
-                q.key = Some(new);
-                self.backlogged.remove(&(old, tenant));
-                self.backlogged.insert((new, tenant));
-            }
+        if let Some(old) = q.key
+            && matches!(self.discipline, Discipline::Drf | Discipline::Wfq)
+        {
+            let new = Key(old.0, q.counter);
+            q.key = Some(new);
+            self.backlogged.remove(&(old, tenant));
+            self.backlogged.insert((new, tenant));
         }
     }
 }

@@ -12,15 +12,13 @@ fn live(_: RequestId) -> bool {
 /// backlogged; returns service per tenant after each dispatch.
 fn serve(q: &mut FairQueue, n: usize, cost: impl Fn(TenantId) -> f64) -> Vec<[f64; 2]> {
     let mut served = [0.0, 0.0];
-    let mut next = 1000;
     let mut trace = Vec::new();
-    for _ in 0..n {
+    for next in 1000..1000 + n as u64 {
         let (t, _) = q.pop(live).expect("backlogged");
         let c = cost(t);
         q.charge(t, c);
         served[t.0 as usize] += c;
         q.push(t, id(next)); // stays backlogged
-        next += 1;
         trace.push(served);
     }
     trace
@@ -41,7 +39,10 @@ fn weights_three_to_one_share_within_the_vtc_bound() {
     for s in &trace {
         // Weighted service differs by at most one maximal request per weight.
         let gap = (s[0] / 3.0 - s[1] / 1.0).abs();
-        assert!(gap <= max_cost / 1.0 + max_cost / 3.0 + 1e-9, "gap {gap} at {s:?}");
+        assert!(
+            gap <= max_cost / 1.0 + max_cost / 3.0 + 1e-9,
+            "gap {gap} at {s:?}"
+        );
     }
     let last = trace.last().unwrap();
     let ratio = last[0] / last[1];
@@ -93,7 +94,11 @@ fn priority_starves_batch_and_drf_does_not() {
         q.push(TenantId(1), id(1));
         let trace = serve(&mut q, 200, |_| 1.0);
         let batch_served = trace.last().unwrap()[1];
-        assert_eq!(batch_served == 0.0, expect_starved, "{discipline:?}: {batch_served}");
+        assert_eq!(
+            batch_served == 0.0,
+            expect_starved,
+            "{discipline:?}: {batch_served}"
+        );
     }
 }
 

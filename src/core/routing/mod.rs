@@ -35,7 +35,12 @@ impl Candidate {
 
 /// Picks the index of a candidate under `strategy`; `None` only when empty.
 /// `cursor` is the pool's round-robin position, advanced here.
-pub fn pick(strategy: Strategy, cands: &[Candidate], rng: &mut impl Rng, cursor: &mut usize) -> Option<usize> {
+pub fn pick(
+    strategy: Strategy,
+    cands: &[Candidate],
+    rng: &mut impl Rng,
+    cursor: &mut usize,
+) -> Option<usize> {
     if cands.is_empty() {
         return None;
     }
@@ -50,7 +55,10 @@ pub fn pick(strategy: Strategy, cands: &[Candidate], rng: &mut impl Rng, cursor:
         Strategy::RoundRobin => {
             // The cursor walks backend ids, so skipping a full backend does
             // not shift everyone else's turn.
-            let i = cands.iter().position(|c| c.id.0 as usize >= *cursor).unwrap_or(0);
+            let i = cands
+                .iter()
+                .position(|c| c.id.0 as usize >= *cursor)
+                .unwrap_or(0);
             *cursor = cands[i].id.0 as usize + 1;
             i
         }
@@ -90,22 +98,42 @@ mod tests {
     use rand::rngs::SmallRng;
 
     fn cand(id: u32, in_flight: u32, waiting: u32, window: u32, kv: f64) -> Candidate {
-        Candidate { id: BackendId(id), in_flight, waiting, window, kv_usage: Some(kv) }
+        Candidate {
+            id: BackendId(id),
+            in_flight,
+            waiting,
+            window,
+            kv_usage: Some(kv),
+        }
     }
 
     #[test]
     fn least_outstanding_counts_polled_waiting_and_window() {
         let mut rng = SmallRng::seed_from_u64(1);
-        let c = [cand(0, 2, 3, 8, 0.1), cand(1, 4, 0, 8, 0.1), cand(2, 4, 0, 16, 0.5)];
-        assert_eq!(pick(Strategy::LeastOutstanding, &c, &mut rng, &mut 0), Some(2));
+        let c = [
+            cand(0, 2, 3, 8, 0.1),
+            cand(1, 4, 0, 8, 0.1),
+            cand(2, 4, 0, 16, 0.5),
+        ];
+        assert_eq!(
+            pick(Strategy::LeastOutstanding, &c, &mut rng, &mut 0),
+            Some(2)
+        );
     }
 
     #[test]
     fn least_outstanding_breaks_ties_by_kv_then_at_random() {
         let mut rng = SmallRng::seed_from_u64(1);
         let c = [cand(0, 1, 0, 4, 0.5), cand(1, 1, 0, 4, 0.2)];
-        assert_eq!(pick(Strategy::LeastOutstanding, &c, &mut rng, &mut 0), Some(1));
-        let c = [cand(0, 1, 0, 4, 0.2), cand(1, 1, 0, 4, 0.2), cand(2, 1, 0, 4, 0.2)];
+        assert_eq!(
+            pick(Strategy::LeastOutstanding, &c, &mut rng, &mut 0),
+            Some(1)
+        );
+        let c = [
+            cand(0, 1, 0, 4, 0.2),
+            cand(1, 1, 0, 4, 0.2),
+            cand(2, 1, 0, 4, 0.2),
+        ];
         let mut seen = [0; 3];
         for _ in 0..3000 {
             seen[pick(Strategy::LeastOutstanding, &c, &mut rng, &mut 0).unwrap()] += 1;
@@ -116,9 +144,15 @@ mod tests {
     #[test]
     fn round_robin_cycles_by_backend_id() {
         let mut rng = SmallRng::seed_from_u64(1);
-        let c = [cand(0, 0, 0, 4, 0.0), cand(1, 9, 0, 10, 0.0), cand(2, 0, 0, 4, 0.0)];
+        let c = [
+            cand(0, 0, 0, 4, 0.0),
+            cand(1, 9, 0, 10, 0.0),
+            cand(2, 0, 0, 4, 0.0),
+        ];
         let mut cur = 0;
-        let order: Vec<_> = (0..4).map(|_| pick(Strategy::RoundRobin, &c, &mut rng, &mut cur).unwrap()).collect();
+        let order: Vec<_> = (0..4)
+            .map(|_| pick(Strategy::RoundRobin, &c, &mut rng, &mut cur).unwrap())
+            .collect();
         assert_eq!(order, vec![0, 1, 2, 0]);
     }
 
@@ -133,7 +167,9 @@ mod tests {
     fn p2c_prefers_the_less_loaded_of_two() {
         let mut rng = SmallRng::seed_from_u64(7);
         let c = [cand(0, 7, 0, 8, 0.0), cand(1, 0, 0, 8, 0.0)];
-        let picks_idle = (0..1000).filter(|_| pick(Strategy::P2c, &c, &mut rng, &mut 0) == Some(1)).count();
+        let picks_idle = (0..1000)
+            .filter(|_| pick(Strategy::P2c, &c, &mut rng, &mut 0) == Some(1))
+            .count();
         assert!(picks_idle > 700, "{picks_idle}");
     }
 

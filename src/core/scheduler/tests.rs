@@ -1,8 +1,8 @@
 use super::*;
+use crate::config::Strategy;
 use crate::config::*;
 use crate::sim::engine::EngineParams;
 use proptest::prelude::{Strategy as PropStrategy, *};
-use crate::config::Strategy;
 
 fn t(ms: u64) -> Instant {
     Instant::ZERO + Duration::from_millis(ms)
@@ -18,7 +18,10 @@ fn tenant(name: &str, weight: f64) -> TenantPolicy {
         burst: None,
         max_concurrency: None,
         gpu_seconds_per_hour: None,
-        slo: Slo { ttft: Duration::from_secs(1), e2e: Duration::from_secs(30) },
+        slo: Slo {
+            ttft: Duration::from_secs(1),
+            e2e: Duration::from_secs(30),
+        },
     }
 }
 
@@ -32,7 +35,9 @@ fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
             trust_tenant_header: None,
             tls: None,
         },
-        poller: PollerPolicy { interval: Duration::from_millis(250) },
+        poller: PollerPolicy {
+            interval: Duration::from_millis(250),
+        },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
             max_wait: Duration::from_secs(30),
@@ -48,7 +53,9 @@ fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
             backends: (0..backends)
                 .map(|i| BackendPolicy {
                     name: format!("b{i}"),
-                    target: BackendTarget::Sim { params: EngineParams::default() },
+                    target: BackendTarget::Sim {
+                        params: EngineParams::default(),
+                    },
                     gpus: 1,
                     max_inflight: window,
                     metrics: MetricsDialect::Vllm,
@@ -101,7 +108,11 @@ fn windows_hold_requests_in_the_gateway_queue() {
 
 #[test]
 fn weights_three_to_one_get_three_to_one_service() {
-    let mut s = Scheduler::new(&policy(1, 4, vec![tenant("a", 3.0), tenant("b", 1.0)]), t(0), 1);
+    let mut s = Scheduler::new(
+        &policy(1, 4, vec![tenant("a", 3.0), tenant("b", 1.0)]),
+        t(0),
+        1,
+    );
     let mut in_flight = std::collections::VecDeque::new();
     for _ in 0..200 {
         for name in ["a", "b"] {
@@ -115,7 +126,10 @@ fn weights_three_to_one_get_three_to_one_service() {
     for _ in 0..200 {
         now += 10;
         let (id, _) = in_flight.pop_front().unwrap();
-        let usage = Usage { prompt_tokens: 100, completion_tokens: 100 };
+        let usage = Usage {
+            prompt_tokens: 100,
+            completion_tokens: 100,
+        };
         let (ended, ds) = s.on_completion(t(now), id, Some(usage)).unwrap();
         served[usize::from(ended.tenant == b)] += 1;
         in_flight.extend(dispatched(&ds));
@@ -155,7 +169,11 @@ fn gpu_budget_in_debt_refuses_until_refilled() {
     let refusal = s.on_arrival(t(10_000), arrival(&s, "a")).unwrap_err();
     assert_eq!(refusal.limit, LimitKind::GpuSeconds);
     // The bucket is at 3.6 - 10 = -6.4 GPU-s and refills 0.001/s.
-    assert!(refusal.retry_after > Duration::from_secs(6400), "{:?}", refusal.retry_after);
+    assert!(
+        refusal.retry_after > Duration::from_secs(6400),
+        "{:?}",
+        refusal.retry_after
+    );
     let view = s.tenant_view(t(10_000), s.tenant("a").unwrap());
     assert!(view.gpu_seconds_level.unwrap() < 0.0);
     assert!((view.gpu_seconds_total - 10.0).abs() < 1e-6);
@@ -169,7 +187,10 @@ fn concurrency_cap_counts_queued_and_in_flight() {
     let (first, _) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
     s.on_arrival(t(0), arrival(&s, "a")).unwrap();
     s.on_arrival(t(0), arrival(&s, "a")).unwrap();
-    assert_eq!(s.on_arrival(t(0), arrival(&s, "a")).unwrap_err().limit, LimitKind::Concurrency);
+    assert_eq!(
+        s.on_arrival(t(0), arrival(&s, "a")).unwrap_err().limit,
+        LimitKind::Concurrency
+    );
     s.on_completion(t(1), first, None).unwrap();
     assert!(s.on_arrival(t(1), arrival(&s, "a")).is_ok());
 }
@@ -184,11 +205,21 @@ fn queued_request_past_max_wait_is_shed_and_cancel_leaves_at_once() {
     assert_eq!(s.queue_len(PoolId(0)), 2);
     let (ended, ds) = s.on_cancel(t(5), cancelled);
     assert!(ended.is_none() && ds.is_empty());
-    assert_eq!(s.queue_len(PoolId(0)), 1, "cancelled request left the queue at once");
+    assert_eq!(
+        s.queue_len(PoolId(0)),
+        1,
+        "cancelled request left the queue at once"
+    );
     assert_eq!(s.next_wakeup(), Some(t(30_000)));
     assert!(s.on_tick(t(29_999)).is_empty());
     let ds = s.on_tick(t(30_000));
-    assert_eq!(ds, vec![Decision::Shed { id: queued, retry_after: Duration::from_secs(1) }]);
+    assert_eq!(
+        ds,
+        vec![Decision::Shed {
+            id: queued,
+            retry_after: Duration::from_secs(1)
+        }]
+    );
     assert_eq!(s.queue_len(PoolId(0)), 0);
     assert_eq!(s.live_requests(), 1);
 }
@@ -203,7 +234,15 @@ fn full_kv_reading_stops_routing_until_it_drains() {
     for _ in 0..2 {
         on.extend(dispatched(&s.on_arrival(t(0), arrival(&s, "a")).unwrap().1));
     }
-    s.on_reading(t(1), b0, Reading { at: t(1), kv_usage: Some(0.95), ..Reading::default() });
+    s.on_reading(
+        t(1),
+        b0,
+        Reading {
+            at: t(1),
+            kv_usage: Some(0.95),
+            ..Reading::default()
+        },
+    );
     for _ in 0..4 {
         let ds = s.on_arrival(t(2), arrival(&s, "a")).unwrap().1;
         assert!(dispatched(&ds).iter().all(|(_, b)| *b == b1));
@@ -227,7 +266,11 @@ fn reload_keeps_state_of_unchanged_tenants() {
     s.apply_policy(&next, t(1));
     assert!(s.tenant("b").is_none());
     assert!(s.tenant("c").is_some());
-    assert_eq!(s.on_arrival(t(1), arrival(&s, "a")).unwrap_err().limit, LimitKind::Rate, "bucket survived");
+    assert_eq!(
+        s.on_arrival(t(1), arrival(&s, "a")).unwrap_err().limit,
+        LimitKind::Rate,
+        "bucket survived"
+    );
     assert_eq!(s.tenant_view(t(1), s.tenant("a").unwrap()).in_flight, 1);
 }
 

@@ -1,0 +1,160 @@
+//! Criterion benches for the scheduling core: one full request cycle
+//! (admit → enqueue → dispatch → complete) with many backlogged tenants, and
+//! the routing pick.
+
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use fairway::config::{Strategy, parse_policy};
+use fairway::core::ids::{BackendId, RequestId, Usage};
+use fairway::core::routing::{Candidate, pick};
+use fairway::core::scheduler::{Arrival, Decision, Scheduler};
+use fairway::core::time::Instant;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+fn policy_text(tenants: usize, backends: usize) -> String {
+    let mut s = String::from(
+        "[queue]\nmax_queued_per_tenant = 1000000\nmax_wait = \"1000000s\"\n[[pools]]\nmodel = \"m\"\n",
+    );
+    for b in 0..backends {
+        s += &format!(
+            "[[pools.backends]]\nurl = \"http://10.0.{}.{}:8000\"\nmax_inflight = 4\n",
+            b / 250,
+            b % 250 + 1
+        );
+    }
+    for t in 0..tenants {
+        s += &format!(
+            "[[tenants]]\nname = \"t{t}\"\napi_keys = [\"k{t}\"]\nweight = {}\nrate = 1000000\ngpu_seconds_per_hour = 1000000000\n",
+            t % 4 + 1
+        );
+    }
+    s
+}
+
+/// A scheduler whose windows are full and whose every tenant is backlogged.
+fn saturated(
+    tenants: usize,
+    backends: usize,
+) -> (
+    Scheduler,
+    VecDeque<RequestId>,
+    Vec<fairway::core::ids::TenantId>,
+    u64,
+) {
+    let policy = parse_policy(&policy_text(tenants, backends), "bench.toml")
+        .unwrap_or_else(|_| panic!("bench policy"));
+    let mut s = Scheduler::new(&policy, Instant::ZERO, 1);
+    let pool = s.pool("m").unwrap_or_else(|| panic!("pool"));
+    let ids: Vec<_> = (0..tenants)
+        .map(|t| {
+            s.tenant(&format!("t{t}"))
+                .unwrap_or_else(|| panic!("tenant"))
+        })
+        .collect();
+    let mut in_flight = VecDeque::new();
+    let mut now = 1;
+    // Enough arrivals that every window is full and every tenant still queues.
+    let rounds = backends * 4 / tenants + 2;
+    for _ in 0..rounds {
+        for &t in &ids {
+            let a = Arrival {
+                tenant: t,
+                pool,
+                prompt_tokens: 200,
+                max_tokens: Some(100),
+                deadline: None,
+            };
+            if let Ok((_, ds)) = s.on_arrival(Instant::from_nanos(now), a) {
+                for d in ds {
+                    if let Decision::Dispatch { id, .. } = d {
+                        in_flight.push_back(id);
+                    }
+                }
+            }
+            now += 1;
+        }
+    }
+    (s, in_flight, ids, now)
+}
+
+fn cycle(c: &mut Criterion) {
+    let mut g = c.benchmark_group("cycle");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    for &(tenants, backends) in &[(10, 8), (1_000, 8), (10_000, 8), (10, 128), (10_000, 128)] {
+        let (mut s, mut in_flight, ids, mut now) = saturated(tenants, backends);
+        let pool = s.pool("m").unwrap_or_else(|| panic!("pool"));
+        let mut next_tenant = 0;
+        g.bench_with_input(
+            BenchmarkId::new(format!("{backends}_backends"), tenants),
+            &tenants,
+            |b, _| {
+                b.iter(|| {
+                    now += 1_000;
+                    let t = Instant::from_nanos(now);
+                    // A response ends: its slot goes to the next request in fair order.
+                    let id = in_flight.pop_front().unwrap_or_else(|| panic!("in flight"));
+                    let usage = Usage {
+                        prompt_tokens: 200,
+                        completion_tokens: 80,
+                    };
+                    if let Some((_, ds)) = s.on_completion(t, id, Some(usage)) {
+                        for d in ds {
+                            if let Decision::Dispatch { id, .. } = d {
+                                in_flight.push_back(id);
+                            }
+                        }
+                    }
+                    // A new request arrives and is admitted and queued.
+                    let tenant = ids[next_tenant % ids.len()];
+                    next_tenant += 1;
+                    let a = Arrival {
+                        tenant,
+                        pool,
+                        prompt_tokens: 200,
+                        max_tokens: Some(100),
+                        deadline: None,
+                    };
+                    black_box(s.on_arrival(t, a).is_ok());
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+fn routing(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pick");
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
+    for &n in &[8u32, 128] {
+        let cands: Vec<Candidate> = (0..n)
+            .map(|i| Candidate {
+                id: BackendId(i),
+                in_flight: i % 7,
+                waiting: i % 3,
+                window: 16,
+                kv_usage: Some(f64::from(i % 10) / 10.0),
+            })
+            .collect();
+        for strategy in [
+            Strategy::LeastOutstanding,
+            Strategy::P2c,
+            Strategy::RoundRobin,
+        ] {
+            let mut rng = SmallRng::seed_from_u64(1);
+            let mut cursor = 0;
+            g.bench_with_input(BenchmarkId::new(format!("{strategy:?}"), n), &n, |b, _| {
+                b.iter(|| black_box(pick(strategy, black_box(&cands), &mut rng, &mut cursor)))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, cycle, routing);
+criterion_main!(benches);

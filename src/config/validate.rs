@@ -1,0 +1,270 @@
+//! Validation: walks the spanned TOML tree of a policy file and builds a
+//! [`Policy`], reporting every problem at once with file, line, column and
+//! key path.
+//!
+//! We walk the tree by hand rather than derive `Deserialize` because serde
+//! stops at the first error; an operator fixing a file wants the whole list.
+//! Invariant: a `Policy` comes out only when no error was recorded, and it
+//! never holds a clear-text API key (only SHA-256 digests).
+
+mod pools;
+mod reader;
+mod tenants;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use toml::de::DeTable;
+
+use self::reader::{Reader, Table, Zero};
+use super::file::{ConfigError, parse_document};
+use super::policy::{Discipline, Policy, PollerPolicy, QueuePolicy, ServerPolicy, TlsPolicy};
+
+/// Looks an environment variable up; `None` when unset or not UTF-8.
+pub type EnvLookup<'e> = &'e dyn Fn(&str) -> Option<String>;
+
+/// Parses and validates a policy file's text; `file_name` labels the errors.
+///
+/// `api_key_env` references are read from the process environment.
+pub fn parse_policy(source: &str, file_name: &str) -> Result<Policy, Vec<ConfigError>> {
+    parse_policy_with_env(source, file_name, &|name| std::env::var(name).ok())
+}
+
+/// [`parse_policy`] with the environment supplied by the caller (tests, and
+/// reload paths that want a snapshot of the environment).
+pub fn parse_policy_with_env(
+    source: &str,
+    file_name: &str,
+    env: EnvLookup<'_>,
+) -> Result<Policy, Vec<ConfigError>> {
+    let doc = parse_document(source, file_name)?;
+    let mut r = Reader::new(source, file_name);
+    let root = Table {
+        table: doc.get_ref(),
+        span: doc.span(),
+        path: String::new(),
+    };
+    let policy = read_policy(&mut r, &root, env);
+    if r.has_errors() {
+        Err(r.into_errors())
+    } else {
+        Ok(policy)
+    }
+}
+
+/// One line describing `policy`, as printed by `fairway check`.
+pub fn summary(policy: &Policy) -> String {
+    let backends: usize = policy.pools.iter().map(|p| p.backends.len()).sum();
+    let simulated = policy
+        .pools
+        .iter()
+        .flat_map(|p| &p.backends)
+        .filter(|b| matches!(b.target, super::policy::BackendTarget::Sim { .. }))
+        .count();
+    let models: Vec<&str> = policy.pools.iter().map(|p| p.model.as_str()).collect();
+    let tenants: Vec<&str> = policy.tenants.iter().map(|t| t.name.as_str()).collect();
+    let tenants = if tenants.is_empty() {
+        "no tenants (auth off, every request is tenant \"default\")".to_owned()
+    } else {
+        format!(
+            "{} {} ({})",
+            tenants.len(),
+            plural(tenants.len(), "tenant"),
+            tenants.join(", ")
+        )
+    };
+    let simulated = if simulated > 0 {
+        format!(", {simulated} simulated")
+    } else {
+        String::new()
+    };
+    format!(
+        "{} {} ({}), {} {}{}, {}, discipline {}",
+        models.len(),
+        plural(models.len(), "pool"),
+        models.join(", "),
+        backends,
+        plural(backends, "backend"),
+        simulated,
+        tenants,
+        discipline_name(policy.queue.discipline),
+    )
+}
+
+fn plural(n: usize, word: &str) -> String {
+    if n == 1 {
+        word.to_owned()
+    } else {
+        format!("{word}s")
+    }
+}
+
+const ROOT_KEYS: &[&str] = &["server", "poller", "queue", "pools", "tenants"];
+const SERVER_KEYS: &[&str] = &[
+    "listen",
+    "admin_listen",
+    "max_body_bytes",
+    "drain_timeout",
+    "trust_tenant_header",
+    "tls",
+];
+const TLS_KEYS: &[&str] = &["cert", "key"];
+const POLLER_KEYS: &[&str] = &["interval"];
+const QUEUE_KEYS: &[&str] = &[
+    "discipline",
+    "max_wait",
+    "max_queued_per_tenant",
+    "output_token_weight",
+];
+const DISCIPLINES: &[(&str, Discipline)] = &[
+    ("fifo", Discipline::Fifo),
+    ("priority", Discipline::Priority),
+    ("wfq", Discipline::Wfq),
+    ("drf", Discipline::Drf),
+];
+
+fn discipline_name(d: Discipline) -> &'static str {
+    DISCIPLINES
+        .iter()
+        .find(|(_, v)| *v == d)
+        .map_or("?", |(name, _)| name)
+}
+
+fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> Policy {
+    r.check_keys(root, ROOT_KEYS);
+    let empty = DeTable::new();
+    let server = section(r, root, "server", &empty);
+    let poller = section(r, root, "poller", &empty);
+    let queue = section(r, root, "queue", &empty);
+    let server = read_server(r, &server);
+    let trusts_header = server.trust_tenant_header.is_some();
+    Policy {
+        poller: read_poller(r, &poller),
+        queue: read_queue(r, &queue),
+        pools: pools::read_pools(r, root),
+        tenants: tenants::read_tenants(r, root, trusts_header, env),
+        server,
+    }
+}
+
+/// The optional table `key` of the root, or an empty one (so defaults come
+/// from the same code as explicit values).
+fn section<'a, 'i>(
+    r: &mut Reader<'_>,
+    root: &Table<'a, 'i>,
+    key: &str,
+    empty: &'a DeTable<'i>,
+) -> Table<'a, 'i> {
+    r.opt(root, key, Reader::table).unwrap_or_else(|| Table {
+        table: empty,
+        span: root.span.clone(),
+        path: key.to_owned(),
+    })
+}
+
+fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>) -> ServerPolicy {
+    r.check_keys(t, SERVER_KEYS);
+    let listen = r
+        .opt(t, "listen", Reader::socket_addr)
+        .unwrap_or_else(|| ([127, 0, 0, 1], 8080).into());
+    let admin_listen = r
+        .opt(t, "admin_listen", Reader::socket_addr)
+        .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into());
+    // Port 0 asks the OS for a free port: two of those never collide.
+    if listen == admin_listen
+        && listen.port() != 0
+        && let Some((value, path)) = t.get("admin_listen").or_else(|| t.get("listen"))
+    {
+        r.error(
+            value.span(),
+            &path,
+            format!("admin_listen must differ from listen (both are {listen})"),
+        );
+    }
+    ServerPolicy {
+        listen,
+        admin_listen,
+        max_body_bytes: r
+            .opt(t, "max_body_bytes", Reader::positive_int)
+            .unwrap_or(10 * 1024 * 1024),
+        drain_timeout: r
+            .opt(t, "drain_timeout", |r, v, p| {
+                r.duration(v, p, Zero::Allowed)
+            })
+            .unwrap_or(Duration::from_secs(30)),
+        trust_tenant_header: r.opt(t, "trust_tenant_header", read_header_name),
+        tls: r.opt(t, "tls", read_tls),
+    }
+}
+
+/// A lowercase HTTP header name (RFC 9110 token characters).
+fn read_header_name(r: &mut Reader<'_>, v: &reader::Value<'_>, path: &str) -> Option<String> {
+    let name = r.non_empty(v, path)?;
+    let is_tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if !name.chars().all(is_tchar) {
+        r.error(
+            v.span(),
+            path,
+            format!(
+                "\"{name}\" is not a valid HTTP header name (letters, digits and -, no spaces)"
+            ),
+        );
+        return None;
+    }
+    if name.chars().any(|c| c.is_ascii_uppercase()) {
+        r.error(
+            v.span(),
+            path,
+            format!(
+                "header names must be lowercase; write \"{}\"",
+                name.to_ascii_lowercase()
+            ),
+        );
+        return None;
+    }
+    Some(name)
+}
+
+fn read_tls(r: &mut Reader<'_>, v: &reader::Value<'_>, path: &str) -> Option<TlsPolicy> {
+    let t = r.table(v, path)?;
+    r.check_keys(&t, TLS_KEYS);
+    let cert = r.req(
+        &t,
+        "cert",
+        "path to the PEM certificate chain",
+        Reader::non_empty,
+    );
+    let key = r.req(&t, "key", "path to the PEM private key", Reader::non_empty);
+    Some(TlsPolicy {
+        cert: cert?.into(),
+        key: key?.into(),
+    })
+}
+
+fn read_poller(r: &mut Reader<'_>, t: &Table<'_, '_>) -> PollerPolicy {
+    r.check_keys(t, POLLER_KEYS);
+    PollerPolicy {
+        interval: r
+            .opt(t, "interval", |r, v, p| r.duration(v, p, Zero::Refused))
+            .unwrap_or(Duration::from_millis(250)),
+    }
+}
+
+fn read_queue(r: &mut Reader<'_>, t: &Table<'_, '_>) -> QueuePolicy {
+    r.check_keys(t, QUEUE_KEYS);
+    QueuePolicy {
+        discipline: r
+            .opt(t, "discipline", |r, v, p| r.choice(v, p, DISCIPLINES))
+            .unwrap_or(Discipline::Drf),
+        max_wait: r
+            .opt(t, "max_wait", |r, v, p| r.duration(v, p, Zero::Refused))
+            .unwrap_or(Duration::from_secs(30)),
+        max_queued_per_tenant: r
+            .opt(t, "max_queued_per_tenant", Reader::positive_int)
+            .unwrap_or(10_000),
+        output_token_weight: r
+            .opt(t, "output_token_weight", Reader::positive)
+            .unwrap_or(1.0),
+    }
+}

@@ -1,0 +1,370 @@
+//! `[[pools]]` and `[[pools.backends]]`: models, routing, backend targets.
+//!
+//! Invariants checked here: one pool per model, at least one backend per
+//! pool, backend names unique across the whole policy, every backend has
+//! exactly one of `url` and `sim`.
+
+use std::collections::HashMap;
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
+use super::reader::{Reader, Table, Value, Zero};
+use crate::config::policy::{BackendPolicy, BackendTarget, MetricsDialect, PoolPolicy, Strategy};
+use crate::sim::engine::EngineParams;
+
+const POOL_KEYS: &[&str] = &[
+    "model",
+    "routing",
+    "timeout",
+    "kv_high_watermark",
+    "ttft_p99_threshold",
+    "backends",
+];
+const BACKEND_KEYS: &[&str] = &[
+    "name",
+    "url",
+    "sim",
+    "gpus",
+    "max_inflight",
+    "metrics",
+    "kv_tokens",
+];
+const SIM_KEYS: &[&str] = &[
+    "max_num_seqs",
+    "kv_tokens",
+    "block_size",
+    "max_model_len",
+    "prefill_tokens_per_s",
+    "decode_step_base",
+    "decode_step_per_seq",
+    "time_scale",
+];
+const STRATEGIES: &[(&str, Strategy)] = &[
+    ("least_outstanding", Strategy::LeastOutstanding),
+    ("p2c", Strategy::P2c),
+    ("round_robin", Strategy::RoundRobin),
+    ("random", Strategy::Random),
+    ("pack", Strategy::Pack),
+];
+const DIALECTS: &[(&str, MetricsDialect)] = &[
+    ("vllm", MetricsDialect::Vllm),
+    ("triton", MetricsDialect::Triton),
+    ("sglang", MetricsDialect::Sglang),
+    ("llamacpp", MetricsDialect::Llamacpp),
+    ("agent", MetricsDialect::Agent),
+    ("none", MetricsDialect::None),
+];
+/// KV capacity assumed for a remote backend until its reading says otherwise.
+const DEFAULT_KV_TOKENS: u64 = 65_536;
+
+/// Where names and models were first seen, for duplicate reports.
+#[derive(Default)]
+struct Seen {
+    models: HashMap<String, String>,
+    backend_names: HashMap<String, String>,
+}
+
+/// Reads the required, non-empty `pools` array.
+pub(super) fn read_pools(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Vec<PoolPolicy> {
+    let Some((value, path)) = root.get("pools") else {
+        r.error(
+            root.span.clone(),
+            "pools",
+            "missing [[pools]]: at least one pool (a model and its backends) is required",
+        );
+        return Vec::new();
+    };
+    let Some(tables) = r.tables(value, &path) else {
+        return Vec::new();
+    };
+    if tables.is_empty() {
+        r.error(value.span(), &path, "at least one pool is required");
+    }
+    let mut seen = Seen::default();
+    tables
+        .iter()
+        .filter_map(|(_, t)| read_pool(r, t, &mut seen))
+        .collect()
+}
+
+fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<PoolPolicy> {
+    r.check_keys(t, POOL_KEYS);
+    let model = r.req(
+        t,
+        "model",
+        "the model name clients request",
+        Reader::non_empty,
+    );
+    if let (Some(model), Some((value, path))) = (&model, t.get("model")) {
+        if let Some(first) = seen.models.get(model) {
+            r.error(
+                value.span(),
+                &path,
+                format!(
+                    "model \"{model}\" already has a pool ({first}); put all its backends in one pool"
+                ),
+            );
+        } else {
+            seen.models.insert(model.clone(), t.path.clone());
+        }
+    }
+    let routing = r
+        .opt(t, "routing", |r, v, p| r.choice(v, p, STRATEGIES))
+        .unwrap_or(Strategy::LeastOutstanding);
+    let timeout = r
+        .opt(t, "timeout", |r, v, p| r.duration(v, p, Zero::Refused))
+        .unwrap_or(Duration::from_secs(60));
+    let kv_high_watermark = r.opt(t, "kv_high_watermark", read_fraction).unwrap_or(0.8);
+    let ttft_p99_threshold = r
+        .opt(t, "ttft_p99_threshold", |r, v, p| {
+            r.duration(v, p, Zero::Refused)
+        })
+        .unwrap_or(Duration::from_millis(150));
+    let model_name = model.clone().unwrap_or_default();
+    let backends = match t.get("backends") {
+        None => {
+            r.error(
+                t.span.clone(),
+                &t.child("backends"),
+                "a pool needs at least one [[pools.backends]]",
+            );
+            Vec::new()
+        }
+        Some((value, path)) => {
+            let tables = r.tables(value, &path).unwrap_or_default();
+            if tables.is_empty() && matches!(value.get_ref(), toml::de::DeValue::Array(_)) {
+                r.error(
+                    value.span(),
+                    &path,
+                    "a pool needs at least one [[pools.backends]]",
+                );
+            }
+            tables
+                .iter()
+                .filter_map(|(i, b)| read_backend(r, b, *i, &model_name, seen))
+                .collect()
+        }
+    };
+    Some(PoolPolicy {
+        model: model?,
+        routing,
+        timeout,
+        kv_high_watermark,
+        ttft_p99_threshold,
+        backends,
+    })
+}
+
+/// A number in (0, 1].
+fn read_fraction(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<f64> {
+    let n = r.number(v, path)?;
+    if n <= 0.0 || n > 1.0 {
+        r.error(
+            v.span(),
+            path,
+            format!("must be greater than 0 and at most 1 (a fraction of the KV cache), found {n}"),
+        );
+        return None;
+    }
+    Some(n)
+}
+
+fn read_backend(
+    r: &mut Reader<'_>,
+    t: &Table<'_, '_>,
+    index: usize,
+    model: &str,
+    seen: &mut Seen,
+) -> Option<BackendPolicy> {
+    r.check_keys(t, BACKEND_KEYS);
+    let target = match (t.get("url"), t.get("sim")) {
+        (Some((url, url_path)), Some((sim, path))) => {
+            r.error(
+                sim.span(),
+                &path,
+                "a backend has either `url` (a remote engine) or `sim` (a simulated one), not both",
+            );
+            // Still check both, so their own mistakes are reported now too.
+            read_url(r, url, &url_path);
+            read_sim(r, sim, &path);
+            None
+        }
+        (None, None) => {
+            r.error(
+                t.span.clone(),
+                &t.path,
+                "a backend needs `url = \"http://host:port\"` or `sim = { … }`",
+            );
+            None
+        }
+        (Some((url, path)), None) => {
+            read_url(r, url, &path).map(|authority| BackendTarget::Url { authority })
+        }
+        (None, Some((sim, path))) => {
+            read_sim(r, sim, &path).map(|params| BackendTarget::Sim { params })
+        }
+    };
+    let explicit_name = r.opt(t, "name", Reader::non_empty);
+    let gpus = r.opt(t, "gpus", Reader::positive_int).unwrap_or(1);
+    let max_inflight = r.opt(t, "max_inflight", Reader::positive_int).unwrap_or(64);
+    let metrics = r
+        .opt(t, "metrics", |r, v, p| r.choice(v, p, DIALECTS))
+        .unwrap_or(MetricsDialect::Vllm);
+    let kv_tokens = r.opt(t, "kv_tokens", Reader::positive_int);
+    let target = target?;
+    let name = explicit_name.clone().unwrap_or_else(|| match &target {
+        BackendTarget::Url { authority } => authority.clone(),
+        BackendTarget::Sim { .. } => format!("{model}-sim-{index}"),
+    });
+    check_unique_name(r, t, &name, explicit_name.is_some(), seen);
+    let kv_tokens = kv_tokens.unwrap_or(match &target {
+        BackendTarget::Sim { params } => params.kv_tokens,
+        BackendTarget::Url { .. } => DEFAULT_KV_TOKENS,
+    });
+    Some(BackendPolicy {
+        name,
+        target,
+        gpus,
+        max_inflight,
+        metrics,
+        kv_tokens,
+    })
+}
+
+fn check_unique_name(
+    r: &mut Reader<'_>,
+    t: &Table<'_, '_>,
+    name: &str,
+    is_explicit: bool,
+    seen: &mut Seen,
+) {
+    let Some(first) = seen.backend_names.get(name) else {
+        seen.backend_names.insert(name.to_owned(), t.path.clone());
+        return;
+    };
+    let at = if is_explicit { "name" } else { "url" };
+    let (span, path) = match t.get(at).or_else(|| t.get("sim")) {
+        Some((value, path)) => (value.span(), path),
+        None => (t.span.clone(), t.path.clone()),
+    };
+    let message = if is_explicit {
+        format!("backend name \"{name}\" is already used by {first}; names must be unique")
+    } else {
+        format!(
+            "backend name \"{name}\" (the default, from its address) is already used by {first}; \
+             set `name` to tell them apart"
+        )
+    };
+    r.error(span, &path, message);
+}
+
+/// `http://host:port` with no path beyond `/`; returns `host:port`.
+fn read_url(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<String> {
+    let url = r.string(v, path)?;
+    match parse_http_url(url.trim()) {
+        Ok(authority) => Some(authority),
+        Err(why) => {
+            r.error(
+                v.span(),
+                path,
+                format!("invalid backend url \"{url}\": {why}"),
+            );
+            None
+        }
+    }
+}
+
+/// Parses `http://host:port[/]` into `host:port`.
+pub(super) fn parse_http_url(url: &str) -> Result<String, String> {
+    const EXPECTED: &str = "expected http://host:port, e.g. \"http://10.0.0.5:8000\"";
+    let lower = url.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Err(
+            "https backends are not supported yet (TLS to backends is not built); use http://host:port"
+                .to_owned(),
+        );
+    }
+    let Some(rest) = lower
+        .starts_with("http://")
+        .then(|| &url["http://".len()..])
+    else {
+        return Err(EXPECTED.to_owned());
+    };
+    let (authority, tail) = match rest.find(['/', '?', '#']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if !tail.is_empty() && tail != "/" {
+        return Err(format!(
+            "a backend url has no path, query or fragment (found \"{tail}\"): \
+             Fairway adds the API path itself; {EXPECTED}"
+        ));
+    }
+    if authority.contains('@') {
+        return Err(format!(
+            "credentials in the url are not supported; {EXPECTED}"
+        ));
+    }
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let Some((ip, port)) = bracketed.split_once(']') else {
+            return Err(format!("unclosed `[` in the host; {EXPECTED}"));
+        };
+        if ip.parse::<Ipv6Addr>().is_err() {
+            return Err(format!("\"{ip}\" is not an IPv6 address"));
+        }
+        (&authority[..ip.len() + 2], port.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let is_host_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_';
+    if host.is_empty() || (!host.starts_with('[') && !host.chars().all(is_host_char)) {
+        return Err(format!("missing or invalid host; {EXPECTED}"));
+    }
+    let Some(port) = port.filter(|p| !p.is_empty()) else {
+        return Err(format!("missing port; {EXPECTED}"));
+    };
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(format!("{host}:{p}")),
+        _ => Err(format!("invalid port \"{port}\"; {EXPECTED}")),
+    }
+}
+
+fn read_sim(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<EngineParams> {
+    let t = r.table(v, path)?;
+    r.check_keys(&t, SIM_KEYS);
+    // Start from the defaults and overwrite what is set, so a parameter
+    // added to the engine gets its default here without a change.
+    let mut params = EngineParams::default();
+    if let Some(v) = r.opt(&t, "max_num_seqs", Reader::positive_int) {
+        params.max_num_seqs = v;
+    }
+    if let Some(v) = r.opt(&t, "kv_tokens", Reader::positive_int) {
+        params.kv_tokens = v;
+    }
+    if let Some(v) = r.opt(&t, "block_size", Reader::positive_int) {
+        params.block_size = v;
+    }
+    if let Some(v) = r.opt(&t, "max_model_len", Reader::positive_int) {
+        params.max_model_len = v;
+    }
+    if let Some(v) = r.opt(&t, "prefill_tokens_per_s", Reader::positive) {
+        params.prefill_tokens_per_s = v;
+    }
+    if let Some(v) = r.opt(&t, "decode_step_base", |r, v, p| {
+        r.duration(v, p, Zero::Refused)
+    }) {
+        params.decode_step_base = v;
+    }
+    if let Some(v) = r.opt(&t, "decode_step_per_seq", |r, v, p| {
+        r.duration(v, p, Zero::Allowed)
+    }) {
+        params.decode_step_per_seq = v;
+    }
+    if let Some(v) = r.opt(&t, "time_scale", Reader::positive) {
+        params.time_scale = v;
+    }
+    Some(params)
+}

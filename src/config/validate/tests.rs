@@ -1,0 +1,1153 @@
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use proptest::prelude::{Just, ProptestConfig, any, prop_assert, prop_oneof, proptest};
+
+use super::pools::parse_http_url;
+use super::tenants::sha256;
+use super::{parse_policy, parse_policy_with_env, summary};
+use crate::config::file::{ConfigError, load_policy};
+use crate::config::policy::*;
+use crate::sim::engine::EngineParams;
+
+/// One pool with one remote backend: the smallest valid policy.
+const POOL: &str = "[[pools]]\nmodel = \"m\"\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n";
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn parse(src: &str) -> Result<Policy, Vec<ConfigError>> {
+    parse_policy_with_env(src, "p.toml", &no_env)
+}
+
+fn errors(src: &str) -> Vec<ConfigError> {
+    match parse(src) {
+        Ok(p) => panic!("expected errors, got {p:?}"),
+        Err(errs) => errs,
+    }
+}
+
+/// Asserts `src` has exactly one error, at `line:column` and `path`, whose
+/// message contains `needle`.
+#[track_caller]
+fn assert_one(src: &str, line: usize, column: usize, path: &str, needle: &str) {
+    let errs = errors(src);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    let e = &errs[0];
+    assert_eq!(
+        (e.line, e.column, e.path.as_str()),
+        (line, column, path),
+        "{e}"
+    );
+    assert!(e.message.contains(needle), "{e}");
+}
+
+// --- positions and format ---------------------------------------------------
+
+#[test]
+fn error_displays_as_file_line_column_path_message() {
+    let e = ConfigError {
+        file: "p.toml".into(),
+        line: 3,
+        column: 7,
+        path: "tenants[1].weight".into(),
+        message: "must be greater than zero, found 0".into(),
+    };
+    assert_eq!(
+        e.to_string(),
+        "p.toml:3:7: tenants[1].weight: must be greater than zero, found 0"
+    );
+}
+
+#[test]
+fn columns_count_characters_not_bytes() {
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"ключ\", \"\"]\n");
+    assert_one(&src, 7, 21, "tenants[0].api_keys[1]", "must not be empty");
+}
+
+#[test]
+fn syntax_error_is_reported_at_its_own_position() {
+    let src = format!("{POOL}[queue]\ndiscipline = \"drf\nmax_wait = \"1s\"\n");
+    let errs = errors(&src);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(
+        (errs[0].line, errs[0].path.as_str()),
+        (6, ""),
+        "{}",
+        errs[0]
+    );
+    assert!(errs[0].message.starts_with("invalid TOML"), "{}", errs[0]);
+    assert!(!errs[0].to_string().contains(": :"), "{}", errs[0]);
+}
+
+#[test]
+fn duplicate_toml_key_is_a_syntax_error() {
+    let src = format!("{POOL}timeout = \"1s\"\ntimeout = \"2s\"\n");
+    let errs = errors(&src);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!((errs[0].line, errs[0].column), (6, 1), "{}", errs[0]);
+}
+
+// --- unknown keys -----------------------------------------------------------
+
+#[test]
+fn unknown_key_is_reported_at_the_key_with_a_suggestion() {
+    let src = format!("{POOL}[queue]\ndiscpline = \"drf\"\n");
+    assert_one(
+        &src,
+        6,
+        1,
+        "queue.discpline",
+        "unknown key `discpline`; did you mean `discipline`?",
+    );
+}
+
+#[test]
+fn unknown_key_without_a_close_match_lists_the_expected_keys() {
+    let src = format!("{POOL}[poller]\nbanana = 1\n");
+    assert_one(&src, 6, 1, "poller.banana", "expected one of: interval");
+}
+
+#[test]
+fn crd_style_key_suggests_the_policy_key() {
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\nperTenantRate = 5\n");
+    assert_one(
+        &src,
+        8,
+        1,
+        "tenants[0].perTenantRate",
+        "did you mean `rate`?",
+    );
+    let src =
+        format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\ngpuSecondsPerHour = 5\n");
+    assert_one(
+        &src,
+        8,
+        1,
+        "tenants[0].gpuSecondsPerHour",
+        "did you mean `gpu_seconds_per_hour`?",
+    );
+}
+
+#[test]
+fn unknown_root_and_nested_keys_are_reported() {
+    let src = format!("tenant = []\n{POOL}sim = {{ max_num_seq = 4 }}\n");
+    let errs = errors(&src);
+    let got: Vec<_> = errs
+        .iter()
+        .map(|e| (e.line, e.column, e.path.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, 1, "tenant"),
+            (6, 7, "pools[0].backends[0].sim"),
+            (6, 9, "pools[0].backends[0].sim.max_num_seq"),
+        ],
+        "{errs:#?}"
+    );
+    assert!(errs[0].message.contains("did you mean `tenants`?"));
+    assert!(errs[1].message.contains("not both"));
+    assert!(errs[2].message.contains("did you mean `max_num_seqs`?"));
+}
+
+// --- types and values -------------------------------------------------------
+
+#[test]
+fn wrong_type_is_reported_at_the_value() {
+    let src = format!("[server]\nmax_body_bytes = \"big\"\n{POOL}");
+    assert_one(
+        &src,
+        2,
+        18,
+        "server.max_body_bytes",
+        "expected a positive integer, found a string",
+    );
+}
+
+#[test]
+fn pools_written_as_a_table_is_a_wrong_type() {
+    assert_one(
+        "[pools]\nmodel = \"m\"\n",
+        1,
+        1,
+        "pools",
+        "expected an array of tables (`[[pools]]`), found a table",
+    );
+}
+
+#[test]
+fn duration_without_a_unit_is_refused() {
+    let src = format!("[poller]\ninterval = \"250\"\n{POOL}");
+    assert_one(&src, 2, 12, "poller.interval", "invalid duration \"250\"");
+    let src = format!("[poller]\ninterval = 250\n{POOL}");
+    assert_one(&src, 2, 12, "poller.interval", "a duration needs a unit");
+}
+
+#[test]
+fn bad_duration_in_a_tenant_slo_is_reported_with_its_path() {
+    let src = format!(
+        "{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\nslo = {{ ttft = \"fast\" }}\n"
+    );
+    assert_one(
+        &src,
+        8,
+        16,
+        "tenants[0].slo.ttft",
+        "invalid duration \"fast\"",
+    );
+}
+
+#[test]
+fn zero_interval_is_refused() {
+    let src = format!("[poller]\ninterval = \"0s\"\n{POOL}");
+    assert_one(&src, 2, 12, "poller.interval", "longer than zero");
+}
+
+#[test]
+fn invalid_listen_address_is_reported() {
+    let src = format!("[server]\nlisten = \"localhost\"\n{POOL}");
+    assert_one(
+        &src,
+        2,
+        10,
+        "server.listen",
+        "expected an IP address and port",
+    );
+}
+
+#[test]
+fn admin_listen_equal_to_listen_is_refused() {
+    let src = format!("[server]\nlisten = \"0.0.0.0:80\"\nadmin_listen = \"0.0.0.0:80\"\n{POOL}");
+    assert_one(
+        &src,
+        3,
+        16,
+        "server.admin_listen",
+        "must differ from listen",
+    );
+}
+
+#[test]
+fn listen_equal_to_the_default_admin_listen_is_refused() {
+    let src = format!("[server]\nlisten = \"127.0.0.1:9090\"\n{POOL}");
+    assert_one(&src, 2, 10, "server.listen", "must differ from listen");
+}
+
+#[test]
+fn backends_written_as_a_table_names_the_right_header() {
+    let src = "[[pools]]\nmodel = \"m\"\n[pools.backends]\nurl = \"http://h:1\"\n";
+    assert_one(
+        src,
+        3,
+        1,
+        "pools[0].backends",
+        "expected an array of tables (`[[pools.backends]]`), found a table",
+    );
+}
+
+#[test]
+fn tenant_header_must_be_a_lowercase_header_name() {
+    let src = format!("[server]\ntrust_tenant_header = \"X-Tenant\"\n{POOL}");
+    assert_one(
+        &src,
+        2,
+        23,
+        "server.trust_tenant_header",
+        "write \"x-tenant\"",
+    );
+    let src = format!("[server]\ntrust_tenant_header = \"x tenant\"\n{POOL}");
+    assert_one(
+        &src,
+        2,
+        23,
+        "server.trust_tenant_header",
+        "not a valid HTTP header name",
+    );
+}
+
+#[test]
+fn tls_needs_cert_and_key() {
+    let src = format!("[server]\ntls = {{ cert = \"c.pem\" }}\n{POOL}");
+    assert_one(&src, 2, 7, "server.tls.key", "missing required key `key`");
+}
+
+#[test]
+fn non_positive_numbers_are_refused() {
+    let tenant = |line: &str| {
+        format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\nrate = 10\n{line}\n")
+    };
+    assert_one(
+        &tenant("weight = 0"),
+        9,
+        10,
+        "tenants[0].weight",
+        "greater than zero, found 0",
+    );
+    assert_one(
+        &tenant("weight = -1.5"),
+        9,
+        10,
+        "tenants[0].weight",
+        "found -1.5",
+    );
+    assert_one(
+        &tenant("gpu_seconds_per_hour = 0"),
+        9,
+        24,
+        "tenants[0].gpu_seconds_per_hour",
+        "greater than zero",
+    );
+    assert_one(
+        &tenant("burst = 0"),
+        9,
+        9,
+        "tenants[0].burst",
+        "greater than zero",
+    );
+    assert_one(
+        &tenant("burst = 0.5"),
+        9,
+        9,
+        "tenants[0].burst",
+        "at least 1",
+    );
+    assert_one(
+        &tenant("max_concurrency = 0"),
+        9,
+        19,
+        "tenants[0].max_concurrency",
+        "positive integer, found 0",
+    );
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\nrate = -5\n");
+    assert_one(&src, 8, 8, "tenants[0].rate", "greater than zero, found -5");
+    let src = format!("{POOL}gpus = 0\n");
+    assert_one(
+        &src,
+        5,
+        8,
+        "pools[0].backends[0].gpus",
+        "positive integer, found 0",
+    );
+    let src = format!("[queue]\nmax_queued_per_tenant = -1\n{POOL}");
+    assert_one(
+        &src,
+        2,
+        25,
+        "queue.max_queued_per_tenant",
+        "positive integer",
+    );
+}
+
+#[test]
+fn integer_too_large_for_its_field_is_refused() {
+    let src = format!("{POOL}max_inflight = 5000000000\n");
+    assert_one(
+        &src,
+        5,
+        16,
+        "pools[0].backends[0].max_inflight",
+        "too large",
+    );
+}
+
+#[test]
+fn burst_without_rate_is_refused() {
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\nburst = 10\n");
+    assert_one(&src, 8, 9, "tenants[0].burst", "needs `rate`");
+}
+
+#[test]
+fn kv_high_watermark_must_be_in_zero_one() {
+    let at = |v: &str| {
+        format!(
+            "[[pools]]\nmodel = \"m\"\nkv_high_watermark = {v}\n[[pools.backends]]\nurl = \"http://h:1\"\n"
+        )
+    };
+    assert_one(
+        &at("0"),
+        3,
+        21,
+        "pools[0].kv_high_watermark",
+        "greater than 0 and at most 1",
+    );
+    assert_one(&at("1.5"), 3, 21, "pools[0].kv_high_watermark", "found 1.5");
+    assert_eq!(parse(&at("1")).unwrap().pools[0].kv_high_watermark, 1.0);
+}
+
+#[test]
+fn unknown_choices_are_reported_with_a_suggestion() {
+    let src = format!("[queue]\ndiscipline = \"dfr\"\n{POOL}");
+    assert_one(&src, 2, 14, "queue.discipline", "did you mean \"drf\"?");
+    let src = format!("[queue]\ndiscipline = \"lottery\"\n{POOL}");
+    assert_one(
+        &src,
+        2,
+        14,
+        "queue.discipline",
+        "expected one of: fifo, priority, wfq, drf",
+    );
+    let src = "[[pools]]\nmodel = \"m\"\nrouting = \"least_loaded\"\n[[pools.backends]]\nurl = \"http://h:1\"\n";
+    assert_one(src, 3, 11, "pools[0].routing", "least_outstanding");
+    let src = format!("{POOL}metrics = \"prometheus\"\n");
+    assert_one(
+        &src,
+        5,
+        11,
+        "pools[0].backends[0].metrics",
+        "vllm, triton, sglang, llamacpp, agent, none",
+    );
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\npriority = \"high\"\n");
+    assert_one(&src, 8, 12, "tenants[0].priority", "interactive, batch");
+}
+
+// --- pools and backends -----------------------------------------------------
+
+#[test]
+fn missing_pools_is_reported_at_the_start_of_the_file() {
+    assert_one("[queue]\n", 1, 1, "pools", "at least one pool");
+    assert_one("pools = []\n", 1, 9, "pools", "at least one pool");
+}
+
+#[test]
+fn pool_without_backends_is_reported_at_its_header() {
+    let src = format!("{POOL}[[pools]]\nmodel = \"n\"\n");
+    assert_one(
+        &src,
+        5,
+        1,
+        "pools[1].backends",
+        "at least one [[pools.backends]]",
+    );
+    let src = "[[pools]]\nmodel = \"n\"\nbackends = []\n";
+    assert_one(src, 3, 12, "pools[0].backends", "at least one");
+}
+
+#[test]
+fn missing_model_is_reported_at_the_pool_header() {
+    let src = "[[pools]]\nrouting = \"p2c\"\n[[pools.backends]]\nurl = \"http://h:1\"\n";
+    assert_one(src, 1, 1, "pools[0].model", "missing required key `model`");
+}
+
+#[test]
+fn two_pools_for_one_model_are_refused() {
+    let src = format!(
+        "{POOL}[[pools]]\nmodel = \"m\"\n[[pools.backends]]\nurl = \"http://10.0.0.6:8000\"\n"
+    );
+    assert_one(
+        &src,
+        6,
+        9,
+        "pools[1].model",
+        "already has a pool (pools[0])",
+    );
+}
+
+#[test]
+fn invalid_urls_are_refused_with_the_reason() {
+    let at = |url: &str| format!("[[pools]]\nmodel = \"m\"\n[[pools.backends]]\nurl = \"{url}\"\n");
+    let path = "pools[0].backends[0].url";
+    assert_one(&at("http://h:8000/v1"), 4, 7, path, "no path");
+    assert_one(
+        &at("https://h:8000"),
+        4,
+        7,
+        path,
+        "https backends are not supported yet",
+    );
+    assert_one(&at("http://h"), 4, 7, path, "missing port");
+    assert_one(&at("h:8000"), 4, 7, path, "expected http://host:port");
+    assert_one(&at("http://h:99999"), 4, 7, path, "invalid port");
+    assert_one(&at("http://u:p@h:1"), 4, 7, path, "credentials");
+}
+
+#[test]
+fn url_keeps_only_the_authority() {
+    assert_eq!(
+        parse_http_url("http://10.0.0.5:8000").unwrap(),
+        "10.0.0.5:8000"
+    );
+    assert_eq!(
+        parse_http_url("HTTP://gpu-0.local:80/").unwrap(),
+        "gpu-0.local:80"
+    );
+    assert_eq!(parse_http_url("http://[::1]:8000").unwrap(), "[::1]:8000");
+    assert!(parse_http_url("http://[::g]:8000").is_err());
+    assert!(parse_http_url("http://:8000").is_err());
+    assert!(parse_http_url("http://h:8000?x=1").is_err());
+    assert!(parse_http_url("http://é:1").is_err());
+}
+
+#[test]
+fn url_and_sim_together_or_neither_are_refused() {
+    let src = format!("{POOL}sim = {{}}\n");
+    assert_one(&src, 5, 7, "pools[0].backends[0].sim", "not both");
+    let src = "[[pools]]\nmodel = \"m\"\n[[pools.backends]]\ngpus = 2\n";
+    assert_one(src, 3, 1, "pools[0].backends[0]", "needs `url");
+}
+
+#[test]
+fn duplicate_backend_names_are_refused() {
+    let src = format!("{POOL}[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n");
+    assert_one(
+        &src,
+        6,
+        7,
+        "pools[0].backends[1].url",
+        "set `name` to tell them apart",
+    );
+    let src = format!(
+        "{POOL}name = \"gpu\"\n[[pools]]\nmodel = \"n\"\n[[pools.backends]]\nname = \"gpu\"\nurl = \"http://h:1\"\n"
+    );
+    assert_one(
+        &src,
+        9,
+        8,
+        "pools[1].backends[0].name",
+        "already used by pools[0].backends[0]",
+    );
+}
+
+#[test]
+fn bad_sim_parameters_are_reported() {
+    let src = "[[pools]]\nmodel = \"m\"\n[[pools.backends]]\nsim = { block_size = 0, decode_step_base = \"fast\" }\n";
+    let errs = errors(src);
+    let got: Vec<_> = errs
+        .iter()
+        .map(|e| (e.line, e.column, e.path.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (4, 22, "pools[0].backends[0].sim.block_size"),
+            (4, 44, "pools[0].backends[0].sim.decode_step_base"),
+        ],
+        "{errs:#?}"
+    );
+}
+
+// --- tenants and keys -------------------------------------------------------
+
+#[test]
+fn duplicate_tenant_names_are_refused() {
+    let src = format!(
+        "{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k1\"]\n[[tenants]]\nname = \"a\"\napi_keys = [\"k2\"]\n"
+    );
+    assert_one(
+        &src,
+        9,
+        8,
+        "tenants[1].name",
+        "tenant \"a\" is already defined (tenants[0])",
+    );
+}
+
+#[test]
+fn invalid_tenant_name_is_refused() {
+    let src = format!("{POOL}[[tenants]]\nname = \"Acme Corp\"\napi_keys = [\"k\"]\n");
+    assert_one(&src, 6, 8, "tenants[0].name", "lowercase letters");
+}
+
+#[test]
+fn missing_tenant_name_is_reported_at_the_tenant_header() {
+    let src = format!("{POOL}[[tenants]]\napi_keys = [\"k\"]\n");
+    assert_one(&src, 5, 1, "tenants[0].name", "missing required key `name`");
+}
+
+#[test]
+fn duplicate_api_key_across_tenants_is_refused_without_echoing_it() {
+    let src = format!(
+        "{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"sk-same\"]\n[[tenants]]\nname = \"b\"\napi_keys = [\"sk-other\", \"sk-same\"]\n"
+    );
+    let errs = errors(&src);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    let e = &errs[0];
+    assert_eq!(
+        (e.line, e.column, e.path.as_str()),
+        (10, 25, "tenants[1].api_keys[1]"),
+        "{e}"
+    );
+    assert!(
+        e.message.contains("tenant \"a\" (tenants[0].api_keys[0])"),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("sk-same"), "{e}");
+}
+
+#[test]
+fn duplicate_api_key_within_a_tenant_is_refused() {
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\", \"k\"]\n");
+    assert_one(
+        &src,
+        7,
+        18,
+        "tenants[0].api_keys[1]",
+        "already used by this tenant",
+    );
+}
+
+#[test]
+fn clear_key_matching_a_digest_is_a_duplicate() {
+    // sha256("test")
+    let src = format!(
+        "{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"test\"]\n[[tenants]]\nname = \"b\"\napi_key_sha256 = \"9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08\"\n"
+    );
+    assert_one(&src, 10, 18, "tenants[1].api_key_sha256", "tenant \"a\"");
+}
+
+#[test]
+fn bad_sha256_hex_is_refused() {
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_key_sha256 = [\"abc\"]\n");
+    assert_one(
+        &src,
+        7,
+        19,
+        "tenants[0].api_key_sha256[0]",
+        "64 hex characters",
+    );
+    let bad = "g".repeat(64);
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_key_sha256 = \"{bad}\"\n");
+    assert_one(
+        &src,
+        7,
+        18,
+        "tenants[0].api_key_sha256",
+        "64 hex characters",
+    );
+}
+
+#[test]
+fn unset_api_key_env_is_refused() {
+    let src = format!(
+        "{POOL}[[tenants]]\nname = \"a\"\napi_key_env = \"FAIRWAY_TEST_SURELY_UNSET_6D1F0B\"\n"
+    );
+    let errs = parse_policy(&src, "p.toml").unwrap_err();
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(
+        (errs[0].line, errs[0].column, errs[0].path.as_str()),
+        (7, 15, "tenants[0].api_key_env")
+    );
+    assert!(
+        errs[0]
+            .message
+            .contains("`FAIRWAY_TEST_SURELY_UNSET_6D1F0B` is not set")
+    );
+}
+
+#[test]
+fn empty_api_key_env_value_is_refused() {
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_key_env = \"EMPTY\"\n");
+    let env = |_: &str| Some("  \n".to_owned());
+    let errs = parse_policy_with_env(&src, "p.toml", &env).unwrap_err();
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].message.contains("is empty"), "{}", errs[0]);
+}
+
+#[test]
+fn api_key_env_reads_the_process_environment() {
+    // Cargo sets CARGO_PKG_NAME for test binaries; `set_var` is unsafe in
+    // edition 2024 and this crate forbids unsafe code.
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_key_env = \"CARGO_PKG_NAME\"\n");
+    let policy = parse_policy(&src, "p.toml").unwrap();
+    assert_eq!(
+        policy.tenants[0].key_digests,
+        vec![sha256(env!("CARGO_PKG_NAME"))]
+    );
+}
+
+#[test]
+fn api_key_env_array_reads_each_variable_trimmed() {
+    let src = format!(
+        "{POOL}[[tenants]]\nname = \"a\"\napi_key_env = [\"FW_KEY_ONE\", \"FW_KEY_TWO\"]\n"
+    );
+    let env = |name: &str| match name {
+        "FW_KEY_ONE" => Some("sk-one\n".to_owned()),
+        "FW_KEY_TWO" => Some("sk-two".to_owned()),
+        _ => None,
+    };
+    let policy = parse_policy_with_env(&src, "p.toml", &env).unwrap();
+    assert_eq!(
+        policy.tenants[0].key_digests,
+        vec![sha256("sk-one"), sha256("sk-two")]
+    );
+}
+
+#[test]
+fn tenant_without_a_key_is_refused_unless_the_header_is_trusted() {
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\n");
+    assert_one(&src, 5, 1, "tenants[0]", "tenant has no API key");
+    let trusted = format!("[server]\ntrust_tenant_header = \"x-fairway-tenant\"\n{src}");
+    let policy = parse(&trusted).unwrap();
+    assert!(policy.tenants[0].key_digests.is_empty());
+    assert_eq!(
+        policy.server.trust_tenant_header.as_deref(),
+        Some("x-fairway-tenant")
+    );
+}
+
+#[test]
+fn keys_are_kept_only_as_sha256_digests() {
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"sk-live-secret-123\"]\n");
+    let policy = parse(&src).unwrap();
+    assert_eq!(
+        policy.tenants[0].key_digests,
+        vec![sha256("sk-live-secret-123")]
+    );
+    // sha256("abc"), a known vector.
+    assert_eq!(sha256("abc")[..4], [0xba, 0x78, 0x16, 0xbf]);
+    let debug = format!("{policy:?}");
+    assert!(!debug.contains("sk-live-secret-123"));
+    let json = serde_json::to_string(&policy).unwrap();
+    assert!(!json.contains("sk-live"), "{json}");
+}
+
+#[test]
+fn slo_ttft_longer_than_e2e_is_refused() {
+    let src = format!(
+        "{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\nslo = {{ ttft = \"40s\" }}\n"
+    );
+    assert_one(
+        &src,
+        8,
+        16,
+        "tenants[0].slo.ttft",
+        "longer than slo.e2e (30s)",
+    );
+}
+
+// --- whole files --------------------------------------------------------------
+
+#[test]
+fn every_error_in_a_file_is_reported_in_file_order() {
+    let src = "\
+[server]
+listen = \"nowhere\"
+[queue]
+discipline = \"lottery\"
+[[pools]]
+model = \"m\"
+[[pools.backends]]
+url = \"https://h:1\"
+[[tenants]]
+name = \"a\"
+weight = 0
+api_keys = [\"k\"]
+[[tenants]]
+name = \"a\"
+api_keys = [\"k\"]
+slo = { ttft = \"soon\" }
+colour = \"blue\"
+";
+    let errs = errors(src);
+    let got: Vec<_> = errs
+        .iter()
+        .map(|e| (e.line, e.column, e.path.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (2, 10, "server.listen"),
+            (4, 14, "queue.discipline"),
+            (8, 7, "pools[0].backends[0].url"),
+            (11, 10, "tenants[0].weight"),
+            (14, 8, "tenants[1].name"),
+            (15, 13, "tenants[1].api_keys[0]"),
+            (16, 16, "tenants[1].slo.ttft"),
+            (17, 1, "tenants[1].colour"),
+        ],
+        "{errs:#?}"
+    );
+    assert!(
+        errs[5]
+            .message
+            .contains("already used by tenant \"a\" (tenants[0].api_keys[0])"),
+        "{}",
+        errs[5]
+    );
+}
+
+#[test]
+fn minimal_file_gets_every_default() {
+    let policy = parse(POOL).unwrap();
+    let expected = Policy {
+        server: ServerPolicy {
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            admin_listen: "127.0.0.1:9090".parse().unwrap(),
+            max_body_bytes: 10_485_760,
+            drain_timeout: Duration::from_secs(30),
+            trust_tenant_header: None,
+            tls: None,
+        },
+        poller: PollerPolicy {
+            interval: Duration::from_millis(250),
+        },
+        queue: QueuePolicy {
+            discipline: Discipline::Drf,
+            max_wait: Duration::from_secs(30),
+            max_queued_per_tenant: 10_000,
+            output_token_weight: 1.0,
+        },
+        pools: vec![PoolPolicy {
+            model: "m".into(),
+            routing: Strategy::LeastOutstanding,
+            timeout: Duration::from_secs(60),
+            kv_high_watermark: 0.8,
+            ttft_p99_threshold: Duration::from_millis(150),
+            backends: vec![BackendPolicy {
+                name: "10.0.0.5:8000".into(),
+                target: BackendTarget::Url {
+                    authority: "10.0.0.5:8000".into(),
+                },
+                gpus: 1,
+                max_inflight: 64,
+                metrics: MetricsDialect::Vllm,
+                kv_tokens: 65_536,
+            }],
+        }],
+        tenants: vec![],
+    };
+    assert_eq!(policy, expected);
+}
+
+#[test]
+fn full_file_parses_to_the_expected_policy() {
+    let src = "\
+[server]
+listen = \"0.0.0.0:8000\"
+admin_listen = \"[::1]:9000\"
+max_body_bytes = 1_024
+drain_timeout = \"0s\"
+tls = { cert = \"c.pem\", key = \"k.pem\" }
+[poller]
+interval = \"1s 500ms\"
+[queue]
+discipline = \"wfq\"
+max_wait = \"2m\"
+max_queued_per_tenant = 0x10
+output_token_weight = 2
+[[pools]]
+model = \"m\"
+routing = \"p2c\"
+timeout = \"5s\"
+kv_high_watermark = 0.9
+ttft_p99_threshold = \"300ms\"
+[[pools.backends]]
+sim = { max_num_seqs = 8, time_scale = 10, decode_step_per_seq = \"0s\" }
+[[pools.backends]]
+name = \"b\"
+url = \"http://gpu:8000/\"
+gpus = 4
+max_inflight = 32
+metrics = \"triton\"
+kv_tokens = 1000
+[[tenants]]
+name = \"t-1\"
+api_keys = [\"k1\", \"k2\"]
+weight = 2.5
+priority = \"batch\"
+rate = 10
+max_concurrency = 7
+gpu_seconds_per_hour = 60
+slo = { ttft = \"200ms\", e2e = \"2s\" }
+[[tenants]]
+name = \"t_2\"
+api_key_sha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"
+rate = 0.5
+burst = 3
+";
+    let p = parse(src).unwrap();
+    assert_eq!(p.server.listen, "0.0.0.0:8000".parse().unwrap());
+    assert_eq!(p.server.admin_listen, "[::1]:9000".parse().unwrap());
+    assert_eq!(p.server.max_body_bytes, 1024);
+    assert_eq!(p.server.drain_timeout, Duration::ZERO);
+    assert_eq!(
+        p.server.tls,
+        Some(TlsPolicy {
+            cert: PathBuf::from("c.pem"),
+            key: PathBuf::from("k.pem")
+        })
+    );
+    assert_eq!(p.poller.interval, Duration::from_millis(1500));
+    assert_eq!(
+        p.queue,
+        QueuePolicy {
+            discipline: Discipline::Wfq,
+            max_wait: Duration::from_secs(120),
+            max_queued_per_tenant: 16,
+            output_token_weight: 2.0,
+        }
+    );
+    let pool = &p.pools[0];
+    assert_eq!(pool.routing, Strategy::P2c);
+    assert_eq!(pool.timeout, Duration::from_secs(5));
+    assert_eq!(pool.kv_high_watermark, 0.9);
+    assert_eq!(pool.ttft_p99_threshold, Duration::from_millis(300));
+    let params = EngineParams {
+        max_num_seqs: 8,
+        time_scale: 10.0,
+        decode_step_per_seq: Duration::ZERO,
+        ..EngineParams::default()
+    };
+    assert_eq!(
+        pool.backends[0],
+        BackendPolicy {
+            name: "m-sim-0".into(),
+            target: BackendTarget::Sim { params },
+            gpus: 1,
+            max_inflight: 64,
+            metrics: MetricsDialect::Vllm,
+            kv_tokens: 65_536,
+        }
+    );
+    assert_eq!(
+        pool.backends[1],
+        BackendPolicy {
+            name: "b".into(),
+            target: BackendTarget::Url {
+                authority: "gpu:8000".into()
+            },
+            gpus: 4,
+            max_inflight: 32,
+            metrics: MetricsDialect::Triton,
+            kv_tokens: 1000,
+        }
+    );
+    assert_eq!(
+        p.tenants[0],
+        TenantPolicy {
+            name: "t-1".into(),
+            key_digests: vec![sha256("k1"), sha256("k2")],
+            weight: 2.5,
+            priority: Priority::Batch,
+            rate: Some(10.0),
+            burst: Some(10.0),
+            max_concurrency: Some(7),
+            gpu_seconds_per_hour: Some(60.0),
+            slo: Slo {
+                ttft: Duration::from_millis(200),
+                e2e: Duration::from_secs(2)
+            },
+        }
+    );
+    assert_eq!(
+        p.tenants[1],
+        TenantPolicy {
+            name: "t_2".into(),
+            key_digests: vec![sha256("test")],
+            weight: 1.0,
+            priority: Priority::Interactive,
+            rate: Some(0.5),
+            burst: Some(3.0),
+            max_concurrency: None,
+            gpu_seconds_per_hour: None,
+            slo: Slo {
+                ttft: Duration::from_secs(1),
+                e2e: Duration::from_secs(30)
+            },
+        }
+    );
+}
+
+#[test]
+fn burst_defaults_to_rate_and_at_least_one() {
+    let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\nrate = 0.2\n");
+    assert_eq!(parse(&src).unwrap().tenants[0].burst, Some(1.0));
+}
+
+fn example_env(name: &str) -> Option<String> {
+    Some(format!("sk-example-{name}"))
+}
+
+#[test]
+fn demo_default_parses_to_the_documented_policy() {
+    let p = parse_policy_with_env(
+        include_str!("../../../config/fairway.toml"),
+        "fairway.toml",
+        &no_env,
+    )
+    .unwrap();
+    assert_eq!(p.server.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(p.server.admin_listen, "127.0.0.1:9090".parse().unwrap());
+    assert_eq!(p.pools.len(), 1);
+    assert_eq!(p.pools[0].model, "llama-3.1-8b-sim");
+    let params = EngineParams {
+        max_num_seqs: 16,
+        kv_tokens: 32_768,
+        ..EngineParams::default()
+    };
+    let names: Vec<_> = p.pools[0]
+        .backends
+        .iter()
+        .map(|b| b.name.as_str())
+        .collect();
+    assert_eq!(names, ["llama-3.1-8b-sim-sim-0", "llama-3.1-8b-sim-sim-1"]);
+    for b in &p.pools[0].backends {
+        assert_eq!(
+            b.target,
+            BackendTarget::Sim {
+                params: params.clone()
+            }
+        );
+        assert_eq!((b.max_inflight, b.kv_tokens), (16, 32_768));
+    }
+    let t = |name: &str| p.tenants.iter().find(|t| t.name == name).unwrap();
+    assert_eq!(p.tenants.len(), 3);
+    let api = t("api");
+    assert_eq!((api.weight, api.priority), (3.0, Priority::Interactive));
+    assert_eq!(api.key_digests, vec![sha256("sk-demo-api")]);
+    assert_eq!(
+        api.slo,
+        Slo {
+            ttft: Duration::from_millis(500),
+            e2e: Duration::from_secs(10)
+        }
+    );
+    let chat = t("chat");
+    assert_eq!((chat.weight, chat.rate), (1.0, None));
+    assert_eq!(chat.key_digests, vec![sha256("sk-demo-chat")]);
+    let evals = t("evals");
+    assert_eq!((evals.weight, evals.priority), (1.0, Priority::Batch));
+    assert_eq!((evals.rate, evals.burst), (Some(50.0), Some(100.0)));
+    assert_eq!(evals.key_digests, vec![sha256("sk-demo-evals")]);
+    assert_eq!(
+        evals.slo,
+        Slo {
+            ttft: Duration::from_secs(30),
+            e2e: Duration::from_secs(300)
+        }
+    );
+    assert_eq!(
+        summary(&p),
+        "1 pool (llama-3.1-8b-sim), 2 backends, 2 simulated, 3 tenants (api, chat, evals), discipline drf"
+    );
+}
+
+#[test]
+fn production_template_parses() {
+    let p = parse_policy_with_env(
+        include_str!("../../../config/production.toml"),
+        "production.toml",
+        &example_env,
+    )
+    .unwrap();
+    assert_eq!(p.pools.len(), 2);
+    assert!(
+        p.pools
+            .iter()
+            .flat_map(|pool| &pool.backends)
+            .all(|b| matches!(b.target, BackendTarget::Url { .. }))
+    );
+    assert_eq!(p.tenants[0].key_digests.len(), 2);
+}
+
+#[test]
+fn acme_corp_example_mirrors_the_crd() {
+    let p = parse_policy_with_env(
+        include_str!("../../../config/acme-corp.toml"),
+        "acme-corp.toml",
+        &no_env,
+    )
+    .unwrap();
+    let acme = &p.tenants[0];
+    assert_eq!(acme.name, "acme-corp");
+    assert_eq!(acme.rate, Some(5000.0));
+    assert_eq!(acme.burst, Some(2000.0));
+    assert_eq!(acme.gpu_seconds_per_hour, Some(3600.0));
+    assert_eq!(acme.max_concurrency, Some(2000));
+    assert_eq!(acme.key_digests, vec![sha256("sk-acme-example")]);
+    assert_eq!(p.pools[0].backends[0].name, "10.0.0.5:8000");
+}
+
+#[test]
+fn summary_without_tenants_says_auth_is_off() {
+    assert_eq!(
+        summary(&parse(POOL).unwrap()),
+        "1 pool (m), 1 backend, no tenants (auth off, every request is tenant \"default\"), discipline drf"
+    );
+}
+
+#[test]
+fn unreadable_file_is_one_error_at_the_start() {
+    let errs = load_policy(Path::new("/nonexistent/fairway-policy.toml")).unwrap_err();
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!((errs[0].line, errs[0].column), (1, 1));
+    assert_eq!(errs[0].file, "/nonexistent/fairway-policy.toml");
+    assert!(errs[0].message.contains("cannot read"), "{}", errs[0]);
+}
+
+#[test]
+fn loaded_policy_resolves_tls_paths_against_its_directory() {
+    let dir = std::env::temp_dir().join(format!("fairway-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("p.toml");
+    let src = format!("[server]\ntls = {{ cert = \"c.pem\", key = \"/abs/k.pem\" }}\n{POOL}");
+    std::fs::write(&path, &src).unwrap();
+    let (policy, text) = load_policy(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(text, src);
+    let tls = policy.server.tls.unwrap();
+    assert_eq!(tls.cert, dir.join("c.pem"));
+    assert_eq!(tls.key, PathBuf::from("/abs/k.pem"));
+}
+
+// --- robustness -------------------------------------------------------------
+
+const VALID: &str = include_str!("../../../config/fairway.toml");
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let src = String::from_utf8_lossy(&bytes);
+        let _ = parse(&src);
+    }
+
+    #[test]
+    fn mutated_valid_file_never_panics(
+        at in 0usize..VALID.len(),
+        len in 0usize..64,
+        insert in "[ -~\n\"\\[\\]{}=.,#ü]{0,16}",
+    ) {
+        let mut src = VALID.to_owned();
+        let start = (0..=at).rev().find(|&i| src.is_char_boundary(i)).unwrap_or(0);
+        let end = (start + len).min(src.len());
+        let end = (end..=src.len()).find(|&i| src.is_char_boundary(i)).unwrap_or(src.len());
+        src.replace_range(start..end, &insert);
+        if let Err(errs) = parse(&src) {
+            prop_assert!(!errs.is_empty());
+            for e in &errs {
+                prop_assert!(e.line >= 1 && e.column >= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_values_of_a_valid_file_never_panic(
+        line in 0usize..200,
+        value in prop_oneof![
+            Just("0".to_owned()), Just("-1".to_owned()), Just("1e400".to_owned()),
+            Just("nan".to_owned()), Just("\"\"".to_owned()), Just("[]".to_owned()),
+            Just("{}".to_owned()), Just("9999999999999999999999".to_owned()),
+            Just("\"http://[::1\"".to_owned()), Just("1979-05-27".to_owned()),
+            "\"[a-z0-9:/.]{0,12}\"",
+        ],
+    ) {
+        let lines: Vec<&str> = VALID.lines().collect();
+        let i = line % lines.len();
+        let mut out = String::new();
+        for (n, l) in lines.iter().enumerate() {
+            match l.split_once(" = ") {
+                Some((key, _)) if n == i && !l.starts_with('#') => {
+                    out.push_str(key);
+                    out.push_str(" = ");
+                    out.push_str(&value);
+                }
+                _ => out.push_str(l),
+            }
+            out.push('\n');
+        }
+        let _ = parse(&out);
+    }
+}

@@ -1,0 +1,160 @@
+//! The admin listener: liveness, readiness, metrics, the running policy and
+//! reload. Also `/v1/models`, which is answered from the policy.
+
+use std::sync::Arc;
+
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+
+use crate::proxy::body::{self, BoxBody};
+use crate::proxy::error::ApiError;
+use crate::proxy::gateway::Gateway;
+use crate::proxy::reload::{Reloaded, reload};
+use crate::telemetry::metrics::{BackendGauges, Snapshot, TenantGauges};
+
+/// Routes an admin request.
+pub async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") => {
+            let core = gw.core.lock();
+            let pools: Vec<_> = core.sched.pools().collect();
+            let unready: Vec<String> = pools
+                .into_iter()
+                .filter(|p| !core.sched.pool_is_ready(*p))
+                .map(|p| core.sched.pool_model(p).to_owned())
+                .collect();
+            drop(core);
+            if gw.is_draining() {
+                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+            } else if unready.is_empty() {
+                text(StatusCode::OK, "ready\n")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("no healthy backend for: {}\n", unready.join(", ")),
+                )
+            }
+        }
+        (&Method::GET, "/metrics") => {
+            let mut resp = text(StatusCode::OK, &gw.metrics.encode(&snapshot(&gw)));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            resp
+        }
+        (&Method::GET, "/admin/policy") => {
+            let live = gw.live.load_full();
+            let v = serde_json::json!({
+                "policy": &*live.policy,
+                "source_sha256": live.source_hash,
+                "loaded_at_unix": live.loaded_at_unix,
+            });
+            json(StatusCode::OK, &v)
+        }
+        (&Method::POST, "/admin/reload") => match reload(&gw).await {
+            Ok(Reloaded::Unchanged) => {
+                json(StatusCode::OK, &serde_json::json!({"result": "unchanged"}))
+            }
+            Ok(Reloaded::Applied { hash }) => json(
+                StatusCode::OK,
+                &serde_json::json!({"result": "ok", "source_sha256": hash}),
+            ),
+            Err(e) => json(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &serde_json::json!({"result": "failed", "error": e.to_string()}),
+            ),
+        },
+        _ => ApiError::NotFound.into_response(),
+    }
+}
+
+/// `GET /v1/models`: the union of the pools' models, OpenAI list format.
+pub fn models(gw: &Gateway) -> Response<BoxBody> {
+    let live = gw.live.load();
+    let data: Vec<_> = live
+        .policy
+        .pools
+        .iter()
+        .map(|p| serde_json::json!({"id": p.model, "object": "model", "created": 0, "owned_by": "fairway"}))
+        .collect();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({"object": "list", "data": data}),
+    )
+}
+
+/// Scheduler state for the metrics scrape.
+pub fn snapshot(gw: &Gateway) -> Snapshot {
+    let now = gw.clock.now();
+    let mut core = gw.core.lock();
+    let s = &mut core.sched;
+    let tenant_ids: Vec<_> = s.tenants().collect();
+    let tenants = tenant_ids
+        .into_iter()
+        .map(|t| {
+            let v = s.tenant_view(now, t);
+            TenantGauges {
+                tenant: v.name,
+                queued: v.queued,
+                in_flight: v.in_flight,
+                rate_bucket: v.rate_level,
+                gpu_seconds_bucket: v.gpu_seconds_level,
+            }
+        })
+        .collect();
+    let backend_ids: Vec<_> = s.backends().collect();
+    let backends = backend_ids
+        .into_iter()
+        .map(|b| {
+            let v = s.backend_view(now, b);
+            let fresh = v
+                .reading
+                .as_ref()
+                .filter(|(_, fresh)| *fresh)
+                .map(|(r, _)| r);
+            BackendGauges {
+                model: s.pool_model(v.pool).to_owned(),
+                backend: v.name,
+                in_flight: v.in_flight,
+                window: v.window,
+                healthy: v.healthy,
+                kv_usage: fresh.and_then(|r| r.kv_usage),
+                running: fresh.and_then(|r| r.running),
+                waiting: fresh.and_then(|r| r.waiting),
+                ttft_p99: fresh.and_then(|r| r.ttft_p99).map(|d| d.as_secs_f64()),
+                reading_age: v
+                    .reading
+                    .as_ref()
+                    .map(|(r, _)| now.saturating_since(r.at).as_secs_f64()),
+                scrape_errors: 0,
+            }
+        })
+        .collect();
+    Snapshot {
+        tenants,
+        backends,
+        jain_index: None,
+    }
+}
+
+fn text(status: StatusCode, s: &str) -> Response<BoxBody> {
+    let mut r = Response::new(body::full(s.to_owned()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn json(status: StatusCode, v: &serde_json::Value) -> Response<BoxBody> {
+    let mut r = Response::new(body::json(v));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}

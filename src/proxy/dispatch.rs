@@ -1,0 +1,454 @@
+//! The scheduling path of one inference request, in order: identify the
+//! tenant, read just enough of the body, admit, queue until a window opens,
+//! forward, relay, account. One `async fn`, calling the sans-IO core under
+//! one lock that is never held across an `.await`.
+//!
+//! Every request that enters ends in exactly one recorded outcome: the
+//! [`Ticket`] is created at entry and records on drop, so an early return,
+//! an error, the end of the body, or the client hanging up (the future or
+//! the body is dropped) each count once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use crate::core::ids::{PoolId, RequestId, TenantId, Usage};
+use crate::core::scheduler::{Arrival, Decision};
+use crate::core::time::Instant;
+use crate::proxy::body::BoxBody;
+use crate::proxy::error::{ApiError, Outcome, RefusedBy};
+use crate::proxy::gateway::{Gateway, Live};
+use crate::proxy::openai;
+use crate::proxy::relay::{Mode, RelayBody};
+use crate::telemetry::metrics::RequestRecord;
+
+/// How a relayed body ended.
+#[derive(Debug)]
+pub enum BodyEnd {
+    Complete { usage: Option<Usage> },
+    UpstreamError(String),
+}
+
+/// One request's life in the gateway; records its outcome exactly once.
+pub struct Ticket {
+    gw: Arc<Gateway>,
+    live: Arc<Live>,
+    start: Instant,
+    tenant: Option<TenantId>,
+    pool: Option<(PoolId, usize)>,
+    /// Set once admitted: the scheduler knows the request.
+    id: Option<RequestId>,
+    backend_name: String,
+    sent: Option<Instant>,
+    first_byte: Option<Instant>,
+    queue_wait: Option<Duration>,
+    prompt_estimate: u32,
+    outcome: Option<Outcome>,
+    usage: Option<Usage>,
+    gpu_seconds: f64,
+    status: u16,
+}
+
+impl Ticket {
+    fn new(gw: Arc<Gateway>, live: Arc<Live>, start: Instant) -> Self {
+        Ticket {
+            gw,
+            live,
+            start,
+            tenant: None,
+            pool: None,
+            id: None,
+            backend_name: String::new(),
+            sent: None,
+            first_byte: None,
+            queue_wait: None,
+            prompt_estimate: 0,
+            outcome: None,
+            usage: None,
+            gpu_seconds: 0.0,
+            status: 0,
+        }
+    }
+
+    /// Notes the first body byte from the backend (TTFT).
+    pub fn first_byte(&mut self) {
+        if self.first_byte.is_none() {
+            self.first_byte = Some(self.gw.clock.now());
+        }
+    }
+
+    /// The body ended (complete or broken).
+    pub fn end(mut self, how: BodyEnd) {
+        match how {
+            BodyEnd::Complete { usage } => {
+                self.usage = usage;
+                if self.outcome.is_none() {
+                    self.outcome = Some(Outcome::Served);
+                }
+            }
+            BodyEnd::UpstreamError(cause) => {
+                tracing::warn!(backend = %self.backend_name, %cause, "stream from backend broke");
+                self.outcome = Some(Outcome::FailedUpstream);
+            }
+        }
+        // Drop records.
+    }
+
+    /// Ends the request in the scheduler (completion or cancel).
+    fn settle_core(&mut self, now: Instant) {
+        let Some(id) = self.id.take() else { return };
+        let mut core = self.gw.core.lock();
+        core.waiters.remove(&id);
+        // Served responses correct the fair-queue charge with real usage;
+        // anything else ends like a cancel (queued: leaves the queue).
+        let (ended, decisions) = match (self.outcome, self.usage) {
+            (Some(Outcome::Served), usage @ Some(_)) => {
+                match core.sched.on_completion(now, id, usage) {
+                    Some((e, d)) => (Some(e), d),
+                    None => (None, Vec::new()),
+                }
+            }
+            _ => core.sched.on_cancel(now, id),
+        };
+        if let Some(e) = ended {
+            self.gpu_seconds = e.gpu_seconds;
+        }
+        core.deliver(decisions, None);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let now = self.gw.clock.now();
+        if self.outcome.is_none() {
+            self.outcome = Some(Outcome::Cancelled);
+        }
+        self.settle_core(now);
+        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        let policy = &self.live.policy;
+        let tenant_policy = self
+            .tenant
+            .and_then(|t| self.live.tenant_policy.get(&t))
+            .map(|i| &policy.tenants[*i]);
+        let tenant = match (self.tenant, tenant_policy) {
+            (_, Some(p)) => p.name.as_str(),
+            (Some(_), None) => "default",
+            (None, None) => "unknown",
+        };
+        let model = self
+            .pool
+            .map_or("unknown", |(_, i)| policy.pools[i].model.as_str());
+        let e2e = now - self.start;
+        let ttft = self.first_byte.map(|t| t - self.start);
+        let goodput = outcome == Outcome::Served
+            && tenant_policy
+                .is_none_or(|p| e2e <= p.slo.e2e && ttft.is_some_and(|t| t <= p.slo.ttft));
+        let overhead = self
+            .sent
+            .map(|s| (s - self.start).saturating_sub(self.queue_wait.unwrap_or_default()));
+        let usage = self.usage.unwrap_or_default();
+        self.gw.metrics.record(&RequestRecord {
+            tenant,
+            model,
+            outcome: outcome.as_str(),
+            reason: outcome.reason(),
+            goodput,
+            queue_wait: self.queue_wait,
+            ttft,
+            e2e,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            gpu_seconds: self.gpu_seconds,
+            overhead,
+        });
+        tracing::info!(
+            target: "fairway::access",
+            tenant,
+            model,
+            backend = %self.backend_name,
+            outcome = outcome.as_str(),
+            reason = outcome.reason(),
+            status = self.status,
+            queue_wait_ms = self.queue_wait.map(|d| d.as_secs_f64() * 1e3),
+            ttft_ms = ttft.map(|d| d.as_secs_f64() * 1e3),
+            e2e_ms = e2e.as_secs_f64() * 1e3,
+            prompt_tokens = usage.prompt_tokens,
+            completion_tokens = usage.completion_tokens,
+            prompt_tokens_estimate = self.prompt_estimate,
+            gpu_seconds = self.gpu_seconds,
+            "request"
+        );
+    }
+}
+
+/// Finds the tenant: API key (Bearer or `api-key`), or the trusted tenant
+/// header when the operator enabled it, or "default" when no tenants exist.
+fn authenticate(live: &Live, headers: &HeaderMap) -> Result<TenantId, ApiError> {
+    if let Some(t) = live.default_tenant {
+        return Ok(t);
+    }
+    if let Some(h) = &live.policy.server.trust_tenant_header
+        && let Some(name) = headers.get(h.as_str()).and_then(|v| v.to_str().ok())
+    {
+        return live
+            .tenant_names
+            .get(name)
+            .copied()
+            .ok_or(ApiError::Auth("Unknown tenant in trusted tenant header."));
+    }
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or(ApiError::Auth(
+            "Missing API key. Send `Authorization: Bearer KEY`.",
+        ))?;
+    // Keys are stored as SHA-256 digests: the lookup is on the digest, and
+    // the final comparison is constant-time, so timing reveals nothing about
+    // the stored keys.
+    let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+    match live.keys.get_key_value(&digest) {
+        Some((stored, t)) if constant_time_eq(stored, &digest) => Ok(*t),
+        _ => Err(ApiError::Auth("Incorrect API key provided.")),
+    }
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn read_body(
+    req: Request<Incoming>,
+    limit: usize,
+) -> Result<(http::request::Parts, Bytes), ApiError> {
+    let (parts, body) = req.into_parts();
+    if let Some(len) = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(ApiError::BodyTooLarge(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok((parts, c.to_bytes())),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::BodyTooLarge(limit)),
+        Err(e) => Err(ApiError::InvalidRequest(format!(
+            "Could not read request body: {e}"
+        ))),
+    }
+}
+
+/// Request headers that never go upstream: hop-by-hop, and the client's
+/// credentials for Fairway.
+const DROP_REQUEST_HEADERS: &[&str] = &[
+    "authorization",
+    "api-key",
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "expect",
+];
+const DROP_RESPONSE_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "trailer",
+];
+
+/// Serves one inference request (`/v1/chat/completions`, `/v1/completions`,
+/// `/v1/embeddings`).
+pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody> {
+    let start = gw.clock.now();
+    let live = gw.live.load_full();
+    let mut ticket = Ticket::new(gw.clone(), live.clone(), start);
+    match run(&gw, &live, req, &mut ticket).await {
+        Ok((resp, mode)) => {
+            let (parts, body) = resp.into_parts();
+            ticket.status = parts.status.as_u16();
+            if parts.status.is_client_error() {
+                ticket.outcome = Some(Outcome::Refused(RefusedBy::Backend));
+            } else if parts.status.is_server_error() {
+                ticket.outcome = Some(Outcome::FailedUpstream);
+            }
+            let mut out =
+                Response::from_parts(parts, RelayBody::new(body, mode, ticket).boxed_unsync());
+            let h = out.headers_mut();
+            for name in DROP_RESPONSE_HEADERS {
+                h.remove(*name);
+            }
+            out
+        }
+        Err(e) => {
+            let status = e.status();
+            if status.is_server_error() {
+                tracing::warn!(error = %e, status = status.as_u16(), "request failed");
+            }
+            ticket.outcome = Some(e.outcome());
+            ticket.status = status.as_u16();
+            e.into_response()
+        }
+    }
+}
+
+async fn run(
+    gw: &Arc<Gateway>,
+    live: &Arc<Live>,
+    req: Request<Incoming>,
+    ticket: &mut Ticket,
+) -> Result<(Response<Incoming>, Mode), ApiError> {
+    if gw.is_draining() {
+        return Err(ApiError::Draining);
+    }
+    let tenant = authenticate(live, req.headers())?;
+    ticket.tenant = Some(tenant);
+    let path = req.uri().path().to_owned();
+    let (parts, body) = read_body(req, live.policy.server.max_body_bytes).await?;
+    let info = openai::parse(&body)?;
+    let &(pool, pool_index) = live
+        .pools
+        .get(&info.model)
+        .ok_or_else(|| ApiError::UnknownModel(info.model.clone()))?;
+    ticket.pool = Some((pool, pool_index));
+    ticket.prompt_estimate = info.prompt_tokens;
+    let pool_policy = &live.policy.pools[pool_index];
+    let is_embedding = path.ends_with("/embeddings");
+    let arrival = Arrival {
+        tenant,
+        pool,
+        prompt_tokens: info.prompt_tokens,
+        max_tokens: if is_embedding {
+            Some(0)
+        } else {
+            info.max_tokens
+        },
+        deadline: None,
+    };
+
+    // Admit, and either dispatch now or wait for the scheduler's decision.
+    let waiter: Option<oneshot::Receiver<Decision>>;
+    let mut decision;
+    {
+        let now = gw.clock.now();
+        let mut core = gw.core.lock();
+        match core.sched.on_arrival(now, arrival) {
+            Err(refusal) => {
+                return Err(ApiError::Refused {
+                    tenant: core.sched.tenant_name(tenant).to_owned(),
+                    refusal,
+                });
+            }
+            Ok((id, decisions)) => {
+                ticket.id = Some(id);
+                decision = core.deliver(decisions, Some(id));
+                if decision.is_none() {
+                    let (tx, rx) = oneshot::channel();
+                    core.waiters.insert(id, tx);
+                    waiter = Some(rx);
+                } else {
+                    waiter = None;
+                }
+            }
+        }
+    }
+    if let Some(rx) = waiter {
+        gw.wake.notify_one();
+        decision = rx.await.ok();
+    }
+    let backend = match decision {
+        Some(Decision::Dispatch { backend, .. }) => backend,
+        Some(Decision::Shed { retry_after, .. }) => {
+            ticket.id = None; // already gone from the scheduler
+            return Err(ApiError::Shed { retry_after });
+        }
+        None => {
+            return Err(ApiError::Internal(
+                "scheduler dropped a queued request".into(),
+            ));
+        }
+    };
+    let dispatched = gw.clock.now();
+    ticket.queue_wait = Some(dispatched - ticket.start);
+
+    let authority = live.authorities.get(&backend).cloned().or_else(|| {
+        // A backend added by a reload after this request took its policy.
+        gw.live.load().authorities.get(&backend).cloned()
+    });
+    let Some(authority) = authority else {
+        return Err(ApiError::NoBackend(info.model.clone()));
+    };
+    let strip_usage = info.stream && !info.include_usage && !is_embedding;
+    let body = if strip_usage {
+        openai::with_usage_requested(&body)
+    } else {
+        body
+    };
+    let uri = format!("http://{authority}{path}");
+    let mut up = Request::builder().method(parts.method.clone()).uri(uri);
+    if let Some(h) = up.headers_mut() {
+        for (name, value) in &parts.headers {
+            if !DROP_REQUEST_HEADERS.contains(&name.as_str())
+                && live.policy.server.trust_tenant_header.as_deref() != Some(name.as_str())
+            {
+                h.append(name.clone(), value.clone());
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&body.len().to_string()) {
+            h.insert(header::CONTENT_LENGTH, v);
+        }
+    }
+    let up = up
+        .body(Full::new(body))
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    ticket.sent = Some(gw.clock.now());
+    ticket.backend_name = gw.core.lock().sched.backend_name(backend).to_owned();
+    let backend_name = ticket.backend_name.clone();
+    let resp = match tokio::time::timeout(pool_policy.timeout, gw.client.request(up)).await {
+        Err(_) => {
+            return Err(ApiError::UpstreamTimeout {
+                backend: backend_name,
+                timeout: pool_policy.timeout,
+            });
+        }
+        Ok(Err(e)) => {
+            let cause =
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+            return Err(ApiError::Upstream {
+                backend: backend_name,
+                cause,
+            });
+        }
+        Ok(Ok(r)) => r,
+    };
+    let is_sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mode = match (is_sse, strip_usage && resp.status() == StatusCode::OK) {
+        (false, _) => Mode::Json,
+        (true, false) => Mode::Sse,
+        (true, true) => Mode::SseStripUsage,
+    };
+    Ok((resp, mode))
+}

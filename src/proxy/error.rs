@@ -1,0 +1,272 @@
+//! The one edge error type: every failure that becomes a response is an
+//! [`ApiError`], and one exhaustive `match` gives its status, OpenAI `type`
+//! and `code`, and the outcome it is counted under. A new variant cannot
+//! compile without those choices.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::core::admission::{LimitKind, Refusal};
+use crate::proxy::body::{self, BoxBody};
+
+/// How a request ended, for `fairway_requests_total{outcome}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Served,
+    Refused(RefusedBy),
+    Shed,
+    FailedUpstream,
+    Cancelled,
+}
+
+/// Why a request was refused: an admission limit or a client error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefusedBy {
+    Limit(LimitKind),
+    Auth,
+    InvalidRequest,
+    UnknownModel,
+    BodyTooLarge,
+    /// The backend answered 4xx (passed through).
+    Backend,
+}
+
+impl Outcome {
+    /// The `outcome` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Served => "served",
+            Outcome::Refused(_) => "refused",
+            Outcome::Shed => "shed",
+            Outcome::FailedUpstream => "failed_upstream",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+
+    /// The `reason` label: the limit or error behind a refusal, else "".
+    pub fn reason(self) -> &'static str {
+        match self {
+            Outcome::Refused(RefusedBy::Limit(l)) => l.as_str(),
+            Outcome::Refused(RefusedBy::Auth) => "auth",
+            Outcome::Refused(RefusedBy::InvalidRequest) => "invalid_request",
+            Outcome::Refused(RefusedBy::UnknownModel) => "unknown_model",
+            Outcome::Refused(RefusedBy::BodyTooLarge) => "body_too_large",
+            Outcome::Refused(RefusedBy::Backend) => "backend",
+            Outcome::Served | Outcome::Shed | Outcome::FailedUpstream | Outcome::Cancelled => "",
+        }
+    }
+}
+
+/// A failure that becomes an OpenAI-style error response.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    Auth(&'static str),
+    #[error("The model `{0}` does not exist.")]
+    UnknownModel(String),
+    #[error("Request body exceeds the limit of {0} bytes.")]
+    BodyTooLarge(usize),
+    #[error("Rate limit exceeded for tenant `{tenant}`: {}", refusal_text(.refusal))]
+    Refused { tenant: String, refusal: Refusal },
+    #[error("The request could not be scheduled before its deadline; the cluster is overloaded.")]
+    Shed { retry_after: Duration },
+    #[error("No healthy backend serves model `{0}`.")]
+    NoBackend(String),
+    #[error("Backend `{backend}` failed: {cause}")]
+    Upstream { backend: String, cause: String },
+    #[error("Backend `{backend}` sent no response headers within {timeout:?}.")]
+    UpstreamTimeout { backend: String, timeout: Duration },
+    #[error("The gateway is shutting down.")]
+    Draining,
+    #[error("Not found.")]
+    NotFound,
+    #[error("Internal error: {0}")]
+    Internal(String),
+}
+
+fn refusal_text(r: &Refusal) -> String {
+    match r.limit {
+        LimitKind::Concurrency => "too many concurrent requests (max_concurrency)".into(),
+        LimitKind::Rate => "request rate limit reached (rate / burst)".into(),
+        LimitKind::GpuSeconds => "GPU-seconds budget spent (gpu_seconds_per_hour)".into(),
+        LimitKind::QueueFull => "tenant queue is full (max_queued_per_tenant)".into(),
+    }
+}
+
+impl ApiError {
+    /// Status, OpenAI `type`, `code` and outcome: the one exhaustive table.
+    fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>, Outcome) {
+        use Outcome as O;
+        use RefusedBy as R;
+        match self {
+            ApiError::InvalidRequest(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                O::Refused(R::InvalidRequest),
+            ),
+            ApiError::Auth(_) => (
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                Some("invalid_api_key"),
+                O::Refused(R::Auth),
+            ),
+            ApiError::UnknownModel(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model_not_found"),
+                O::Refused(R::UnknownModel),
+            ),
+            ApiError::BodyTooLarge(_) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                None,
+                O::Refused(R::BodyTooLarge),
+            ),
+            ApiError::Refused { refusal, .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "requests",
+                Some("rate_limit_exceeded"),
+                O::Refused(R::Limit(refusal.limit)),
+            ),
+            ApiError::Shed { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("overloaded"),
+                O::Shed,
+            ),
+            ApiError::NoBackend(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("no_healthy_backend"),
+                O::FailedUpstream,
+            ),
+            ApiError::Upstream { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                None,
+                O::FailedUpstream,
+            ),
+            ApiError::UpstreamTimeout { .. } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "server_error",
+                None,
+                O::FailedUpstream,
+            ),
+            ApiError::Draining => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                None,
+                O::Shed,
+            ),
+            ApiError::NotFound => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                None,
+                O::Refused(R::InvalidRequest),
+            ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                O::FailedUpstream,
+            ),
+        }
+    }
+
+    /// The outcome this error is counted under.
+    pub fn outcome(&self) -> Outcome {
+        self.parts().3
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The response: OpenAI error body plus `retry-after` / `x-ratelimit-*`.
+    pub fn into_response(self) -> Response<BoxBody> {
+        let (status, kind, code, _) = self.parts();
+        let param = match &self {
+            ApiError::UnknownModel(_) => Some("model"),
+            _ => None,
+        };
+        let body = serde_json::json!({
+            "error": { "message": self.to_string(), "type": kind, "param": param, "code": code }
+        });
+        let mut resp = Response::new(body::full(Bytes::from(body.to_string())));
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let retry_after = match &self {
+            ApiError::Refused { refusal, .. } => Some(refusal.retry_after),
+            ApiError::Shed { retry_after } => Some(*retry_after),
+            ApiError::Draining | ApiError::NoBackend(_) => Some(Duration::from_secs(1)),
+            _ => None,
+        };
+        if let Some(d) = retry_after {
+            // Whole seconds, rounded up, at least 1 (clients sleep then retry).
+            let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+            h.insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            h.insert(
+                "retry-after-ms",
+                HeaderValue::from(d.as_millis().max(1) as u64),
+            );
+        }
+        if let ApiError::Refused { refusal, .. } = &self {
+            if let (Some(limit), Some(remaining), Some(reset)) = (
+                refusal.requests_limit,
+                refusal.requests_remaining,
+                refusal.requests_reset,
+            ) {
+                h.insert(
+                    "x-ratelimit-limit-requests",
+                    HeaderValue::from(limit as u64),
+                );
+                h.insert(
+                    "x-ratelimit-remaining-requests",
+                    HeaderValue::from(remaining as u64),
+                );
+                if let Ok(v) = HeaderValue::from_str(&format_reset(reset)) {
+                    h.insert("x-ratelimit-reset-requests", v);
+                }
+            }
+            if refusal.limit == LimitKind::GpuSeconds {
+                h.insert("x-should-retry", HeaderValue::from_static("true"));
+            }
+        }
+        resp
+    }
+}
+
+/// OpenAI's reset format: `1s`, `20ms`, `6m0s`.
+fn format_reset(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{}ms", ms.max(1))
+    } else if ms < 60_000 {
+        format!("{}s", ms.div_ceil(1000))
+    } else {
+        let s = ms.div_ceil(1000);
+        format!("{}m{}s", s / 60, s % 60)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_format_matches_openai() {
+        assert_eq!(format_reset(Duration::from_millis(20)), "20ms");
+        assert_eq!(format_reset(Duration::from_millis(1500)), "2s");
+        assert_eq!(format_reset(Duration::from_secs(360)), "6m0s");
+    }
+}

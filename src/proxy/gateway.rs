@@ -1,0 +1,164 @@
+//! The shared state of a running gateway: the live policy (swapped whole on
+//! reload), the scheduler with its waiting requests behind one lock, the
+//! upstream client and the metrics handle.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, oneshot};
+
+use crate::clock::Clock;
+use crate::config::{BackendTarget, Policy};
+use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
+use crate::core::scheduler::{Decision, Scheduler};
+use crate::telemetry::metrics::Metrics;
+
+/// The policy in force plus what is derived from it, swapped as one value.
+#[derive(Debug)]
+pub struct Live {
+    pub policy: Arc<Policy>,
+    /// SHA-256 of each API key → its tenant.
+    pub keys: HashMap<[u8; 32], TenantId>,
+    /// Tenant names → ids (for the trusted tenant header).
+    pub tenant_names: HashMap<String, TenantId>,
+    /// Per tenant id: index into `policy.tenants` (None for "default").
+    pub tenant_policy: HashMap<TenantId, usize>,
+    /// Model → pool id and index into `policy.pools`.
+    pub pools: HashMap<String, (PoolId, usize)>,
+    /// Backend id → `host:port` to connect to.
+    pub authorities: HashMap<BackendId, String>,
+    /// The tenant of every request when no tenants are declared.
+    pub default_tenant: Option<TenantId>,
+    /// Hex SHA-256 of the policy file text, and when it was loaded (unix seconds).
+    pub source_hash: String,
+    pub loaded_at_unix: u64,
+}
+
+/// Scheduler plus the oneshot of every queued request, under one lock.
+pub struct CoreState {
+    pub sched: Scheduler,
+    pub waiters: HashMap<RequestId, oneshot::Sender<Decision>>,
+}
+
+impl CoreState {
+    /// Hands decisions to their waiting requests; returns the one for `me`.
+    pub fn deliver(&mut self, decisions: Vec<Decision>, me: Option<RequestId>) -> Option<Decision> {
+        let mut mine = None;
+        for d in decisions {
+            let id = match &d {
+                Decision::Dispatch { id, .. } | Decision::Shed { id, .. } => *id,
+            };
+            if Some(id) == me {
+                mine = Some(d);
+            } else if let Some(tx) = self.waiters.remove(&id) {
+                // A dropped receiver means the client left; its ticket's drop
+                // ends the request in the scheduler.
+                let _ = tx.send(d);
+            }
+        }
+        mine
+    }
+}
+
+/// The running gateway.
+pub struct Gateway {
+    pub clock: Clock,
+    pub live: ArcSwap<Live>,
+    pub core: Mutex<CoreState>,
+    pub metrics: Metrics,
+    pub client: Client<HttpConnector, Full<Bytes>>,
+    /// Wakes the deadline task when a request is queued.
+    pub wake: Notify,
+    pub draining: AtomicBool,
+    /// `host:port` of sim backends started in-process, by backend name.
+    pub sim_authorities: Mutex<HashMap<String, String>>,
+    /// Handles of those sim backends (dropping one stops it).
+    pub sims: Mutex<Vec<(String, crate::sim::backend::SimHandle)>>,
+    /// The policy file, for reloads.
+    pub source: Mutex<crate::proxy::server::PolicySource>,
+    /// Serialises reloads.
+    pub reload_lock: tokio::sync::Mutex<()>,
+}
+
+/// Builds the derived view of a policy against the scheduler's ids.
+pub fn derive_live(
+    policy: Arc<Policy>,
+    sched: &Scheduler,
+    sim: &HashMap<String, String>,
+    source: &str,
+    loaded_at_unix: u64,
+) -> Live {
+    let mut keys = HashMap::new();
+    let mut tenant_names = HashMap::new();
+    let mut tenant_policy = HashMap::new();
+    for (i, t) in policy.tenants.iter().enumerate() {
+        if let Some(id) = sched.tenant(&t.name) {
+            tenant_names.insert(t.name.clone(), id);
+            tenant_policy.insert(id, i);
+            for d in &t.key_digests {
+                keys.insert(*d, id);
+            }
+        }
+    }
+    let mut pools = HashMap::new();
+    let mut authorities = HashMap::new();
+    for (i, p) in policy.pools.iter().enumerate() {
+        if let Some(id) = sched.pool(&p.model) {
+            pools.insert(p.model.clone(), (id, i));
+        }
+        for b in &p.backends {
+            let Some(bid) = sched.backend(&b.name) else {
+                continue;
+            };
+            let authority = match &b.target {
+                BackendTarget::Url { authority } => Some(authority.clone()),
+                BackendTarget::Sim { .. } => sim.get(&b.name).cloned(),
+            };
+            if let Some(a) = authority {
+                authorities.insert(bid, a);
+            }
+        }
+    }
+    let default_tenant = if policy.tenants.is_empty() {
+        sched.tenant("default")
+    } else {
+        None
+    };
+    Live {
+        policy,
+        keys,
+        tenant_names,
+        tenant_policy,
+        pools,
+        authorities,
+        default_tenant,
+        source_hash: hex(&Sha256::digest(source.as_bytes())),
+        loaded_at_unix,
+    }
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+impl Gateway {
+    /// Whether shutdown has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,13 @@
+//! The I/O shell: listeners (`server`), the scheduling path of a request
+//! (`dispatch`), the streaming relay (`relay`), the admin listener
+//! (`admin`), reload, and the edge error type (`error`).
+
+pub mod admin;
+pub mod body;
+pub mod dispatch;
+pub mod error;
+pub mod gateway;
+pub mod openai;
+pub mod relay;
+pub mod reload;
+pub mod server;

@@ -1,0 +1,272 @@
+//! Just enough of the OpenAI request format: the model, whether it streams,
+//! `max_tokens`, and the prompt's size. The body itself goes upstream as is,
+//! except for one splice (see [`with_usage_requested`]).
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+use crate::proxy::error::ApiError;
+
+/// What Fairway reads of a request body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestInfo {
+    pub model: String,
+    pub stream: bool,
+    /// The client asked for the final usage chunk itself.
+    pub include_usage: bool,
+    pub max_tokens: Option<u32>,
+    /// Estimated prompt tokens.
+    pub prompt_tokens: u32,
+}
+
+#[derive(Deserialize)]
+struct Lite {
+    model: Option<serde_json::Value>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    messages: Option<Vec<Message>>,
+    #[serde(default)]
+    prompt: Option<Text>,
+    #[serde(default)]
+    input: Option<Text>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Option<Text>,
+}
+
+/// A string, a list of strings, a list of content parts, or something else.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Text {
+    One(String),
+    Many(Vec<Part>),
+    Other(IgnoredAny),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Part {
+    Str(String),
+    Obj {
+        #[serde(default)]
+        text: Option<String>,
+    },
+    Other(IgnoredAny),
+}
+
+impl Text {
+    fn tokens(&self) -> u32 {
+        match self {
+            Text::One(s) => crate::tokens::estimate(s),
+            Text::Many(parts) => parts
+                .iter()
+                .map(|p| match p {
+                    Part::Str(s) | Part::Obj { text: Some(s) } => crate::tokens::estimate(s),
+                    Part::Obj { text: None } | Part::Other(_) => 0,
+                })
+                .fold(0u32, u32::saturating_add),
+            Text::Other(_) => 0,
+        }
+    }
+}
+
+/// Per-message template overhead, in tokens (same as the simulated engine).
+const TOKENS_PER_MESSAGE: u32 = 4;
+
+/// Parses the fields Fairway needs. Malformed JSON or a missing/non-string
+/// `model` is a 400.
+pub fn parse(body: &[u8]) -> Result<RequestInfo, ApiError> {
+    let lite: Lite = serde_json::from_slice(body)
+        .map_err(|e| ApiError::InvalidRequest(format!("Request body is not valid JSON: {e}")))?;
+    let model = match lite.model {
+        Some(serde_json::Value::String(m)) if !m.is_empty() => m,
+        Some(_) => {
+            return Err(ApiError::InvalidRequest(
+                "`model` must be a non-empty string.".into(),
+            ));
+        }
+        None => {
+            return Err(ApiError::InvalidRequest(
+                "Missing required parameter: `model`.".into(),
+            ));
+        }
+    };
+    let mut prompt_tokens = 0u32;
+    if let Some(msgs) = &lite.messages {
+        for m in msgs {
+            let t = m.content.as_ref().map_or(0, Text::tokens);
+            prompt_tokens = prompt_tokens.saturating_add(t.saturating_add(TOKENS_PER_MESSAGE));
+        }
+    }
+    for t in [&lite.prompt, &lite.input].into_iter().flatten() {
+        prompt_tokens = prompt_tokens.saturating_add(t.tokens());
+    }
+    Ok(RequestInfo {
+        model,
+        stream: lite.stream.unwrap_or(false),
+        include_usage: lite
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        max_tokens: lite.max_completion_tokens.or(lite.max_tokens),
+        prompt_tokens,
+    })
+}
+
+/// The body with `stream_options.include_usage = true`, so the backend
+/// reports usage on a stream whose client did not ask for it (the relay
+/// then drops that chunk). When the body has no `stream_options`, the key is
+/// spliced in after the opening brace and every other byte is unchanged;
+/// otherwise the object is re-serialised.
+pub fn with_usage_requested(body: &Bytes) -> Bytes {
+    let has_options = memfind(body, b"\"stream_options\"");
+    if !has_options
+        && let Some(pos) = body.iter().position(|b| !b.is_ascii_whitespace())
+        && body[pos] == b'{'
+    {
+        let rest = &body[pos + 1..];
+        let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+        let insert: &[u8] = if empty {
+            b"\"stream_options\":{\"include_usage\":true}"
+        } else {
+            b"\"stream_options\":{\"include_usage\":true},"
+        };
+        let mut out = Vec::with_capacity(body.len() + insert.len());
+        out.extend_from_slice(&body[..=pos]);
+        out.extend_from_slice(insert);
+        out.extend_from_slice(rest);
+        return Bytes::from(out);
+    }
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(mut map)) => {
+            let opts = map
+                .entry("stream_options")
+                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+            if !opts.is_object() {
+                *opts = serde_json::Value::Object(serde_json::Map::new());
+            }
+            if let Some(o) = opts.as_object_mut() {
+                o.insert("include_usage".into(), serde_json::Value::Bool(true));
+            }
+            Bytes::from(serde_json::Value::Object(map).to_string())
+        }
+        _ => body.clone(),
+    }
+}
+
+/// Whether `needle` occurs in `hay`.
+pub fn memfind(hay: &[u8], needle: &[u8]) -> bool {
+    find(hay, needle).is_some()
+}
+
+/// Position of `needle` in `hay`.
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    let first = needle[0];
+    let mut i = 0;
+    while i + needle.len() <= hay.len() {
+        match hay[i..hay.len() - needle.len() + 1]
+            .iter()
+            .position(|b| *b == first)
+        {
+            Some(p) => {
+                let at = i + p;
+                if &hay[at..at + needle.len()] == needle {
+                    return Some(at);
+                }
+                i = at + 1;
+            }
+            None => return None,
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn reads_chat_fields() {
+        let info = parse(br#"{"model":"m","stream":true,"max_tokens":7,"messages":[{"role":"user","content":"abcdefgh"}]}"#).unwrap();
+        assert_eq!(
+            info,
+            RequestInfo {
+                model: "m".into(),
+                stream: true,
+                include_usage: false,
+                max_tokens: Some(7),
+                prompt_tokens: 6
+            }
+        );
+        let info = parse(
+            br#"{"model":"m","prompt":["abcd","efgh"],"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (info.prompt_tokens, info.include_usage, info.stream),
+            (2, true, false)
+        );
+        let info = parse(br#"{"model":"m","messages":[{"content":[{"type":"text","text":"abcd"},{"type":"image_url","image_url":{}}]}]}"#).unwrap();
+        assert_eq!(info.prompt_tokens, 5);
+    }
+
+    #[test]
+    fn rejects_bad_bodies() {
+        for body in [
+            &b"{"[..],
+            b"[]",
+            b"{}",
+            br#"{"model":3}"#,
+            br#"{"model":""}"#,
+            b"",
+            br#"{"model":"m","max_tokens":-1}"#,
+        ] {
+            assert!(
+                matches!(parse(body), Err(ApiError::InvalidRequest(_))),
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn usage_splice_changes_nothing_else() {
+        let body = Bytes::from_static(br#" {"model":"m","stream":true}"#);
+        assert_eq!(
+            &with_usage_requested(&body)[..],
+            br#" {"stream_options":{"include_usage":true},"model":"m","stream":true}"#
+        );
+        let body = Bytes::from_static(br#"{"model":"m","stream_options":{"include_usage":false}}"#);
+        let v: serde_json::Value = serde_json::from_slice(&with_usage_requested(&body)).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse(&bytes);
+            let _ = with_usage_requested(&Bytes::from(bytes));
+        }
+    }
+}

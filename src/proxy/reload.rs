@@ -1,0 +1,140 @@
+//! Policy reload: SIGHUP, a change to the file, or `POST /admin/reload`.
+//!
+//! The new file is validated off the request path. If it is invalid, or
+//! changes a restart-only field, the running policy stays and the failure is
+//! logged once and counted. If it is valid, new simulated backends are
+//! started, the scheduler is reconciled by name (state of unchanged tenants
+//! and backends survives) and the derived view is swapped in one store.
+//! Requests in flight keep the `Arc<Live>` they started with.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::config::{ConfigError, Policy, load_policy};
+use crate::proxy::gateway::{Gateway, derive_live, hex};
+use crate::proxy::server::{start_sims, unix_time};
+
+/// Why a reload was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("the gateway was started from an in-memory policy; there is no file to reload")]
+    NoFile,
+    #[error("invalid policy:\n{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<ConfigError>),
+    #[error("these changes need a restart and were not applied: {}", .0.join(", "))]
+    RestartRequired(Vec<String>),
+    #[error("could not start simulated backend: {0}")]
+    Sim(std::io::Error),
+}
+
+/// What a successful reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reloaded {
+    /// The file is unchanged since the last load.
+    Unchanged,
+    /// The new policy is in force.
+    Applied { hash: String },
+}
+
+/// Fields that cannot change without a restart, by key path.
+pub fn restart_only_changes(old: &Policy, new: &Policy) -> Vec<String> {
+    let mut out = Vec::new();
+    if old.server.listen != new.server.listen {
+        out.push("server.listen".to_owned());
+    }
+    if old.server.admin_listen != new.server.admin_listen {
+        out.push("server.admin_listen".to_owned());
+    }
+    if old.server.tls.is_some() != new.server.tls.is_some() {
+        out.push("server.tls".to_owned());
+    }
+    out
+}
+
+/// Re-reads the policy file and applies it if valid. Counts the result.
+pub async fn reload(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
+    let _serial = gw.reload_lock.lock().await;
+    let result = reload_inner(gw).await;
+    match &result {
+        Ok(Reloaded::Unchanged) => {}
+        Ok(Reloaded::Applied { hash }) => {
+            gw.metrics.record_reload(true);
+            tracing::info!(%hash, "policy reloaded");
+        }
+        Err(e) => {
+            gw.metrics.record_reload(false);
+            tracing::error!(error = %e, "policy reload refused; the running policy stays");
+        }
+    }
+    result
+}
+
+async fn reload_inner(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
+    let path = gw.source.lock().path.clone().ok_or(ReloadError::NoFile)?;
+    let path2 = path.clone();
+    let loaded = tokio::task::spawn_blocking(move || load_policy(&path2))
+        .await
+        .map_err(|e| ReloadError::Sim(std::io::Error::other(e)))?;
+    let (policy, text) = loaded.map_err(ReloadError::Invalid)?;
+    let hash = hex(&Sha256::digest(text.as_bytes()));
+    let old = gw.live.load_full();
+    if hash == old.source_hash && *old.policy == policy {
+        return Ok(Reloaded::Unchanged);
+    }
+    let changes = restart_only_changes(&old.policy, &policy);
+    if !changes.is_empty() {
+        return Err(ReloadError::RestartRequired(changes));
+    }
+    let running = gw.sim_authorities.lock().clone();
+    let started = start_sims(&policy, &running)
+        .await
+        .map_err(ReloadError::Sim)?;
+    let sims = {
+        let mut auth = gw.sim_authorities.lock();
+        for (name, h) in &started {
+            auth.insert(name.clone(), h.addr().to_string());
+        }
+        auth.clone()
+    };
+    gw.sims.lock().extend(started);
+    let policy = Arc::new(policy);
+    {
+        let now = gw.clock.now();
+        let mut core = gw.core.lock();
+        let decisions = core.sched.apply_policy(&policy, now);
+        let live = derive_live(policy.clone(), &core.sched, &sims, &text, unix_time());
+        gw.live.store(Arc::new(live));
+        core.deliver(decisions, None);
+    }
+    gw.source.lock().text = text;
+    Ok(Reloaded::Applied { hash })
+}
+
+/// Watches the policy file by content: every `period` it re-reads the file
+/// and reloads when its hash changed. Polling the content (rather than
+/// inotify on the file) sees atomic-rename saves, editors that replace the
+/// inode, and Kubernetes ConfigMap symlink swaps alike, with no extra
+/// dependency; the cost is one small read per period.
+pub async fn watch(gw: Arc<Gateway>, period: Duration, stop: tokio_util::sync::CancellationToken) {
+    let Some(path) = gw.source.lock().path.clone() else {
+        return;
+    };
+    let mut last = gw.live.load().source_hash.clone();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        let Ok(bytes) = tokio::fs::read(&path).await else {
+            continue;
+        };
+        let hash = hex(&Sha256::digest(&bytes));
+        if hash != last && hash != gw.live.load().source_hash {
+            tracing::info!(path = %path.display(), "policy file changed");
+            let _ = reload(&gw).await;
+        }
+        last = hash;
+    }
+}

@@ -1,0 +1,482 @@
+//! vLLM's OpenAI-compatible wire format for the simulated backend: request
+//! parsing into token counts, response and SSE chunk bodies, error bodies.
+//!
+//! Owns no state; the token text is a fixed word, so responses are
+//! deterministic given the request.
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::metrics::FinishReason;
+
+/// Text of every generated token.
+pub(super) const TOKEN_TEXT: &str = " tok";
+
+/// Template tokens vLLM's chat template adds per message (roughly).
+const TOKENS_PER_MESSAGE: u32 = 4;
+
+/// `max_tokens` when the request has none (vLLM's completions default).
+const DEFAULT_MAX_TOKENS: u32 = 16;
+
+/// Dimensions of the deterministic embedding.
+const EMBEDDING_DIMS: usize = 8;
+
+/// Which generation endpoint a request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completions,
+}
+
+/// A generation request reduced to what the engine needs.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Generation {
+    pub model: String,
+    pub prompt_tokens: u32,
+    pub max_tokens: u32,
+    /// Tokens to generate: `sim_output_tokens` capped at `max_tokens`.
+    pub output_tokens: u32,
+    pub is_stream: bool,
+    pub include_usage: bool,
+}
+
+impl Generation {
+    /// `length` when generation stops at `max_tokens`, else `stop`.
+    pub(super) fn finish_reason(&self) -> FinishReason {
+        if self.output_tokens >= self.max_tokens {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        }
+    }
+}
+
+/// An embeddings request reduced to its inputs' token counts.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Embedding {
+    pub model: String,
+    pub inputs: Vec<String>,
+    pub prompt_tokens: u32,
+}
+
+/// A request the backend refuses before the engine sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct ApiError {
+    pub status: u16,
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<&'static str>,
+}
+
+impl ApiError {
+    pub(super) fn bad_request(message: String) -> Self {
+        ApiError {
+            status: 400,
+            kind: "BadRequestError",
+            message,
+            param: None,
+        }
+    }
+
+    pub(super) fn model_not_found(model: &str) -> Self {
+        ApiError {
+            status: 404,
+            kind: "NotFoundError",
+            message: format!("The model `{model}` does not exist."),
+            param: Some("model"),
+        }
+    }
+
+    pub(super) fn internal(message: &str) -> Self {
+        ApiError {
+            status: 500,
+            kind: "InternalServerError",
+            message: message.to_owned(),
+            param: None,
+        }
+    }
+
+    pub(super) fn context_too_long(
+        max_model_len: u32,
+        prompt: u32,
+        output: u32,
+        endpoint: Endpoint,
+    ) -> Self {
+        let what = match endpoint {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        };
+        ApiError::bad_request(format!(
+            "This model's maximum context length is {max_model_len} tokens. However, you requested \
+             {} tokens ({prompt} in the {what}, {output} in the completion). Please reduce the \
+             length of the {what} or completion.",
+            u64::from(prompt) + u64::from(output)
+        ))
+    }
+
+    /// vLLM's nested error body (v0.10.1+): `code` is the HTTP status.
+    pub(super) fn body(&self) -> Bytes {
+        let v = json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.status,
+        }});
+        Bytes::from(v.to_string())
+    }
+}
+
+#[derive(Deserialize)]
+struct RawRequest {
+    model: Option<String>,
+    messages: Option<Vec<RawMessage>>,
+    prompt: Option<Texts>,
+    input: Option<Texts>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    sim_output_tokens: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct RawMessage {
+    content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+struct Part {
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Texts {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Texts {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Texts::One(s) => vec![s],
+            Texts::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+fn parse_raw(body: &[u8]) -> Result<RawRequest, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
+}
+
+/// Parses a chat or completions body; validation against the engine's
+/// limits is the caller's.
+pub(super) fn parse_generation(endpoint: Endpoint, body: &[u8]) -> Result<Generation, ApiError> {
+    let raw = parse_raw(body)?;
+    let prompt_tokens = match endpoint {
+        Endpoint::Chat => {
+            let messages = raw
+                .messages
+                .ok_or_else(|| ApiError::bad_request("Field required: messages".to_owned()))?;
+            let mut text = String::new();
+            for m in &messages {
+                match &m.content {
+                    Some(Content::Text(t)) => text.push_str(t),
+                    Some(Content::Parts(parts)) => {
+                        for p in parts {
+                            text.push_str(p.text.as_deref().unwrap_or(""));
+                        }
+                    }
+                    None => {}
+                }
+            }
+            let template = u32::try_from(messages.len())
+                .unwrap_or(u32::MAX)
+                .saturating_mul(TOKENS_PER_MESSAGE);
+            crate::tokens::estimate(&text).saturating_add(template)
+        }
+        Endpoint::Completions => {
+            let prompt = raw
+                .prompt
+                .ok_or_else(|| ApiError::bad_request("Field required: prompt".to_owned()))?;
+            crate::tokens::estimate(&prompt.into_vec().concat())
+        }
+    };
+    let max_tokens = raw
+        .max_completion_tokens
+        .or(raw.max_tokens)
+        .unwrap_or(DEFAULT_MAX_TOKENS);
+    if max_tokens == 0 {
+        return Err(ApiError::bad_request(
+            "max_tokens must be at least 1, got 0.".to_owned(),
+        ));
+    }
+    let output_tokens = raw
+        .sim_output_tokens
+        .map_or(max_tokens, |n| n.clamp(1, max_tokens));
+    Ok(Generation {
+        model: raw.model.unwrap_or_default(),
+        prompt_tokens,
+        max_tokens,
+        output_tokens,
+        is_stream: raw.stream,
+        include_usage: raw.stream_options.is_some_and(|o| o.include_usage),
+    })
+}
+
+/// Parses an embeddings body.
+pub(super) fn parse_embedding(body: &[u8]) -> Result<Embedding, ApiError> {
+    let raw = parse_raw(body)?;
+    let inputs = raw
+        .input
+        .ok_or_else(|| ApiError::bad_request("Field required: input".to_owned()))?
+        .into_vec();
+    let prompt_tokens = inputs.iter().fold(0u32, |acc, s| {
+        acc.saturating_add(crate::tokens::estimate(s))
+    });
+    Ok(Embedding {
+        model: raw.model.unwrap_or_default(),
+        inputs,
+        prompt_tokens,
+    })
+}
+
+/// The response id for request `id`.
+pub(super) fn response_id(endpoint: Endpoint, id: u64) -> String {
+    match endpoint {
+        Endpoint::Chat => format!("chatcmpl-{id:016x}"),
+        Endpoint::Completions => format!("cmpl-{id:016x}"),
+    }
+}
+
+fn usage(prompt: u32, completion: u32) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": u64::from(prompt) + u64::from(completion),
+    })
+}
+
+fn sse(v: &Value, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"data: ");
+    // Writing a `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, v);
+    out.extend_from_slice(b"\n\n");
+}
+
+/// Everything a stream's chunks share.
+#[derive(Clone, Debug)]
+pub(super) struct StreamHead {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+}
+
+impl StreamHead {
+    fn object(&self) -> &'static str {
+        match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        }
+    }
+
+    fn chunk(&self, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    /// The SSE bytes for token `index` (1-based); the first chat token is
+    /// preceded by the `role` chunk, the last carries `finish_reason`.
+    pub(super) fn token_event(&self, index: u32, finish: Option<FinishReason>) -> Bytes {
+        let mut out = Vec::with_capacity(512);
+        let finish = finish.map(FinishReason::as_str);
+        match self.endpoint {
+            Endpoint::Chat => {
+                if index == 1 {
+                    let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                        "logprobs": null, "finish_reason": null}]);
+                    sse(&self.chunk(role), &mut out);
+                }
+                let c = json!([{"index": 0, "delta": {"content": TOKEN_TEXT},
+                    "logprobs": null, "finish_reason": finish}]);
+                sse(&self.chunk(c), &mut out);
+            }
+            Endpoint::Completions => {
+                let c = json!([{"index": 0, "text": TOKEN_TEXT, "logprobs": null,
+                    "finish_reason": finish, "stop_reason": null}]);
+                sse(&self.chunk(c), &mut out);
+            }
+        }
+        Bytes::from(out)
+    }
+
+    /// The stream's tail: the usage chunk when asked for, then `[DONE]`.
+    pub(super) fn done_event(&self, usage_tokens: Option<(u32, u32)>) -> Bytes {
+        let mut out = Vec::with_capacity(256);
+        if let Some((prompt, completion)) = usage_tokens {
+            let mut c = self.chunk(json!([]));
+            c["usage"] = usage(prompt, completion);
+            sse(&c, &mut out);
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Bytes::from(out)
+    }
+
+    /// The whole non-streaming response body.
+    pub(super) fn full_response(
+        &self,
+        prompt: u32,
+        completion: u32,
+        finish: FinishReason,
+    ) -> Bytes {
+        let text = TOKEN_TEXT.repeat(completion as usize);
+        let (object, choice) = match self.endpoint {
+            Endpoint::Chat => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": text},
+                    "logprobs": null, "finish_reason": finish.as_str()}),
+            ),
+            Endpoint::Completions => (
+                "text_completion",
+                json!({"index": 0, "text": text, "logprobs": null,
+                    "finish_reason": finish.as_str(), "stop_reason": null}),
+            ),
+        };
+        let v = json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(prompt, completion),
+        });
+        Bytes::from(v.to_string())
+    }
+}
+
+/// OpenAI's embedding list with a small deterministic vector per input.
+pub(super) fn embedding_response(model: &str, inputs: &[String], prompt_tokens: u32) -> Bytes {
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| json!({"object": "embedding", "index": i, "embedding": embed(text)}))
+        .collect();
+    let v = json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    });
+    Bytes::from(v.to_string())
+}
+
+/// A unit vector derived from the text by FNV-1a, so equal texts embed equally.
+fn embed(text: &str) -> Vec<f64> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut v = Vec::with_capacity(EMBEDDING_DIMS);
+    for _ in 0..EMBEDDING_DIMS {
+        for b in text.bytes().chain([0xff]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        v.push((h >> 11) as f64 / (1u64 << 53) as f64 - 0.5);
+    }
+    let norm = v
+        .iter()
+        .map(|x| x * x)
+        .sum::<f64>()
+        .sqrt()
+        .max(f64::MIN_POSITIVE);
+    v.iter_mut().for_each(|x| *x /= norm);
+    v
+}
+
+/// The `/v1/models` body.
+pub(super) fn models_response(model: &str, max_model_len: u32, created: u64) -> Bytes {
+    let v = json!({"object": "list", "data": [{
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": null,
+        "max_model_len": max_model_len,
+        "permission": [],
+    }]});
+    Bytes::from(v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_prompt_tokens_count_text_and_template() {
+        let body = br#"{"model":"m","messages":[{"role":"system","content":"abcd"},
+            {"role":"user","content":[{"type":"text","text":"efgh"},{"type":"image_url"}]}]}"#;
+        let g = parse_generation(Endpoint::Chat, body).unwrap();
+        assert_eq!(g.prompt_tokens, 2 + 2 * TOKENS_PER_MESSAGE);
+        assert_eq!(g.max_tokens, 16);
+        assert_eq!(g.output_tokens, 16);
+        assert!(!g.is_stream);
+    }
+
+    #[test]
+    fn sim_output_tokens_is_capped_and_gives_stop() {
+        let body = br#"{"model":"m","prompt":["ab","cd"],"max_tokens":10,"sim_output_tokens":3,
+            "stream":true,"stream_options":{"include_usage":true}}"#;
+        let g = parse_generation(Endpoint::Completions, body).unwrap();
+        assert_eq!((g.prompt_tokens, g.output_tokens), (1, 3));
+        assert_eq!(g.finish_reason(), FinishReason::Stop);
+        assert!(g.is_stream && g.include_usage);
+        let body =
+            br#"{"model":"m","prompt":"x","max_completion_tokens":5,"sim_output_tokens":50}"#;
+        let g = parse_generation(Endpoint::Completions, body).unwrap();
+        assert_eq!(g.output_tokens, 5);
+        assert_eq!(g.finish_reason(), FinishReason::Length);
+    }
+
+    #[test]
+    fn malformed_bodies_are_bad_requests() {
+        for body in [
+            &b"{"[..],
+            br#"{"model":"m"}"#,
+            br#"{"model":"m","prompt":"x","max_tokens":0}"#,
+        ] {
+            let e = parse_generation(Endpoint::Completions, body).unwrap_err();
+            assert_eq!((e.status, e.kind), (400, "BadRequestError"));
+        }
+    }
+
+    #[test]
+    fn embeddings_are_deterministic_unit_vectors() {
+        let a = embed("hello");
+        assert_eq!(a, embed("hello"));
+        assert_ne!(a, embed("world"));
+        assert!((a.iter().map(|x| x * x).sum::<f64>() - 1.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,289 @@
+//! The simulated backend's routes: fault injection, `/health`, `/metrics`,
+//! `/v1/models` and the generation and embedding endpoints, each turning a
+//! request into engine work through [`Shared::submit`].
+//!
+//! Owns no state; a generation's [`SeqGuard`] lives in the response body
+//! (streaming) or the handler future (non-streaming), so a client that goes
+//! away cancels its sequence.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use super::metrics::FinishReason;
+use super::openai::{self, ApiError, Endpoint, StreamHead};
+use super::{Body, Delivery, Fault, MAX_BODY_BYTES, SeqGuard, Shared};
+use crate::sim::engine::EngineError;
+
+/// A body of SSE frames, one per engine event for this request.
+struct TokenStream {
+    rx: mpsc::UnboundedReceiver<Delivery>,
+    head: StreamHead,
+    output_tokens: u32,
+    reason: FinishReason,
+    include_usage: bool,
+    is_done: bool,
+    _guard: SeqGuard,
+}
+
+impl Stream for TokenStream {
+    type Item = Result<Frame<Bytes>, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.is_done {
+            return Poll::Ready(None);
+        }
+        let bytes = match this.rx.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(None) => {
+                this.is_done = true;
+                return Poll::Ready(None);
+            }
+            Poll::Ready(Some(Delivery::Token { index })) => {
+                let finish = (index >= this.output_tokens).then_some(this.reason);
+                this.head.token_event(index, finish)
+            }
+            Poll::Ready(Some(Delivery::Finished {
+                prompt_tokens,
+                completion_tokens,
+            })) => {
+                this.is_done = true;
+                let usage = this
+                    .include_usage
+                    .then_some((prompt_tokens, completion_tokens));
+                this.head.done_event(usage)
+            }
+        };
+        Poll::Ready(Some(Ok(Frame::data(bytes))))
+    }
+}
+
+fn full(status: StatusCode, content_type: &str, body: Bytes) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body).boxed());
+    *resp.status_mut() = status;
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+fn json(status: StatusCode, body: Bytes) -> Response<Body> {
+    full(status, "application/json", body)
+}
+
+fn error(e: &ApiError) -> Response<Body> {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json(status, e.body())
+}
+
+pub(super) async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    if method == Method::POST && path == "/admin/fault" {
+        return Ok(set_fault(&shared, req).await);
+    }
+    let fault = *shared.fault.lock();
+    match fault {
+        Fault::None => {}
+        Fault::Hang => {
+            shared.stop.cancelled().await;
+            return Ok(full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                Bytes::new(),
+            ));
+        }
+        Fault::Error if path == "/health" => {
+            return Ok(full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                Bytes::new(),
+            ));
+        }
+        Fault::Error if path.starts_with("/v1/") => {
+            return Ok(error(&ApiError::internal("simulated backend fault")));
+        }
+        Fault::Error => {}
+    }
+    let resp = match (method, path.as_str()) {
+        (Method::GET, "/health") => full(StatusCode::OK, "text/plain", Bytes::new()),
+        (Method::GET, "/metrics") => full(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            Bytes::from(shared.metrics_text()),
+        ),
+        (Method::GET, "/v1/models") => json(
+            StatusCode::OK,
+            openai::models_response(&shared.model, shared.max_model_len, 0),
+        ),
+        (Method::POST, "/v1/chat/completions") => generate(&shared, Endpoint::Chat, req)
+            .await
+            .unwrap_or_else(|e| error(&e)),
+        (Method::POST, "/v1/completions") => generate(&shared, Endpoint::Completions, req)
+            .await
+            .unwrap_or_else(|e| error(&e)),
+        (Method::POST, "/v1/embeddings") => {
+            embeddings(&shared, req).await.unwrap_or_else(|e| error(&e))
+        }
+        _ => json(
+            StatusCode::NOT_FOUND,
+            Bytes::from_static(br#"{"detail":"Not Found"}"#),
+        ),
+    };
+    Ok(resp)
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "Could not read the request body: {e}"
+        ))),
+    }
+}
+
+async fn set_fault(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    #[derive(Deserialize)]
+    struct FaultBody {
+        mode: Fault,
+    }
+    let parsed = read_body(req).await.and_then(|b| {
+        serde_json::from_slice::<FaultBody>(&b)
+            .map_err(|e| ApiError::bad_request(format!("Invalid fault body: {e}")))
+    });
+    match parsed {
+        Ok(FaultBody { mode }) => {
+            *shared.fault.lock() = mode;
+            json(StatusCode::OK, Bytes::from_static(b"{}"))
+        }
+        Err(e) => error(&e),
+    }
+}
+
+fn engine_error(e: EngineError, endpoint: Endpoint) -> ApiError {
+    match e {
+        EngineError::ContextTooLong {
+            prompt,
+            output,
+            max_model_len,
+            ..
+        } => ApiError::context_too_long(max_model_len, prompt, output, endpoint),
+        EngineError::ExceedsKvCache { .. } | EngineError::NoOutput => {
+            ApiError::bad_request(e.to_string())
+        }
+    }
+}
+
+async fn generate(
+    shared: &Arc<Shared>,
+    endpoint: Endpoint,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let body = read_body(req).await?;
+    let g = openai::parse_generation(endpoint, &body)?;
+    if g.model != shared.model {
+        return Err(ApiError::model_not_found(&g.model));
+    }
+    // vLLM validates against max_tokens, not the (simulator-only) output.
+    if u64::from(g.prompt_tokens) + u64::from(g.max_tokens) > u64::from(shared.max_model_len) {
+        return Err(ApiError::context_too_long(
+            shared.max_model_len,
+            g.prompt_tokens,
+            g.max_tokens,
+            endpoint,
+        ));
+    }
+    let reason = g.finish_reason();
+    let (guard, mut rx) = shared
+        .submit(g.prompt_tokens, g.output_tokens, reason)
+        .map_err(|e| engine_error(e, endpoint))?;
+    let head = StreamHead {
+        endpoint,
+        id: openai::response_id(endpoint, guard.id),
+        model: g.model.clone(),
+        created: 0,
+    };
+    if g.is_stream {
+        let stream = TokenStream {
+            rx,
+            head,
+            output_tokens: g.output_tokens,
+            reason,
+            include_usage: g.include_usage,
+            is_done: false,
+            _guard: guard,
+        };
+        let mut resp = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("no-cache"),
+        );
+        return Ok(resp);
+    }
+    // The guard lives across the wait, so a dropped connection cancels.
+    let _guard = guard;
+    while let Some(d) = rx.recv().await {
+        if let Delivery::Finished {
+            prompt_tokens,
+            completion_tokens,
+        } = d
+        {
+            let body = head.full_response(prompt_tokens, completion_tokens, reason);
+            return Ok(json(StatusCode::OK, body));
+        }
+    }
+    Err(ApiError::internal("engine dropped the request"))
+}
+
+async fn embeddings(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let body = read_body(req).await?;
+    let e = openai::parse_embedding(&body)?;
+    if e.model != shared.model {
+        return Err(ApiError::model_not_found(&e.model));
+    }
+    if e.prompt_tokens > shared.max_model_len.saturating_sub(1) {
+        return Err(ApiError::bad_request(format!(
+            "This model's maximum context length is {} tokens. However, you requested {} tokens \
+             in the input for embedding generation. Please reduce the length of the input.",
+            shared.max_model_len, e.prompt_tokens
+        )));
+    }
+    // One prefill; the single "output token" marks its end.
+    let (guard, mut rx) = shared
+        .submit(e.prompt_tokens, 1, FinishReason::Length)
+        .map_err(|err| engine_error(err, Endpoint::Completions))?;
+    let _guard = guard;
+    while let Some(d) = rx.recv().await {
+        if let Delivery::Finished { .. } = d {
+            return Ok(json(
+                StatusCode::OK,
+                openai::embedding_response(&e.model, &e.inputs, e.prompt_tokens),
+            ));
+        }
+    }
+    Err(ApiError::internal("engine dropped the request"))
+}

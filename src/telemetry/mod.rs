@@ -1,0 +1,3 @@
+//! Telemetry: Prometheus metrics (`metrics`) and logging setup.
+
+pub mod metrics;

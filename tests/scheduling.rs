@@ -1,0 +1,343 @@
+//! The scheduling policy live: auth, fair shares, admission refusals and
+//! cancellation of queued requests, through a real gateway and simulated
+//! backends.
+
+mod support;
+
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use support::*;
+
+const M: &str = "sim-model";
+
+fn policy(tenants: &str, window: u32, extra_server: &str) -> String {
+    format!(
+        "{SERVER}{extra_server}\n[queue]\nmax_wait = \"20s\"\n[[pools]]\nmodel = \"{M}\"\n\
+         [[pools.backends]]\nurl = \"http://{{b0}}\"\nmax_inflight = {window}\n\
+         [[pools.backends]]\nurl = \"http://{{b1}}\"\nmax_inflight = {window}\n{tenants}"
+    )
+}
+
+const TENANTS: &str = r#"
+[[tenants]]
+name = "api"
+api_keys = ["sk-api"]
+weight = 3
+[[tenants]]
+name = "chat"
+api_keys = ["sk-chat"]
+weight = 1
+[[tenants]]
+name = "evals"
+api_keys = ["sk-evals"]
+rate = 2
+burst = 2
+"#;
+
+async fn served_by(gw: &fairway::proxy::server::Server) -> String {
+    get(&client(), format!("http://{}/metrics", gw.admin_addr()))
+        .await
+        .text()
+}
+
+#[tokio::test]
+async fn api_keys_map_to_tenants_and_bad_keys_get_401() {
+    let (b0, b1) = (sim(M, 8).await, sim(M, 8).await);
+    let gw = gateway(&policy(TENANTS, 8, ""), &[&b0, &b1]).await;
+    let c = client();
+    let r = send(
+        &c,
+        post(gw.addr(), "/v1/chat/completions", None, chat(M, 2, false)),
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    let r = send(
+        &c,
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some("sk-wrong"),
+            chat(M, 2, false),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    for key in ["sk-api", "sk-chat", "sk-evals"] {
+        let r = send(
+            &c,
+            post(
+                gw.addr(),
+                "/v1/chat/completions",
+                Some(key),
+                chat(M, 2, false),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    // Azure-style header.
+    let mut req = post(gw.addr(), "/v1/chat/completions", None, chat(M, 2, false));
+    req.headers_mut()
+        .insert("api-key", "sk-chat".parse().unwrap());
+    assert_eq!(send(&c, req).await.status, 200);
+    // A tenant header is not trusted unless the operator opted in.
+    let mut req = post(gw.addr(), "/v1/chat/completions", None, chat(M, 2, false));
+    req.headers_mut()
+        .insert("x-fairway-tenant", "api".parse().unwrap());
+    assert_eq!(send(&c, req).await.status, 401);
+    let m = served_by(&gw).await;
+    for t in ["api", "chat", "evals"] {
+        let want = if t == "chat" { 2.0 } else { 1.0 };
+        assert_eq!(
+            metric(
+                &m,
+                &format!("fairway_requests_total{{tenant=\"{t}\",model=\"{M}\",outcome=\"served\"")
+            ),
+            Some(want),
+            "{m}"
+        );
+    }
+    assert!(!m.contains("sk-"), "keys never appear in metrics");
+    let policy_view = get(&c, format!("http://{}/admin/policy", gw.admin_addr()))
+        .await
+        .text();
+    assert!(
+        !policy_view.contains("sk-"),
+        "keys never appear in the admin view: {policy_view}"
+    );
+}
+
+#[tokio::test]
+async fn trusted_tenant_header_when_enabled() {
+    let (b0, b1) = (sim(M, 8).await, sim(M, 8).await);
+    let gw = gateway(
+        &policy(TENANTS, 8, "trust_tenant_header = \"x-fairway-tenant\"\n"),
+        &[&b0, &b1],
+    )
+    .await;
+    let mut req = post(gw.addr(), "/v1/chat/completions", None, chat(M, 2, false));
+    req.headers_mut()
+        .insert("x-fairway-tenant", "api".parse().unwrap());
+    assert_eq!(send(&client(), req).await.status, 200);
+}
+
+#[tokio::test]
+async fn weights_three_to_one_share_a_saturated_cluster() {
+    // Two backends with a window of 2 each: 4 requests run, the rest queue.
+    let (b0, b1) = (sim(M, 8).await, sim(M, 8).await);
+    let gw = gateway(&policy(TENANTS, 2, ""), &[&b0, &b1]).await;
+    let addr = gw.addr();
+    let mut tasks = Vec::new();
+    // Each tenant keeps 16 requests outstanding for the whole run.
+    for key in ["sk-api", "sk-chat"] {
+        for _ in 0..16 {
+            tasks.push(tokio::spawn(async move {
+                let c = client();
+                let mut n = 0u32;
+                let until = tokio::time::Instant::now() + Duration::from_millis(2500);
+                while tokio::time::Instant::now() < until {
+                    let r = send(
+                        &c,
+                        post(addr, "/v1/chat/completions", Some(key), chat(M, 10, false)),
+                    )
+                    .await;
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    n += 1;
+                }
+                (key, n)
+            }));
+        }
+    }
+    let mut served = [0u32; 2];
+    for t in tasks {
+        let (key, n) = t.await.unwrap();
+        served[usize::from(key == "sk-chat")] += n;
+    }
+    let ratio = f64::from(served[0]) / f64::from(served[1]);
+    assert!(
+        (ratio - 3.0).abs() <= 0.3,
+        "served api:chat = {served:?} ({ratio:.2})"
+    );
+}
+
+#[tokio::test]
+async fn rate_limited_tenant_gets_429_with_a_retry_after_that_works() {
+    let (b0, b1) = (sim(M, 8).await, sim(M, 8).await);
+    let gw = gateway(&policy(TENANTS, 8, ""), &[&b0, &b1]).await;
+    let c = client();
+    for _ in 0..2 {
+        assert_eq!(
+            send(
+                &c,
+                post(
+                    gw.addr(),
+                    "/v1/chat/completions",
+                    Some("sk-evals"),
+                    chat(M, 1, false)
+                )
+            )
+            .await
+            .status,
+            200
+        );
+    }
+    let r = send(
+        &c,
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some("sk-evals"),
+            chat(M, 1, false),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(r.headers["x-ratelimit-limit-requests"], "2");
+    assert_eq!(r.headers["x-ratelimit-remaining-requests"], "0");
+    assert!(r.headers.contains_key("x-ratelimit-reset-requests"));
+    let wait_ms: u64 = r.headers["retry-after-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        r.headers["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    tokio::time::sleep(Duration::from_millis(wait_ms + 20)).await;
+    let r = send(
+        &c,
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some("sk-evals"),
+            chat(M, 1, false),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "honouring retry-after succeeds");
+    let m = served_by(&gw).await;
+    assert_eq!(
+        metric(
+            &m,
+            "fairway_requests_total{tenant=\"evals\",model=\"sim-model\",outcome=\"refused\",reason=\"rate\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn spent_gpu_budget_refuses_until_it_refills() {
+    let tenants = r#"
+[[tenants]]
+name = "small"
+api_keys = ["sk-small"]
+gpu_seconds_per_hour = 0.36
+"#;
+    let (b0, b1) = (sim(M, 8).await, sim(M, 8).await);
+    let gw = gateway(&policy(tenants, 8, ""), &[&b0, &b1]).await;
+    let c = client();
+    // One long request alone on a 1-GPU backend uses ~0.6 GPU-s: the budget
+    // (0.36/h, refilling 0.1 ms per second) goes into debt.
+    let r = send(
+        &c,
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some("sk-small"),
+            chat(M, 300, false),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let r = send(
+        &c,
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some("sk-small"),
+            chat(M, 1, false),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(r.text().contains("GPU-seconds"), "{}", r.text());
+    let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(retry > 60, "refill is slow: {retry}s");
+    let m = served_by(&gw).await;
+    assert!(
+        metric(&m, "fairway_gpu_seconds_bucket_level{tenant=\"small\"}").unwrap() < 0.0,
+        "{m}"
+    );
+    assert!(metric(&m, "fairway_gpu_seconds_total{tenant=\"small\"}").unwrap() > 0.4);
+}
+
+#[tokio::test]
+async fn queued_request_whose_client_hangs_up_leaves_the_queue() {
+    let (b0, b1) = (sim(M, 8).await, sim(M, 8).await);
+    let gw = gateway(&policy(TENANTS, 1, ""), &[&b0, &b1]).await;
+    let c = client();
+    // Fill both windows with long streams.
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let resp = open(
+            &c,
+            post(
+                gw.addr(),
+                "/v1/chat/completions",
+                Some("sk-api"),
+                chat(M, 3000, true),
+            ),
+        )
+        .await;
+        running.push(resp.into_body());
+    }
+    // A third request queues; its client then gives up.
+    let addr = gw.addr();
+    let queued = tokio::spawn(async move {
+        send(
+            &client(),
+            post(
+                addr,
+                "/v1/chat/completions",
+                Some("sk-chat"),
+                chat(M, 1, false),
+            ),
+        )
+        .await
+    });
+    let depth = async || {
+        metric(
+            &served_by(&gw).await,
+            "fairway_queue_depth{tenant=\"chat\"}",
+        )
+        .unwrap_or(-1.0)
+    };
+    assert!(
+        eventually(Duration::from_secs(5), async || depth().await == 1.0).await,
+        "request queued"
+    );
+    queued.abort();
+    assert!(
+        eventually(Duration::from_secs(5), async || depth().await == 0.0).await,
+        "gone from the queue"
+    );
+    let m = served_by(&gw).await;
+    assert_eq!(
+        metric(
+            &m,
+            "fairway_requests_total{tenant=\"chat\",model=\"sim-model\",outcome=\"cancelled\""
+        ),
+        Some(1.0)
+    );
+    for mut b in running {
+        let _ = b.frame().await;
+    }
+}

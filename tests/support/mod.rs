@@ -1,0 +1,156 @@
+//! Test support: a gateway on port 0 in front of simulated backends on port
+//! 0, and a small HTTP client over real TCP.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fairway::config::parse_policy;
+use fairway::proxy::server::{PolicySource, Server};
+use fairway::sim::backend::{SimBackend, SimHandle};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A fast simulated backend: 1 ms decode steps at 1× (tests stay quick but
+/// streams still take measurable time).
+pub async fn sim(model: &str, max_num_seqs: u32) -> SimHandle {
+    SimBackend::builder(model)
+        .max_num_seqs(max_num_seqs)
+        .decode_step(Duration::from_millis(2), Duration::from_micros(10))
+        .start()
+        .await
+        .expect("sim backend starts")
+}
+
+/// Starts a gateway from a TOML policy; `{b0}`, `{b1}`… in the text are
+/// replaced by the given backends' `host:port`.
+pub async fn gateway(toml: &str, backends: &[&SimHandle]) -> Server {
+    let mut text = toml.to_owned();
+    for (i, b) in backends.iter().enumerate() {
+        text = text.replace(&format!("{{b{i}}}"), &b.addr().to_string());
+    }
+    let policy = parse_policy(&text, "test.toml").unwrap_or_else(|e| {
+        panic!(
+            "test policy invalid: {}",
+            e.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    Server::start(policy, PolicySource { path: None, text })
+        .await
+        .expect("gateway starts")
+}
+
+/// The standard server block with port-0 listeners.
+pub const SERVER: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_body_bytes = 65536
+drain_timeout = "5s"
+"#;
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+pub fn post(
+    addr: SocketAddr,
+    path: &str,
+    key: Option<&str>,
+    body: impl Into<Bytes>,
+) -> Request<Full<Bytes>> {
+    let mut b =
+        Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("authorization", format!("Bearer {k}"));
+    }
+    b.body(Full::new(body.into())).unwrap()
+}
+
+pub async fn send(c: &HttpClient, req: Request<Full<Bytes>>) -> Reply {
+    let resp = c.request(req).await.expect("request reaches the gateway");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("body completes").to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub async fn open(c: &HttpClient, req: Request<Full<Bytes>>) -> http::Response<Incoming> {
+    c.request(req).await.expect("request reaches the gateway")
+}
+
+pub async fn get(c: &HttpClient, url: String) -> Reply {
+    let req = Request::get(url).body(Full::new(Bytes::new())).unwrap();
+    send(c, req).await
+}
+
+pub fn chat(model: &str, max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+    .to_string()
+}
+
+/// One metric's value from Prometheus text (first series whose name and
+/// labels start with `prefix`).
+pub fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Sum of every series starting with `prefix`.
+pub fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub async fn eventually(timeout: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if f().await {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
