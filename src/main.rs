@@ -198,7 +198,7 @@ async fn serve(config: PathBuf, watch_interval: Duration) -> anyhow::Result<()> 
     }
     tokio::spawn(signals(gw, stop));
     server.wait().await;
-    println!("fairway stopped");
+    tracing::info!("fairway stopped");
     Ok(())
 }
 

@@ -1,0 +1,257 @@
+//! Hot reload of the policy file: by endpoint, by file change, by SIGHUP;
+//! invalid or restart-only changes keep the running policy.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use fairway::config::load_policy;
+use fairway::proxy::server::{PolicySource, Server};
+use support::*;
+
+const M: &str = "sim-model";
+
+fn temp_policy(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fairway-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("policy.toml");
+    write_atomically(&path, text);
+    path
+}
+
+/// Saves like an editor does: write a temp file, then rename over.
+fn write_atomically(path: &PathBuf, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn policy(backend: &str, keys: &[&str]) -> String {
+    let mut s = format!(
+        "{SERVER}\n[[pools]]\nmodel = \"{M}\"\n[[pools.backends]]\nurl = \"http://{backend}\"\n"
+    );
+    for (i, k) in keys.iter().enumerate() {
+        s += &format!(
+            "[[tenants]]\nname = \"t{i}\"\napi_keys = [\"{k}\"]\nrate = 0.01\nburst = 100\n"
+        );
+    }
+    s
+}
+
+async fn start(path: &std::path::Path) -> Server {
+    let (policy, text) = load_policy(path).unwrap_or_else(|e| panic!("{e:?}"));
+    Server::start(
+        policy,
+        PolicySource {
+            path: Some(path.to_path_buf()),
+            text,
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn status_with(gw: &Server, key: &str) -> u16 {
+    send(
+        &client(),
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some(key),
+            chat(M, 1, false),
+        ),
+    )
+    .await
+    .status
+    .as_u16()
+}
+
+async fn reload(gw: &Server) -> Reply {
+    let req = http::Request::post(format!("http://{}/admin/reload", gw.admin_addr()))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    send(&client(), req).await
+}
+
+#[tokio::test]
+async fn reload_by_endpoint_applies_a_valid_file_and_keeps_state() {
+    let b = sim(M, 8).await;
+    let path = temp_policy("endpoint", &policy(&b.addr().to_string(), &["k0"]));
+    let gw = start(&path).await;
+    assert_eq!(status_with(&gw, "k1").await, 401);
+    // A long stream under the old policy must not be cut by the reload.
+    let stream = open(
+        &client(),
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some("k0"),
+            chat(M, 200, true),
+        ),
+    )
+    .await;
+    write_atomically(&path, &policy(&b.addr().to_string(), &["k0", "k1"]));
+    let r = reload(&gw).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"], "ok");
+    assert_eq!(status_with(&gw, "k1").await, 200);
+    use http_body_util::BodyExt;
+    let body = stream
+        .into_body()
+        .collect()
+        .await
+        .expect("stream survives the reload")
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+    let m = get(&client(), format!("http://{}/metrics", gw.admin_addr()))
+        .await
+        .text();
+    assert_eq!(
+        metric(&m, "fairway_config_reloads_total{result=\"ok\"}"),
+        Some(1.0)
+    );
+    // The unchanged tenant's rate bucket survived (two requests taken of 100).
+    let level = metric(&m, "fairway_rate_bucket_requests{tenant=\"t0\"}").unwrap();
+    assert!(level < 99.5, "bucket was not reset: {level}");
+    let view = get(
+        &client(),
+        format!("http://{}/admin/policy", gw.admin_addr()),
+    )
+    .await
+    .json();
+    assert_eq!(view["policy"]["tenants"].as_array().unwrap().len(), 2);
+    assert_eq!(view["source_sha256"].as_str().unwrap().len(), 64);
+}
+
+#[tokio::test]
+async fn invalid_reload_keeps_the_old_policy_serving() {
+    let b = sim(M, 8).await;
+    let path = temp_policy("invalid", &policy(&b.addr().to_string(), &["k0"]));
+    let gw = start(&path).await;
+    write_atomically(&path, "[[pools]]\nmodel = 3\nbogus = true\n");
+    let r = reload(&gw).await;
+    assert_eq!(r.status, 422);
+    let err = r.json()["error"].as_str().unwrap().to_owned();
+    assert!(
+        err.contains("policy.toml:2:9") && err.contains("bogus"),
+        "every error, with positions: {err}"
+    );
+    assert_eq!(status_with(&gw, "k0").await, 200, "old policy still serves");
+    // A restart-only change is refused, not half-applied.
+    let moved = policy(&b.addr().to_string(), &["k0", "k1"]).replace(
+        "admin_listen = \"127.0.0.1:0\"",
+        "admin_listen = \"127.0.0.1:1\"",
+    );
+    write_atomically(&path, &moved);
+    let r = reload(&gw).await;
+    assert_eq!(r.status, 422);
+    assert!(r.text().contains("server.admin_listen"), "{}", r.text());
+    assert_eq!(status_with(&gw, "k1").await, 401, "nothing of it applied");
+    let m = get(&client(), format!("http://{}/metrics", gw.admin_addr()))
+        .await
+        .text();
+    assert_eq!(
+        metric(&m, "fairway_config_reloads_total{result=\"failed\"}"),
+        Some(2.0)
+    );
+}
+
+#[tokio::test]
+async fn a_change_to_the_file_is_picked_up() {
+    let b = sim(M, 8).await;
+    let path = temp_policy("watch", &policy(&b.addr().to_string(), &["k0"]));
+    let gw = start(&path).await;
+    tokio::spawn(fairway::proxy::reload::watch(
+        gw.gateway().clone(),
+        Duration::from_millis(50),
+        gw.shutdown_token(),
+    ));
+    write_atomically(&path, &policy(&b.addr().to_string(), &["k0", "k1"]));
+    assert!(
+        eventually(Duration::from_secs(5), async || status_with(&gw, "k1")
+            .await
+            == 200)
+        .await
+    );
+}
+
+#[tokio::test]
+async fn sighup_reloads_and_sigterm_drains_the_real_binary() {
+    let b = sim(M, 8).await;
+    let path = temp_policy("signal", &policy(&b.addr().to_string(), &["k0"]));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .args([
+            "serve",
+            "--config",
+            path.to_str().unwrap(),
+            "--watch-interval",
+            "0s",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    // "fairway listening on http://ADDR (admin on http://ADMIN)"
+    let addr: std::net::SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let c = client();
+    let status = async |key: &str| {
+        send(
+            &client(),
+            post(addr, "/v1/chat/completions", Some(key), chat(M, 1, false)),
+        )
+        .await
+        .status
+        .as_u16()
+    };
+    assert_eq!(status("k1").await, 401);
+    write_atomically(&path, &policy(&b.addr().to_string(), &["k0", "k1"]));
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(eventually(Duration::from_secs(5), async || status("k1").await == 200).await);
+    let stream = open(
+        &c,
+        post(addr, "/v1/chat/completions", Some("k0"), chat(M, 100, true)),
+    )
+    .await;
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    use http_body_util::BodyExt;
+    let body = stream
+        .into_body()
+        .collect()
+        .await
+        .expect("in-flight stream finishes")
+        .to_bytes();
+    assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "exits 0 after the drain: {exit:?}");
+}
