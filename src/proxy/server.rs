@@ -61,6 +61,12 @@ pub struct PolicySource {
 impl Server {
     /// Binds the policy's listeners and starts serving.
     pub async fn start(policy: Policy, source: PolicySource) -> std::io::Result<Server> {
+        if policy.server.tls.is_some() {
+            // TODO(gateway): rustls termination on the client listener, #3.
+            return Err(std::io::Error::other(
+                "[server] tls is validated but TLS termination is not built yet; terminate TLS in front of Fairway",
+            ));
+        }
         let listener = TcpListener::bind(policy.server.listen).await?;
         let admin = TcpListener::bind(policy.server.admin_listen).await?;
         let addr = listener.local_addr()?;

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# End-to-end load bench: the same simulated backend reached (a) directly,
+# (b) through Fairway with the whole policy on (auth, admission, fair queue,
+# windows) and (c) through nginx as a plain reverse proxy (least_conn,
+# upstream keepalive, buffering off). Runs alternate, in one session, so the
+# ratios share the machine's noise. Needs: wrk, nginx, curl (Debian).
+#
+#   benches/e2e.sh [seconds-per-run] [rounds]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-5}
+ROUNDS=${2:-3}
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; [ -f $WORK/nginx.pid ] && kill $(cat $WORK/nginx.pid) 2>/dev/null; rm -rf $WORK' EXIT
+
+cargo build --release --quiet
+BIN=target/release/fairway
+export RUST_LOG=warn
+
+# Backends: zero delay (1 token, 1 µs steps) and 20 ms (one 20 ms decode step).
+$BIN sim-backend --listen 127.0.0.1:18001 --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
+  --decode-step-base 1us --decode-step-per-seq 0s >/dev/null &
+$BIN sim-backend --listen 127.0.0.1:18002 --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
+  --decode-step-base 20ms --decode-step-per-seq 0s >/dev/null &
+
+gateway_conf() { # port admin backend
+cat <<CONF
+[server]
+listen = "127.0.0.1:$1"
+admin_listen = "127.0.0.1:$2"
+[queue]
+discipline = "drf"
+[[pools]]
+model = "bench"
+[[pools.backends]]
+url = "http://127.0.0.1:$3"
+max_inflight = 4096
+[[tenants]]
+name = "bench"
+api_keys = ["sk-bench"]
+rate = 1000000
+burst = 1000000
+gpu_seconds_per_hour = 1000000000
+CONF
+}
+gateway_conf 18011 18021 18001 > $WORK/g0.toml
+gateway_conf 18012 18022 18002 > $WORK/g20.toml
+$BIN serve --config $WORK/g0.toml --watch-interval 0s >/dev/null &
+G0=$!
+$BIN serve --config $WORK/g20.toml --watch-interval 0s >/dev/null &
+G20=$!
+
+cat > $WORK/nginx.conf <<CONF
+worker_processes 2;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx.err warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  upstream b0 { least_conn; server 127.0.0.1:18001; keepalive 256; }
+  upstream b20 { least_conn; server 127.0.0.1:18002; keepalive 256; }
+  server {
+    listen 127.0.0.1:18031;
+    location / { proxy_pass http://b0; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; }
+  }
+  server {
+    listen 127.0.0.1:18032;
+    location / { proxy_pass http://b20; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; }
+  }
+}
+CONF
+nginx -c $WORK/nginx.conf -p $WORK
+sleep 1
+
+cat > $WORK/post.lua <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer sk-bench"
+LUA
+
+cpu_ticks() { # pids... → utime+stime summed, in clock ticks
+  local t=0
+  for p in "$@"; do
+    for q in $p $(pgrep -P $p 2>/dev/null || true); do
+      t=$((t + $(awk '{print $14+$15}' /proc/$q/stat)))
+    done
+  done
+  echo $t
+}
+nginx_pids() { echo "$(cat $WORK/nginx.pid)"; }
+
+run() { # name url conns pids...
+  local name=$1 url=$2 conns=$3; shift 3
+  local before=0 after=0
+  [ $# -gt 0 ] && before=$(cpu_ticks "$@")
+  wrk -t2 -c$conns -d${SECS}s --latency -s $WORK/post.lua $url/v1/chat/completions > $WORK/out.txt
+  [ $# -gt 0 ] && after=$(cpu_ticks "$@")
+  python3 - "$name" $((after - before)) $(getconf CLK_TCK) < $WORK/out.txt <<'PY'
+import re, sys
+name, ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t = sys.stdin.read()
+def lat(p):
+    m = re.search(r"^\s+%s%%\s+([\d.]+)(us|ms|s)" % p, t, re.M)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
+total = int(re.search(r"(\d+) requests in", t).group(1))
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
+cpu_us = ticks / hz * 1e6 / max(total, 1) if ticks else 0
+print(f"{name}\t{rps:.0f}\t{lat(50):.3f}\t{lat(99):.3f}\t{cpu_us:.1f}\t{non2xx.group(1) if non2xx else 0}")
+PY
+}
+
+echo "# max throughput, c=64, zero-delay backend"
+echo -e "target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx"
+for r in $(seq $ROUNDS); do
+  run direct http://127.0.0.1:18001 64
+  run fairway http://127.0.0.1:18011 64 $G0
+  run nginx http://127.0.0.1:18031 64 $(nginx_pids)
+done
+echo
+echo "# fixed load, c=10 against a 20 ms backend (about 500 req/s)"
+echo -e "target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx"
+for r in $(seq $ROUNDS); do
+  run direct http://127.0.0.1:18002 10
+  run fairway http://127.0.0.1:18012 10 $G20
+  run nginx http://127.0.0.1:18032 10 $(nginx_pids)
+done
+echo
+echo "# time to first chunk of a 64-token stream (20 ms decode steps), median of 20, ms"
+for target in direct:18002 fairway:18012 nginx:18032; do
+  name=${target%%:*}; port=${target##*:}
+  for i in $(seq 20); do
+    curl -s -o /dev/null -w '%{time_starttransfer}\n' http://127.0.0.1:$port/v1/chat/completions \
+      -H 'Authorization: Bearer sk-bench' -H 'Content-Type: application/json' \
+      -d '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}'
+  done | sort -n | awk -v n=$name 'NR==10{a=$1} NR==11{printf "%s\t%.2f\n", n, (a+$1)/2*1000}'
+done
