@@ -17,7 +17,7 @@ cargo build --release --quiet
 BIN=target/release/fairway
 export RUST_LOG=warn
 
-# Backends: zero delay (1 token, 1 µs steps) and 20 ms (one 20 ms decode step).
+# Backends: zero delay (1 token, 1 µs steps) and 20 ms (2 tokens: one 20 ms decode step).
 $BIN sim-backend --listen 127.0.0.1:18001 --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
   --decode-step-base 1us --decode-step-per-seq 0s >/dev/null &
 $BIN sim-backend --listen 127.0.0.1:18002 --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
@@ -78,6 +78,8 @@ wrk.body = '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_to
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer sk-bench"
 LUA
+# Two tokens: a prefill step and one 20 ms decode step on the slow backend.
+sed 's/"max_tokens":1/"max_tokens":2/' $WORK/post.lua > $WORK/post2.lua
 
 cpu_ticks() { # pids... → utime+stime summed, in clock ticks
   local t=0
@@ -92,14 +94,16 @@ nginx_pids() { echo "$(cat $WORK/nginx.pid)"; }
 
 run() { # name url conns pids...
   local name=$1 url=$2 conns=$3; shift 3
+  local script=$WORK/post.lua
+  case $url in *18002|*18012|*18032) script=$WORK/post2.lua ;; esac
   local before=0 after=0
   [ $# -gt 0 ] && before=$(cpu_ticks "$@")
-  wrk -t2 -c$conns -d${SECS}s --latency -s $WORK/post.lua $url/v1/chat/completions > $WORK/out.txt
+  wrk -t2 -c$conns -d${SECS}s --latency -s $script $url/v1/chat/completions > $WORK/out.txt
   [ $# -gt 0 ] && after=$(cpu_ticks "$@")
-  python3 - "$name" $((after - before)) $(getconf CLK_TCK) < $WORK/out.txt <<'PY'
+  python3 - "$name" $((after - before)) $(getconf CLK_TCK) $WORK/out.txt <<'PY'
 import re, sys
 name, ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-t = sys.stdin.read()
+t = open(sys.argv[4]).read()
 def lat(p):
     m = re.search(r"^\s+%s%%\s+([\d.]+)(us|ms|s)" % p, t, re.M)
     v, u = float(m.group(1)), m.group(2)
