@@ -615,10 +615,8 @@ impl Scheduler {
     pub fn on_cancel(&mut self, now: Instant, id: RequestId) -> (Option<Ended>, Vec<Decision>) {
         match self.requests.get(id).map(|r| r.phase) {
             Some(Phase::Queued) => {
-                let mut out = Vec::new();
                 self.remove_queued(now, id);
-                let _ = &mut out;
-                (None, out)
+                (None, Vec::new())
             }
             Some(Phase::InFlight { .. }) => match self.on_completion(now, id, None) {
                 Some((ended, out)) => (Some(ended), out),
