@@ -273,24 +273,7 @@ impl Scheduler {
             t.retired = true;
         }
         for tp in &policy.tenants {
-            let id = *self
-                .tenant_by_name
-                .entry(tp.name.clone())
-                .or_insert_with(|| {
-                    self.tenants.push(TenantState {
-                        name: tp.name.clone(),
-                        weight: 1.0,
-                        priority: Priority::Interactive,
-                        max_concurrency: None,
-                        active: 0,
-                        in_flight: 0,
-                        rate: None,
-                        gpu: None,
-                        gpu_seconds_total: 0.0,
-                        retired: false,
-                    });
-                    TenantId((self.tenants.len() - 1) as u32)
-                });
+            let id = self.tenant_entry(&tp.name);
             let t = &mut self.tenants[id.0 as usize];
             t.retired = false;
             t.weight = tp.weight;
@@ -306,24 +289,7 @@ impl Scheduler {
         }
         if policy.tenants.is_empty() {
             // No tenants declared: auth is off and everyone is "default".
-            let id = *self
-                .tenant_by_name
-                .entry("default".to_owned())
-                .or_insert_with(|| {
-                    self.tenants.push(TenantState {
-                        name: "default".to_owned(),
-                        weight: 1.0,
-                        priority: Priority::Interactive,
-                        max_concurrency: None,
-                        active: 0,
-                        in_flight: 0,
-                        rate: None,
-                        gpu: None,
-                        gpu_seconds_total: 0.0,
-                        retired: false,
-                    });
-                    TenantId((self.tenants.len() - 1) as u32)
-                });
+            let id = self.tenant_entry("default");
             self.tenants[id.0 as usize].retired = false;
         }
 
@@ -423,6 +389,28 @@ impl Scheduler {
             self.try_dispatch(now, PoolId(p as u32), &mut out);
         }
         out
+    }
+
+    /// The id of the tenant named `name`, creating fresh state for a new name.
+    fn tenant_entry(&mut self, name: &str) -> TenantId {
+        if let Some(id) = self.tenant_by_name.get(name) {
+            return *id;
+        }
+        let id = TenantId(self.tenants.len() as u32);
+        self.tenants.push(TenantState {
+            name: name.to_owned(),
+            weight: 1.0,
+            priority: Priority::Interactive,
+            max_concurrency: None,
+            active: 0,
+            in_flight: 0,
+            rate: None,
+            gpu: None,
+            gpu_seconds_total: 0.0,
+            retired: false,
+        });
+        self.tenant_by_name.insert(name.to_owned(), id);
+        id
     }
 
     /// The tenant with this name, if the running policy declares it.
