@@ -109,7 +109,10 @@ impl Bucket {
         } else if self.rate <= 0.0 {
             Duration::from_secs(3600)
         } else {
-            Duration::from_secs_f64((missing / self.rate).min(1e9))
+            // Round up to the next nanosecond, so that waiting exactly this
+            // long is always enough despite rounding.
+            let nanos = ((missing / self.rate) * 1e9).min(1e18).ceil() as u64;
+            Duration::from_nanos(nanos)
         }
     }
 }
@@ -167,6 +170,8 @@ mod tests {
                             // Honouring retry-after makes the take succeed.
                             let later = now + (wait.as_nanos() as u64).div_ceil(1_000_000);
                             prop_assert!(b.check(t(later), cost).is_ok() || rate == 0.0);
+                            // The check refilled up to `later`; time moves on.
+                            now = later;
                         }
                     }
                 }
