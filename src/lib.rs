@@ -3,6 +3,7 @@
 //! Module map:
 //! - [`core`]: sans-IO scheduling (admission, fair queue, windows, routing, accounting).
 //! - [`config`]: the policy file, validation and reload.
+//! - [`poller`]: sans-IO metrics parsing and backend dialects (scrape body to reading).
 //! - [`sim`]: the simulated vLLM-like engine and its HTTP backend.
 //! - [`proxy`]: the I/O shell: listeners, the request path, the SSE relay, admin, reload.
 //! - [`telemetry`]: Prometheus metrics.
@@ -12,6 +13,7 @@
 pub mod clock;
 pub mod config;
 pub mod core;
+pub mod poller;
 pub mod proxy;
 pub mod sim;
 pub mod telemetry;

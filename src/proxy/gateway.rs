@@ -86,6 +86,8 @@ pub struct Gateway {
     pub source: Mutex<crate::proxy::server::PolicySource>,
     /// Serialises reloads.
     pub reload_lock: tokio::sync::Mutex<()>,
+    /// TLS configuration of the client listener, re-read on reload.
+    pub tls: arc_swap::ArcSwapOption<rustls::ServerConfig>,
 }
 
 /// Builds the derived view of a policy against the scheduler's ids.

@@ -11,3 +11,4 @@ pub mod openai;
 pub mod relay;
 pub mod reload;
 pub mod server;
+pub mod tls;

@@ -27,6 +27,8 @@ pub enum ReloadError {
     RestartRequired(Vec<String>),
     #[error("could not start simulated backend: {0}")]
     Sim(std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::proxy::tls::TlsError),
 }
 
 /// What a successful reload did.
@@ -80,12 +82,18 @@ async fn reload_inner(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
     let (policy, text) = loaded.map_err(ReloadError::Invalid)?;
     let hash = hex(&Sha256::digest(text.as_bytes()));
     let old = gw.live.load_full();
-    if hash == old.source_hash && *old.policy == policy {
-        return Ok(Reloaded::Unchanged);
-    }
     let changes = restart_only_changes(&old.policy, &policy);
     if !changes.is_empty() {
         return Err(ReloadError::RestartRequired(changes));
+    }
+    // Certificates are re-read on every reload, even of an unchanged policy
+    // file, so that replacing the PEM files and reloading rotates them.
+    if let Some(t) = &policy.server.tls {
+        let config = crate::proxy::tls::load(t)?;
+        gw.tls.store(Some(config));
+    }
+    if hash == old.source_hash && *old.policy == policy {
+        return Ok(Reloaded::Unchanged);
     }
     let running = gw.sim_authorities.lock().clone();
     let started = start_sims(&policy, &running)

@@ -36,7 +36,7 @@ use crate::core::scheduler::Scheduler;
 use crate::proxy::body::BoxBody;
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::{CoreState, Gateway, derive_live};
-use crate::proxy::{admin, dispatch};
+use crate::proxy::{admin, dispatch, tls};
 use crate::sim::backend::{SimBackend, SimHandle};
 use crate::telemetry::metrics::Metrics;
 
@@ -61,12 +61,10 @@ pub struct PolicySource {
 impl Server {
     /// Binds the policy's listeners and starts serving.
     pub async fn start(policy: Policy, source: PolicySource) -> std::io::Result<Server> {
-        if policy.server.tls.is_some() {
-            // TODO(gateway): rustls termination on the client listener, #3.
-            return Err(std::io::Error::other(
-                "[server] tls is validated but TLS termination is not built yet; terminate TLS in front of Fairway",
-            ));
-        }
+        let tls = match &policy.server.tls {
+            Some(t) => Some(tls::load(t).map_err(std::io::Error::other)?),
+            None => None,
+        };
         let listener = TcpListener::bind(policy.server.listen).await?;
         let admin = TcpListener::bind(policy.server.admin_listen).await?;
         let addr = listener.local_addr()?;
@@ -109,6 +107,7 @@ impl Server {
             sims: Mutex::new(sims),
             source: Mutex::new(source),
             reload_lock: tokio::sync::Mutex::new(()),
+            tls: arc_swap::ArcSwapOption::new(tls),
         });
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run(gateway.clone(), listener, admin, shutdown.clone()));
@@ -208,15 +207,38 @@ async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((stream, peer)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
-                let gw = gw.clone();
+                let gw2 = gw.clone();
                 let svc = service_fn(move |req| {
-                    let gw = gw.clone();
+                    let gw = gw2.clone();
                     async move { Ok::<_, Infallible>(route(gw, req).await) }
                 });
-                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                tokio::spawn(graceful.watch(conn));
+                match gw.tls.load_full() {
+                    None => {
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+                        tokio::spawn(graceful.watch(conn));
+                    }
+                    Some(config) => {
+                        // The handshake runs in the connection's own task, so a
+                        // slow client never holds up the accept loop.
+                        let builder = builder.clone();
+                        let watcher = graceful.watcher();
+                        tokio::spawn(async move {
+                            let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
+                            match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, accept).await {
+                                Ok(Ok(tls_stream)) => {
+                                    let conn = builder
+                                        .serve_connection(TokioIo::new(tls_stream), svc)
+                                        .into_owned();
+                                    let _ = watcher.watch(conn).await;
+                                }
+                                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                            }
+                        });
+                    }
+                }
             }
             accepted = admin.accept() => {
                 let Ok((stream, _)) = accepted else { continue };

@@ -1,0 +1,589 @@
+//! Metrics dialects: how each kind of backend names the signals Fairway
+//! schedules on, and how a scrape becomes a [`Reading`].
+//!
+//! Rules shared by every Prometheus dialect:
+//! - Series whose name ends in `_created` (creation timestamps that Python's
+//!   `prometheus_client` adds) are dropped before anything else.
+//! - Counts (running, waiting) and bytes are summed over every series of the
+//!   metric, so a vLLM data-parallel deployment (one series per `engine`
+//!   label) or a Triton server with several models or GPUs reads as a whole.
+//! - Fractions (KV usage) are averaged over the series instead, because the
+//!   sum of per-engine fractions is not a fraction. Values are clamped to
+//!   0..1.
+//! - `NaN` and infinite values count as missing; negative counts too.
+//! - Histogram buckets are summed by their `le` bound over every series, and
+//!   a [`HistogramWindow`] turns the cumulative buckets of two consecutive
+//!   scrapes into the p99 of what was observed in between.
+//!
+//! Per dialect (names as in the backend reference, `backends.md`):
+//! - `vllm`: `vllm:kv_cache_usage_perc`, falling back to the pre-0.9
+//!   `vllm:gpu_cache_usage_perc`; `vllm:num_requests_running`,
+//!   `vllm:num_requests_waiting`; histograms
+//!   `vllm:time_to_first_token_seconds` and `vllm:e2e_request_latency_seconds`;
+//!   KV capacity from `vllm:cache_config_info{block_size,num_gpu_blocks}`.
+//! - `triton`: KV usage from the TensorRT-LLM backend's
+//!   `nv_trt_llm_kv_cache_block_metrics`, `kv_cache_block_type="fraction"`
+//!   when present, else `used`/`max`; KV capacity `max` × `tokens_per`;
+//!   running `nv_trt_llm_request_metrics{request_type="scheduled"}` (else
+//!   `"active"`); waiting `request_type="waiting"`, else the generic
+//!   `nv_inference_pending_request_count`; GPU memory from
+//!   `nv_gpu_memory_used_bytes` / `nv_gpu_memory_total_bytes`; TTFT from the
+//!   opt-in `nv_inference_first_response_histogram_ms` (milliseconds; bucket
+//!   lines with or without `_bucket`), else from the vLLM backend's
+//!   `vllm:time_to_first_token_seconds`; end-to-end only from the vLLM
+//!   backend's `vllm:e2e_request_latency_seconds`.
+//! - `sglang`: `sglang:token_usage`, `sglang:num_running_reqs`,
+//!   `sglang:num_queue_reqs`, histograms `sglang:time_to_first_token_seconds`
+//!   and `sglang:e2e_request_latency_seconds`, KV capacity from
+//!   `sglang:cache_config_info{page_size,num_pages}`.
+//! - `llamacpp`: `llamacpp:requests_processing`, `llamacpp:requests_deferred`,
+//!   and `llamacpp:kv_cache_usage_ratio` where a build still exports it
+//!   (it was removed upstream in 2025).
+//! - `agent`: the body is JSON, an [`AgentReading`]; the sidecar has already
+//!   computed the p99s, so no histogram window is involved.
+//! - `none`: there is nothing to decode; [`Decoder::decode`] returns
+//!   [`DecodeError::NoDialect`]. The poller should not scrape such a
+//!   backend at all.
+//!
+//! A scrape that parses but holds none of the dialect's metrics is an error
+//! ([`DecodeError::NoKnownMetrics`]), since it almost always means a wrong
+//! dialect or a wrong port in the policy file.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::policy::MetricsDialect;
+use crate::core::reading::Reading;
+use crate::core::time::Instant;
+use crate::poller::expo::{self, ParseError, Sample, parse_float};
+
+/// The quantile every window reports.
+const P99: f64 = 0.99;
+
+/// One cumulative histogram bucket: observations at or below `le`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bucket {
+    /// Upper bound; `f64::INFINITY` for the `+Inf` bucket.
+    pub le: f64,
+    /// Cumulative count.
+    pub count: f64,
+}
+
+/// Collects histogram family `family`'s buckets from `samples`, summed by
+/// `le` across series and sorted by bound. Reads `family_bucket{le=...}`
+/// lines, and bare `family{le=...}` lines when `bare` is set (Triton's
+/// documentation shows that form). Buckets with a `NaN` bound or a
+/// non-finite or negative count are skipped.
+pub fn collect_buckets<'a, I>(samples: I, family: &str, bare: bool) -> Vec<Bucket>
+where
+    I: IntoIterator<Item = &'a Sample>,
+{
+    let mut out: Vec<Bucket> = Vec::new();
+    for s in samples {
+        let is_bucket = s
+            .name
+            .strip_prefix(family)
+            .is_some_and(|rest| rest == "_bucket" || (bare && rest.is_empty()));
+        if !is_bucket || !s.value.is_finite() || s.value < 0.0 {
+            continue;
+        }
+        let Some(le) = s.label("le").and_then(parse_float) else {
+            continue;
+        };
+        if le.is_nan() {
+            continue;
+        }
+        match out.iter_mut().find(|b| b.le == le) {
+            Some(b) => b.count += s.value,
+            None => out.push(Bucket { le, count: s.value }),
+        }
+    }
+    out.sort_by(|a, b| a.le.total_cmp(&b.le));
+    out
+}
+
+/// The `q` quantile of cumulative `buckets`, as Prometheus'
+/// `histogram_quantile` computes it: find the bucket holding rank
+/// `q × total`, then interpolate linearly between its lower and upper bound
+/// (the lowest bucket's lower bound is 0). A rank in the `+Inf` bucket gives
+/// the largest finite bound.
+///
+/// `None` when `q` is outside 0..=1, there is no `+Inf` bucket, no finite
+/// bucket, or no observation. Buckets need not be sorted; counts that go
+/// down with a rising bound are raised to keep the series monotonic.
+pub fn quantile(q: f64, buckets: &[Bucket]) -> Option<f64> {
+    if !(0.0..=1.0).contains(&q) || buckets.len() < 2 {
+        return None;
+    }
+    let mut b: Vec<Bucket> = buckets.to_vec();
+    b.sort_by(|x, y| x.le.total_cmp(&y.le));
+    let last = b.len() - 1;
+    if b[last].le != f64::INFINITY {
+        return None;
+    }
+    let mut max = 0.0_f64;
+    for bucket in &mut b {
+        max = max.max(bucket.count);
+        bucket.count = max;
+    }
+    let total = b[last].count;
+    if total.is_nan() || total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let i = b.iter().position(|x| x.count >= rank).unwrap_or(last);
+    if i == last {
+        return Some(b[last - 1].le);
+    }
+    if i == 0 && b[0].le <= 0.0 {
+        return Some(b[0].le);
+    }
+    let (start, below) = if i == 0 {
+        (0.0, 0.0)
+    } else {
+        (b[i - 1].le, b[i - 1].count)
+    };
+    let end = b[i].le;
+    let in_bucket = b[i].count - below;
+    if in_bucket.is_nan() || in_bucket <= 0.0 {
+        return Some(end);
+    }
+    Some(start + (end - start) * ((rank - below) / in_bucket))
+}
+
+/// The previous scrape's cumulative buckets of one histogram, so that each
+/// new scrape yields the quantile of the observations since the last one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HistogramWindow {
+    prev: Option<Vec<Bucket>>,
+}
+
+impl HistogramWindow {
+    pub fn new() -> Self {
+        HistogramWindow::default()
+    }
+
+    /// Forgets the baseline; the next scrape becomes the new one.
+    pub fn reset(&mut self) {
+        self.prev = None;
+    }
+
+    /// Takes the new scrape's cumulative buckets (as from
+    /// [`collect_buckets`]) and returns the p99 of the delta since the
+    /// previous scrape. See [`Self::observe_quantile`].
+    pub fn observe(&mut self, buckets: &[Bucket]) -> Option<f64> {
+        self.observe_quantile(P99, buckets)
+    }
+
+    /// Like [`Self::observe`] for any quantile `q`. Returns `None`:
+    /// - on the first scrape (there is no baseline yet);
+    /// - when nothing was observed since the previous scrape;
+    /// - when any bucket count went down, or the set of bounds changed
+    ///   (the backend restarted or was reconfigured): the new scrape becomes
+    ///   the baseline;
+    /// - when `buckets` is empty (the histogram vanished): the baseline is
+    ///   dropped.
+    pub fn observe_quantile(&mut self, q: f64, buckets: &[Bucket]) -> Option<f64> {
+        if buckets.is_empty() {
+            self.prev = None;
+            return None;
+        }
+        let prev = self.prev.replace(buckets.to_vec())?;
+        if prev.len() != buckets.len() {
+            return None;
+        }
+        let mut delta = Vec::with_capacity(buckets.len());
+        for (old, new) in prev.iter().zip(buckets) {
+            if old.le != new.le {
+                return None;
+            }
+            let d = new.count - old.count;
+            if d.is_nan() || d < 0.0 {
+                return None;
+            }
+            delta.push(Bucket {
+                le: new.le,
+                count: d,
+            });
+        }
+        quantile(q, &delta)
+    }
+}
+
+/// Why a scrape could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The body is not a Prometheus exposition.
+    #[error("metrics text: {0}")]
+    Parse(#[from] ParseError),
+    /// The body is not an agent JSON document.
+    #[error("agent JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The body parsed, but holds none of the dialect's metrics.
+    #[error("no {dialect:?} metrics in the scrape")]
+    NoKnownMetrics { dialect: MetricsDialect },
+    /// The backend's dialect is `none`: there is nothing to decode.
+    #[error("metrics dialect is `none`; nothing to decode")]
+    NoDialect,
+}
+
+/// One GPU as the agent reports it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentGpu {
+    /// Device index (NVML order).
+    pub index: u32,
+    /// Product name, e.g. "NVIDIA H100 80GB HBM3".
+    pub name: String,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    /// GPU utilisation over the last sample period, as a fraction 0..1.
+    pub utilization: f64,
+}
+
+/// The JSON document `fairway agent` serves: the engine's signals already
+/// normalised to base units (fractions, counts, seconds, bytes), plus what
+/// NVML says about each GPU. Every engine field may be `null` or absent;
+/// unknown fields are ignored so that newer agents stay readable.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentReading {
+    /// KV-cache usage, 0..1.
+    pub kv_usage: Option<f64>,
+    pub running: Option<u32>,
+    pub waiting: Option<u32>,
+    /// TTFT p99 over the agent's last scrape window, seconds.
+    pub ttft_p99_seconds: Option<f64>,
+    /// End-to-end latency p99 over the agent's last scrape window, seconds.
+    pub e2e_p99_seconds: Option<f64>,
+    /// KV capacity in tokens.
+    pub kv_tokens: Option<u64>,
+    /// GPU memory over all the backend's GPUs; when absent, the sums of
+    /// [`Self::gpus`] are used.
+    pub gpu_memory_used_bytes: Option<u64>,
+    pub gpu_memory_total_bytes: Option<u64>,
+    #[serde(default)]
+    pub gpus: Vec<AgentGpu>,
+}
+
+impl AgentReading {
+    /// What the agent serves for an engine `reading` and its `gpus`.
+    pub fn from_reading(reading: &Reading, gpus: Vec<AgentGpu>) -> Self {
+        AgentReading {
+            kv_usage: reading.kv_usage,
+            running: reading.running,
+            waiting: reading.waiting,
+            ttft_p99_seconds: reading.ttft_p99.map(|d| d.as_secs_f64()),
+            e2e_p99_seconds: reading.e2e_p99.map(|d| d.as_secs_f64()),
+            kv_tokens: reading.kv_tokens,
+            gpu_memory_used_bytes: reading.gpu_memory_used,
+            gpu_memory_total_bytes: reading.gpu_memory_total,
+            gpus,
+        }
+    }
+
+    /// The gateway's reading of this document, read at `at`. Out-of-range
+    /// values are dropped (negative or non-finite seconds) or clamped (KV
+    /// usage to 0..1).
+    pub fn to_reading(&self, at: Instant) -> Reading {
+        let gpu_sum = |f: fn(&AgentGpu) -> u64| {
+            if self.gpus.is_empty() {
+                None
+            } else {
+                Some(self.gpus.iter().map(f).fold(0u64, u64::saturating_add))
+            }
+        };
+        Reading {
+            at,
+            kv_usage: self.kv_usage.and_then(fraction),
+            running: self.running,
+            waiting: self.waiting,
+            ttft_p99: self.ttft_p99_seconds.and_then(seconds),
+            e2e_p99: self.e2e_p99_seconds.and_then(seconds),
+            kv_tokens: self.kv_tokens,
+            gpu_memory_used: self
+                .gpu_memory_used_bytes
+                .or_else(|| gpu_sum(|g| g.memory_used_bytes)),
+            gpu_memory_total: self
+                .gpu_memory_total_bytes
+                .or_else(|| gpu_sum(|g| g.memory_total_bytes)),
+        }
+    }
+}
+
+/// Decodes one backend's scrapes, keeping the histogram baselines between
+/// them. One `Decoder` per backend.
+#[derive(Clone, Debug)]
+pub struct Decoder {
+    dialect: MetricsDialect,
+    ttft: HistogramWindow,
+    e2e: HistogramWindow,
+}
+
+impl Decoder {
+    pub fn new(dialect: MetricsDialect) -> Self {
+        Decoder {
+            dialect,
+            ttft: HistogramWindow::new(),
+            e2e: HistogramWindow::new(),
+        }
+    }
+
+    pub fn dialect(&self) -> MetricsDialect {
+        self.dialect
+    }
+
+    /// Decodes a scrape `body` read at `at`.
+    ///
+    /// A failed decode leaves the histogram baselines as they were, so the
+    /// next good scrape's p99 covers both windows.
+    pub fn decode(&mut self, body: &str, at: Instant) -> Result<Reading, DecodeError> {
+        let signals = match self.dialect {
+            MetricsDialect::None => return Err(DecodeError::NoDialect),
+            MetricsDialect::Agent => {
+                let agent: AgentReading = serde_json::from_str(body)?;
+                return Ok(agent.to_reading(at));
+            }
+            dialect => {
+                let parsed = expo::parse(body)?;
+                let samples: Vec<&Sample> = parsed
+                    .samples
+                    .iter()
+                    .filter(|s| !s.name.ends_with("_created"))
+                    .collect();
+                let signals = match dialect {
+                    MetricsDialect::Triton => triton(&samples),
+                    MetricsDialect::Sglang => sglang(&samples),
+                    MetricsDialect::Llamacpp => llamacpp(&samples),
+                    _ => vllm(&samples),
+                };
+                if signals.is_empty() {
+                    return Err(DecodeError::NoKnownMetrics { dialect });
+                }
+                signals
+            }
+        };
+        let ttft = self.ttft.observe(&signals.ttft);
+        let e2e = self.e2e.observe(&signals.e2e);
+        Ok(Reading {
+            at,
+            kv_usage: signals.kv_usage.and_then(fraction),
+            running: signals.running.and_then(count),
+            waiting: signals.waiting.and_then(count),
+            ttft_p99: ttft.and_then(|v| seconds(v * signals.ttft_scale)),
+            e2e_p99: e2e.and_then(|v| seconds(v * signals.e2e_scale)),
+            kv_tokens: signals.kv_tokens,
+            gpu_memory_used: signals.gpu_used.and_then(bytes),
+            gpu_memory_total: signals.gpu_total.and_then(bytes),
+        })
+    }
+}
+
+/// What a Prometheus dialect found, before unit conversion.
+#[derive(Debug, Default)]
+struct Signals {
+    kv_usage: Option<f64>,
+    running: Option<f64>,
+    waiting: Option<f64>,
+    kv_tokens: Option<u64>,
+    gpu_used: Option<f64>,
+    gpu_total: Option<f64>,
+    ttft: Vec<Bucket>,
+    /// Seconds per unit of the TTFT bucket bounds.
+    ttft_scale: f64,
+    e2e: Vec<Bucket>,
+    e2e_scale: f64,
+}
+
+impl Signals {
+    fn new() -> Self {
+        Signals {
+            ttft_scale: 1.0,
+            e2e_scale: 1.0,
+            ..Signals::default()
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.kv_usage.is_none()
+            && self.running.is_none()
+            && self.waiting.is_none()
+            && self.kv_tokens.is_none()
+            && self.gpu_used.is_none()
+            && self.gpu_total.is_none()
+            && self.ttft.is_empty()
+            && self.e2e.is_empty()
+    }
+}
+
+fn vllm(samples: &[&Sample]) -> Signals {
+    let mut s = Signals::new();
+    s.kv_usage = mean(samples, "vllm:kv_cache_usage_perc", None)
+        .or_else(|| mean(samples, "vllm:gpu_cache_usage_perc", None));
+    s.running = sum(samples, "vllm:num_requests_running", None);
+    s.waiting = sum(samples, "vllm:num_requests_waiting", None);
+    s.kv_tokens = capacity(
+        samples,
+        "vllm:cache_config_info",
+        "block_size",
+        "num_gpu_blocks",
+    );
+    s.ttft = collect_buckets(
+        samples.iter().copied(),
+        "vllm:time_to_first_token_seconds",
+        false,
+    );
+    s.e2e = collect_buckets(
+        samples.iter().copied(),
+        "vllm:e2e_request_latency_seconds",
+        false,
+    );
+    s
+}
+
+fn triton(samples: &[&Sample]) -> Signals {
+    const KV: &str = "nv_trt_llm_kv_cache_block_metrics";
+    const REQ: &str = "nv_trt_llm_request_metrics";
+    fn kv(ty: &str) -> Option<(&str, &str)> {
+        Some(("kv_cache_block_type", ty))
+    }
+    fn req(ty: &str) -> Option<(&str, &str)> {
+        Some(("request_type", ty))
+    }
+    let mut s = Signals::new();
+    s.kv_usage = mean(samples, KV, kv("fraction")).or_else(|| {
+        let used = sum(samples, KV, kv("used"))?;
+        let max = sum(samples, KV, kv("max"))?;
+        (max > 0.0).then(|| used / max)
+    });
+    s.kv_tokens = match (
+        sum(samples, KV, kv("max")),
+        mean(samples, KV, kv("tokens_per")),
+    ) {
+        (Some(blocks), Some(per)) => bytes(blocks * per),
+        _ => None,
+    };
+    s.running = sum(samples, REQ, req("scheduled")).or_else(|| sum(samples, REQ, req("active")));
+    s.waiting = sum(samples, REQ, req("waiting"))
+        .or_else(|| sum(samples, "nv_inference_pending_request_count", None));
+    s.gpu_used = sum(samples, "nv_gpu_memory_used_bytes", None);
+    s.gpu_total = sum(samples, "nv_gpu_memory_total_bytes", None);
+    s.ttft = collect_buckets(
+        samples.iter().copied(),
+        "nv_inference_first_response_histogram_ms",
+        true,
+    );
+    if s.ttft.is_empty() {
+        s.ttft = collect_buckets(
+            samples.iter().copied(),
+            "vllm:time_to_first_token_seconds",
+            false,
+        );
+    } else {
+        s.ttft_scale = 1e-3;
+    }
+    s.e2e = collect_buckets(
+        samples.iter().copied(),
+        "vllm:e2e_request_latency_seconds",
+        false,
+    );
+    s
+}
+
+fn sglang(samples: &[&Sample]) -> Signals {
+    let mut s = Signals::new();
+    s.kv_usage = mean(samples, "sglang:token_usage", None);
+    s.running = sum(samples, "sglang:num_running_reqs", None);
+    s.waiting = sum(samples, "sglang:num_queue_reqs", None);
+    s.kv_tokens = capacity(
+        samples,
+        "sglang:cache_config_info",
+        "page_size",
+        "num_pages",
+    );
+    s.ttft = collect_buckets(
+        samples.iter().copied(),
+        "sglang:time_to_first_token_seconds",
+        false,
+    );
+    s.e2e = collect_buckets(
+        samples.iter().copied(),
+        "sglang:e2e_request_latency_seconds",
+        false,
+    );
+    s
+}
+
+fn llamacpp(samples: &[&Sample]) -> Signals {
+    let mut s = Signals::new();
+    s.kv_usage = mean(samples, "llamacpp:kv_cache_usage_ratio", None);
+    s.running = sum(samples, "llamacpp:requests_processing", None);
+    s.waiting = sum(samples, "llamacpp:requests_deferred", None);
+    s
+}
+
+/// The finite values of series `name`, optionally only those with label
+/// `label.0` equal to `label.1`.
+fn values<'a>(
+    samples: &'a [&'a Sample],
+    name: &'a str,
+    label: Option<(&'a str, &'a str)>,
+) -> impl Iterator<Item = f64> + 'a {
+    samples
+        .iter()
+        .filter(move |s| s.name == name)
+        .filter(move |s| label.is_none_or(|(k, v)| s.label(k) == Some(v)))
+        .map(|s| s.value)
+        .filter(|v| v.is_finite())
+}
+
+fn sum(samples: &[&Sample], name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+    values(samples, name, label).fold(None, |acc, v| Some(acc.unwrap_or(0.0) + v))
+}
+
+fn mean(samples: &[&Sample], name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+    let (n, total) = values(samples, name, label).fold((0u32, 0.0), |(n, t), v| (n + 1, t + v));
+    (n > 0).then(|| total / f64::from(n))
+}
+
+/// KV capacity in tokens from an info gauge whose labels carry the block
+/// size and the block count, summed over series (one per engine).
+fn capacity(samples: &[&Sample], name: &str, size_label: &str, blocks_label: &str) -> Option<u64> {
+    samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter_map(|s| {
+            let size: u64 = s.label(size_label)?.trim().parse().ok()?;
+            let blocks: u64 = s.label(blocks_label)?.trim().parse().ok()?;
+            size.checked_mul(blocks)
+        })
+        .fold(None, |acc: Option<u64>, v| {
+            Some(acc.unwrap_or(0).saturating_add(v))
+        })
+}
+
+/// A fraction clamped to 0..1; `NaN` is missing.
+fn fraction(v: f64) -> Option<f64> {
+    (!v.is_nan()).then(|| v.clamp(0.0, 1.0))
+}
+
+/// A non-negative finite count, rounded, saturating at `u32::MAX`.
+fn count(v: f64) -> Option<u32> {
+    (v.is_finite() && v >= 0.0).then(|| v.round().min(f64::from(u32::MAX)) as u32)
+}
+
+/// A non-negative finite byte or token count, rounded (saturating).
+fn bytes(v: f64) -> Option<u64> {
+    (v.is_finite() && v >= 0.0).then(|| v.round() as u64)
+}
+
+/// A non-negative finite number of seconds.
+fn seconds(v: f64) -> Option<Duration> {
+    if v >= 0.0 {
+        Duration::try_from_secs_f64(v).ok()
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests;

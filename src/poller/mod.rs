@@ -1,0 +1,21 @@
+//! The sans-IO half of the backend poller: turning a scraped body into a
+//! [`Reading`](crate::core::reading::Reading).
+//!
+//! - [`expo`] parses the Prometheus text exposition format (and the
+//!   OpenMetrics variations a scraper meets).
+//! - [`dialect`] maps each backend's metric names onto a `Reading`, keeps
+//!   the previous scrape's histogram buckets so that TTFT and end-to-end p99
+//!   cover only the last scrape window, and defines the JSON that Fairway's
+//!   own `fairway agent` sidecar serves.
+//!
+//! Nothing here opens a socket or reads a clock: the caller fetches the body
+//! and passes the instant it was read.
+
+pub mod dialect;
+pub mod expo;
+
+pub use dialect::{
+    AgentGpu, AgentReading, Bucket, DecodeError, Decoder, HistogramWindow, collect_buckets,
+    quantile,
+};
+pub use expo::{ErrorKind, Exposition, MetricType, ParseError, Sample, parse, parse_strict};

@@ -1,0 +1,60 @@
+//! TLS termination on the client listener (rustls, ring provider).
+//!
+//! The certificate chain and key are PEM files named by `[server] tls`. They
+//! are read at start and again on every policy reload, so an operator rotates
+//! a certificate by replacing the files and reloading (SIGHUP, a change to the
+//! policy file, or `POST /admin/reload`); connections already open keep the
+//! configuration they were accepted with. ALPN offers `h2` then `http/1.1`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::ServerConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::TlsPolicy;
+
+/// How long a client may take to finish the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("server.tls.cert {path}: {msg}")]
+    Cert { path: String, msg: String },
+    #[error("server.tls.key {path}: {msg}")]
+    Key { path: String, msg: String },
+    #[error("server.tls: certificate and key do not make a valid configuration: {0}")]
+    Config(rustls::Error),
+}
+
+/// Reads the PEM files and builds the server configuration.
+pub fn load(tls: &TlsPolicy) -> Result<Arc<ServerConfig>, TlsError> {
+    let cert_path = tls.cert.display().to_string();
+    let certs = CertificateDer::pem_file_iter(&tls.cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsError::Cert {
+            path: cert_path.clone(),
+            msg: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Cert {
+            path: cert_path,
+            msg: "no CERTIFICATE block found".to_owned(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| TlsError::Key {
+        path: tls.key.display().to_string(),
+        msg: e.to_string(),
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Config)?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(TlsError::Config)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
