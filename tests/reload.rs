@@ -71,13 +71,6 @@ async fn status_with(gw: &Server, key: &str) -> u16 {
     .as_u16()
 }
 
-async fn reload(gw: &Server) -> Reply {
-    let req = http::Request::post(format!("http://{}/admin/reload", gw.admin_addr()))
-        .body(http_body_util::Full::new(bytes::Bytes::new()))
-        .unwrap();
-    send(&client(), req).await
-}
-
 #[tokio::test]
 async fn reload_by_endpoint_applies_a_valid_file_and_keeps_state() {
     let b = sim(M, 8).await;

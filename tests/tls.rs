@@ -171,20 +171,14 @@ async fn reload_rotates_the_certificate_for_new_connections() {
     // Replace the PEM files; the policy file itself is unchanged.
     std::fs::copy(data("server-b.pem"), dir.join("cert.pem")).unwrap();
     std::fs::copy(data("server-b.key"), dir.join("key.pem")).unwrap();
-    let reload = http::Request::post(format!("http://{}/admin/reload", gw.admin_addr()))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    assert_eq!(send(&client(), reload).await.status, 200);
+    assert_eq!(reload(&gw).await.status, 200);
     let (_, leaf, status, _) = https(&gw, &[b"http/1.1"]).await;
     assert_eq!(leaf, leaf_of("server-b"));
     assert_eq!(status, 200);
 
     // A broken key on reload is refused; the running certificate stays.
     std::fs::write(dir.join("key.pem"), "not a key").unwrap();
-    let reload = http::Request::post(format!("http://{}/admin/reload", gw.admin_addr()))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let r = send(&client(), reload).await;
+    let r = reload(&gw).await;
     assert!(
         r.status.is_client_error() || r.status.is_server_error(),
         "{}",

@@ -113,6 +113,14 @@ pub async fn get(c: &HttpClient, url: String) -> Reply {
     send(c, req).await
 }
 
+/// `POST /admin/reload` on the gateway's admin listener.
+pub async fn reload(gw: &Server) -> Reply {
+    let req = Request::post(format!("http://{}/admin/reload", gw.admin_addr()))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    send(&client(), req).await
+}
+
 pub fn chat(model: &str, max_tokens: u32, stream: bool) -> String {
     serde_json::json!({
         "model": model,
