@@ -176,6 +176,9 @@ async fn serve(config: PathBuf, watch_interval: Duration) -> anyhow::Result<()> 
     )
     .await
     .with_context(|| format!("starting the gateway from {}", config.display()))?;
+    // Install the handlers before announcing the address: a SIGHUP that
+    // arrives after the listen line must reload, never kill the process.
+    let handlers = Signals::install().context("installing signal handlers")?;
     let addr = server.addr();
     println!(
         "fairway listening on http://{addr} (admin on http://{})",
@@ -196,7 +199,7 @@ async fn serve(config: PathBuf, watch_interval: Duration) -> anyhow::Result<()> 
             stop.clone(),
         ));
     }
-    tokio::spawn(signals(gw, stop));
+    tokio::spawn(handlers.serve(gw, stop));
     server.wait().await;
     tracing::info!("fairway stopped");
     Ok(())
@@ -213,29 +216,38 @@ fn demo_key(text: &str) -> Option<String> {
     Some(line[start..start + len].to_owned())
 }
 
-#[cfg(unix)]
-async fn signals(
-    gw: std::sync::Arc<fairway::proxy::gateway::Gateway>,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut hup), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("could not install signal handlers");
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            _ = hup.recv() => { let _ = fairway::proxy::reload::reload(&gw).await; }
-        }
+/// SIGTERM and Ctrl-C drain; SIGHUP reloads the policy.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            int: signal(SignalKind::interrupt())?,
+        })
     }
-    tracing::info!("shutdown signal received");
-    stop.cancel();
+
+    async fn serve(
+        mut self,
+        gw: std::sync::Arc<fairway::proxy::gateway::Gateway>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => break,
+                _ = self.int.recv() => break,
+                _ = self.hup.recv() => { let _ = fairway::proxy::reload::reload(&gw).await; }
+            }
+        }
+        tracing::info!("shutdown signal received");
+        stop.cancel();
+    }
 }
 
 async fn sim_backend(listen: SocketAddr, cfg: SimBackendConfig) -> anyhow::Result<()> {
