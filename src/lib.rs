@@ -7,9 +7,11 @@
 //! - [`sim`]: the simulated vLLM-like engine and its HTTP backend.
 //! - [`proxy`]: the I/O shell: listeners, the request path, the SSE relay, admin, reload.
 //! - [`telemetry`]: Prometheus metrics.
+//! - [`agent`]: the `fairway agent` GPU-node sidecar (engine scrape plus NVML, one JSON reading).
 //! - [`clock`]: the one wall-clock reader.
 //! - [`tokens`]: the shared token estimate.
 
+pub mod agent;
 pub mod clock;
 pub mod config;
 pub mod core;

@@ -6,8 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
+use fairway::agent::{AgentConfig, serve as serve_agent};
+use fairway::config::policy::MetricsDialect;
 use fairway::config::{load_policy, summary};
 use fairway::proxy::server::{PolicySource, Server};
 use fairway::sim::backend::{SimBackendConfig, serve as serve_sim};
@@ -43,6 +45,24 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Run the GPU-node sidecar: serves the local engine's metrics and NVML's
+    /// GPU readings as one JSON reading (`metrics = "agent"`).
+    Agent {
+        #[arg(long, default_value = "127.0.0.1:9400")]
+        listen: SocketAddr,
+        /// The engine's metrics URL, e.g. http://127.0.0.1:8000/metrics.
+        #[arg(long)]
+        engine_metrics: String,
+        /// How the engine names its metrics.
+        #[arg(long, value_enum, default_value_t = EngineDialect::Vllm)]
+        dialect: EngineDialect,
+        /// The most one engine scrape may take.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// The NVML library to load instead of libnvidia-ml.so.1.
+        #[arg(long)]
+        nvml_lib: Option<PathBuf>,
+    },
     /// Run a simulated vLLM-like backend.
     SimBackend {
         #[arg(long, default_value = "127.0.0.1:8000")]
@@ -66,6 +86,10 @@ enum Command {
         /// Simulated seconds per wall second.
         #[arg(long, default_value_t = 1.0)]
         time_scale: f64,
+        /// Start in a failure mode (switch at run time with
+        /// `POST /admin/fault {"mode": "none"}`).
+        #[arg(long, value_enum, default_value = "none")]
+        fault: fairway::sim::backend::Fault,
     },
 }
 
@@ -87,6 +111,21 @@ fn main() -> ExitCode {
     init_logging(cli.log_json);
     match cli.command {
         Command::Check { paths } => check(&paths),
+        Command::Agent {
+            listen,
+            engine_metrics,
+            dialect,
+            timeout,
+            nvml_lib,
+        } => {
+            let cfg = AgentConfig {
+                engine_metrics,
+                dialect: dialect.into(),
+                timeout,
+                nvml_lib,
+            };
+            report(runtime().and_then(|rt| rt.block_on(agent(listen, cfg))))
+        }
         Command::Serve {
             config,
             watch_interval,
@@ -101,6 +140,7 @@ fn main() -> ExitCode {
             decode_step_base,
             decode_step_per_seq,
             time_scale,
+            fault,
         } => {
             let engine = EngineParams {
                 max_num_seqs,
@@ -113,7 +153,14 @@ fn main() -> ExitCode {
                 ..EngineParams::default()
             };
             report(runtime().and_then(|rt| {
-                rt.block_on(sim_backend(listen, SimBackendConfig { model, engine }))
+                rt.block_on(sim_backend(
+                    listen,
+                    SimBackendConfig {
+                        model,
+                        engine,
+                        fault,
+                    },
+                ))
             }))
         }
     }
@@ -263,5 +310,52 @@ async fn sim_backend(listen: SocketAddr, cfg: SimBackendConfig) -> anyhow::Resul
         let _ = tokio::signal::ctrl_c().await;
     };
     serve_sim(listener, cfg, shutdown).await?;
+    Ok(())
+}
+
+/// The metrics dialects an engine speaks (`agent` and `none` are not).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EngineDialect {
+    Vllm,
+    Triton,
+    Sglang,
+    Llamacpp,
+}
+
+impl From<EngineDialect> for MetricsDialect {
+    fn from(d: EngineDialect) -> Self {
+        match d {
+            EngineDialect::Vllm => MetricsDialect::Vllm,
+            EngineDialect::Triton => MetricsDialect::Triton,
+            EngineDialect::Sglang => MetricsDialect::Sglang,
+            EngineDialect::Llamacpp => MetricsDialect::Llamacpp,
+        }
+    }
+}
+
+/// Runs the sidecar until SIGTERM or Ctrl-C.
+async fn agent(listen: SocketAddr, cfg: AgentConfig) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    cfg.validate()?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    // Installed before the listen line, so a signal after it always drains.
+    let mut term = signal(SignalKind::terminate()).context("installing signal handlers")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing signal handlers")?;
+    println!(
+        "fairway agent listening on http://{} ({})",
+        listener.local_addr()?,
+        cfg.engine_metrics
+    );
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("shutdown signal received");
+    };
+    serve_agent(listener, cfg, shutdown).await?;
+    tracing::info!("fairway agent stopped");
     Ok(())
 }

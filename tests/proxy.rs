@@ -191,23 +191,43 @@ async fn bad_requests_get_openai_errors() {
 }
 
 #[tokio::test]
-async fn dead_backend_is_502_and_slow_headers_504() {
+async fn dead_backend_is_503_at_once_and_slow_headers_504() {
     let b = sim(M, 8).await;
     let addr = b.addr();
     b.shutdown().await;
     let text = one_pool(0).replace("{b0}", &addr.to_string());
     let gw = gateway(&text, &[]).await;
+    let c = client();
+    // The poller's first probe finds nothing listening and ejects it; a
+    // request that got there first fails its connection with the same effect.
+    let ready = format!("http://{}/readyz", gw.admin_addr());
+    assert!(
+        eventually(Duration::from_secs(5), async || get(&c, ready.clone())
+            .await
+            .status
+            == 503)
+        .await
+    );
+    let started = Instant::now();
     let r = send(
-        &client(),
+        &c,
         post(gw.addr(), "/v1/chat/completions", None, chat(M, 5, false)),
     )
     .await;
-    assert_eq!(r.status, 502, "{}", r.text());
-    assert_eq!(r.json()["error"]["type"], "server_error");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "no_healthy_backend");
+    assert!(r.headers.contains_key("retry-after"));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "no wait in the queue"
+    );
 
     let slow = sim(M, 8).await;
     slow.set_fault(fairway::sim::backend::Fault::Hang);
-    let text = one_pool(0).replace("timeout = \"2s\"", "timeout = \"200ms\"");
+    // A slow poller, so that the hung health probe does not eject the
+    // backend before the request's own timeout fires.
+    let text = one_pool(0).replace("timeout = \"2s\"", "timeout = \"200ms\"")
+        + "[poller]\ninterval = \"10s\"\n";
     let gw = gateway(&text, &[&slow]).await;
     let r = send(
         &client(),

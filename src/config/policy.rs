@@ -51,6 +51,9 @@ pub struct PollerPolicy {
     /// Scrape period per backend (default 250 ms).
     #[serde(with = "humantime_serde_compat")]
     pub interval: Duration,
+    /// Time allowed for one scrape or health probe (default: `interval`).
+    #[serde(with = "humantime_serde_compat")]
+    pub timeout: Duration,
 }
 
 /// `[queue]`: the fair queue.
@@ -118,9 +121,23 @@ pub struct BackendPolicy {
     /// Most requests Fairway sends at once (the dispatch window's ceiling).
     pub max_inflight: u32,
     pub metrics: MetricsDialect,
+    /// Where the poller scrapes: `host:port` and path (default: the
+    /// backend's own `host:port` and `/metrics`).
+    pub metrics_url: Option<HttpEndpoint>,
+    /// Path of the health probe on the backend (default `/health`, or
+    /// `/v2/health/ready` for Triton).
+    pub health_path: String,
     /// KV capacity in tokens, for DRF cost (default: from the backend's
     /// reading, or 65 536 until one arrives).
     pub kv_tokens: u64,
+}
+
+/// An `http://host:port/path` URL, split.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HttpEndpoint {
+    pub authority: String,
+    /// Starts with `/`.
+    pub path: String,
 }
 
 /// Where a backend is.

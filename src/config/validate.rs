@@ -110,7 +110,7 @@ const SERVER_KEYS: &[&str] = &[
     "tls",
 ];
 const TLS_KEYS: &[&str] = &["cert", "key"];
-const POLLER_KEYS: &[&str] = &["interval"];
+const POLLER_KEYS: &[&str] = &["interval", "timeout"];
 const QUEUE_KEYS: &[&str] = &[
     "discipline",
     "max_wait",
@@ -244,10 +244,16 @@ fn read_tls(r: &mut Reader<'_>, v: &reader::Value<'_>, path: &str) -> Option<Tls
 
 fn read_poller(r: &mut Reader<'_>, t: &Table<'_, '_>) -> PollerPolicy {
     r.check_keys(t, POLLER_KEYS);
+    let interval = r
+        .opt(t, "interval", |r, v, p| r.duration(v, p, Zero::Refused))
+        .unwrap_or(Duration::from_millis(250));
     PollerPolicy {
-        interval: r
-            .opt(t, "interval", |r, v, p| r.duration(v, p, Zero::Refused))
-            .unwrap_or(Duration::from_millis(250)),
+        interval,
+        // A scrape or probe that takes longer than one interval has failed:
+        // the next one is due.
+        timeout: r
+            .opt(t, "timeout", |r, v, p| r.duration(v, p, Zero::Refused))
+            .unwrap_or(interval),
     }
 }
 

@@ -35,6 +35,8 @@ pub const DEFAULT_OUTPUT_ESTIMATE: u32 = 256;
 const INITIAL_GPU_SECONDS_PER_TOKEN: f64 = 5e-4;
 /// Retry-after for shed requests and for the concurrency cap.
 const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Weight of the newest sample in the observed-TTFT moving average.
+const OBSERVED_TTFT_ALPHA: f64 = 0.2;
 
 /// What the caller must do.
 #[derive(Clone, Debug, PartialEq)]
@@ -97,6 +99,8 @@ pub struct BackendView {
     pub healthy: bool,
     /// The latest reading and whether it is fresh.
     pub reading: Option<(Reading, bool)>,
+    /// The gateway's own moving average of time to first token.
+    pub observed_ttft: Option<Duration>,
     pub busy_gpu_seconds: f64,
     pub gpus: u32,
 }
@@ -141,6 +145,9 @@ struct BackendState {
     in_flight: u32,
     healthy: bool,
     reading: Option<Reading>,
+    /// Moving average of the time to first token the gateway itself saw on
+    /// streamed responses: the latency signal when no fresh reading has one.
+    observed_ttft: Option<Duration>,
     clock: GpuClock,
     retired: bool,
 }
@@ -333,6 +340,7 @@ impl Scheduler {
                             in_flight: 0,
                             healthy: true,
                             reading: None,
+                            observed_ttft: None,
                             clock: GpuClock::new(bp.gpus, now),
                             retired: false,
                         });
@@ -677,6 +685,68 @@ impl Scheduler {
         out
     }
 
+    /// Whether a backend is in service (not ejected).
+    pub fn is_healthy(&self, backend: BackendId) -> bool {
+        self.backends
+            .get(backend.0 as usize)
+            .is_some_and(|b| b.healthy)
+    }
+
+    /// The gateway saw a streamed response from `backend` start `ttft` after
+    /// dispatch. Routing uses the moving average when the backend has no
+    /// fresh reading.
+    pub fn observe_ttft(&mut self, backend: BackendId, ttft: Duration) {
+        if let Some(b) = self.backends.get_mut(backend.0 as usize) {
+            b.observed_ttft = Some(match b.observed_ttft {
+                Some(avg) => {
+                    avg.mul_f64(1.0 - OBSERVED_TTFT_ALPHA) + ttft.mul_f64(OBSERVED_TTFT_ALPHA)
+                }
+                None => ttft,
+            });
+        }
+    }
+
+    /// The connection to request `id`'s backend failed before anything was
+    /// sent: the backend is ejected, and the request goes back to the head of
+    /// its tenant's queue with its charge refunded, to be dispatched to
+    /// another backend (or to wait for one, until its original deadline).
+    /// `None` if `id` is not in flight, or if no other backend of its pool is
+    /// healthy: then the backend is still ejected, but the request stays in
+    /// flight for the caller to end as failed.
+    pub fn redispatch(&mut self, now: Instant, id: RequestId) -> Option<Vec<Decision>> {
+        let req = self.requests.get(id)?;
+        let (tenant, pool) = (req.tenant, req.pool);
+        let Phase::InFlight {
+            backend,
+            mark,
+            charged,
+            ..
+        } = req.phase
+        else {
+            return None;
+        };
+        self.backends[backend.0 as usize].healthy = false;
+        if !self.pool_is_ready(pool) {
+            return None;
+        }
+        let req = self.requests.get_mut(id)?;
+        req.phase = Phase::Queued;
+        let deadline = req.deadline.max(now);
+        req.deadline = deadline;
+        let b = &mut self.backends[backend.0 as usize];
+        b.clock.finish(now, mark);
+        b.in_flight = b.in_flight.saturating_sub(1);
+        let t = &mut self.tenants[tenant.0 as usize];
+        t.in_flight = t.in_flight.saturating_sub(1);
+        self.deadlines.insert((deadline, id));
+        let q = &mut self.pools[pool.0 as usize].queue;
+        q.charge(tenant, -charged);
+        q.push_front(tenant, id);
+        let mut out = Vec::new();
+        self.try_dispatch(now, pool, &mut out);
+        Some(out)
+    }
+
     /// Whether a pool has at least one healthy backend.
     pub fn pool_is_ready(&self, pool: PoolId) -> bool {
         self.pools[pool.0 as usize]
@@ -746,6 +816,7 @@ impl Scheduler {
                 let fresh = now.saturating_since(r.at) <= stale_after;
                 (r, fresh)
             }),
+            observed_ttft: s.observed_ttft,
             busy_gpu_seconds: s.clock.busy_gpu_seconds(now),
             gpus: s.gpus,
         }
@@ -833,9 +904,11 @@ impl Scheduler {
     }
 
     /// Fills `scratch` with the pool's backends that may take a request now:
-    /// healthy, window not full, and with headroom by a fresh reading. A
-    /// backend with nothing of ours in flight always counts as having
-    /// headroom, so a pool never deadlocks on a reading that stopped moving.
+    /// healthy, window not full, and with headroom. Headroom comes from a
+    /// fresh reading (KV usage below the watermark, TTFT p99 within the
+    /// threshold); without one, from the gateway's own observed TTFT, and a
+    /// backend with nothing of ours in flight then always has headroom, so
+    /// a slow observation is re-measured rather than kept forever.
     fn collect_candidates(&mut self, now: Instant, pool: PoolId) {
         self.scratch.clear();
         let ps = &self.pools[pool.0 as usize];
@@ -848,14 +921,17 @@ impl Scheduler {
                 .reading
                 .as_ref()
                 .filter(|r| now.saturating_since(r.at) <= self.stale_after);
-            if b.in_flight > 0
-                && let Some(r) = fresh
-            {
-                let kv_full = r.kv_usage.is_some_and(|k| k >= ps.kv_high_watermark);
-                let slow = r.ttft_p99.is_some_and(|t| t > ps.ttft_p99_threshold);
-                if kv_full || slow {
-                    continue;
+            let no_headroom = match fresh {
+                Some(r) => {
+                    r.kv_usage.is_some_and(|k| k >= ps.kv_high_watermark)
+                        || r.ttft_p99.is_some_and(|t| t > ps.ttft_p99_threshold)
                 }
+                None => {
+                    b.in_flight > 0 && b.observed_ttft.is_some_and(|t| t > ps.ttft_p99_threshold)
+                }
+            };
+            if no_headroom {
+                continue;
             }
             self.scratch.push(Candidate {
                 id: bid,

@@ -1,6 +1,8 @@
-//! The sans-IO half of the backend poller: turning a scraped body into a
+//! The backend poller: scraping each backend and turning the body into a
 //! [`Reading`](crate::core::reading::Reading).
 //!
+//! - [`live`] is the I/O half: one task per backend, health probes,
+//!   ejection and return.
 //! - [`expo`] parses the Prometheus text exposition format (and the
 //!   OpenMetrics variations a scraper meets).
 //! - [`dialect`] maps each backend's metric names onto a `Reading`, keeps
@@ -8,14 +10,16 @@
 //!   cover only the last scrape window, and defines the JSON that Fairway's
 //!   own `fairway agent` sidecar serves.
 //!
-//! Nothing here opens a socket or reads a clock: the caller fetches the body
-//! and passes the instant it was read.
+//! `expo` and `dialect` open no socket and read no clock: the caller fetches
+//! the body and passes the instant it was read.
 
 pub mod dialect;
 pub mod expo;
+pub mod live;
 
 pub use dialect::{
     AgentGpu, AgentReading, Bucket, DecodeError, Decoder, HistogramWindow, collect_buckets,
     quantile,
 };
 pub use expo::{ErrorKind, Exposition, MetricType, ParseError, Sample, parse, parse_strict};
+pub use live::{PollStats, Pollers};

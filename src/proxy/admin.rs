@@ -88,6 +88,7 @@ pub fn models(gw: &Gateway) -> Response<BoxBody> {
 /// Scheduler state for the metrics scrape.
 pub fn snapshot(gw: &Gateway) -> Snapshot {
     let now = gw.clock.now();
+    let pollers = gw.pollers.lock();
     let mut core = gw.core.lock();
     let s = &mut core.sched;
     let tenant_ids: Vec<_> = s.tenants().collect();
@@ -116,6 +117,7 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
                 .map(|(r, _)| r);
             BackendGauges {
                 model: s.pool_model(v.pool).to_owned(),
+                scrape_errors: pollers.scrape_errors(&v.name),
                 backend: v.name,
                 in_flight: v.in_flight,
                 window: v.window,
@@ -128,7 +130,6 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
                     .reading
                     .as_ref()
                     .map(|(r, _)| now.saturating_since(r.at).as_secs_f64()),
-                scrape_errors: 0,
             }
         })
         .collect();

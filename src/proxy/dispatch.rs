@@ -18,7 +18,7 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use crate::core::ids::{PoolId, RequestId, TenantId, Usage};
+use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::scheduler::{Arrival, Decision};
 use crate::core::time::Instant;
 use crate::proxy::body::BoxBody;
@@ -44,11 +44,14 @@ pub struct Ticket {
     pool: Option<(PoolId, usize)>,
     /// Set once admitted: the scheduler knows the request.
     id: Option<RequestId>,
+    backend: Option<BackendId>,
     backend_name: String,
     sent: Option<Instant>,
     first_byte: Option<Instant>,
     queue_wait: Option<Duration>,
     prompt_estimate: u32,
+    /// The response is an SSE stream: its first byte is the first token.
+    streaming: bool,
     outcome: Option<Outcome>,
     usage: Option<Usage>,
     gpu_seconds: f64,
@@ -64,11 +67,13 @@ impl Ticket {
             tenant: None,
             pool: None,
             id: None,
+            backend: None,
             backend_name: String::new(),
             sent: None,
             first_byte: None,
             queue_wait: None,
             prompt_estimate: 0,
+            streaming: false,
             outcome: None,
             usage: None,
             gpu_seconds: 0.0,
@@ -105,6 +110,12 @@ impl Ticket {
         let Some(id) = self.id.take() else { return };
         let mut core = self.gw.core.lock();
         core.waiters.remove(&id);
+        if self.streaming
+            && let (Some(backend), Some(sent), Some(first)) =
+                (self.backend, self.sent, self.first_byte)
+        {
+            core.sched.observe_ttft(backend, first - sent);
+        }
         // Served responses correct the fair-queue charge with real usage;
         // anything else ends like a cancel (queued: leaves the queue).
         let (ended, decisions) = match (self.outcome, self.usage) {
@@ -286,6 +297,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBod
         Ok((resp, mode)) => {
             let (parts, body) = resp.into_parts();
             ticket.status = parts.status.as_u16();
+            ticket.streaming = !matches!(mode, Mode::Json);
             if parts.status.is_client_error() {
                 ticket.outcome = Some(Outcome::Refused(RefusedBy::Backend));
             } else if parts.status.is_server_error() {
@@ -346,11 +358,15 @@ async fn run(
     };
 
     // Admit, and either dispatch now or wait for the scheduler's decision.
-    let waiter: Option<oneshot::Receiver<Decision>>;
     let mut decision;
     {
         let now = gw.clock.now();
         let mut core = gw.core.lock();
+        if !core.sched.pool_is_ready(pool) {
+            // Every backend is ejected: answer now rather than queue until
+            // `max_wait` for a pool that may stay down.
+            return Err(ApiError::NoBackend(info.model.clone()));
+        }
         match core.sched.on_arrival(now, arrival) {
             Err(refusal) => {
                 return Err(ApiError::Refused {
@@ -361,84 +377,74 @@ async fn run(
             Ok((id, decisions)) => {
                 ticket.id = Some(id);
                 decision = core.deliver(decisions, Some(id));
-                if decision.is_none() {
-                    let (tx, rx) = oneshot::channel();
-                    core.waiters.insert(id, tx);
-                    waiter = Some(rx);
-                } else {
-                    waiter = None;
-                }
             }
         }
     }
-    if let Some(rx) = waiter {
-        gw.wake.notify_one();
-        decision = rx.await.ok();
-    }
-    let backend = match decision {
-        Some(Decision::Dispatch { backend, .. }) => backend,
-        Some(Decision::Shed { retry_after, .. }) => {
-            ticket.id = None; // already gone from the scheduler
-            return Err(ApiError::Shed { retry_after });
-        }
-        None => {
-            return Err(ApiError::Internal(
-                "scheduler dropped a queued request".into(),
-            ));
-        }
-    };
-    let dispatched = gw.clock.now();
-    ticket.queue_wait = Some(dispatched - ticket.start);
-
-    let authority = live.authorities.get(&backend).cloned().or_else(|| {
-        // A backend added by a reload after this request took its policy.
-        gw.live.load().authorities.get(&backend).cloned()
-    });
-    let Some(authority) = authority else {
-        return Err(ApiError::NoBackend(info.model.clone()));
-    };
     let strip_usage = info.stream && !info.include_usage && !is_embedding;
     let body = if strip_usage {
         openai::with_usage_requested(&body)
     } else {
         body
     };
-    let uri = format!("http://{authority}{path}");
-    let mut up = Request::builder().method(parts.method.clone()).uri(uri);
-    if let Some(h) = up.headers_mut() {
-        for (name, value) in &parts.headers {
-            if !DROP_REQUEST_HEADERS.contains(&name.as_str())
-                && live.policy.server.trust_tenant_header.as_deref() != Some(name.as_str())
-            {
-                h.append(name.clone(), value.clone());
+    // A connection that fails before the request was written is retried
+    // once, on another backend: the failed one is ejected, and the request
+    // goes back to the head of its queue. Nothing reached a backend or the
+    // client, so this is safe for streaming requests too.
+    let mut retried = false;
+    let resp = loop {
+        let backend = await_dispatch(gw, ticket, decision.take()).await?;
+        ticket.queue_wait = Some(gw.clock.now() - ticket.start);
+        let authority = live.authorities.get(&backend).cloned().or_else(|| {
+            // A backend added by a reload after this request took its policy.
+            gw.live.load().authorities.get(&backend).cloned()
+        });
+        let Some(authority) = authority else {
+            return Err(ApiError::NoBackend(info.model.clone()));
+        };
+        let up = upstream_request(live, &parts, &path, &authority, body.clone())?;
+        ticket.sent = Some(gw.clock.now());
+        ticket.backend = Some(backend);
+        ticket.backend_name = gw.core.lock().sched.backend_name(backend).to_owned();
+        match tokio::time::timeout(pool_policy.timeout, gw.client.request(up)).await {
+            Err(_) => {
+                return Err(ApiError::UpstreamTimeout {
+                    backend: ticket.backend_name.clone(),
+                    timeout: pool_policy.timeout,
+                });
             }
+            Ok(Err(e)) => {
+                let cause =
+                    std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+                if !e.is_connect() {
+                    return Err(ApiError::Upstream {
+                        backend: ticket.backend_name.clone(),
+                        cause,
+                    });
+                }
+                tracing::warn!(backend = %ticket.backend_name, %cause, retried, "connection to backend failed; ejecting it");
+                let Some(id) = ticket.id else {
+                    return Err(ApiError::Internal("request left the scheduler".into()));
+                };
+                let now = gw.clock.now();
+                let mut core = gw.core.lock();
+                let requeued = if retried {
+                    core.sched.set_health(now, backend, false);
+                    None
+                } else {
+                    core.sched.redispatch(now, id)
+                };
+                let Some(decisions) = requeued else {
+                    // Retried already, or no other healthy backend.
+                    return Err(ApiError::Upstream {
+                        backend: ticket.backend_name.clone(),
+                        cause,
+                    });
+                };
+                retried = true;
+                decision = core.deliver(decisions, Some(id));
+            }
+            Ok(Ok(r)) => break r,
         }
-        if let Ok(v) = HeaderValue::from_str(&body.len().to_string()) {
-            h.insert(header::CONTENT_LENGTH, v);
-        }
-    }
-    let up = up
-        .body(Full::new(body))
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    ticket.sent = Some(gw.clock.now());
-    ticket.backend_name = gw.core.lock().sched.backend_name(backend).to_owned();
-    let backend_name = ticket.backend_name.clone();
-    let resp = match tokio::time::timeout(pool_policy.timeout, gw.client.request(up)).await {
-        Err(_) => {
-            return Err(ApiError::UpstreamTimeout {
-                backend: backend_name,
-                timeout: pool_policy.timeout,
-            });
-        }
-        Ok(Err(e)) => {
-            let cause =
-                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-            return Err(ApiError::Upstream {
-                backend: backend_name,
-                cause,
-            });
-        }
-        Ok(Ok(r)) => r,
     };
     let is_sse = resp
         .headers()
@@ -451,4 +457,63 @@ async fn run(
         (true, true) => Mode::SseStripUsage,
     };
     Ok((resp, mode))
+}
+
+/// Waits for the scheduler to dispatch (or shed) the ticket's request;
+/// `decision` is one already delivered, if any.
+async fn await_dispatch(
+    gw: &Arc<Gateway>,
+    ticket: &mut Ticket,
+    decision: Option<Decision>,
+) -> Result<BackendId, ApiError> {
+    let decision = match decision {
+        Some(d) => Some(d),
+        None => {
+            let Some(id) = ticket.id else {
+                return Err(ApiError::Internal("request left the scheduler".into()));
+            };
+            let (tx, rx) = oneshot::channel();
+            gw.core.lock().waiters.insert(id, tx);
+            gw.wake.notify_one();
+            rx.await.ok()
+        }
+    };
+    match decision {
+        Some(Decision::Dispatch { backend, .. }) => Ok(backend),
+        Some(Decision::Shed { retry_after, .. }) => {
+            ticket.id = None; // already gone from the scheduler
+            Err(ApiError::Shed { retry_after })
+        }
+        None => Err(ApiError::Internal(
+            "scheduler dropped a queued request".into(),
+        )),
+    }
+}
+
+/// The request to forward: the client's method, path and headers (less
+/// hop-by-hop ones and its credentials for Fairway) and `body`.
+fn upstream_request(
+    live: &Live,
+    parts: &http::request::Parts,
+    path: &str,
+    authority: &str,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, ApiError> {
+    let mut up = Request::builder()
+        .method(parts.method.clone())
+        .uri(format!("http://{authority}{path}"));
+    if let Some(h) = up.headers_mut() {
+        for (name, value) in &parts.headers {
+            if !DROP_REQUEST_HEADERS.contains(&name.as_str())
+                && live.policy.server.trust_tenant_header.as_deref() != Some(name.as_str())
+            {
+                h.append(name.clone(), value.clone());
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&body.len().to_string()) {
+            h.insert(header::CONTENT_LENGTH, v);
+        }
+    }
+    up.body(Full::new(body))
+        .map_err(|e| ApiError::Internal(e.to_string()))
 }

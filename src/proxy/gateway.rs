@@ -88,6 +88,8 @@ pub struct Gateway {
     pub reload_lock: tokio::sync::Mutex<()>,
     /// TLS configuration of the client listener, re-read on reload.
     pub tls: arc_swap::ArcSwapOption<rustls::ServerConfig>,
+    /// One poller task per backend.
+    pub pollers: Mutex<crate::poller::Pollers>,
 }
 
 /// Builds the derived view of a policy against the scheduler's ids.

@@ -116,6 +116,7 @@ async fn reload_inner(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
         gw.live.store(Arc::new(live));
         core.deliver(decisions, None);
     }
+    gw.pollers.lock().reconcile(gw, &policy, &sims);
     gw.source.lock().text = text;
     Ok(Reloaded::Applied { hash })
 }

@@ -1,7 +1,8 @@
 //! Listeners, connection serving and shutdown.
 //!
 //! [`Server::start`] binds the client and admin listeners, starts the
-//! policy's simulated backends, the deadline task and the accept loops, and
+//! policy's simulated backends, the pollers, the deadline task and the
+//! accept loops, and
 //! returns a handle. Connections are served by hyper-util's auto builder, so
 //! HTTP/1.1 and h2c (prior knowledge) share one port. Shutdown stops
 //! accepting, lets in-flight responses finish up to `drain_timeout`, then
@@ -108,7 +109,13 @@ impl Server {
             source: Mutex::new(source),
             reload_lock: tokio::sync::Mutex::new(()),
             tls: arc_swap::ArcSwapOption::new(tls),
+            pollers: Mutex::new(Default::default()),
         });
+        {
+            let sims = gateway.sim_authorities.lock().clone();
+            let policy = gateway.live.load().policy.clone();
+            gateway.pollers.lock().reconcile(&gateway, &policy, &sims);
+        }
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run(gateway.clone(), listener, admin, shutdown.clone()));
         Ok(Server {
@@ -264,6 +271,7 @@ async fn run(
         tracing::warn!("drain timeout passed with requests still in flight");
     }
     deadlines.abort();
+    gw.pollers.lock().stop_all();
     for (_, h) in gw.sims.lock().drain(..) {
         drop(h);
     }

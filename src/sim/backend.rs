@@ -54,11 +54,13 @@ pub struct SimBackendConfig {
     pub model: String,
     /// The engine model and its time scale.
     pub engine: EngineParams,
+    /// The failure mode at start (switch later with `POST /admin/fault`).
+    pub fault: Fault,
 }
 
 /// A scripted failure mode of a simulated backend.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
 pub enum Fault {
     /// Serve normally.
     #[default]
@@ -68,6 +70,9 @@ pub enum Fault {
     /// Accept requests but never send response headers (`/health` and
     /// `/metrics` too); only `/admin/fault` still answers.
     Hang,
+    /// Serve normally, except `/metrics`, which answers 500: the gateway's
+    /// reading goes stale while the backend stays up.
+    MetricsError,
 }
 
 /// Entry point for starting an in-process simulated backend.
@@ -82,6 +87,7 @@ impl SimBackend {
             cfg: SimBackendConfig {
                 model: model.into(),
                 engine: EngineParams::default(),
+                fault: Fault::None,
             },
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
@@ -345,7 +351,7 @@ impl Shared {
                 events: Vec::new(),
             }),
             wake: Notify::new(),
-            fault: Mutex::new(Fault::None),
+            fault: Mutex::new(cfg.fault),
             stop: CancellationToken::new(),
         })
     }

@@ -9,7 +9,9 @@ use std::net::Ipv6Addr;
 use std::time::Duration;
 
 use super::reader::{Reader, Table, Value, Zero};
-use crate::config::policy::{BackendPolicy, BackendTarget, MetricsDialect, PoolPolicy, Strategy};
+use crate::config::policy::{
+    BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, PoolPolicy, Strategy,
+};
 use crate::sim::engine::EngineParams;
 
 const POOL_KEYS: &[&str] = &[
@@ -27,6 +29,8 @@ const BACKEND_KEYS: &[&str] = &[
     "gpus",
     "max_inflight",
     "metrics",
+    "metrics_url",
+    "health_path",
     "kv_tokens",
 ];
 const SIM_KEYS: &[&str] = &[
@@ -210,6 +214,21 @@ fn read_backend(
     let metrics = r
         .opt(t, "metrics", |r, v, p| r.choice(v, p, DIALECTS))
         .unwrap_or(MetricsDialect::Vllm);
+    let metrics_url = r.opt(t, "metrics_url", read_endpoint);
+    let health_path = r
+        .opt(t, "health_path", read_path)
+        .unwrap_or_else(|| match metrics {
+            MetricsDialect::Triton => "/v2/health/ready".to_owned(),
+            _ => "/health".to_owned(),
+        });
+    if metrics == MetricsDialect::Agent && metrics_url.is_none() && t.get("metrics_url").is_none() {
+        r.error(
+            t.span.clone(),
+            &t.path,
+            "`metrics = \"agent\"` needs `metrics_url`, the address of the `fairway agent` \
+             beside the engine, e.g. \"http://10.0.0.5:9400/reading\"",
+        );
+    }
     let kv_tokens = r.opt(t, "kv_tokens", Reader::positive_int);
     let target = target?;
     let name = explicit_name.clone().unwrap_or_else(|| match &target {
@@ -227,6 +246,8 @@ fn read_backend(
         gpus,
         max_inflight,
         metrics,
+        metrics_url,
+        health_path,
         kv_tokens,
     })
 }
@@ -274,9 +295,66 @@ fn read_url(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<String> {
     }
 }
 
+/// `http://host:port/path` for the scrape target.
+fn read_endpoint(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<HttpEndpoint> {
+    let url = r.string(v, path)?;
+    match split_http_url(url.trim()) {
+        Ok((authority, tail)) if tail.starts_with('/') && tail.len() > 1 => Some(HttpEndpoint {
+            authority,
+            path: tail.to_owned(),
+        }),
+        Ok(_) => {
+            r.error(
+                v.span(),
+                path,
+                format!("invalid metrics url \"{url}\": it needs a path, e.g. \"http://10.0.0.5:8000/metrics\""),
+            );
+            None
+        }
+        Err(why) => {
+            r.error(
+                v.span(),
+                path,
+                format!("invalid metrics url \"{url}\": {why}"),
+            );
+            None
+        }
+    }
+}
+
+/// A request path: starts with `/`, printable ASCII without spaces.
+fn read_path(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<String> {
+    let s = r.string(v, path)?;
+    if s.starts_with('/') && s.chars().all(|c| c.is_ascii_graphic()) {
+        Some(s)
+    } else {
+        r.error(
+            v.span(),
+            path,
+            format!("invalid path \"{s}\": expected an absolute path such as \"/health\""),
+        );
+        None
+    }
+}
+
 /// Parses `http://host:port[/]` into `host:port`.
 pub(super) fn parse_http_url(url: &str) -> Result<String, String> {
-    const EXPECTED: &str = "expected http://host:port, e.g. \"http://10.0.0.5:8000\"";
+    let (authority, tail) = split_http_url(url)?;
+    if !tail.is_empty() && tail != "/" {
+        return Err(format!(
+            "a backend url has no path, query or fragment (found \"{tail}\"): \
+             Fairway adds the API path itself; {EXPECTED_URL}"
+        ));
+    }
+    Ok(authority)
+}
+
+const EXPECTED_URL: &str = "expected http://host:port, e.g. \"http://10.0.0.5:8000\"";
+
+/// Splits `http://host:port<tail>` into a checked `host:port` and the tail
+/// (path, query, fragment; possibly empty).
+fn split_http_url(url: &str) -> Result<(String, &str), String> {
+    const EXPECTED: &str = EXPECTED_URL;
     let lower = url.to_ascii_lowercase();
     if lower.starts_with("https://") {
         return Err(
@@ -294,12 +372,6 @@ pub(super) fn parse_http_url(url: &str) -> Result<String, String> {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
-    if !tail.is_empty() && tail != "/" {
-        return Err(format!(
-            "a backend url has no path, query or fragment (found \"{tail}\"): \
-             Fairway adds the API path itself; {EXPECTED}"
-        ));
-    }
     if authority.contains('@') {
         return Err(format!(
             "credentials in the url are not supported; {EXPECTED}"
@@ -327,7 +399,7 @@ pub(super) fn parse_http_url(url: &str) -> Result<String, String> {
         return Err(format!("missing port; {EXPECTED}"));
     };
     match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(format!("{host}:{p}")),
+        Ok(p) if p > 0 => Ok((format!("{host}:{p}"), tail)),
         _ => Err(format!("invalid port \"{port}\"; {EXPECTED}")),
     }
 }

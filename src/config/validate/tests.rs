@@ -106,7 +106,13 @@ fn unknown_key_is_reported_at_the_key_with_a_suggestion() {
 #[test]
 fn unknown_key_without_a_close_match_lists_the_expected_keys() {
     let src = format!("{POOL}[poller]\nbanana = 1\n");
-    assert_one(&src, 6, 1, "poller.banana", "expected one of: interval");
+    assert_one(
+        &src,
+        6,
+        1,
+        "poller.banana",
+        "expected one of: interval, timeout",
+    );
 }
 
 #[test]
@@ -781,6 +787,7 @@ fn minimal_file_gets_every_default() {
         },
         poller: PollerPolicy {
             interval: Duration::from_millis(250),
+            timeout: Duration::from_millis(250),
         },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
@@ -802,6 +809,8 @@ fn minimal_file_gets_every_default() {
                 gpus: 1,
                 max_inflight: 64,
                 metrics: MetricsDialect::Vllm,
+                metrics_url: None,
+                health_path: "/health".into(),
                 kv_tokens: 65_536,
             }],
         }],
@@ -897,6 +906,8 @@ burst = 3
             gpus: 1,
             max_inflight: 64,
             metrics: MetricsDialect::Vllm,
+            metrics_url: None,
+            health_path: "/health".into(),
             kv_tokens: 65_536,
         }
     );
@@ -910,6 +921,8 @@ burst = 3
             gpus: 4,
             max_inflight: 32,
             metrics: MetricsDialect::Triton,
+            metrics_url: None,
+            health_path: "/v2/health/ready".into(),
             kv_tokens: 1000,
         }
     );

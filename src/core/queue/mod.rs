@@ -175,12 +175,28 @@ impl FairQueue {
 
     /// Appends a request to its tenant's FIFO.
     pub fn push(&mut self, tenant: TenantId, id: RequestId) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.insert(tenant, id, seq, false);
+    }
+
+    /// Puts a request back at the head of its tenant's FIFO: a dispatch that
+    /// failed before reaching the backend keeps its turn. Under `fifo` and
+    /// `priority` it sorts before everything queued after it.
+    pub fn push_front(&mut self, tenant: TenantId, id: RequestId) {
+        let seq = self
+            .tenants
+            .get(tenant.0 as usize)
+            .and_then(|q| q.entries.front())
+            .map_or(0, |(_, s)| s.saturating_sub(1));
+        self.insert(tenant, id, seq, true);
+    }
+
+    fn insert(&mut self, tenant: TenantId, id: RequestId, seq: u64, front: bool) {
         let i = tenant.0 as usize;
         if self.tenants.len() <= i {
             self.set_tenant(tenant, 1.0, Priority::Interactive);
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
         let becomes_backlogged = self.tenants[i].live == 0;
         if becomes_backlogged {
             // VTC lift: no credit for idle time.
@@ -195,10 +211,14 @@ impl FairQueue {
             q.entries.clear();
         }
         let q = &mut self.tenants[i];
-        q.entries.push_back((id, seq));
+        if front {
+            q.entries.push_front((id, seq));
+        } else {
+            q.entries.push_back((id, seq));
+        }
         q.live += 1;
         self.len += 1;
-        if becomes_backlogged {
+        if becomes_backlogged || front {
             self.rekey(tenant, |_| true);
         }
     }

@@ -128,3 +128,25 @@ fn cancelled_entries_leave_the_queue_at_once() {
     assert!(q.is_empty());
     assert_eq!(q.peek_tenant(), None);
 }
+
+#[test]
+fn a_request_put_back_keeps_its_turn() {
+    let mut q = FairQueue::new(Discipline::Fifo);
+    q.push(TenantId(0), id(1));
+    q.push(TenantId(1), id(2));
+    q.push(TenantId(0), id(3));
+    assert_eq!(q.pop(live), Some((TenantId(0), id(1))));
+    // The dispatch of 1 failed before reaching a backend: it goes first again.
+    q.push_front(TenantId(0), id(1));
+    let order: Vec<u64> = std::iter::from_fn(|| q.pop(live).map(|(_, r)| r.0)).collect();
+    assert_eq!(order, vec![1, 2, 3]);
+
+    let mut q = FairQueue::new(Discipline::Drf);
+    q.push(TenantId(0), id(1));
+    q.push(TenantId(0), id(2));
+    assert_eq!(q.pop(live), Some((TenantId(0), id(1))));
+    q.push_front(TenantId(0), id(1));
+    assert_eq!(q.len(), 2);
+    assert_eq!(q.pop(live), Some((TenantId(0), id(1))));
+    assert_eq!(q.pop(live), Some((TenantId(0), id(2))));
+}

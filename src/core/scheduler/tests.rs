@@ -37,6 +37,7 @@ fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
         },
         poller: PollerPolicy {
             interval: Duration::from_millis(250),
+            timeout: Duration::from_millis(250),
         },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
@@ -59,6 +60,8 @@ fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
                     gpus: 1,
                     max_inflight: window,
                     metrics: MetricsDialect::Vllm,
+                    metrics_url: None,
+                    health_path: "/health".into(),
                     kv_tokens: 65_536,
                 })
                 .collect(),
@@ -250,6 +253,113 @@ fn full_kv_reading_stops_routing_until_it_drains() {
     // Stale after three intervals: routing falls back to local counts.
     let ds = s.on_arrival(t(1000), arrival(&s, "a")).unwrap().1;
     assert_eq!(dispatched(&ds)[0].1, b0);
+}
+
+#[test]
+fn a_full_backend_gets_nothing_even_with_none_of_ours_on_it() {
+    // Another gateway filled b0: a fresh reading says so, and nothing of
+    // ours runs there. Requests go to b1; with both full they wait here.
+    let mut s = Scheduler::new(&policy(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    let (b0, b1) = (s.backend("b0").unwrap(), s.backend("b1").unwrap());
+    let full = Reading {
+        at: t(1),
+        kv_usage: Some(0.9),
+        ..Reading::default()
+    };
+    s.on_reading(t(1), b0, full.clone());
+    for _ in 0..3 {
+        let ds = s.on_arrival(t(2), arrival(&s, "a")).unwrap().1;
+        assert_eq!(dispatched(&ds)[0].1, b1);
+    }
+    s.on_reading(t(3), b1, full);
+    let ds = s.on_arrival(t(4), arrival(&s, "a")).unwrap().1;
+    assert!(dispatched(&ds).is_empty(), "no backend has headroom: wait");
+    assert_eq!(s.queue_len(s.pool("m").unwrap()), 1);
+    // b0 drains: the waiting request goes there.
+    let ds = s.on_reading(
+        t(5),
+        b0,
+        Reading {
+            at: t(5),
+            kv_usage: Some(0.1),
+            ..Reading::default()
+        },
+    );
+    assert_eq!(dispatched(&ds)[0].1, b0);
+}
+
+#[test]
+fn without_fresh_readings_the_observed_ttft_steers_routing() {
+    let mut s = Scheduler::new(&policy(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    let (b0, b1) = (s.backend("b0").unwrap(), s.backend("b1").unwrap());
+    let first = dispatched(&s.on_arrival(t(0), arrival(&s, "a")).unwrap().1);
+    let second = dispatched(&s.on_arrival(t(0), arrival(&s, "a")).unwrap().1);
+    let slow = if first[0].1 == b0 {
+        first[0].1
+    } else {
+        second[0].1
+    };
+    assert_ne!(first[0].1, second[0].1);
+    // The gateway saw b0 take 400 ms to its first token (threshold 150 ms).
+    s.observe_ttft(slow, Duration::from_millis(400));
+    for _ in 0..4 {
+        let ds = s.on_arrival(t(10), arrival(&s, "a")).unwrap().1;
+        assert_eq!(dispatched(&ds)[0].1, b1, "b0 is slow and busy");
+    }
+    // With nothing of ours left on b0 it is tried again, and re-measured.
+    let slow_id = if first[0].1 == b0 {
+        first[0].0
+    } else {
+        second[0].0
+    };
+    s.on_completion(t(20), slow_id, None).unwrap();
+    let ds = s.on_arrival(t(20), arrival(&s, "a")).unwrap().1;
+    assert_eq!(dispatched(&ds)[0].1, b0);
+    s.observe_ttft(b0, Duration::from_millis(20));
+    s.observe_ttft(b0, Duration::from_millis(20));
+    s.observe_ttft(b0, Duration::from_millis(20));
+    s.observe_ttft(b0, Duration::from_millis(20));
+    s.observe_ttft(b0, Duration::from_millis(20));
+    s.observe_ttft(b0, Duration::from_millis(20));
+    assert!(s.backend_view(t(20), b0).observed_ttft.unwrap() < Duration::from_millis(150));
+    let ds = s.on_arrival(t(21), arrival(&s, "a")).unwrap().1;
+    assert!(!dispatched(&ds).is_empty());
+}
+
+#[test]
+fn a_failed_connection_ejects_and_redispatches_elsewhere() {
+    let mut s = Scheduler::new(
+        &policy(2, 1, vec![tenant("a", 1.0), tenant("b", 1.0)]),
+        t(0),
+        1,
+    );
+    let pool = s.pool("m").unwrap();
+    let (id, dead) = dispatched(&s.on_arrival(t(0), arrival(&s, "a")).unwrap().1)[0];
+    let alive = if dead == s.backend("b0").unwrap() {
+        s.backend("b1").unwrap()
+    } else {
+        s.backend("b0").unwrap()
+    };
+    // The other backend is busy; b's request waits in the queue.
+    let (other, _) = dispatched(&s.on_arrival(t(0), arrival(&s, "a")).unwrap().1)[0];
+    let (queued, ds) = s.on_arrival(t(1), arrival(&s, "b")).unwrap();
+    assert!(ds.is_empty());
+    let ds = s.redispatch(t(2), id).unwrap();
+    assert!(ds.is_empty(), "no room anywhere: the retried request waits");
+    assert!(!s.is_healthy(dead));
+    assert!(s.redispatch(t(2), id).is_none(), "not in flight any more");
+    assert_eq!(s.queue_len(pool), 2);
+    // When the live backend frees up, the retried request goes first and
+    // never to the ejected backend.
+    let (_, ds) = s.on_completion(t(3), other, None).unwrap();
+    assert_eq!(dispatched(&ds), vec![(id, alive)]);
+    assert_eq!(s.tenant_view(t(3), s.tenant("a").unwrap()).in_flight, 1);
+    // It ends normally, and then the queued request of b runs.
+    let (_, ds) = s.on_completion(t(4), id, None).unwrap();
+    assert_eq!(dispatched(&ds), vec![(queued, alive)]);
+    // The backend returns when healthy again.
+    s.set_health(t(5), dead, true);
+    assert!(s.is_healthy(dead));
 }
 
 #[test]

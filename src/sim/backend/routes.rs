@@ -117,6 +117,14 @@ pub(super) async fn handle(
             return Ok(error(&ApiError::internal("simulated backend fault")));
         }
         Fault::Error => {}
+        Fault::MetricsError if path == "/metrics" => {
+            return Ok(full(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                Bytes::from_static(b"simulated metrics fault\n"),
+            ));
+        }
+        Fault::MetricsError => {}
     }
     let resp = match (method, path.as_str()) {
         (Method::GET, "/health") => full(StatusCode::OK, "text/plain", Bytes::new()),

@@ -497,6 +497,7 @@ async fn serve_stops_on_its_shutdown_future() {
     let cfg = SimBackendConfig {
         model: "m".to_owned(),
         engine: EngineParams::default(),
+        fault: Fault::None,
     };
     let server = tokio::spawn(serve(listener, cfg, async move {
         let _ = rx.await;

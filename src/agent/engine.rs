@@ -1,0 +1,283 @@
+//! The engine half of a reading: one `GET` of the local engine's metrics
+//! per `/reading` request, decoded with the shared [`Decoder`].
+//!
+//! Owns the HTTP client, the scrape timeout and the decoder (behind one
+//! `parking_lot::Mutex`, taken only around the synchronous decode, never
+//! across an `.await`). Does not know about GPUs or the agent's endpoints.
+//! Every failure is a [`ScrapeError`] naming the engine URL.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use parking_lot::Mutex;
+
+use super::AgentConfig;
+use crate::clock::Clock;
+use crate::config::policy::MetricsDialect;
+use crate::core::reading::Reading;
+use crate::poller::dialect::{DecodeError, Decoder};
+
+/// Largest engine metrics body the agent reads, in bytes. A vLLM scrape is
+/// tens of KiB; a Triton server with many models a few MiB.
+pub const MAX_SCRAPE_BYTES: usize = 8 << 20;
+
+/// Path scraped when the engine URL has none.
+const DEFAULT_PATH: &str = "/metrics";
+
+/// Why an [`AgentConfig`] cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentConfigError {
+    /// The engine metrics URL is not an `http://host:port/path` URL.
+    #[error("engine metrics URL `{url}`: {reason}")]
+    Url { url: String, reason: &'static str },
+    /// The dialect is not one an engine speaks.
+    #[error("dialect {dialect:?} is not an engine's; use vllm, triton, sglang or llamacpp")]
+    Dialect { dialect: MetricsDialect },
+    /// A zero timeout would fail every scrape.
+    #[error("the scrape timeout must be above zero")]
+    ZeroTimeout,
+}
+
+/// Why one engine scrape gave no reading.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    /// No connection, or it broke before the response headers.
+    #[error("requesting {url}")]
+    Connect {
+        url: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// Headers and body did not arrive within the timeout.
+    #[error("{url} did not answer within {timeout:?}")]
+    Timeout { url: String, timeout: Duration },
+    /// The engine answered, but not with a success.
+    #[error("{url} answered {status}")]
+    Status { url: String, status: StatusCode },
+    /// The body is larger than [`MAX_SCRAPE_BYTES`].
+    #[error("{url} sent more than {limit} bytes")]
+    TooLarge { url: String, limit: usize },
+    /// The body broke off.
+    #[error("reading the body of {url}")]
+    Body {
+        url: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The body is not text.
+    #[error("{url} sent a body that is not UTF-8")]
+    NotUtf8 { url: String },
+    /// The body holds nothing the dialect knows.
+    #[error("decoding the scrape of {url}")]
+    Decode {
+        url: String,
+        #[source]
+        source: DecodeError,
+    },
+}
+
+/// Checks `cfg` and returns the URI to scrape.
+pub(super) fn check(cfg: &AgentConfig) -> Result<Uri, AgentConfigError> {
+    if matches!(cfg.dialect, MetricsDialect::Agent | MetricsDialect::None) {
+        return Err(AgentConfigError::Dialect {
+            dialect: cfg.dialect,
+        });
+    }
+    if cfg.timeout.is_zero() {
+        return Err(AgentConfigError::ZeroTimeout);
+    }
+    parse_url(&cfg.engine_metrics)
+}
+
+/// Splits `http://host:port/path?query`; no path means [`DEFAULT_PATH`].
+fn parse_url(url: &str) -> Result<Uri, AgentConfigError> {
+    let bad = |reason| AgentConfigError::Url {
+        url: url.to_owned(),
+        reason,
+    };
+    let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(_) => return Err(bad("only http:// is supported")),
+        None => return Err(bad("missing http://")),
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(bad("missing host"));
+    };
+    if authority.host().is_empty() {
+        return Err(bad("missing host"));
+    }
+    if authority.as_str().contains('@') {
+        return Err(bad("credentials in the URL are not supported"));
+    }
+    // `Uri` reads `http://host:port` as having the path `/`; look at the text.
+    let after_authority = url.get("http://".len() + authority.as_str().len()..);
+    if after_authority.is_some_and(|rest| !rest.is_empty()) {
+        return Ok(uri);
+    }
+    Uri::builder()
+        .scheme("http")
+        .authority(authority.clone())
+        .path_and_query(DEFAULT_PATH)
+        .build()
+        .map_err(|_| bad("not a URL"))
+}
+
+/// The local engine and the decoder of its scrapes.
+#[derive(Debug)]
+pub(super) struct Engine {
+    uri: Uri,
+    /// `uri` as text, for errors and logs.
+    url: String,
+    timeout: Duration,
+    client: Client<HttpConnector, Full<Bytes>>,
+    clock: Clock,
+    decoder: Mutex<Decoder>,
+}
+
+impl Engine {
+    /// Checks `cfg` and builds the client; connects on the first scrape.
+    pub(super) fn new(cfg: &AgentConfig) -> Result<Self, AgentConfigError> {
+        let uri = check(cfg)?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(cfg.timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(4)
+            .build(connector);
+        Ok(Engine {
+            url: uri.to_string(),
+            uri,
+            timeout: cfg.timeout,
+            client,
+            clock: Clock::new(),
+            decoder: Mutex::new(Decoder::new(cfg.dialect)),
+        })
+    }
+
+    /// The scraped URL.
+    pub(super) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Scrapes the engine once and decodes the body.
+    pub(super) async fn read(&self) -> Result<Reading, ScrapeError> {
+        let body = tokio::time::timeout(self.timeout, self.fetch())
+            .await
+            .map_err(|_| ScrapeError::Timeout {
+                url: self.url.clone(),
+                timeout: self.timeout,
+            })??;
+        let at = self.clock.now();
+        let text = std::str::from_utf8(&body).map_err(|_| ScrapeError::NotUtf8 {
+            url: self.url.clone(),
+        })?;
+        let decoded = self.decoder.lock().decode(text, at);
+        decoded.map_err(|source| ScrapeError::Decode {
+            url: self.url.clone(),
+            source,
+        })
+    }
+
+    async fn fetch(&self) -> Result<Bytes, ScrapeError> {
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.uri_mut() = self.uri.clone();
+        let headers = req.headers_mut();
+        headers.insert(header::ACCEPT, HeaderValue::from_static("text/plain"));
+        headers.insert(
+            header::USER_AGENT,
+            HeaderValue::from_static("fairway-agent"),
+        );
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|source| ScrapeError::Connect {
+                url: self.url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(ScrapeError::Status {
+                url: self.url.clone(),
+                status,
+            });
+        }
+        match Limited::new(resp.into_body(), MAX_SCRAPE_BYTES)
+            .collect()
+            .await
+        {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<LengthLimitError>() => Err(ScrapeError::TooLarge {
+                url: self.url.clone(),
+                limit: MAX_SCRAPE_BYTES,
+            }),
+            Err(source) => Err(ScrapeError::Body {
+                url: self.url.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(url: &str) -> AgentConfig {
+        AgentConfig {
+            engine_metrics: url.to_owned(),
+            dialect: MetricsDialect::Vllm,
+            timeout: Duration::from_secs(1),
+            nvml_lib: None,
+        }
+    }
+
+    #[test]
+    fn url_with_path_is_kept() {
+        let uri = check(&cfg("http://127.0.0.1:8000/metrics?x=1")).unwrap();
+        assert_eq!(uri.to_string(), "http://127.0.0.1:8000/metrics?x=1");
+    }
+
+    #[test]
+    fn url_without_path_scrapes_metrics() {
+        let uri = check(&cfg("http://localhost:8000")).unwrap();
+        assert_eq!(uri.to_string(), "http://localhost:8000/metrics");
+    }
+
+    #[test]
+    fn url_that_is_not_plain_http_is_refused() {
+        for url in [
+            "",
+            "localhost:8000/metrics",
+            "https://localhost:8000/metrics",
+            "http:///metrics",
+            "http://user:pw@localhost:8000/metrics",
+            "/metrics",
+        ] {
+            let err = check(&cfg(url)).unwrap_err();
+            assert!(matches!(err, AgentConfigError::Url { .. }), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn engine_dialects_only_and_a_timeout() {
+        for dialect in [MetricsDialect::Agent, MetricsDialect::None] {
+            let c = AgentConfig {
+                dialect,
+                ..cfg("http://h:1/metrics")
+            };
+            assert!(matches!(check(&c), Err(AgentConfigError::Dialect { .. })));
+        }
+        let c = AgentConfig {
+            timeout: Duration::ZERO,
+            ..cfg("http://h:1/metrics")
+        };
+        assert!(matches!(check(&c), Err(AgentConfigError::ZeroTimeout)));
+    }
+}

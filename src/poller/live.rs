@@ -1,0 +1,289 @@
+//! The I/O half of the poller: one task per backend that, every `[poller]
+//! interval`, probes the backend's health endpoint and scrapes its metrics
+//! (each within `[poller] timeout`), and feeds the scheduler.
+//!
+//! - A reading decoded from a scrape goes to [`Scheduler::on_reading`]
+//!   (headroom and the adaptive window).
+//! - A backend is ejected when its health probe fails (no answer in time,
+//!   or a non-2xx status) or its metrics endpoint cannot be reached at all;
+//!   the dispatch path also ejects one whose connection fails. An ejected
+//!   backend returns at the first tick whose probe answers 2xx.
+//! - A scrape that is answered but unusable (an error status, a body with
+//!   none of the dialect's metrics) does not eject: the engine is up and
+//!   serving, so the reading just goes stale and routing falls back to the
+//!   gateway's own counts. It is counted in `scrape_errors`.
+//!
+//! Tasks are matched to backends by name; a reload that changes a
+//! backend's address, dialect or poller settings restarts its task (and
+//! with it the histogram window), one that removes the backend stops it.
+//!
+//! [`Scheduler::on_reading`]: crate::core::scheduler::Scheduler::on_reading
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, header};
+use http_body_util::{BodyExt, Full, Limited};
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{BackendTarget, MetricsDialect, Policy};
+use crate::core::reading::Reading;
+use crate::poller::Decoder;
+use crate::proxy::gateway::Gateway;
+
+/// Largest scrape body read; a larger one fails the scrape.
+const MAX_SCRAPE_BYTES: usize = 8 << 20;
+
+/// What one backend's task talks to, and how often.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Target {
+    dialect: MetricsDialect,
+    /// `http://…` URL of the scrape; `None` for dialect `none`.
+    metrics: Option<String>,
+    /// `http://…` URL of the health probe.
+    health: String,
+    interval: Duration,
+    timeout: Duration,
+}
+
+/// Counters of one backend's poller, read at `/metrics` scrape time.
+#[derive(Debug, Default)]
+pub struct PollStats {
+    /// Scrapes that failed: unreachable, error status, or undecodable.
+    pub scrape_errors: AtomicU64,
+}
+
+/// The running poller tasks, by backend name.
+#[derive(Debug, Default)]
+pub struct Pollers {
+    running: HashMap<String, (Target, CancellationToken)>,
+    stats: HashMap<String, Arc<PollStats>>,
+}
+
+impl Pollers {
+    /// Starts, restarts or stops tasks so that exactly the backends of
+    /// `policy` are polled as it says. `sims` maps in-process simulated
+    /// backends to their `host:port`.
+    pub fn reconcile(
+        &mut self,
+        gw: &Arc<Gateway>,
+        policy: &Policy,
+        sims: &HashMap<String, String>,
+    ) {
+        let mut wanted = HashMap::new();
+        for b in policy.pools.iter().flat_map(|p| &p.backends) {
+            let authority = match &b.target {
+                BackendTarget::Url { authority } => authority.clone(),
+                BackendTarget::Sim { .. } => match sims.get(&b.name) {
+                    Some(a) => a.clone(),
+                    None => continue,
+                },
+            };
+            let metrics = match (b.metrics, &b.metrics_url) {
+                (MetricsDialect::None, _) => None,
+                (_, Some(e)) => Some(format!("http://{}{}", e.authority, e.path)),
+                (_, None) => Some(format!("http://{authority}/metrics")),
+            };
+            wanted.insert(
+                b.name.clone(),
+                Target {
+                    dialect: b.metrics,
+                    metrics,
+                    health: format!("http://{authority}{}", b.health_path),
+                    interval: policy.poller.interval,
+                    timeout: policy.poller.timeout,
+                },
+            );
+        }
+        self.running.retain(|name, (target, stop)| {
+            let keep = wanted.get(name) == Some(target);
+            if !keep {
+                stop.cancel();
+            }
+            keep
+        });
+        self.stats.retain(|name, _| wanted.contains_key(name));
+        for (name, target) in wanted {
+            if self.running.contains_key(&name) {
+                continue;
+            }
+            let stop = CancellationToken::new();
+            let stats = self.stats.entry(name.clone()).or_default().clone();
+            tokio::spawn(poll(
+                Arc::downgrade(gw),
+                name.clone(),
+                target.clone(),
+                stats,
+                stop.clone(),
+            ));
+            self.running.insert(name, (target, stop));
+        }
+    }
+
+    /// Failed scrapes of a backend so far.
+    pub fn scrape_errors(&self, backend: &str) -> u64 {
+        self.stats
+            .get(backend)
+            .map_or(0, |s| s.scrape_errors.load(Ordering::Relaxed))
+    }
+
+    /// Stops every task (shutdown).
+    pub fn stop_all(&mut self) {
+        for (_, (_, stop)) in self.running.drain() {
+            stop.cancel();
+        }
+    }
+}
+
+/// Why a scrape gave no reading.
+#[derive(Debug)]
+enum ScrapeError {
+    /// No HTTP answer: connection failed, reset, or timed out.
+    Unreachable(String),
+    /// Answered, but not with a usable reading.
+    Unusable(String),
+}
+
+/// One backend's loop; ends when cancelled or the gateway is gone.
+async fn poll(
+    gw: Weak<Gateway>,
+    name: String,
+    target: Target,
+    stats: Arc<PollStats>,
+    stop: CancellationToken,
+) {
+    let mut decoder = Decoder::new(target.dialect);
+    let mut tick = tokio::time::interval(target.interval);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // Log a failure when it starts or changes, not at every tick.
+    let mut last_problem: Option<String> = None;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(gw) = gw.upgrade() else { return };
+        let (probe, scrape) = tokio::join!(probe(&gw, &target), scrape(&gw, &target, &mut decoder));
+        let unreachable = match &scrape {
+            Some(Err(ScrapeError::Unreachable(cause))) => Some(cause.clone()),
+            _ => None,
+        };
+        let problem = match (&probe, &unreachable, &scrape) {
+            (Err(cause), _, _) => Some(format!("health probe {}: {cause}", target.health)),
+            (Ok(()), Some(cause), _) => Some(format!(
+                "metrics {}: {cause}",
+                target.metrics.as_deref().unwrap_or("")
+            )),
+            (Ok(()), None, Some(Err(ScrapeError::Unusable(cause)))) => Some(format!(
+                "metrics {}: {cause}",
+                target.metrics.as_deref().unwrap_or("")
+            )),
+            _ => None,
+        };
+        if matches!(scrape, Some(Err(_))) {
+            stats.scrape_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let up = probe.is_ok() && unreachable.is_none();
+        let now = gw.clock.now();
+        let was_up = {
+            let mut core = gw.core.lock();
+            let Some(id) = core.sched.backend(&name) else {
+                continue;
+            };
+            let was_up = core.sched.is_healthy(id);
+            let mut decisions = Vec::new();
+            if was_up != up {
+                decisions.extend(core.sched.set_health(now, id, up));
+            }
+            if up && let Some(Ok(reading)) = scrape {
+                decisions.extend(core.sched.on_reading(now, id, reading));
+            }
+            core.deliver(decisions, None);
+            was_up
+        };
+        match (was_up, up) {
+            (true, false) => {
+                tracing::warn!(backend = %name, problem = problem.as_deref().unwrap_or(""), "backend ejected");
+            }
+            (false, true) => tracing::info!(backend = %name, "backend healthy again"),
+            _ => {}
+        }
+        if problem != last_problem {
+            if let Some(p) = &problem
+                && up
+            {
+                tracing::warn!(backend = %name, problem = %p, "backend reading unavailable");
+            }
+            last_problem = problem;
+        }
+    }
+}
+
+/// `GET` the health URL: `Ok` on a 2xx answer within the timeout.
+async fn probe(gw: &Gateway, target: &Target) -> Result<(), String> {
+    let (status, _) = get(gw, &target.health, target.timeout, 64 << 10).await?;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("answered {status}"))
+    }
+}
+
+/// Scrapes and decodes; `None` for dialect `none`.
+async fn scrape(
+    gw: &Gateway,
+    target: &Target,
+    decoder: &mut Decoder,
+) -> Option<Result<Reading, ScrapeError>> {
+    let url = target.metrics.as_deref()?;
+    let (status, body) = match get(gw, url, target.timeout, MAX_SCRAPE_BYTES).await {
+        Ok(answer) => answer,
+        Err(cause) => return Some(Err(ScrapeError::Unreachable(cause))),
+    };
+    if !status.is_success() {
+        return Some(Err(ScrapeError::Unusable(format!("answered {status}"))));
+    }
+    let text = String::from_utf8_lossy(&body);
+    Some(
+        decoder
+            .decode(&text, gw.clock.now())
+            .map_err(|e| ScrapeError::Unusable(e.to_string())),
+    )
+}
+
+/// One `GET` with a deadline over the whole exchange, body included.
+/// `Err` means no complete answer arrived.
+async fn get(
+    gw: &Gateway,
+    url: &str,
+    timeout: Duration,
+    limit: usize,
+) -> Result<(http::StatusCode, Bytes), String> {
+    let req = Request::get(url)
+        .header(header::ACCEPT, "text/plain, application/json")
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let exchange = async {
+        let resp = gw.client.request(req).await.map_err(|e| {
+            std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string())
+        })?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), limit)
+            .collect()
+            .await
+            .map_err(|e| format!("reading the body: {e}"))?
+            .to_bytes();
+        Ok((status, body))
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "no answer within {}",
+            humantime::format_duration(timeout)
+        )),
+    }
+}
