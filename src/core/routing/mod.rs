@@ -174,6 +174,16 @@ mod tests {
     }
 
     #[test]
+    fn random_spreads_evenly_whatever_the_load() {
+        let mut rng = SmallRng::seed_from_u64(3);
+        let c = [cand(0, 7, 3, 8, 0.9), cand(1, 0, 0, 8, 0.0)];
+        let busy = (0..2000)
+            .filter(|_| pick(Strategy::Random, &c, &mut rng, &mut 0) == Some(0))
+            .count();
+        assert!((850..1150).contains(&busy), "{busy}");
+    }
+
+    #[test]
     fn empty_pool_picks_nothing() {
         let mut rng = SmallRng::seed_from_u64(1);
         assert_eq!(pick(Strategy::Random, &[], &mut rng, &mut 0), None);
