@@ -6,6 +6,7 @@
 //! - [`poller`]: sans-IO metrics parsing and backend dialects (scrape body to reading).
 //! - [`sim`]: the simulated vLLM-like engine and its HTTP backend.
 //! - [`proxy`]: the I/O shell: listeners, the request path, the SSE relay, admin, reload.
+//! - [`replay`]: `fairway replay`, the discrete-event policy simulator, its workloads and reports.
 //! - [`telemetry`]: Prometheus metrics.
 //! - [`agent`]: the `fairway agent` GPU-node sidecar (engine scrape plus NVML, one JSON reading).
 //! - [`clock`]: the one wall-clock reader.
@@ -17,6 +18,7 @@ pub mod config;
 pub mod core;
 pub mod poller;
 pub mod proxy;
+pub mod replay;
 pub mod sim;
 pub mod telemetry;
 pub mod tokens;

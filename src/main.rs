@@ -1,4 +1,4 @@
-//! The `fairway` command line: serve, check, sim-backend.
+//! The `fairway` command line: serve, check, replay, workload, agent, sim-backend.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -45,6 +45,56 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Simulate a policy on a workload: the live scheduler against simulated
+    /// engines on a simulated clock, deterministic for a seed.
+    Replay {
+        /// The policy file (its pools' `sim` parameters model the backends).
+        #[arg(long, default_value = "config/reference.toml")]
+        policy: PathBuf,
+        /// A JSONL workload (docs/policy-evaluation.md has the format).
+        #[arg(
+            long,
+            required_unless_present = "scenario",
+            conflicts_with = "scenario"
+        )]
+        workload: Option<PathBuf>,
+        /// `reference`, or a scenario file (TOML) to generate the workload from.
+        #[arg(long)]
+        scenario: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Run the same workload under each discipline and/or strategy.
+        #[arg(long, value_enum)]
+        compare: Option<fairway::replay::Compare>,
+        /// Write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Draw per-tenant TTFT and queue depth over time, one SVG a run, here.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+    },
+    /// Write a workload file (JSONL): generated from a scenario, or from
+    /// Fairway's own JSON access log.
+    Workload {
+        /// `reference`, or a scenario file (TOML).
+        #[arg(
+            long,
+            required_unless_present = "from_access_log",
+            conflicts_with = "from_access_log"
+        )]
+        scenario: Option<String>,
+        /// A `serve --log-json` log to turn into a workload.
+        #[arg(long)]
+        from_access_log: Option<PathBuf>,
+        /// The policy whose first pool names the model (scenarios without `model`).
+        #[arg(long, default_value = "config/reference.toml")]
+        policy: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where to write (default: standard output).
+        #[arg(long, short)]
+        out: Option<PathBuf>,
+    },
     /// Run the GPU-node sidecar: serves the local engine's metrics and NVML's
     /// GPU readings as one JSON reading (`metrics = "agent"`).
     Agent {
@@ -75,6 +125,9 @@ enum Command {
         kv_tokens: u64,
         #[arg(long, default_value_t = EngineParams::default().max_model_len)]
         max_model_len: u32,
+        /// Most prompt tokens prefilled in one engine step.
+        #[arg(long, default_value_t = EngineParams::default().max_num_batched_tokens)]
+        max_num_batched_tokens: u32,
         #[arg(long, default_value_t = EngineParams::default().prefill_tokens_per_s)]
         prefill_tokens_per_s: f64,
         /// Decode step time with one sequence in the batch.
@@ -111,6 +164,36 @@ fn main() -> ExitCode {
     init_logging(cli.log_json);
     match cli.command {
         Command::Check { paths } => check(&paths),
+        Command::Replay {
+            policy,
+            workload,
+            scenario,
+            seed,
+            compare,
+            json,
+            svg,
+        } => report(replay(ReplayArgs {
+            policy,
+            workload,
+            scenario,
+            seed,
+            compare,
+            json,
+            svg,
+        })),
+        Command::Workload {
+            scenario,
+            from_access_log,
+            policy,
+            seed,
+            out,
+        } => report(write_workload(
+            scenario,
+            from_access_log,
+            &policy,
+            seed,
+            out,
+        )),
         Command::Agent {
             listen,
             engine_metrics,
@@ -136,6 +219,7 @@ fn main() -> ExitCode {
             max_num_seqs,
             kv_tokens,
             max_model_len,
+            max_num_batched_tokens,
             prefill_tokens_per_s,
             decode_step_base,
             decode_step_per_seq,
@@ -146,6 +230,7 @@ fn main() -> ExitCode {
                 max_num_seqs,
                 kv_tokens,
                 max_model_len,
+                max_num_batched_tokens,
                 prefill_tokens_per_s,
                 decode_step_base,
                 decode_step_per_seq,
@@ -357,5 +442,123 @@ async fn agent(listen: SocketAddr, cfg: AgentConfig) -> anyhow::Result<()> {
     };
     serve_agent(listener, cfg, shutdown).await?;
     tracing::info!("fairway agent stopped");
+    Ok(())
+}
+
+struct ReplayArgs {
+    policy: PathBuf,
+    workload: Option<PathBuf>,
+    scenario: Option<String>,
+    seed: u64,
+    compare: Option<fairway::replay::Compare>,
+    json: Option<PathBuf>,
+    svg: Option<PathBuf>,
+}
+
+/// Loads a policy for offline use, with every error listed.
+fn offline_policy(path: &std::path::Path) -> anyhow::Result<fairway::config::Policy> {
+    load_policy(path).map(|(p, _)| p).map_err(|errors| {
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("invalid policy:\n{}", lines.join("\n"))
+    })
+}
+
+/// `reference` or a scenario file, generated against the policy's first pool.
+fn scenario_workload(
+    name: &str,
+    policy: &fairway::config::Policy,
+    seed: u64,
+) -> anyhow::Result<Vec<fairway::replay::workload::WorkRequest>> {
+    use fairway::replay::scenario::{Scenario, reference};
+    let scenario = if name == "reference" {
+        reference()
+    } else {
+        let text = std::fs::read_to_string(name).with_context(|| format!("reading {name}"))?;
+        Scenario::from_toml(&text).map_err(|e| anyhow::anyhow!("{name}: {e}"))?
+    };
+    let model = policy.pools.first().map_or("", |p| p.model.as_str());
+    Ok(scenario.generate(model, seed))
+}
+
+fn replay(a: ReplayArgs) -> anyhow::Result<()> {
+    use fairway::replay::{report, run_variant, sim::RunOptions, variants, workload};
+    let policy = offline_policy(&a.policy)?;
+    let work = match (&a.workload, &a.scenario) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            workload::parse_jsonl(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        (None, Some(name)) => scenario_workload(name, &policy, a.seed)?,
+        (None, None) => anyhow::bail!("give --workload FILE or --scenario NAME"),
+    };
+    if let Some(dir) = &a.svg {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let clock = fairway::clock::Clock::new();
+    let mut runs = Vec::new();
+    for (discipline, strategy) in variants(&policy, a.compare) {
+        let label = format!(
+            "{}/{}",
+            report::as_str(&discipline),
+            report::as_str(&strategy)
+        );
+        let opts = RunOptions {
+            seed: a.seed,
+            progress: Some(format!("replay {label}")),
+        };
+        let (run, trace) = run_variant(&policy, &work, discipline, strategy, &opts);
+        if let Some(dir) = &a.svg {
+            let file = dir.join(format!("{}.svg", label.replace('/', "-")));
+            let title = format!("{label}: TTFT p99 per 5 s of arrival, and queue depth");
+            std::fs::write(&file, report::svg(&title, &trace))
+                .with_context(|| format!("writing {}", file.display()))?;
+        }
+        runs.push(run);
+    }
+    print!("{}", report::table(&runs));
+    println!(
+        "{} requests, {} run(s), seed {}, {:.2} s wall",
+        work.len(),
+        runs.len(),
+        a.seed,
+        clock.now().as_secs_f64()
+    );
+    if let Some(path) = &a.json {
+        std::fs::write(path, report::json(&runs))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn write_workload(
+    scenario: Option<String>,
+    log: Option<PathBuf>,
+    policy: &std::path::Path,
+    seed: u64,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    use fairway::replay::workload;
+    let work = match (scenario, log) {
+        (_, Some(log)) => {
+            let text = std::fs::read_to_string(&log)
+                .with_context(|| format!("reading {}", log.display()))?;
+            let (w, skipped) = workload::from_access_log(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", log.display()))?;
+            if skipped > 0 {
+                eprintln!("skipped {skipped} access events without a tenant, model or timestamp");
+            }
+            w
+        }
+        (Some(name), None) => scenario_workload(&name, &offline_policy(policy)?, seed)?,
+        (None, None) => anyhow::bail!("give --scenario NAME or --from-access-log FILE"),
+    };
+    let text = workload::to_jsonl(&work);
+    match out {
+        Some(path) => {
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => print!("{text}"),
+    }
     Ok(())
 }

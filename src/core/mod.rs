@@ -6,6 +6,7 @@
 
 pub mod accounting;
 pub mod admission;
+pub mod fairness;
 pub mod ids;
 pub mod queue;
 pub mod reading;

@@ -568,6 +568,7 @@ impl Scheduler {
         let gpu_seconds = b.clock.finish(now, mark);
         b.in_flight = b.in_flight.saturating_sub(1);
         let pool = &mut self.pools[req.pool.0 as usize];
+        let mut actual = None;
         if let Some(u) = usage {
             let tokens = f64::from(u.prompt_tokens) + f64::from(u.completion_tokens);
             if tokens >= 1.0 {
@@ -575,7 +576,7 @@ impl Scheduler {
                 pool.gpu_seconds_per_token = 0.9 * pool.gpu_seconds_per_token + 0.1 * sample;
             }
             let capacity = pool_capacity(&self.backends, pool);
-            let actual = cost(
+            actual = Some(cost(
                 self.discipline,
                 Work {
                     prompt_tokens: f64::from(u.prompt_tokens),
@@ -584,9 +585,9 @@ impl Scheduler {
                 },
                 capacity,
                 self.output_token_weight,
-            );
-            pool.queue.charge(req.tenant, actual - charged);
+            ));
         }
+        pool.queue.settle(req.tenant, charged, actual);
         let t = &mut self.tenants[req.tenant.0 as usize];
         t.active = t.active.saturating_sub(1);
         t.in_flight = t.in_flight.saturating_sub(1);
@@ -740,7 +741,7 @@ impl Scheduler {
         t.in_flight = t.in_flight.saturating_sub(1);
         self.deadlines.insert((deadline, id));
         let q = &mut self.pools[pool.0 as usize].queue;
-        q.charge(tenant, -charged);
+        q.settle(tenant, charged, Some(0.0));
         q.push_front(tenant, id);
         let mut out = Vec::new();
         self.try_dispatch(now, pool, &mut out);
@@ -887,7 +888,7 @@ impl Scheduler {
                 capacity,
                 self.output_token_weight,
             );
-            self.pools[p].queue.charge(tenant, charged);
+            self.pools[p].queue.charge_estimate(tenant, charged);
             let b = &mut self.backends[backend.0 as usize];
             b.in_flight += 1;
             let mark = b.clock.start(now);

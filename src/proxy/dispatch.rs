@@ -50,6 +50,10 @@ pub struct Ticket {
     first_byte: Option<Instant>,
     queue_wait: Option<Duration>,
     prompt_estimate: u32,
+    /// What the client asked for (`max_tokens`, `stream`), for the access
+    /// log, so `fairway workload --from-access-log` can replay it.
+    max_tokens: Option<u32>,
+    stream_requested: bool,
     /// The response is an SSE stream: its first byte is the first token.
     streaming: bool,
     outcome: Option<Outcome>,
@@ -73,6 +77,8 @@ impl Ticket {
             first_byte: None,
             queue_wait: None,
             prompt_estimate: 0,
+            max_tokens: None,
+            stream_requested: false,
             streaming: false,
             outcome: None,
             usage: None,
@@ -192,6 +198,8 @@ impl Drop for Ticket {
             prompt_tokens = usage.prompt_tokens,
             completion_tokens = usage.completion_tokens,
             prompt_tokens_estimate = self.prompt_estimate,
+            max_tokens = self.max_tokens,
+            stream = self.stream_requested,
             gpu_seconds = self.gpu_seconds,
             "request"
         );
@@ -343,6 +351,8 @@ async fn run(
         .ok_or_else(|| ApiError::UnknownModel(info.model.clone()))?;
     ticket.pool = Some((pool, pool_index));
     ticket.prompt_estimate = info.prompt_tokens;
+    ticket.max_tokens = info.max_tokens;
+    ticket.stream_requested = info.stream;
     let pool_policy = &live.policy.pools[pool_index];
     let is_embedding = path.ends_with("/embeddings");
     let arrival = Arrival {

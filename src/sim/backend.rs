@@ -12,7 +12,7 @@
 //! its sequence; whoever removes it (the driver on `Finished`, the request's
 //! guard on drop) settles it, so a dropped stream always cancels.
 
-mod metrics;
+pub(crate) mod metrics;
 mod openai;
 mod routes;
 

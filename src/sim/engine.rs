@@ -41,6 +41,11 @@ pub struct EngineParams {
     pub block_size: u32,
     /// Longest prompt + output the engine accepts (vLLM `max_model_len`).
     pub max_model_len: u32,
+    /// Most prompt tokens prefilled in one step (vLLM
+    /// `--max-num-batched-tokens`): later arrivals wait for the next step,
+    /// so one burst of long prompts cannot stall decoding for seconds. A
+    /// prompt longer than this runs alone in its step.
+    pub max_num_batched_tokens: u32,
     /// Prefill throughput: prompt tokens processed per simulated second.
     pub prefill_tokens_per_s: f64,
     /// Decode step time with one sequence in the batch.
@@ -60,6 +65,7 @@ impl Default for EngineParams {
             kv_tokens: 65_536,
             block_size: 16,
             max_model_len: 8192,
+            max_num_batched_tokens: 8192,
             prefill_tokens_per_s: 20_000.0,
             decode_step_base: Duration::from_millis(10),
             decode_step_per_seq: Duration::from_micros(200),
@@ -374,6 +380,11 @@ impl Engine {
                 break;
             };
             let tokens = head.tokens_in_kv();
+            if prefill_tokens > 0
+                && prefill_tokens + tokens > u64::from(self.params.max_num_batched_tokens)
+            {
+                break;
+            }
             // The +1 leaves room for the first decoded token, like vLLM's
             // watermark, so a just-admitted sequence is not preempted at once.
             if self.blocks_for(tokens + 1) > self.blocks_free {

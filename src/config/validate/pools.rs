@@ -38,6 +38,7 @@ const SIM_KEYS: &[&str] = &[
     "kv_tokens",
     "block_size",
     "max_model_len",
+    "max_num_batched_tokens",
     "prefill_tokens_per_s",
     "decode_step_base",
     "decode_step_per_seq",
@@ -421,6 +422,9 @@ fn read_sim(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<EngineParam
     }
     if let Some(v) = r.opt(&t, "max_model_len", Reader::positive_int) {
         params.max_model_len = v;
+    }
+    if let Some(v) = r.opt(&t, "max_num_batched_tokens", Reader::positive_int) {
+        params.max_num_batched_tokens = v;
     }
     if let Some(v) = r.opt(&t, "prefill_tokens_per_s", Reader::positive) {
         params.prefill_tokens_per_s = v;

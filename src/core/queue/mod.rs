@@ -7,7 +7,12 @@
 //! counter; counters advance by `cost / weight`; a tenant that becomes
 //! backlogged is lifted to the smallest backlogged counter (or to the
 //! counter of the last dispatch when none is backlogged), so idle time banks
-//! no credit. They differ only in the cost charged (see [`cost`]). `fifo` and
+//! no credit. A dispatch charges an estimate that the completion corrects;
+//! the lift compares *settled* counters (less the estimates still in
+//! flight), because an estimate far above the real cost — a burst
+//! dispatched on a per-token average learned at light load — would
+//! otherwise lift a returning tenant to a counter the others only refund
+//! away later, and keep it waiting for minutes. They differ only in the cost charged (see [`cost`]). `fifo` and
 //! `priority` are baselines: arrival order, and strict priority by tenant
 //! class (which starves `batch` tenants under load).
 //!
@@ -43,6 +48,8 @@ struct TenantQueue {
     entries: VecDeque<(RequestId, u64)>,
     live: u32,
     counter: f64,
+    /// Part of `counter` that is estimates of dispatched, unsettled work.
+    pending: f64,
     weight: f64,
     class: u8,
     key: Option<Key>,
@@ -54,6 +61,7 @@ impl TenantQueue {
             entries: VecDeque::new(),
             live: 0,
             counter: 0.0,
+            pending: 0.0,
             weight,
             class,
             key: None,
@@ -200,11 +208,17 @@ impl FairQueue {
         let becomes_backlogged = self.tenants[i].live == 0;
         if becomes_backlogged {
             // VTC lift: no credit for idle time.
-            let floor = match self.backlogged.first() {
-                Some((_, t)) if matches!(self.discipline, Discipline::Drf | Discipline::Wfq) => {
-                    self.tenants[t.0 as usize].counter
-                }
-                _ => self.vtime,
+            let fair = matches!(self.discipline, Discipline::Drf | Discipline::Wfq);
+            let floor = if fair && !self.backlogged.is_empty() {
+                self.backlogged
+                    .iter()
+                    .map(|(_, t)| {
+                        let q = &self.tenants[t.0 as usize];
+                        q.counter - q.pending
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            } else {
+                self.vtime
             };
             let q = &mut self.tenants[i];
             q.counter = q.counter.max(floor);
@@ -264,7 +278,26 @@ impl FairQueue {
         self.rekey(tenant, is_live);
     }
 
-    /// Charges `cost` (may be negative: a correction) to a tenant's counter.
+    /// Charges a dispatch's estimated cost to a tenant's counter.
+    pub fn charge_estimate(&mut self, tenant: TenantId, estimate: f64) {
+        if let Some(q) = self.tenants.get_mut(tenant.0 as usize) {
+            q.pending += estimate / q.weight;
+        }
+        self.charge(tenant, estimate);
+    }
+
+    /// Settles a dispatch charged `estimate`: its real cost is `actual`
+    /// (`None`: unknown, the estimate stands; `Some(0.0)`: refunded).
+    pub fn settle(&mut self, tenant: TenantId, estimate: f64, actual: Option<f64>) {
+        if let Some(q) = self.tenants.get_mut(tenant.0 as usize) {
+            q.pending = (q.pending - estimate / q.weight).max(0.0);
+        }
+        if let Some(a) = actual {
+            self.charge(tenant, a - estimate);
+        }
+    }
+
+    /// Adds `cost` (may be negative: a correction) to a tenant's counter.
     pub fn charge(&mut self, tenant: TenantId, cost: f64) {
         let Some(q) = self.tenants.get_mut(tenant.0 as usize) else {
             return;

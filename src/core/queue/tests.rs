@@ -150,3 +150,37 @@ fn a_request_put_back_keeps_its_turn() {
     assert_eq!(q.pop(live), Some((TenantId(0), id(1))));
     assert_eq!(q.pop(live), Some((TenantId(0), id(2))));
 }
+
+#[test]
+fn a_returning_tenant_is_lifted_to_settled_counters_not_estimates() {
+    let mut q = FairQueue::new(Discipline::Drf);
+    q.set_tenant(TenantId(0), 1.0, Priority::Batch);
+    q.set_tenant(TenantId(1), 3.0, Priority::Interactive);
+    for n in 0..20 {
+        q.push(TenantId(0), id(n));
+    }
+    // A burst of tenant 0 goes out on an estimate ten times the real cost.
+    let mut dispatched = Vec::new();
+    for _ in 0..10 {
+        let (t, _) = q.pop(live).unwrap();
+        q.charge_estimate(t, 10.0);
+        dispatched.push(t);
+    }
+    assert_eq!(q.counter(TenantId(0)), 100.0);
+    // Tenant 1 arrives while all of it is in flight: it is not lifted to
+    // 100, a counter tenant 0 will be refunded down from.
+    q.push(TenantId(1), id(100));
+    assert_eq!(q.counter(TenantId(1)), 0.0);
+    for t in dispatched {
+        q.settle(t, 10.0, Some(1.0));
+    }
+    assert_eq!(q.counter(TenantId(0)), 10.0);
+    assert_eq!(q.pop(live), Some((TenantId(1), id(100))));
+    // Unknown actual cost: the estimate stands; a refund takes it all back.
+    q.charge_estimate(TenantId(1), 3.0);
+    q.settle(TenantId(1), 3.0, None);
+    assert_eq!(q.counter(TenantId(1)), 1.0);
+    q.charge_estimate(TenantId(1), 3.0);
+    q.settle(TenantId(1), 3.0, Some(0.0));
+    assert_eq!(q.counter(TenantId(1)), 1.0);
+}

@@ -10,13 +10,13 @@ use std::fmt::Write as _;
 use crate::sim::engine::EngineStats;
 
 /// vLLM's default `time_to_first_token_seconds` bounds (0.10-era), seconds.
-const TTFT_BUCKETS: [f64; 22] = [
+pub(crate) const TTFT_BUCKETS: [f64; 22] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
 
 /// vLLM's default request-latency family bounds (0.10-era), seconds.
-const LATENCY_BUCKETS: [f64; 21] = [
+pub(crate) const LATENCY_BUCKETS: [f64; 21] = [
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
 ];

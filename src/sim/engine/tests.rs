@@ -13,6 +13,7 @@ fn params() -> EngineParams {
         kv_tokens: 16 * 1024,
         block_size: 16,
         max_model_len: 4096,
+        max_num_batched_tokens: 16 * 1024,
         prefill_tokens_per_s: 10_000.0,
         decode_step_base: Duration::from_millis(10),
         decode_step_per_seq: Duration::from_millis(1),
@@ -403,4 +404,28 @@ fn a_hundred_thousand_requests_replay_quickly() {
     assert_eq!(s.finished_total, n);
     assert_eq!(s.generation_tokens_total, tokens);
     assert_eq!(s.kv_blocks_used, 0);
+}
+
+#[test]
+fn a_step_prefills_at_most_the_token_budget() {
+    let mut e = Engine::new(EngineParams {
+        max_num_batched_tokens: 1000,
+        ..params()
+    });
+    for id in 0..3 {
+        e.submit(Instant::ZERO, req(id, 600, 2)).unwrap();
+    }
+    let mut out = Vec::new();
+    e.advance(Instant::ZERO, &mut out);
+    // 600 + 600 > 1000: one prompt in the first step, the next waits.
+    assert_eq!(e.stats().running, 1);
+    assert_eq!(e.stats().waiting, 2);
+    // A prompt longer than the budget still runs, alone.
+    let mut big = Engine::new(EngineParams {
+        max_num_batched_tokens: 100,
+        ..params()
+    });
+    big.submit(Instant::ZERO, req(9, 600, 1)).unwrap();
+    big.advance(Instant::ZERO, &mut out);
+    assert_eq!(big.stats().running, 1);
 }

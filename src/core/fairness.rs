@@ -1,0 +1,138 @@
+//! Jain's fairness index over backlogged tenants' weighted service, per
+//! window.
+//!
+//! The caller samples, at any cadence, each tenant's cumulative weighted
+//! service (service divided by the tenant's weight, in whatever unit it
+//! measures: tokens in the replay, tokens of finished requests live) and
+//! whether it is backlogged (has requests queued). When a window closes,
+//! the tenants backlogged at every sample of it are compared: Jain's index
+//! `(Σx)² / (n·Σx²)` of their service in the window is 1 when they got
+//! equal weighted service and 1/n when one got everything. A window with
+//! fewer than two such tenants has no index: fairness only means something
+//! among tenants that all wanted more.
+
+use std::time::Duration;
+
+use crate::core::time::Instant;
+
+/// Jain's index of `xs`; `None` when empty or all zero.
+pub fn jain(xs: &[f64]) -> Option<f64> {
+    let sum: f64 = xs.iter().sum();
+    let sq: f64 = xs.iter().map(|x| x * x).sum();
+    (!xs.is_empty() && sq > 0.0).then(|| sum * sum / (xs.len() as f64 * sq))
+}
+
+/// Windowed Jain's index over backlogged tenants.
+#[derive(Clone, Debug)]
+pub struct FairnessMeter {
+    window: Duration,
+    start: Option<Instant>,
+    /// Cumulative service at the window's start.
+    base: Vec<f64>,
+    /// Backlogged at every sample so far in this window.
+    always: Vec<bool>,
+    last: Option<f64>,
+    /// Sum and count of closed windows' indices.
+    total: f64,
+    windows: u32,
+}
+
+impl FairnessMeter {
+    pub fn new(window: Duration) -> Self {
+        FairnessMeter {
+            window,
+            start: None,
+            base: Vec::new(),
+            always: Vec::new(),
+            last: None,
+            total: 0.0,
+            windows: 0,
+        }
+    }
+
+    /// Records a sample; `service[i]` and `backlogged[i]` are tenant `i`'s.
+    /// Returns the index of a window this sample closed, if it had one.
+    pub fn sample(&mut self, now: Instant, service: &[f64], backlogged: &[bool]) -> Option<f64> {
+        let n = service.len().min(backlogged.len());
+        let Some(start) = self.start else {
+            self.open(now, service, backlogged);
+            return None;
+        };
+        if self.always.len() < n {
+            // A tenant added since the window opened: not in this window.
+            self.always.resize(n, false);
+            self.base.resize(n, 0.0);
+        }
+        for (a, b) in self.always.iter_mut().zip(backlogged) {
+            *a &= *b;
+        }
+        if now.saturating_since(start) < self.window {
+            return None;
+        }
+        let got: Vec<f64> = (0..n)
+            .filter(|&i| self.always[i])
+            .map(|i| (service[i] - self.base[i]).max(0.0))
+            .collect();
+        let index = if got.len() >= 2 { jain(&got) } else { None };
+        if let Some(j) = index {
+            self.last = Some(j);
+            self.total += j;
+            self.windows += 1;
+        }
+        self.open(now, service, backlogged);
+        index
+    }
+
+    fn open(&mut self, now: Instant, service: &[f64], backlogged: &[bool]) {
+        self.start = Some(now);
+        self.base.clear();
+        self.base.extend_from_slice(service);
+        self.always.clear();
+        self.always.extend_from_slice(backlogged);
+    }
+
+    /// The latest closed window's index.
+    pub fn last(&self) -> Option<f64> {
+        self.last
+    }
+
+    /// Mean over every closed window that had an index.
+    pub fn mean(&self) -> Option<f64> {
+        (self.windows > 0).then(|| self.total / f64::from(self.windows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: u64) -> Instant {
+        Instant::from_nanos(s * 1_000_000_000)
+    }
+
+    #[test]
+    fn jain_bounds() {
+        assert_eq!(jain(&[]), None);
+        assert_eq!(jain(&[0.0, 0.0]), None);
+        assert_eq!(jain(&[3.0, 3.0, 3.0]), Some(1.0));
+        assert_eq!(jain(&[5.0, 0.0]), Some(0.5));
+    }
+
+    #[test]
+    fn only_tenants_backlogged_all_window_count() {
+        let mut m = FairnessMeter::new(Duration::from_secs(10));
+        assert_eq!(m.sample(t(0), &[0.0, 0.0, 0.0], &[true, true, true]), None);
+        // Tenant 2 drains mid-window: it is left out.
+        m.sample(t(5), &[5.0, 0.0, 1.0], &[true, true, false]);
+        let j = m.sample(t(10), &[10.0, 0.0, 1.0], &[true, true, true]);
+        assert_eq!(j, Some(0.5), "tenant 1 starved while backlogged");
+        // Next window: equal service.
+        let j = m.sample(t(20), &[20.0, 10.0, 11.0], &[true, true, true]);
+        assert_eq!(j, Some(1.0));
+        assert_eq!(m.mean(), Some(0.75));
+        // A window with one backlogged tenant has no index.
+        let j = m.sample(t(30), &[30.0, 10.0, 11.0], &[true, false, false]);
+        assert_eq!(j, None);
+        assert_eq!(m.last(), Some(1.0));
+    }
+}

@@ -1,0 +1,352 @@
+//! Summaries of replay runs: per-tenant latency, goodput and attainment;
+//! the side-by-side table, the JSON report and the SVG charts.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::config::{Discipline, Strategy};
+use crate::replay::sim::{Outcome, Trace};
+
+/// One tenant's figures in one run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TenantReport {
+    pub requests: usize,
+    pub served: usize,
+    pub ttft_p50_s: Option<f64>,
+    pub ttft_p99_s: Option<f64>,
+    pub e2e_p50_s: Option<f64>,
+    pub e2e_p99_s: Option<f64>,
+    /// Responses within the tenant's SLO per second of the run.
+    pub goodput_rps: f64,
+    /// Responses within SLO over every request the tenant sent (refused,
+    /// shed and failed ones count as misses).
+    pub slo_attainment: f64,
+    pub refused: usize,
+    pub shed: usize,
+    pub failed: usize,
+}
+
+/// One run's figures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunReport {
+    pub discipline: Discipline,
+    pub strategy: Strategy,
+    /// Mean windowed Jain's index over backlogged tenants (`null`: never two
+    /// backlogged tenants at once).
+    pub jain: Option<f64>,
+    pub utilisation: f64,
+    pub throughput_rps: f64,
+    pub goodput_rps: f64,
+    pub output_tokens_per_s: f64,
+    pub makespan_s: f64,
+    pub tenants: BTreeMap<String, TenantReport>,
+}
+
+/// Summarises a trace.
+pub fn summarise(discipline: Discipline, strategy: Strategy, trace: &Trace) -> RunReport {
+    let mut tenants = BTreeMap::new();
+    let span = trace.makespan;
+    for (ti, name) in trace.tenants.iter().enumerate() {
+        let mine: Vec<_> = trace
+            .requests
+            .iter()
+            .filter(|(t, _)| *t == ti)
+            .map(|(_, r)| r)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut ttft: Vec<f64> = mine.iter().filter_map(|r| r.ttft).collect();
+        let mut e2e: Vec<f64> = mine.iter().filter_map(|r| r.e2e).collect();
+        let count = |f: fn(&Outcome) -> bool| mine.iter().filter(|r| f(&r.outcome)).count();
+        let good = mine.iter().filter(|r| r.good).count();
+        tenants.insert(
+            name.clone(),
+            TenantReport {
+                requests: mine.len(),
+                served: count(|o| *o == Outcome::Served),
+                ttft_p50_s: percentile(&mut ttft, 0.50),
+                ttft_p99_s: percentile(&mut ttft, 0.99),
+                e2e_p50_s: percentile(&mut e2e, 0.50),
+                e2e_p99_s: percentile(&mut e2e, 0.99),
+                goodput_rps: good as f64 / span,
+                slo_attainment: good as f64 / mine.len() as f64,
+                refused: count(|o| matches!(o, Outcome::Refused(_))),
+                shed: count(|o| *o == Outcome::Shed),
+                failed: count(|o| *o == Outcome::FailedUpstream),
+            },
+        );
+    }
+    let served = trace
+        .requests
+        .iter()
+        .filter(|(_, r)| r.outcome == Outcome::Served)
+        .count();
+    let good = trace.requests.iter().filter(|(_, r)| r.good).count();
+    RunReport {
+        discipline,
+        strategy,
+        jain: trace.jain,
+        utilisation: trace.utilisation,
+        throughput_rps: served as f64 / span,
+        goodput_rps: good as f64 / span,
+        output_tokens_per_s: trace.output_tokens as f64 / span,
+        makespan_s: span,
+        tenants,
+    }
+}
+
+/// Nearest-rank percentile; sorts `xs`.
+pub fn percentile(xs: &mut [f64], q: f64) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let rank = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
+    Some(xs[rank - 1])
+}
+
+/// The runs side by side: one line per run and tenant.
+pub fn table(runs: &[RunReport]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<9} {:<17} {:>6} {:>5} {:>7} | {:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6}",
+        "queue",
+        "routing",
+        "jain",
+        "util",
+        "good/s",
+        "tenant",
+        "ttft_p50",
+        "ttft_p99",
+        "e2e_p99",
+        "good/s",
+        "slo",
+        "refused",
+        "shed"
+    );
+    for r in runs {
+        for (i, (name, t)) in r.tenants.iter().enumerate() {
+            let head = if i == 0 {
+                format!(
+                    "{:<9} {:<17} {:>6} {:>5.0}% {:>7.2}",
+                    as_str(&r.discipline),
+                    as_str(&r.strategy),
+                    r.jain.map_or("-".into(), |j| format!("{j:.3}")),
+                    r.utilisation * 100.0,
+                    r.goodput_rps
+                )
+            } else {
+                format!("{:<9} {:<17} {:>6} {:>5} {:>7}", "", "", "", "", "")
+            };
+            let _ = writeln!(
+                s,
+                "{head} | {:<8} {:>9} {:>9} {:>9} {:>8.2} {:>6.1}% {:>7} {:>6}",
+                name,
+                secs(t.ttft_p50_s),
+                secs(t.ttft_p99_s),
+                secs(t.e2e_p99_s),
+                t.goodput_rps,
+                t.slo_attainment * 100.0,
+                t.refused,
+                t.shed
+            );
+        }
+    }
+    s
+}
+
+fn secs(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(x) if x < 1.0 => format!("{:.0}ms", x * 1e3),
+        Some(x) => format!("{x:.2}s"),
+    }
+}
+
+/// A serde enum's snake_case name.
+pub fn as_str<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|j| j.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The `--json` document: `{"runs": [...]}`.
+pub fn json(runs: &[RunReport]) -> String {
+    serde_json::to_string_pretty(&serde_json::json!({ "runs": runs })).unwrap_or_default()
+}
+
+const COLOURS: [&str; 6] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
+];
+
+/// Two charts of one run, as SVG: per-tenant TTFT p99 over time (per
+/// 5-second bin of arrival, log scale) and per-tenant queue depth.
+pub fn svg(title: &str, trace: &Trace) -> String {
+    const W: f64 = 900.0;
+    const H: f64 = 260.0;
+    const L: f64 = 60.0;
+    const BIN: f64 = 5.0;
+    let end = trace.queue.last().map_or(trace.makespan, |q| q.at).max(1.0);
+    let x = |t: f64| L + (t / end) * (W - L - 20.0);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}" font-family="sans-serif" font-size="12">"#,
+        2.0 * H + 60.0
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{L}" y="18" font-size="14">{}</text>"#,
+        escape(title)
+    );
+
+    // TTFT p99 per bin, log10 from 10 ms to the largest.
+    let top1 = 30.0;
+    let bins = (end / BIN).ceil() as usize + 1;
+    let mut series = Vec::new();
+    let mut ymax: f64 = 1.0;
+    for ti in 0..trace.tenants.len() {
+        let mut per_bin: Vec<Vec<f64>> = vec![Vec::new(); bins];
+        for (t, r) in &trace.requests {
+            if *t == ti
+                && let Some(v) = r.ttft
+            {
+                per_bin[((r.arrived / BIN) as usize).min(bins - 1)].push(v);
+            }
+        }
+        let pts: Vec<(f64, f64)> = per_bin
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(b, v)| percentile(v, 0.99).map(|p| (b as f64 * BIN + BIN / 2.0, p)))
+            .collect();
+        ymax = pts.iter().map(|p| p.1).fold(ymax, f64::max);
+        series.push(pts);
+    }
+    let (lo, hi) = (0.01f64.log10(), ymax.log10().ceil());
+    let y1 = |v: f64| top1 + H - ((v.max(0.01).log10() - lo) / (hi - lo)) * H;
+    axes(&mut s, top1, H, L, W, "TTFT p99 (s, log)", end);
+    let mut d = -2i32;
+    while f64::from(d) <= hi {
+        let v = 10f64.powi(d);
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="{:.1}" text-anchor="end">{}</text><line x1="{L}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#eee"/>"##,
+            L - 4.0,
+            y1(v) + 4.0,
+            v,
+            W - 20.0,
+            y1(v),
+            y1(v)
+        );
+        d += 1;
+    }
+    for (ti, pts) in series.iter().enumerate() {
+        polyline(
+            &mut s,
+            pts.iter().map(|&(t, v)| (x(t), y1(v))),
+            COLOURS[ti % COLOURS.len()],
+        );
+    }
+
+    // Queue depth.
+    let top2 = top1 + H + 40.0;
+    let qmax = trace
+        .queue
+        .iter()
+        .flat_map(|q| q.queued.iter().copied())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let y2 = |v: f64| top2 + H - v / qmax * H;
+    axes(&mut s, top2, H, L, W, "queued requests", end);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{:.1}" text-anchor="end">{qmax}</text>"#,
+        L - 4.0,
+        top2 + 4.0
+    );
+    // At most ~1000 points a line.
+    let step = (trace.queue.len() / 1000).max(1);
+    for ti in 0..trace.tenants.len() {
+        polyline(
+            &mut s,
+            trace.queue.iter().step_by(step).map(|q| {
+                (
+                    x(q.at),
+                    y2(f64::from(q.queued.get(ti).copied().unwrap_or(0))),
+                )
+            }),
+            COLOURS[ti % COLOURS.len()],
+        );
+    }
+    for (ti, name) in trace.tenants.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="18" fill="{}">■ {}</text>"#,
+            W - 300.0 + ti as f64 * 90.0,
+            COLOURS[ti % COLOURS.len()],
+            escape(name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn axes(s: &mut String, top: f64, h: f64, l: f64, w: f64, label: &str, end: f64) {
+    let _ = writeln!(
+        s,
+        r##"<line x1="{l}" y1="{top}" x2="{l}" y2="{}" stroke="#333"/><line x1="{l}" y1="{}" x2="{}" y2="{}" stroke="#333"/>"##,
+        top + h,
+        top + h,
+        w - 20.0,
+        top + h
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}">{}</text><text x="{}" y="{}" text-anchor="end">{:.0} s</text>"#,
+        l + 6.0,
+        top + 12.0,
+        escape(label),
+        w - 20.0,
+        top + h + 16.0,
+        end
+    );
+}
+
+fn polyline(s: &mut String, pts: impl Iterator<Item = (f64, f64)>, colour: &str) {
+    let mut p = String::new();
+    for (x, y) in pts {
+        let _ = write!(p, "{x:.1},{y:.1} ");
+    }
+    let _ = writeln!(
+        s,
+        r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{}"/>"#,
+        p.trim_end()
+    );
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 0.99), Some(99.0));
+        assert_eq!(percentile(&mut v, 0.5), Some(50.0));
+        assert_eq!(percentile(&mut [], 0.5), None);
+        assert_eq!(percentile(&mut [3.0], 0.99), Some(3.0));
+    }
+}

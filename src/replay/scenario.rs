@@ -1,0 +1,273 @@
+//! Workload generators: the reference scenario and scenario files.
+//!
+//! A scenario is a list of tenants, each with an arrival pattern and token
+//! sizes; [`Scenario::generate`] turns it into a workload, deterministically
+//! for a seed. The built-in `reference` scenario is DESIGN.md's reference
+//! workload; `config/reference-scenario.toml` is the same thing as a file
+//! (a test keeps them equal), a starting point for an operator's own.
+//!
+//! ```toml
+//! duration = "300s"          # arrivals stop here; the replay runs until drained
+//! model = "llama-3.1-8b-sim" # optional: default is the policy's first pool
+//!
+//! [[tenants]]
+//! name = "api"
+//! arrivals = { poisson = { rate = 6.0 } }                 # requests/s
+//! prompt_tokens = [200, 600]                              # uniform, inclusive
+//! output_tokens = [80, 200]
+//! max_tokens = 256                                        # optional
+//! stream = true
+//!
+//! [[tenants]]
+//! name = "chat"
+//! arrivals = { bursts = { every = "30s", size = 120, spread = "3s", start = "5s" } }
+//!
+//! [[tenants]]
+//! name = "evals"
+//! arrivals = { batch = { at = "30s", count = 4000 } }
+//! ```
+
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+
+use crate::replay::workload::WorkRequest;
+
+/// A generated workload's recipe.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    #[serde(with = "dur")]
+    pub duration: Duration,
+    #[serde(default)]
+    pub model: Option<String>,
+    pub tenants: Vec<TenantLoad>,
+}
+
+/// One tenant's traffic.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLoad {
+    pub name: String,
+    pub arrivals: Arrivals,
+    /// Inclusive uniform range.
+    pub prompt_tokens: [u32; 2],
+    /// Inclusive uniform range (the engine generates exactly this many).
+    pub output_tokens: [u32; 2],
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// When a tenant's requests arrive.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Arrivals {
+    /// Steady Poisson arrivals at `rate` requests per second.
+    Poisson { rate: f64 },
+    /// `size` requests spread uniformly over `spread`, every `every` from `start`.
+    Bursts {
+        #[serde(with = "dur")]
+        every: Duration,
+        size: u32,
+        #[serde(with = "dur")]
+        spread: Duration,
+        #[serde(default, with = "dur")]
+        start: Duration,
+    },
+    /// `count` requests at one instant.
+    Batch {
+        #[serde(with = "dur")]
+        at: Duration,
+        count: u32,
+    },
+}
+
+/// The reference workload (DESIGN.md): `api` steady Poisson with a tight
+/// SLO, `chat` bursty, `evals` thousands at once. Sized for
+/// `config/reference.toml`'s four backends: api and chat alone use about a
+/// third of the cluster; the evals dump saturates it for minutes.
+pub fn reference() -> Scenario {
+    Scenario {
+        duration: Duration::from_secs(300),
+        model: None,
+        tenants: vec![
+            TenantLoad {
+                name: "api".into(),
+                arrivals: Arrivals::Poisson { rate: 6.0 },
+                prompt_tokens: [200, 600],
+                output_tokens: [80, 200],
+                max_tokens: Some(256),
+                stream: true,
+            },
+            TenantLoad {
+                name: "chat".into(),
+                arrivals: Arrivals::Bursts {
+                    every: Duration::from_secs(30),
+                    size: 120,
+                    spread: Duration::from_secs(3),
+                    start: Duration::from_secs(5),
+                },
+                prompt_tokens: [300, 1200],
+                output_tokens: [100, 400],
+                max_tokens: Some(512),
+                stream: true,
+            },
+            TenantLoad {
+                name: "evals".into(),
+                arrivals: Arrivals::Batch {
+                    at: Duration::from_secs(30),
+                    count: 4000,
+                },
+                prompt_tokens: [500, 1500],
+                output_tokens: [100, 300],
+                max_tokens: Some(300),
+                stream: false,
+            },
+        ],
+    }
+}
+
+impl Scenario {
+    /// Reads a scenario file (TOML).
+    pub fn from_toml(text: &str) -> Result<Scenario, String> {
+        let s: Scenario = toml::from_str(text).map_err(|e| e.to_string())?;
+        s.check()?;
+        Ok(s)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        for t in &self.tenants {
+            let bad_range = |r: [u32; 2]| r[0] > r[1];
+            if bad_range(t.prompt_tokens) || bad_range(t.output_tokens) || t.output_tokens[0] == 0 {
+                return Err(format!(
+                    "tenant {}: token ranges are [low, high] with low ≤ high and output ≥ 1",
+                    t.name
+                ));
+            }
+            match &t.arrivals {
+                Arrivals::Poisson { rate } if !(rate.is_finite() && *rate > 0.0) => {
+                    return Err(format!("tenant {}: poisson rate must be > 0", t.name));
+                }
+                Arrivals::Bursts { every, .. } if every.is_zero() => {
+                    return Err(format!("tenant {}: bursts need every > 0", t.name));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The workload, sorted by arrival. Each tenant draws from its own RNG
+    /// stream (seed and tenant index), so adding a tenant leaves the others'
+    /// requests unchanged.
+    pub fn generate(&self, default_model: &str, seed: u64) -> Vec<WorkRequest> {
+        let model = self.model.as_deref().unwrap_or(default_model);
+        let end = self.duration.as_secs_f64();
+        let mut out = Vec::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            let mut rng = SmallRng::seed_from_u64(
+                seed ^ (0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(i as u64 + 1)),
+            );
+            let mut times = Vec::new();
+            match &t.arrivals {
+                Arrivals::Poisson { rate } => {
+                    let mut at = 0.0;
+                    loop {
+                        // Exponential gaps; 1 - U is in (0, 1].
+                        at += -(1.0 - rng.random::<f64>()).ln() / rate;
+                        if at >= end {
+                            break;
+                        }
+                        times.push(at);
+                    }
+                }
+                Arrivals::Bursts {
+                    every,
+                    size,
+                    spread,
+                    start,
+                } => {
+                    let mut b = start.as_secs_f64();
+                    while b < end {
+                        for _ in 0..*size {
+                            times.push(b + rng.random::<f64>() * spread.as_secs_f64());
+                        }
+                        b += every.as_secs_f64();
+                    }
+                }
+                Arrivals::Batch { at, count } => {
+                    if at.as_secs_f64() < end {
+                        times.extend(std::iter::repeat_n(at.as_secs_f64(), *count as usize));
+                    }
+                }
+            }
+            for at in times {
+                out.push(WorkRequest {
+                    t: at,
+                    tenant: t.name.clone(),
+                    model: model.to_owned(),
+                    prompt_tokens: rng.random_range(t.prompt_tokens[0]..=t.prompt_tokens[1]),
+                    max_tokens: t.max_tokens,
+                    output_tokens: rng.random_range(t.output_tokens[0]..=t.output_tokens[1]),
+                    stream: t.stream,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.t.total_cmp(&b.t));
+        out
+    }
+}
+
+/// Durations as humantime strings ("30s", "250ms").
+mod dur {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reference_file_is_the_built_in_reference() {
+        let text = include_str!("../../config/reference-scenario.toml");
+        assert_eq!(Scenario::from_toml(text).unwrap(), reference());
+    }
+
+    #[test]
+    fn generation_is_deterministic_and_shaped() {
+        let s = reference();
+        let a = s.generate("m", 7);
+        assert_eq!(a, s.generate("m", 7));
+        assert_ne!(a, s.generate("m", 8));
+        let count = |n: &str| a.iter().filter(|r| r.tenant == n).count();
+        // api: Poisson at 6/s over 300 s.
+        assert!((1600..2000).contains(&count("api")), "{}", count("api"));
+        assert_eq!(count("chat"), 10 * 120);
+        assert_eq!(count("evals"), 4000);
+        assert!(a.windows(2).all(|w| w[0].t <= w[1].t));
+        assert!(a.iter().all(|r| r.output_tokens >= 80 && r.model == "m"));
+    }
+
+    #[test]
+    fn bad_scenarios_are_refused() {
+        assert!(Scenario::from_toml("duration = \"1s\"\ntenants = []\ncolour = 1\n").is_err());
+        let bad = r#"duration = "10s"
+[[tenants]]
+name = "a"
+arrivals = { poisson = { rate = 0.0 } }
+prompt_tokens = [1, 2]
+output_tokens = [1, 2]
+"#;
+        assert!(Scenario::from_toml(bad).unwrap_err().contains("rate"));
+    }
+}

@@ -1,0 +1,191 @@
+//! `fairway replay` on the reference scenario: the policy's claims, seeded,
+//! and the command line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+use fairway::config::{Discipline, Policy, Strategy, load_policy};
+use fairway::replay::report::RunReport;
+use fairway::replay::scenario::{Scenario, reference};
+use fairway::replay::sim::RunOptions;
+use fairway::replay::{Compare, run_variant, variants};
+
+fn policy() -> Policy {
+    load_policy(Path::new("config/reference.toml")).unwrap().0
+}
+
+fn opts(seed: u64) -> RunOptions {
+    RunOptions {
+        seed,
+        progress: None,
+    }
+}
+
+fn runs(scenario: &Scenario, compare: Compare, seed: u64) -> Vec<RunReport> {
+    let p = policy();
+    let work = scenario.generate(&p.pools[0].model, seed);
+    variants(&p, Some(compare))
+        .into_iter()
+        .map(|(d, s)| run_variant(&p, &work, d, s, &opts(seed)).0)
+        .collect()
+}
+
+fn by_discipline(runs: &[RunReport], d: Discipline) -> &RunReport {
+    runs.iter().find(|r| r.discipline == d).unwrap()
+}
+
+#[test]
+fn drf_keeps_api_inside_its_slo_while_evals_runs_and_fifo_does_not() {
+    let runs = runs(&reference(), Compare::Disciplines, 1);
+    let drf = by_discipline(&runs, Discipline::Drf);
+    let fifo = by_discipline(&runs, Discipline::Fifo);
+    let priority = by_discipline(&runs, Discipline::Priority);
+    let api = |r: &RunReport| r.tenants["api"].slo_attainment;
+
+    // Every evals request is served in every run: nothing is lost.
+    for r in &runs {
+        let e = &r.tenants["evals"];
+        assert_eq!(e.served, e.requests, "{:?}", r.discipline);
+    }
+    assert!(api(drf) >= 0.98, "drf api attainment {}", api(drf));
+    assert!(api(fifo) < 0.5, "fifo api attainment {}", api(fifo));
+    assert!(
+        api(priority) < api(drf),
+        "priority puts api behind chat bursts"
+    );
+
+    // Fairness among backlogged tenants: drf well above the baselines.
+    let jain = |r: &RunReport| r.jain.unwrap();
+    assert!(jain(drf) > 0.8, "drf jain {}", jain(drf));
+    assert!(
+        jain(priority) < 0.6,
+        "priority starves evals: {}",
+        jain(priority)
+    );
+    assert!(jain(fifo) < 0.6, "fifo: {}", jain(fifo));
+
+    // More goodput than fifo and priority.
+    assert!(drf.goodput_rps > fifo.goodput_rps * 1.3);
+    assert!(drf.goodput_rps > priority.goodput_rps);
+}
+
+#[test]
+fn least_outstanding_beats_round_robin_and_random_when_backends_differ() {
+    let text = std::fs::read_to_string("config/routing-scenario.toml").unwrap();
+    let scenario = Scenario::from_toml(&text).unwrap();
+    let runs = runs(&scenario, Compare::Strategies, 1);
+    let p99 = |s: Strategy| {
+        runs.iter().find(|r| r.strategy == s).unwrap().tenants["api"]
+            .e2e_p99_s
+            .unwrap()
+    };
+    let lo = p99(Strategy::LeastOutstanding);
+    assert!(
+        lo < p99(Strategy::RoundRobin) * 0.95,
+        "{lo} vs rr {}",
+        p99(Strategy::RoundRobin)
+    );
+    assert!(
+        lo < p99(Strategy::Random) * 0.95,
+        "{lo} vs random {}",
+        p99(Strategy::Random)
+    );
+}
+
+#[test]
+fn the_same_seed_gives_the_same_report() {
+    let p = policy();
+    let work = reference().generate(&p.pools[0].model, 9);
+    let a = run_variant(&p, &work, Discipline::Drf, Strategy::P2c, &opts(9)).0;
+    let b = run_variant(&p, &work, Discipline::Drf, Strategy::P2c, &opts(9)).0;
+    assert_eq!(a, b);
+    let c = run_variant(&p, &work, Discipline::Drf, Strategy::P2c, &opts(10)).0;
+    assert_ne!(a, c, "p2c draws from the seeded RNG");
+}
+
+fn fairway() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fairway"))
+}
+
+#[test]
+fn the_command_writes_json_and_svg_and_rejects_a_bad_workload() {
+    let dir = std::env::temp_dir().join(format!("fairway-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A workload file from the generator, replayed.
+    let wl = dir.join("w.jsonl");
+    let out = fairway()
+        .args([
+            "workload",
+            "--scenario",
+            "config/routing-scenario.toml",
+            "--seed",
+            "3",
+            "-o",
+        ])
+        .arg(&wl)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = dir.join("r.json");
+    let out = fairway()
+        .args(["replay", "--policy", "config/reference.toml", "--workload"])
+        .arg(&wl)
+        .args(["--compare", "disciplines", "--json"])
+        .arg(&json)
+        .arg("--svg")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("ttft_p99") && stdout.contains("drf"),
+        "{stdout}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4);
+    for r in runs {
+        for k in ["discipline", "strategy", "jain", "utilisation", "tenants"] {
+            assert!(r.get(k).is_some(), "{k} in {r}");
+        }
+        let api = &r["tenants"]["api"];
+        for k in [
+            "ttft_p50_s",
+            "ttft_p99_s",
+            "e2e_p99_s",
+            "goodput_rps",
+            "slo_attainment",
+            "refused",
+            "shed",
+        ] {
+            assert!(api.get(k).is_some(), "{k} in {api}");
+        }
+    }
+    let svg = std::fs::read_to_string(dir.join("drf-least_outstanding.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
+
+    // A malformed line is refused with its number, and nothing is run.
+    let mut text = std::fs::read_to_string(&wl).unwrap();
+    text.push_str("{\"t\": 1, \"tenant\": \"api\"}\n");
+    let lines = text.lines().count();
+    std::fs::write(&wl, text).unwrap();
+    let out = fairway()
+        .args(["replay", "--policy", "config/reference.toml", "--workload"])
+        .arg(&wl)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("line {lines}:")), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
