@@ -73,6 +73,36 @@ enum Command {
         #[arg(long)]
         svg: Option<PathBuf>,
     },
+    /// Play a workload against a running gateway, each request at its time,
+    /// and report it as `replay` does (compare the two).
+    Load {
+        /// The gateway's client listener, `host:port`.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        target: String,
+        /// The policy the gateway runs (tenants and their SLOs).
+        #[arg(long, default_value = "config/reference.toml")]
+        policy: PathBuf,
+        #[arg(
+            long,
+            required_unless_present = "scenario",
+            conflicts_with = "scenario"
+        )]
+        workload: Option<PathBuf>,
+        /// `reference`, or a scenario file (TOML).
+        #[arg(long)]
+        scenario: Option<String>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A tenant's API key, `TENANT=KEY`; repeat per tenant.
+        #[arg(long = "key", value_parser = parse_key)]
+        keys: Vec<(String, String)>,
+        /// Longest one request may take; past it, it counts as failed.
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// Write the report as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Write a workload file (JSONL): generated from a scenario, or from
     /// Fairway's own JSON access log.
     Workload {
@@ -180,6 +210,27 @@ fn main() -> ExitCode {
             compare,
             json,
             svg,
+        })),
+        Command::Load {
+            target,
+            policy,
+            workload,
+            scenario,
+            seed,
+            keys,
+            timeout,
+            json,
+        } => report(runtime().and_then(|rt| {
+            rt.block_on(load(LoadArgs {
+                target,
+                policy,
+                workload,
+                scenario,
+                seed,
+                keys,
+                timeout,
+                json,
+            }))
         })),
         Command::Workload {
             scenario,
@@ -480,18 +531,71 @@ fn scenario_workload(
     Ok(scenario.generate(model, seed))
 }
 
-fn replay(a: ReplayArgs) -> anyhow::Result<()> {
-    use fairway::replay::{report, run_variant, sim::RunOptions, variants, workload};
-    let policy = offline_policy(&a.policy)?;
-    let work = match (&a.workload, &a.scenario) {
+/// The workload of `--workload FILE` or `--scenario NAME`.
+fn load_workload(
+    path: Option<&PathBuf>,
+    scenario: Option<&String>,
+    policy: &fairway::config::Policy,
+    seed: u64,
+) -> anyhow::Result<Vec<fairway::replay::workload::WorkRequest>> {
+    match (path, scenario) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            workload::parse_jsonl(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+            fairway::replay::workload::parse_jsonl(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
         }
-        (None, Some(name)) => scenario_workload(name, &policy, a.seed)?,
+        (None, Some(name)) => scenario_workload(name, policy, seed),
         (None, None) => anyhow::bail!("give --workload FILE or --scenario NAME"),
+    }
+}
+
+fn parse_key(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((t, k)) if !t.is_empty() && !k.is_empty() => Ok((t.to_owned(), k.to_owned())),
+        _ => Err(format!("expected TENANT=KEY, got \"{s}\"")),
+    }
+}
+
+struct LoadArgs {
+    target: String,
+    policy: PathBuf,
+    workload: Option<PathBuf>,
+    scenario: Option<String>,
+    seed: u64,
+    keys: Vec<(String, String)>,
+    timeout: Duration,
+    json: Option<PathBuf>,
+}
+
+async fn load(a: LoadArgs) -> anyhow::Result<()> {
+    use fairway::replay::{live, report};
+    let policy = offline_policy(&a.policy)?;
+    let work = load_workload(a.workload.as_ref(), a.scenario.as_ref(), &policy, a.seed)?;
+    let target = live::Target {
+        authority: a.target.clone(),
+        keys: a.keys.into_iter().collect(),
+        timeout: a.timeout,
     };
+    eprintln!("playing {} requests against {}", work.len(), a.target);
+    let trace = live::play(&policy, &work, &target).await;
+    let strategy = policy
+        .pools
+        .first()
+        .map_or(fairway::config::Strategy::LeastOutstanding, |p| p.routing);
+    let run = report::summarise(policy.queue.discipline, strategy, &trace);
+    print!("{}", report::table(std::slice::from_ref(&run)));
+    if let Some(path) = &a.json {
+        std::fs::write(path, report::json(std::slice::from_ref(&run)))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn replay(a: ReplayArgs) -> anyhow::Result<()> {
+    use fairway::replay::{report, run_variant, sim::RunOptions, variants};
+    let policy = offline_policy(&a.policy)?;
+    let work = load_workload(a.workload.as_ref(), a.scenario.as_ref(), &policy, a.seed)?;
     if let Some(dir) = &a.svg {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

@@ -51,7 +51,8 @@ pub struct PollerPolicy {
     /// Scrape period per backend (default 250 ms).
     #[serde(with = "humantime_serde_compat")]
     pub interval: Duration,
-    /// Time allowed for one scrape or health probe (default: `interval`).
+    /// Time allowed for one scrape or health probe (default: `interval`,
+    /// at least one second).
     #[serde(with = "humantime_serde_compat")]
     pub timeout: Duration,
 }

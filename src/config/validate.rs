@@ -249,11 +249,13 @@ fn read_poller(r: &mut Reader<'_>, t: &Table<'_, '_>) -> PollerPolicy {
         .unwrap_or(Duration::from_millis(250));
     PollerPolicy {
         interval,
-        // A scrape or probe that takes longer than one interval has failed:
-        // the next one is due.
+        // One interval, but never under a second: a short interval is for
+        // fresh readings, and a probe that misses a 25 ms deadline on a
+        // busy node must not eject a healthy backend. A dead backend
+        // (refused connection) is ejected at once whatever the timeout.
         timeout: r
             .opt(t, "timeout", |r, v, p| r.duration(v, p, Zero::Refused))
-            .unwrap_or(interval),
+            .unwrap_or(interval.max(Duration::from_secs(1))),
     }
 }
 

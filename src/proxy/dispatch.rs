@@ -16,14 +16,13 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
-use tokio::sync::oneshot;
 
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::scheduler::{Arrival, Decision};
 use crate::core::time::Instant;
 use crate::proxy::body::BoxBody;
 use crate::proxy::error::{ApiError, Outcome, RefusedBy};
-use crate::proxy::gateway::{Gateway, Live};
+use crate::proxy::gateway::{Gateway, Live, Pending};
 use crate::proxy::openai;
 use crate::proxy::relay::{Mode, RelayBody};
 use crate::telemetry::metrics::RequestRecord;
@@ -368,7 +367,7 @@ async fn run(
     };
 
     // Admit, and either dispatch now or wait for the scheduler's decision.
-    let mut decision;
+    let mut pending;
     {
         let now = gw.clock.now();
         let mut core = gw.core.lock();
@@ -386,7 +385,7 @@ async fn run(
             }
             Ok((id, decisions)) => {
                 ticket.id = Some(id);
-                decision = core.deliver(decisions, Some(id));
+                pending = core.deliver_or_wait(decisions, id);
             }
         }
     }
@@ -402,7 +401,7 @@ async fn run(
     // client, so this is safe for streaming requests too.
     let mut retried = false;
     let resp = loop {
-        let backend = await_dispatch(gw, ticket, decision.take()).await?;
+        let backend = await_dispatch(gw, ticket, pending).await?;
         ticket.queue_wait = Some(gw.clock.now() - ticket.start);
         let authority = live.authorities.get(&backend).cloned().or_else(|| {
             // A backend added by a reload after this request took its policy.
@@ -451,7 +450,7 @@ async fn run(
                     });
                 };
                 retried = true;
-                decision = core.deliver(decisions, Some(id));
+                pending = core.deliver_or_wait(decisions, id);
             }
             Ok(Ok(r)) => break r,
         }
@@ -469,21 +468,16 @@ async fn run(
     Ok((resp, mode))
 }
 
-/// Waits for the scheduler to dispatch (or shed) the ticket's request;
-/// `decision` is one already delivered, if any.
+/// Waits for the scheduler to dispatch (or shed) the ticket's request.
 async fn await_dispatch(
     gw: &Arc<Gateway>,
     ticket: &mut Ticket,
-    decision: Option<Decision>,
+    pending: Pending,
 ) -> Result<BackendId, ApiError> {
-    let decision = match decision {
-        Some(d) => Some(d),
-        None => {
-            let Some(id) = ticket.id else {
-                return Err(ApiError::Internal("request left the scheduler".into()));
-            };
-            let (tx, rx) = oneshot::channel();
-            gw.core.lock().waiters.insert(id, tx);
+    let decision = match pending {
+        Pending::Ready(d) => Some(d),
+        Pending::Waiting(rx) => {
+            // The deadline task re-reads the earliest deadline.
             gw.wake.notify_one();
             rx.await.ok()
         }

@@ -66,6 +66,27 @@ impl CoreState {
         }
         mine
     }
+
+    /// [`deliver`](Self::deliver), and if nothing was for `me`, registers
+    /// its waiter in the same critical section, so a dispatch decided by
+    /// another task in between cannot be lost.
+    pub fn deliver_or_wait(&mut self, decisions: Vec<Decision>, me: RequestId) -> Pending {
+        match self.deliver(decisions, Some(me)) {
+            Some(d) => Pending::Ready(d),
+            None => {
+                let (tx, rx) = oneshot::channel();
+                self.waiters.insert(me, tx);
+                Pending::Waiting(rx)
+            }
+        }
+    }
+}
+
+/// A request's dispatch: decided, or to be awaited.
+#[derive(Debug)]
+pub enum Pending {
+    Ready(Decision),
+    Waiting(oneshot::Receiver<Decision>),
 }
 
 /// The running gateway.

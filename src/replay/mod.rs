@@ -5,7 +5,9 @@
 //! - [`sim`]: the discrete-event simulation driving the live scheduler
 //!   against simulated engines on a simulated clock.
 //! - [`report`]: per-tenant and overall figures, table, JSON, SVG.
+//! - [`live`]: the same workload played against a running gateway (`fairway load`).
 
+pub mod live;
 pub mod report;
 pub mod scenario;
 pub mod sim;

@@ -372,11 +372,11 @@ impl<'p> Sim<'p> {
                     let mut tokens = 1.0;
                     if index == 1 && f.first.is_none() {
                         let b = &mut self.backends[bi];
-                        f.first = Some(to_gateway(at, b.scale));
-                        // The engine's histogram observes it now.
-                        let engine_start = to_engine(f.dispatched, b.scale);
-                        b.ttft_window
-                            .push(at.saturating_since(engine_start).as_secs_f64());
+                        let first = to_gateway(at, b.scale);
+                        f.first = Some(first);
+                        // The engine's histogram observes it now, in wall
+                        // seconds as the simulated backend exports it.
+                        b.ttft_window.push((first - f.dispatched).as_secs_f64());
                         tokens += f64::from(f.prompt);
                     }
                     let tenant = self.tenant_of[i].map_or(0, |t| t.0 as usize);
@@ -397,11 +397,10 @@ impl<'p> Sim<'p> {
                         continue;
                     };
                     let end = to_gateway(at, self.backends[bi].scale).max(f.dispatched);
-                    // The engine's own view, as its histograms record it.
-                    let b = &mut self.backends[bi];
-                    let engine_start = to_engine(f.dispatched, b.scale);
-                    b.e2e_window
-                        .push(at.saturating_since(engine_start).as_secs_f64());
+                    // The engine's own view, as its histogram records it.
+                    self.backends[bi]
+                        .e2e_window
+                        .push((end - f.dispatched).as_secs_f64());
                     if let Some(first) = f.first {
                         // The proxy measures this on streamed responses.
                         self.sched.observe_ttft(f.backend, first - f.dispatched);

@@ -787,7 +787,7 @@ fn minimal_file_gets_every_default() {
         },
         poller: PollerPolicy {
             interval: Duration::from_millis(250),
-            timeout: Duration::from_millis(250),
+            timeout: Duration::from_secs(1),
         },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
