@@ -88,6 +88,7 @@ pub fn models(gw: &Gateway) -> Response<BoxBody> {
 /// Scheduler state for the metrics scrape.
 pub fn snapshot(gw: &Gateway) -> Snapshot {
     let now = gw.clock.now();
+    let live = gw.live.load();
     let pollers = gw.pollers.lock();
     let mut core = gw.core.lock();
     let s = &mut core.sched;
@@ -96,7 +97,13 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
         .into_iter()
         .map(|t| {
             let v = s.tenant_view(now, t);
+            let slo = live
+                .tenant_policy
+                .get(&t)
+                .map(|&i| &live.policy.tenants[i].slo);
             TenantGauges {
+                slo_ttft: slo.map(|s| s.ttft.as_secs_f64()),
+                slo_e2e: slo.map(|s| s.e2e.as_secs_f64()),
                 tenant: v.name,
                 queued: v.queued,
                 in_flight: v.in_flight,
@@ -136,7 +143,7 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
     Snapshot {
         tenants,
         backends,
-        jain_index: None,
+        jain_index: core.fairness.last(),
     }
 }
 

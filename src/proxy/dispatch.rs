@@ -135,6 +135,13 @@ impl Ticket {
         if let Some(e) = ended {
             self.gpu_seconds = e.gpu_seconds;
         }
+        if let (Some(Outcome::Served), Some(u), Some(t)) = (self.outcome, self.usage, self.tenant) {
+            let i = t.0 as usize;
+            if core.service.len() <= i {
+                core.service.resize(i + 1, 0.0);
+            }
+            core.service[i] += f64::from(u.prompt_tokens) + f64::from(u.completion_tokens);
+        }
         core.deliver(decisions, None);
     }
 }

@@ -46,6 +46,10 @@ pub struct Live {
 pub struct CoreState {
     pub sched: Scheduler,
     pub waiters: HashMap<RequestId, oneshot::Sender<Decision>>,
+    /// Tokens (prompt + completion) of served requests, by tenant id: the
+    /// service that the fairness gauge compares.
+    pub service: Vec<f64>,
+    pub fairness: crate::core::fairness::FairnessMeter,
 }
 
 impl CoreState {

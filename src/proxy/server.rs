@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 use crate::config::{BackendTarget, Policy};
+use crate::core::fairness::FairnessMeter;
 use crate::core::scheduler::Scheduler;
 use crate::proxy::body::BoxBody;
 use crate::proxy::error::ApiError;
@@ -99,6 +100,8 @@ impl Server {
             core: Mutex::new(CoreState {
                 sched,
                 waiters: HashMap::new(),
+                service: Vec::new(),
+                fairness: FairnessMeter::new(FAIRNESS_WINDOW),
             }),
             metrics: Metrics::new(),
             client,
@@ -204,6 +207,7 @@ async fn run(
 ) {
     let graceful = GracefulShutdown::new();
     let deadlines = tokio::spawn(deadline_task(gw.clone(), shutdown.clone()));
+    let fairness = tokio::spawn(fairness_task(gw.clone(), shutdown.clone()));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -271,9 +275,42 @@ async fn run(
         tracing::warn!("drain timeout passed with requests still in flight");
     }
     deadlines.abort();
+    fairness.abort();
     gw.pollers.lock().stop_all();
     for (_, h) in gw.sims.lock().drain(..) {
         drop(h);
+    }
+}
+
+/// Window of the live Jain's index: service is counted when a response
+/// ends, so the window spans several response times.
+const FAIRNESS_WINDOW: Duration = Duration::from_secs(10);
+
+/// Samples the tenants' weighted service and backlog once a second for the
+/// `fairway_jain_fairness_index` gauge.
+async fn fairness_task(gw: Arc<Gateway>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let live = gw.live.load();
+        let now = gw.clock.now();
+        let mut core = gw.core.lock();
+        let ids: Vec<_> = core.sched.tenants().collect();
+        let mut service = Vec::with_capacity(ids.len());
+        let mut backlogged = Vec::with_capacity(ids.len());
+        for t in ids {
+            let weight = live
+                .tenant_policy
+                .get(&t)
+                .map_or(1.0, |&i| live.policy.tenants[i].weight);
+            let tokens = core.service.get(t.0 as usize).copied().unwrap_or(0.0);
+            service.push(tokens / weight);
+            backlogged.push(core.sched.tenant_view(now, t).queued > 0);
+        }
+        core.fairness.sample(now, &service, &backlogged);
     }
 }
 

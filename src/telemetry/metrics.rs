@@ -103,6 +103,9 @@ pub struct TenantGauges {
     pub in_flight: u32,
     pub rate_bucket: Option<f64>,
     pub gpu_seconds_bucket: Option<f64>,
+    /// The tenant's SLO targets, seconds (declared tenants only).
+    pub slo_ttft: Option<f64>,
+    pub slo_e2e: Option<f64>,
 }
 
 /// Per-backend gauges.
@@ -382,6 +385,25 @@ impl Metrics {
                     "fairway_gpu_seconds_bucket_level{{tenant=\"{}\"}} {v}",
                     esc(&t.tenant)
                 );
+            }
+        }
+        for (name, help, get) in [
+            (
+                "fairway_tenant_slo_ttft_seconds",
+                "The tenant's time-to-first-token objective.",
+                (|t: &TenantGauges| t.slo_ttft) as fn(&TenantGauges) -> Option<f64>,
+            ),
+            (
+                "fairway_tenant_slo_e2e_seconds",
+                "The tenant's end-to-end latency objective.",
+                |t: &TenantGauges| t.slo_e2e,
+            ),
+        ] {
+            header(w, name, "gauge", help);
+            for t in &snap.tenants {
+                if let Some(v) = get(t) {
+                    let _ = writeln!(w, "{name}{{tenant=\"{}\"}} {v}", esc(&t.tenant));
+                }
             }
         }
         header(
