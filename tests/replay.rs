@@ -72,7 +72,7 @@ fn drf_keeps_api_inside_its_slo_while_evals_runs_and_fifo_does_not() {
 
 #[test]
 fn least_outstanding_beats_round_robin_and_random_when_backends_differ() {
-    let text = std::fs::read_to_string("config/routing-scenario.toml").unwrap();
+    let text = std::fs::read_to_string("config/scenarios/routing.toml").unwrap();
     let scenario = Scenario::from_toml(&text).unwrap();
     let runs = runs(&scenario, Compare::Strategies, 1);
     let p99 = |s: Strategy| {
@@ -118,7 +118,7 @@ fn the_command_writes_json_and_svg_and_rejects_a_bad_workload() {
         .args([
             "workload",
             "--scenario",
-            "config/routing-scenario.toml",
+            "config/scenarios/routing.toml",
             "--seed",
             "3",
             "-o",

@@ -18,6 +18,17 @@ pub struct Policy {
     pub queue: QueuePolicy,
     pub pools: Vec<PoolPolicy>,
     pub tenants: Vec<TenantPolicy>,
+    pub telemetry: TelemetryPolicy,
+}
+
+/// `[telemetry]`: OpenTelemetry traces. Restart-only.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TelemetryPolicy {
+    /// `host:port` of an OTLP/HTTP collector (from `http://host:port`);
+    /// `None`: traces off, unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` resource attribute (default `fairway`).
+    pub service_name: String,
 }
 
 /// `[server]`: listeners and request limits.

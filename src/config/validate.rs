@@ -19,7 +19,9 @@ use toml::de::DeTable;
 
 use self::reader::{Reader, Table, Zero};
 use super::file::{ConfigError, parse_document};
-use super::policy::{Discipline, Policy, PollerPolicy, QueuePolicy, ServerPolicy, TlsPolicy};
+use super::policy::{
+    Discipline, Policy, PollerPolicy, QueuePolicy, ServerPolicy, TelemetryPolicy, TlsPolicy,
+};
 
 /// Looks an environment variable up; `None` when unset or not UTF-8.
 pub type EnvLookup<'e> = &'e dyn Fn(&str) -> Option<String>;
@@ -100,7 +102,8 @@ fn plural(n: usize, word: &str) -> String {
     }
 }
 
-const ROOT_KEYS: &[&str] = &["server", "poller", "queue", "pools", "tenants"];
+const ROOT_KEYS: &[&str] = &["server", "poller", "queue", "pools", "tenants", "telemetry"];
+const TELEMETRY_KEYS: &[&str] = &["otlp_endpoint", "service_name"];
 const SERVER_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
@@ -137,6 +140,7 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
     let server = section(r, root, "server", &empty);
     let poller = section(r, root, "poller", &empty);
     let queue = section(r, root, "queue", &empty);
+    let telemetry = section(r, root, "telemetry", &empty);
     let server = read_server(r, &server);
     let trusts_header = server.trust_tenant_header.is_some();
     Policy {
@@ -144,7 +148,35 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
         queue: read_queue(r, &queue),
         pools: pools::read_pools(r, root),
         tenants: tenants::read_tenants(r, root, trusts_header, env),
+        telemetry: read_telemetry(r, &telemetry),
         server,
+    }
+}
+
+fn read_telemetry(r: &mut Reader<'_>, t: &Table<'_, '_>) -> TelemetryPolicy {
+    r.check_keys(t, TELEMETRY_KEYS);
+    let otlp_endpoint = r.opt(t, "otlp_endpoint", |r, v, p| {
+        let url = r.string(v, p)?;
+        match pools::parse_http_url(url.trim()) {
+            Ok(authority) => Some(authority),
+            Err(why) => {
+                r.error(
+                    v.span(),
+                    p,
+                    format!(
+                        "invalid OTLP endpoint \"{url}\": {why} (the collector's OTLP/HTTP port, usually 4318)"
+                    ),
+                );
+                None
+            }
+        }
+    });
+    TelemetryPolicy {
+        otlp_endpoint,
+        service_name: r
+            .opt(t, "service_name", Reader::string)
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "fairway".to_owned()),
     }
 }
 

@@ -26,6 +26,7 @@ use crate::proxy::gateway::{Gateway, Live, Pending};
 use crate::proxy::openai;
 use crate::proxy::relay::{Mode, RelayBody};
 use crate::telemetry::metrics::RequestRecord;
+use crate::telemetry::trace::{self, Kind, Span, TraceContext, Value};
 
 /// How a relayed body ended.
 #[derive(Debug)]
@@ -53,6 +54,8 @@ pub struct Ticket {
     /// log, so `fairway workload --from-access-log` can replay it.
     max_tokens: Option<u32>,
     stream_requested: bool,
+    /// Trace ids, when traces are exported.
+    trace: Option<Trace>,
     /// The response is an SSE stream: its first byte is the first token.
     streaming: bool,
     outcome: Option<Outcome>,
@@ -78,6 +81,7 @@ impl Ticket {
             prompt_estimate: 0,
             max_tokens: None,
             stream_requested: false,
+            trace: None,
             streaming: false,
             outcome: None,
             usage: None,
@@ -146,6 +150,119 @@ impl Ticket {
     }
 }
 
+/// A request's trace: the caller's context and our span ids.
+struct Trace {
+    ctx: TraceContext,
+    request: [u8; 8],
+    /// Sent to the backend as its parent in `traceparent`.
+    upstream: [u8; 8],
+    /// When admission ended (the request was queued).
+    admitted: Option<Instant>,
+}
+
+impl Ticket {
+    /// The request's spans: the server span and its phases.
+    fn spans(
+        &self,
+        t: &Trace,
+        end: Instant,
+        tenant: &str,
+        model: &str,
+        outcome: Outcome,
+    ) -> Vec<Span> {
+        let clock = &self.gw.clock;
+        let span = |name, kind, id, parent, from: Instant, to: Instant, attributes| Span {
+            trace_id: t.ctx.trace_id,
+            span_id: id,
+            parent,
+            name,
+            kind,
+            start: clock.unix_nanos(from),
+            end: clock.unix_nanos(to),
+            attributes,
+            error: false,
+        };
+        let mut root = span(
+            "fairway.request",
+            Kind::Server,
+            t.request,
+            t.ctx.parent,
+            self.start,
+            end,
+            vec![
+                ("fairway.tenant", Value::Str(tenant.to_owned())),
+                ("fairway.model", Value::Str(model.to_owned())),
+                ("fairway.backend", Value::Str(self.backend_name.clone())),
+                ("fairway.outcome", Value::Str(outcome.as_str().to_owned())),
+                (
+                    "http.response.status_code",
+                    Value::Int(i64::from(self.status)),
+                ),
+            ],
+        );
+        root.error = !matches!(outcome, Outcome::Served);
+        let mut out = vec![root];
+        let admitted = t.admitted.unwrap_or(end);
+        out.push(span(
+            "fairway.admission",
+            Kind::Internal,
+            trace::span_id(),
+            Some(t.request),
+            self.start,
+            admitted,
+            Vec::new(),
+        ));
+        if t.admitted.is_some() {
+            let dispatched = self.queue_wait.map_or(end, |w| self.start + w);
+            out.push(span(
+                "fairway.queue",
+                Kind::Internal,
+                trace::span_id(),
+                Some(t.request),
+                admitted,
+                dispatched,
+                vec![(
+                    "fairway.queue_wait_s",
+                    Value::Float((dispatched - admitted).as_secs_f64()),
+                )],
+            ));
+        }
+        if let Some(sent) = self.sent {
+            out.push(span(
+                "fairway.upstream",
+                Kind::Client,
+                t.upstream,
+                Some(t.request),
+                sent,
+                self.first_byte.unwrap_or(end),
+                vec![("fairway.backend", Value::Str(self.backend_name.clone()))],
+            ));
+        }
+        if let Some(first) = self.first_byte {
+            let usage = self.usage.unwrap_or_default();
+            out.push(span(
+                "fairway.stream",
+                Kind::Internal,
+                trace::span_id(),
+                Some(t.request),
+                first,
+                end,
+                vec![
+                    (
+                        "gen_ai.usage.input_tokens",
+                        Value::Int(i64::from(usage.prompt_tokens)),
+                    ),
+                    (
+                        "gen_ai.usage.output_tokens",
+                        Value::Int(i64::from(usage.completion_tokens)),
+                    ),
+                ],
+            ));
+        }
+        out
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         let now = self.gw.clock.now();
@@ -190,6 +307,9 @@ impl Drop for Ticket {
             gpu_seconds: self.gpu_seconds,
             overhead,
         });
+        if let (Some(t), Some(exporter)) = (&self.trace, &self.gw.tracer) {
+            exporter.export(self.spans(t, now, tenant, model, outcome));
+        }
         tracing::info!(
             target: "fairway::access",
             tenant,
@@ -307,6 +427,18 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBod
     let start = gw.clock.now();
     let live = gw.live.load_full();
     let mut ticket = Ticket::new(gw.clone(), live.clone(), start);
+    if gw.tracer.is_some() {
+        let incoming = req
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok());
+        ticket.trace = Some(Trace {
+            ctx: TraceContext::from_header(incoming),
+            request: trace::span_id(),
+            upstream: trace::span_id(),
+            admitted: None,
+        });
+    }
     match run(&gw, &live, req, &mut ticket).await {
         Ok((resp, mode)) => {
             let (parts, body) = resp.into_parts();
@@ -392,6 +524,9 @@ async fn run(
             }
             Ok((id, decisions)) => {
                 ticket.id = Some(id);
+                if let Some(t) = &mut ticket.trace {
+                    t.admitted = Some(gw.clock.now());
+                }
                 pending = core.deliver_or_wait(decisions, id);
             }
         }
@@ -417,7 +552,13 @@ async fn run(
         let Some(authority) = authority else {
             return Err(ApiError::NoBackend(info.model.clone()));
         };
-        let up = upstream_request(live, &parts, &path, &authority, body.clone())?;
+        let mut up = upstream_request(live, &parts, &path, &authority, body.clone())?;
+        if let Some(t) = &ticket.trace
+            && let Ok(v) = HeaderValue::from_str(&trace::traceparent(&t.ctx.trace_id, &t.upstream))
+        {
+            // Ours replaces the client's: the backend's parent is our upstream span.
+            up.headers_mut().insert("traceparent", v);
+        }
         ticket.sent = Some(gw.clock.now());
         ticket.backend = Some(backend);
         ticket.backend_name = gw.core.lock().sched.backend_name(backend).to_owned();

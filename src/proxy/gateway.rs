@@ -115,6 +115,8 @@ pub struct Gateway {
     pub tls: arc_swap::ArcSwapOption<rustls::ServerConfig>,
     /// One poller task per backend.
     pub pollers: Mutex<crate::poller::Pollers>,
+    /// The OTLP exporter, when traces are on.
+    pub tracer: Option<crate::telemetry::trace::Exporter>,
 }
 
 /// Builds the derived view of a policy against the scheduler's ids.

@@ -78,6 +78,7 @@ impl Server {
             .map(|(n, h)| (n.clone(), h.addr().to_string()))
             .collect();
         let sched = Scheduler::new(&policy, clock.now(), rand::random());
+        let tracer = otlp_exporter(&policy);
         let live = derive_live(
             Arc::new(policy),
             &sched,
@@ -113,6 +114,7 @@ impl Server {
             reload_lock: tokio::sync::Mutex::new(()),
             tls: arc_swap::ArcSwapOption::new(tls),
             pollers: Mutex::new(Default::default()),
+            tracer,
         });
         {
             let sims = gateway.sim_authorities.lock().clone();
@@ -344,4 +346,24 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody> {
         (&Method::GET, "/v1/models") => admin::models(&gw),
         _ => ApiError::NotFound.into_response(),
     }
+}
+
+/// The trace exporter for `[telemetry] otlp_endpoint`, or for
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` when the policy names none.
+fn otlp_exporter(policy: &Policy) -> Option<crate::telemetry::trace::Exporter> {
+    let endpoint = policy.telemetry.otlp_endpoint.clone().or_else(|| {
+        let env = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok()?;
+        let authority = env
+            .trim()
+            .strip_prefix("http://")
+            .unwrap_or(env.trim())
+            .trim_end_matches('/')
+            .to_owned();
+        (!authority.is_empty()).then_some(authority)
+    })?;
+    tracing::info!(%endpoint, "exporting traces over OTLP/HTTP");
+    Some(crate::telemetry::trace::Exporter::start(
+        &endpoint,
+        policy.telemetry.service_name.clone(),
+    ))
 }

@@ -3,7 +3,7 @@
 //! A scenario is a list of tenants, each with an arrival pattern and token
 //! sizes; [`Scenario::generate`] turns it into a workload, deterministically
 //! for a seed. The built-in `reference` scenario is DESIGN.md's reference
-//! workload; `config/reference-scenario.toml` is the same thing as a file
+//! workload; `config/scenarios/reference.toml` is the same thing as a file
 //! (a test keeps them equal), a starting point for an operator's own.
 //!
 //! ```toml
@@ -239,7 +239,7 @@ mod tests {
 
     #[test]
     fn the_reference_file_is_the_built_in_reference() {
-        let text = include_str!("../../config/reference-scenario.toml");
+        let text = include_str!("../../config/scenarios/reference.toml");
         assert_eq!(Scenario::from_toml(text).unwrap(), reference());
     }
 

@@ -789,6 +789,10 @@ fn minimal_file_gets_every_default() {
             interval: Duration::from_millis(250),
             timeout: Duration::from_secs(1),
         },
+        telemetry: TelemetryPolicy {
+            otlp_endpoint: None,
+            service_name: "fairway".into(),
+        },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
             max_wait: Duration::from_secs(30),

@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::Strategy;
+use crate::config::TelemetryPolicy;
 use crate::config::*;
 use crate::sim::engine::EngineParams;
 use proptest::prelude::{Strategy as PropStrategy, *};
@@ -38,6 +39,10 @@ fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
         poller: PollerPolicy {
             interval: Duration::from_millis(250),
             timeout: Duration::from_millis(250),
+        },
+        telemetry: TelemetryPolicy {
+            otlp_endpoint: None,
+            service_name: "fairway".into(),
         },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
