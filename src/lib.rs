@@ -11,6 +11,7 @@
 //! - [`agent`]: the `fairway agent` GPU-node sidecar (engine scrape plus NVML, one JSON reading).
 //! - [`clock`]: the one wall-clock reader.
 //! - [`tokens`]: the shared token estimate.
+//! - [`top`]: `fairway top`, the terminal view rendered from a `/metrics` scrape.
 
 pub mod agent;
 pub mod clock;
@@ -22,3 +23,4 @@ pub mod replay;
 pub mod sim;
 pub mod telemetry;
 pub mod tokens;
+pub mod top;

@@ -314,7 +314,11 @@ fn increase<K: Ord>(
 
 /// Refusals per second by reason (`concurrency:0.5 rate:2.0`, reasons in
 /// name order), or `-` when there is no rate or no refusal.
-fn refused_cell(prev: Option<&BTreeMap<Series, f64>>, cur: &BTreeMap<Series, f64>, dt: Option<f64>) -> String {
+fn refused_cell(
+    prev: Option<&BTreeMap<Series, f64>>,
+    cur: &BTreeMap<Series, f64>,
+    dt: Option<f64>,
+) -> String {
     let Some(dt) = dt else {
         return "-".to_owned();
     };
@@ -474,7 +478,13 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
 /// widest cell (left-aligned where `left` says so, else right-aligned).
 /// Columns that do not fit in `width` are dropped whole, from the right,
 /// and named in a note; the first column is always shown.
-fn write_table(out: &mut String, headers: &[&str], left: &[bool], rows: &[Vec<String>], width: usize) {
+fn write_table(
+    out: &mut String,
+    headers: &[&str],
+    left: &[bool],
+    rows: &[Vec<String>],
+    width: usize,
+) {
     let n = headers.len();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
@@ -569,6 +579,8 @@ fn against_slo(p99: Option<f64>, slo: Option<f64>) -> String {
 
 /// A per-second rate: one decimal, two below 0.1, none from 100.
 fn fmt_rate(r: f64) -> String {
+    // -0.0 (a zero delta over a positive span) prints as 0.0.
+    let r = r + 0.0;
     if !r.is_finite() || r < 0.0 {
         "-".to_owned()
     } else if r >= 100.0 {
@@ -722,11 +734,26 @@ mod tests {
         );
         o.push_str("# TYPE fairway_goodput_total counter\n");
         let tm = |tenant, model| [("tenant", tenant), ("model", model)];
-        push(&mut o, "fairway_goodput_total", &tm("alpha", "llama"), a.goodput);
+        push(
+            &mut o,
+            "fairway_goodput_total",
+            &tm("alpha", "llama"),
+            a.goodput,
+        );
         push(&mut o, "fairway_goodput_total", &tm("beta", "llama"), 10.0);
-        push(&mut o, "fairway_goodput_total", &tm("beta", "mistral"), 10.0);
+        push(
+            &mut o,
+            "fairway_goodput_total",
+            &tm("beta", "mistral"),
+            10.0,
+        );
         o.push_str("# TYPE fairway_slo_attainment_ratio gauge\n");
-        push(&mut o, "fairway_slo_attainment_ratio", &tm("alpha", "llama"), 0.9);
+        push(
+            &mut o,
+            "fairway_slo_attainment_ratio",
+            &tm("alpha", "llama"),
+            0.9,
+        );
         o.push_str("# TYPE fairway_ttft_seconds histogram\n");
         hist(&mut o, "fairway_ttft_seconds", "alpha", "llama", a.ttft);
         hist(&mut o, "fairway_ttft_seconds", "beta", "llama", [10.0; 6]);
@@ -743,13 +770,23 @@ mod tests {
         hist(&mut o, "fairway_e2e_seconds", "beta", "llama", b_e2e);
         hist(&mut o, "fairway_e2e_seconds", "beta", "mistral", b_e2e);
         o.push_str("# TYPE fairway_overhead_seconds histogram\n");
-        for (le, c) in [("0.000025", 0.0), ("0.00005", 60.0), ("0.0001", 100.0), ("+Inf", 100.0)] {
+        for (le, c) in [
+            ("0.000025", 0.0),
+            ("0.00005", 60.0),
+            ("0.0001", 100.0),
+            ("+Inf", 100.0),
+        ] {
             push(&mut o, "fairway_overhead_seconds_bucket", &[("le", le)], c);
         }
         push(&mut o, "fairway_overhead_seconds_sum", &[], 0.006);
         push(&mut o, "fairway_overhead_seconds_count", &[], 100.0);
         o.push_str("# TYPE fairway_config_reloads_total counter\n");
-        push(&mut o, "fairway_config_reloads_total", &[("result", "ok")], 1.0);
+        push(
+            &mut o,
+            "fairway_config_reloads_total",
+            &[("result", "ok")],
+            1.0,
+        );
         o.push_str("# TYPE fairway_queue_depth gauge\n");
         for (t, v) in [("alpha", 3.0), ("beta", 0.0), ("gamma", 7.0)] {
             push(&mut o, "fairway_queue_depth", &[("tenant", t)], v);
@@ -758,9 +795,24 @@ mod tests {
         for (t, v) in [("alpha", 5.0), ("beta", 1.0), ("gamma", 0.0)] {
             push(&mut o, "fairway_tenant_in_flight", &[("tenant", t)], v);
         }
-        push(&mut o, "fairway_rate_bucket_requests", &[("tenant", "alpha")], 2.5);
-        push(&mut o, "fairway_tenant_slo_ttft_seconds", &[("tenant", "alpha")], 0.5);
-        push(&mut o, "fairway_tenant_slo_e2e_seconds", &[("tenant", "alpha")], 5.0);
+        push(
+            &mut o,
+            "fairway_rate_bucket_requests",
+            &[("tenant", "alpha")],
+            2.5,
+        );
+        push(
+            &mut o,
+            "fairway_tenant_slo_ttft_seconds",
+            &[("tenant", "alpha")],
+            0.5,
+        );
+        push(
+            &mut o,
+            "fairway_tenant_slo_e2e_seconds",
+            &[("tenant", "alpha")],
+            5.0,
+        );
         o.push_str("# TYPE fairway_jain_fairness_index gauge\n");
         push(&mut o, "fairway_jain_fairness_index", &[], 0.93);
         let a_l = [("backend", "gpu-a"), ("model", "llama")];
@@ -844,12 +896,16 @@ mod tests {
 
         assert_eq!(
             row(&text, "alpha"),
-            ["alpha", "-", "-", "-", "420ms", "500ms", "2.47s", "5.00s", "3", "5", "-"]
+            [
+                "alpha", "-", "-", "-", "420ms", "500ms", "2.47s", "5.00s", "3", "5", "-"
+            ]
         );
         // Beta's two models are summed; no SLO gauges.
         assert_eq!(
             row(&text, "beta"),
-            ["beta", "-", "-", "-", "492ms", "-", "496ms", "-", "0", "1", "-"]
+            [
+                "beta", "-", "-", "-", "492ms", "-", "496ms", "-", "0", "1", "-"
+            ]
         );
         assert_eq!(
             row(&text, "gamma"),
@@ -902,7 +958,9 @@ mod tests {
         // Nothing new for beta: rates 0, p99s fall back to cumulative.
         assert_eq!(
             row(&text, "beta"),
-            ["beta", "0.0", "0.0", "0.0", "492ms", "-", "496ms", "-", "0", "1", "-"]
+            [
+                "beta", "0.0", "0.0", "0.0", "492ms", "-", "496ms", "-", "0", "1", "-"
+            ]
         );
         assert_eq!(row(&text, "gamma")[1], "0.0");
     }
@@ -910,8 +968,18 @@ mod tests {
     #[test]
     fn an_slo_breach_is_marked() {
         let mut o = String::new();
-        push(&mut o, "fairway_tenant_slo_ttft_seconds", &[("tenant", "t")], 0.05);
-        push(&mut o, "fairway_tenant_slo_e2e_seconds", &[("tenant", "t")], 1.0);
+        push(
+            &mut o,
+            "fairway_tenant_slo_ttft_seconds",
+            &[("tenant", "t")],
+            0.05,
+        );
+        push(
+            &mut o,
+            "fairway_tenant_slo_e2e_seconds",
+            &[("tenant", "t")],
+            1.0,
+        );
         // TTFT all at or below 0.1s, e2e between 2.5s and 5s.
         hist(&mut o, "fairway_ttft_seconds", "t", "m", [4.0; 6]);
         hist(
@@ -922,7 +990,12 @@ mod tests {
             [0.0, 0.0, 0.0, 0.0, 4.0, 4.0],
         );
         hist(&mut o, "fairway_ttft_seconds", "ok", "m", [4.0; 6]);
-        push(&mut o, "fairway_tenant_slo_ttft_seconds", &[("tenant", "ok")], 0.2);
+        push(
+            &mut o,
+            "fairway_tenant_slo_ttft_seconds",
+            &[("tenant", "ok")],
+            0.2,
+        );
         let snap = Snapshot::from_text(&o, 0.0).unwrap();
         let text = render(None, &snap, 120);
         let t = row(&text, "t");
@@ -952,7 +1025,7 @@ mod tests {
         assert_eq!(alpha[4], "99ms", "buckets that went down are read as new");
         assert_eq!(alpha[10], "-", "refusal series vanished with the restart");
         for cell in &alpha[1..] {
-            assert!(!cell.starts_with("-") || *cell == "-", "{text}");
+            assert!(!cell.starts_with('-') || *cell == "-", "{text}");
         }
         assert!(series_increase(Some(10.0), 4.0) >= 0.0);
         assert_eq!(series_increase(Some(1.0), f64::NAN), 0.0);

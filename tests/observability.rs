@@ -374,3 +374,63 @@ async fn a_real_prometheus_scrapes_outcomes_goodput_and_histograms() {
     let slo = value(&query(port, "fairway_tenant_slo_e2e_seconds{tenant=\"api\"}").await);
     assert_eq!(slo, Some(4.0));
 }
+
+#[tokio::test]
+async fn fairway_top_shows_tenants_against_their_slo_and_backends() {
+    let b = slow_sim(Duration::from_millis(1)).await;
+    let gw = gateway(&policy("", 8, "10s"), &[&b]).await;
+    let c = client();
+    for _ in 0..3 {
+        let r = send(
+            &c,
+            post(
+                gw.addr(),
+                "/v1/chat/completions",
+                Some("k-api"),
+                chat(M, 3, true),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fairway"));
+    cmd.args(["top", "--once", "--interval", "200ms", "--admin"])
+        .arg(gw.admin_addr().to_string())
+        .env("COLUMNS", "200");
+    let out = run_blocking(cmd).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("fairway top"), "{text}");
+    let api = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("api"))
+        .unwrap();
+    assert!(
+        api.contains("2.00s") && api.contains("4.00s"),
+        "SLO columns: {api}"
+    );
+    let backend = text
+        .lines()
+        .find(|l| l.contains(&b.addr().to_string()))
+        .unwrap();
+    assert!(backend.contains("up"), "{backend}");
+
+    // A wrong address is a clear error, not a hang.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fairway"));
+    cmd.args(["top", "--once", "--admin"])
+        .arg(gw.addr().to_string()); // the client port: 404 on /metrics
+    let out = run_blocking(cmd).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/metrics"));
+}
+
+/// Runs a command off the async workers (the gateway serves meanwhile).
+async fn run_blocking(mut cmd: Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
+}
