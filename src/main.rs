@@ -47,62 +47,10 @@ enum Command {
     },
     /// Simulate a policy on a workload: the live scheduler against simulated
     /// engines on a simulated clock, deterministic for a seed.
-    Replay {
-        /// The policy file (its pools' `sim` parameters model the backends).
-        #[arg(long, default_value = "config/reference.toml")]
-        policy: PathBuf,
-        /// A JSONL workload (docs/policy-evaluation.md has the format).
-        #[arg(
-            long,
-            required_unless_present = "scenario",
-            conflicts_with = "scenario"
-        )]
-        workload: Option<PathBuf>,
-        /// `reference`, or a scenario file (TOML) to generate the workload from.
-        #[arg(long)]
-        scenario: Option<String>,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Run the same workload under each discipline and/or strategy.
-        #[arg(long, value_enum)]
-        compare: Option<fairway::replay::Compare>,
-        /// Write the report as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Draw per-tenant TTFT and queue depth over time, one SVG a run, here.
-        #[arg(long)]
-        svg: Option<PathBuf>,
-    },
+    Replay(ReplayArgs),
     /// Play a workload against a running gateway, each request at its time,
     /// and report it as `replay` does (compare the two).
-    Load {
-        /// The gateway's client listener, `host:port`.
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        target: String,
-        /// The policy the gateway runs (tenants and their SLOs).
-        #[arg(long, default_value = "config/reference.toml")]
-        policy: PathBuf,
-        #[arg(
-            long,
-            required_unless_present = "scenario",
-            conflicts_with = "scenario"
-        )]
-        workload: Option<PathBuf>,
-        /// `reference`, or a scenario file (TOML).
-        #[arg(long)]
-        scenario: Option<String>,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// A tenant's API key, `TENANT=KEY`; repeat per tenant.
-        #[arg(long = "key", value_parser = parse_key)]
-        keys: Vec<(String, String)>,
-        /// Longest one request may take; past it, it counts as failed.
-        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-        timeout: Duration,
-        /// Write the report as JSON here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
+    Load(LoadArgs),
     /// A terminal view of a running gateway: per-tenant rates, p99 against
     /// the SLO, queue and refusals; per-backend health, KV and in flight.
     Top {
@@ -207,44 +155,8 @@ fn main() -> ExitCode {
     init_logging(cli.log_json);
     match cli.command {
         Command::Check { paths } => check(&paths),
-        Command::Replay {
-            policy,
-            workload,
-            scenario,
-            seed,
-            compare,
-            json,
-            svg,
-        } => report(replay(ReplayArgs {
-            policy,
-            workload,
-            scenario,
-            seed,
-            compare,
-            json,
-            svg,
-        })),
-        Command::Load {
-            target,
-            policy,
-            workload,
-            scenario,
-            seed,
-            keys,
-            timeout,
-            json,
-        } => report(runtime().and_then(|rt| {
-            rt.block_on(load(LoadArgs {
-                target,
-                policy,
-                workload,
-                scenario,
-                seed,
-                keys,
-                timeout,
-                json,
-            }))
-        })),
+        Command::Replay(args) => report(replay(args)),
+        Command::Load(args) => report(runtime().and_then(|rt| rt.block_on(load(args)))),
         Command::Top {
             admin,
             interval,
@@ -514,13 +426,39 @@ async fn agent(listen: SocketAddr, cfg: AgentConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct ReplayArgs {
+/// Where a workload comes from, and the policy it runs under.
+#[derive(clap::Args)]
+struct Source {
+    /// The policy file (for `replay`, its pools' `sim` parameters model
+    /// the backends; for `load`, the tenants and SLOs the gateway runs).
+    #[arg(long, default_value = "config/reference.toml")]
     policy: PathBuf,
+    /// A JSONL workload (docs/policy-evaluation.md has the format).
+    #[arg(
+        long,
+        required_unless_present = "scenario",
+        conflicts_with = "scenario"
+    )]
     workload: Option<PathBuf>,
+    /// `reference`, or a scenario file (TOML) to generate the workload from.
+    #[arg(long)]
     scenario: Option<String>,
+    #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    source: Source,
+    /// Run the same workload under each discipline and/or strategy.
+    #[arg(long, value_enum)]
     compare: Option<fairway::replay::Compare>,
+    /// Write the report as JSON here.
+    #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw per-tenant TTFT and queue depth over time, one SVG a run, here.
+    #[arg(long)]
     svg: Option<PathBuf>,
 }
 
@@ -551,21 +489,23 @@ fn scenario_workload(
 
 /// The workload of `--workload FILE` or `--scenario NAME`.
 fn load_workload(
-    path: Option<&PathBuf>,
-    scenario: Option<&String>,
-    policy: &fairway::config::Policy,
-    seed: u64,
-) -> anyhow::Result<Vec<fairway::replay::workload::WorkRequest>> {
-    match (path, scenario) {
+    src: &Source,
+) -> anyhow::Result<(
+    fairway::config::Policy,
+    Vec<fairway::replay::workload::WorkRequest>,
+)> {
+    let policy = offline_policy(&src.policy)?;
+    let work = match (&src.workload, &src.scenario) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
             fairway::replay::workload::parse_jsonl(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
         }
-        (None, Some(name)) => scenario_workload(name, policy, seed),
+        (None, Some(name)) => scenario_workload(name, &policy, src.seed)?,
         (None, None) => anyhow::bail!("give --workload FILE or --scenario NAME"),
-    }
+    };
+    Ok((policy, work))
 }
 
 fn parse_key(s: &str) -> Result<(String, String), String> {
@@ -575,21 +515,27 @@ fn parse_key(s: &str) -> Result<(String, String), String> {
     }
 }
 
+#[derive(clap::Args)]
 struct LoadArgs {
+    #[command(flatten)]
+    source: Source,
+    /// The gateway's client listener, `host:port`.
+    #[arg(long, default_value = "127.0.0.1:8080")]
     target: String,
-    policy: PathBuf,
-    workload: Option<PathBuf>,
-    scenario: Option<String>,
-    seed: u64,
+    /// A tenant's API key, `TENANT=KEY`; repeat per tenant.
+    #[arg(long = "key", value_parser = parse_key)]
     keys: Vec<(String, String)>,
+    /// Longest one request may take; past it, it counts as failed.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Write the report as JSON here.
+    #[arg(long)]
     json: Option<PathBuf>,
 }
 
 async fn load(a: LoadArgs) -> anyhow::Result<()> {
     use fairway::replay::{live, report};
-    let policy = offline_policy(&a.policy)?;
-    let work = load_workload(a.workload.as_ref(), a.scenario.as_ref(), &policy, a.seed)?;
+    let (policy, work) = load_workload(&a.source)?;
     let target = live::Target {
         authority: a.target.clone(),
         keys: a.keys.into_iter().collect(),
@@ -612,8 +558,7 @@ async fn load(a: LoadArgs) -> anyhow::Result<()> {
 
 fn replay(a: ReplayArgs) -> anyhow::Result<()> {
     use fairway::replay::{report, run_variant, sim::RunOptions, variants};
-    let policy = offline_policy(&a.policy)?;
-    let work = load_workload(a.workload.as_ref(), a.scenario.as_ref(), &policy, a.seed)?;
+    let (policy, work) = load_workload(&a.source)?;
     if let Some(dir) = &a.svg {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -626,7 +571,7 @@ fn replay(a: ReplayArgs) -> anyhow::Result<()> {
             report::as_str(&strategy)
         );
         let opts = RunOptions {
-            seed: a.seed,
+            seed: a.source.seed,
             progress: Some(format!("replay {label}")),
         };
         let (run, trace) = run_variant(&policy, &work, discipline, strategy, &opts);
@@ -643,7 +588,7 @@ fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         "{} requests, {} run(s), seed {}, {:.2} s wall",
         work.len(),
         runs.len(),
-        a.seed,
+        a.source.seed,
         clock.now().as_secs_f64()
     );
     if let Some(path) = &a.json {

@@ -5,9 +5,6 @@
 
 mod support;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use support::*;
 
 const M: &str = "sim-model";
@@ -82,26 +79,5 @@ async fn outcomes_add_up_and_promtool_accepts_the_scrape() {
     );
     assert!(metric(&m, "fairway_overhead_seconds_count").unwrap() >= 3.0);
 
-    let Ok(mut child) = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must install promtool (Debian package prometheus)"
-        );
-        eprintln!("promtool not installed; skipping the exposition check");
-        return;
-    };
-    child.stdin.take().unwrap().write_all(m.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool rejected the scrape:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check(&m);
 }

@@ -162,3 +162,37 @@ pub async fn eventually(timeout: Duration, mut f: impl AsyncFnMut() -> bool) -> 
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Feeds an exposition to the real `promtool check metrics`. Skips (with a
+/// note) where promtool is missing, except in CI, which must install it.
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install promtool (Debian package prometheus)"
+        );
+        eprintln!("promtool not installed; skipping the exposition check");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool rejected the scrape:\n{}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
