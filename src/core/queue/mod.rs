@@ -17,7 +17,8 @@
 //! class (which starves `batch` tenants under load).
 //!
 //! Invariant: a tenant is in `backlogged` iff it has a live queued request,
-//! and its key there is its current ordering key. All operations are
+//! and its key there is its current ordering key; it is in `settled` with
+//! `counter - pending` under the same condition. All operations are
 //! O(log tenants) amortised; cancelled entries are skipped lazily.
 
 pub mod cost;
@@ -50,6 +51,8 @@ struct TenantQueue {
     counter: f64,
     /// Part of `counter` that is estimates of dispatched, unsettled work.
     pending: f64,
+    /// Its key in `settled` (`counter - pending`) while backlogged.
+    settled_key: Option<Key>,
     weight: f64,
     class: u8,
     key: Option<Key>,
@@ -62,6 +65,7 @@ impl TenantQueue {
             live: 0,
             counter: 0.0,
             pending: 0.0,
+            settled_key: None,
             weight,
             class,
             key: None,
@@ -75,6 +79,8 @@ pub struct FairQueue {
     discipline: Discipline,
     tenants: Vec<TenantQueue>,
     backlogged: BTreeSet<(Key, TenantId)>,
+    /// Backlogged tenants by settled counter: the VTC lift's floor.
+    settled: BTreeSet<(Key, TenantId)>,
     /// Counter of the most recent dispatch: the floor for returning tenants.
     vtime: f64,
     next_seq: u64,
@@ -95,6 +101,7 @@ impl FairQueue {
             discipline,
             tenants: Vec::new(),
             backlogged: BTreeSet::new(),
+            settled: BTreeSet::new(),
             vtime: 0.0,
             next_seq: 0,
             len: 0,
@@ -179,6 +186,21 @@ impl FairQueue {
             self.tenants[i].key = Some(k);
             self.backlogged.insert((k, tenant));
         }
+        self.resettle(tenant);
+    }
+
+    /// Re-files a tenant in `settled` after its counter, pending charge or
+    /// backlog changed.
+    fn resettle(&mut self, tenant: TenantId) {
+        let q = &mut self.tenants[tenant.0 as usize];
+        if let Some(old) = q.settled_key.take() {
+            self.settled.remove(&(old, tenant));
+        }
+        if q.key.is_some() {
+            let k = Key(0, q.counter - q.pending);
+            q.settled_key = Some(k);
+            self.settled.insert((k, tenant));
+        }
     }
 
     /// Appends a request to its tenant's FIFO.
@@ -209,16 +231,9 @@ impl FairQueue {
         if becomes_backlogged {
             // VTC lift: no credit for idle time.
             let fair = matches!(self.discipline, Discipline::Drf | Discipline::Wfq);
-            let floor = if fair && !self.backlogged.is_empty() {
-                self.backlogged
-                    .iter()
-                    .map(|(_, t)| {
-                        let q = &self.tenants[t.0 as usize];
-                        q.counter - q.pending
-                    })
-                    .fold(f64::INFINITY, f64::min)
-            } else {
-                self.vtime
+            let floor = match self.settled.first() {
+                Some((Key(_, settled), _)) if fair => *settled,
+                _ => self.vtime,
             };
             let q = &mut self.tenants[i];
             q.counter = q.counter.max(floor);
@@ -292,8 +307,10 @@ impl FairQueue {
         if let Some(q) = self.tenants.get_mut(tenant.0 as usize) {
             q.pending = (q.pending - estimate / q.weight).max(0.0);
         }
-        if let Some(a) = actual {
-            self.charge(tenant, a - estimate);
+        match actual {
+            Some(a) => self.charge(tenant, a - estimate),
+            None if (tenant.0 as usize) < self.tenants.len() => self.resettle(tenant),
+            None => {}
         }
     }
 
@@ -311,6 +328,7 @@ impl FairQueue {
             self.backlogged.remove(&(old, tenant));
             self.backlogged.insert((new, tenant));
         }
+        self.resettle(tenant);
     }
 }
 

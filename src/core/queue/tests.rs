@@ -184,3 +184,48 @@ fn a_returning_tenant_is_lifted_to_settled_counters_not_estimates() {
     q.settle(TenantId(1), 3.0, Some(0.0));
     assert_eq!(q.counter(TenantId(1)), 1.0);
 }
+
+proptest::proptest! {
+    /// `settled` always holds exactly the backlogged tenants under their
+    /// `counter - pending`, whatever the order of pushes, pops, estimates
+    /// and settlements.
+    #[test]
+    fn settled_index_matches_a_scan(ops in proptest::collection::vec((0u8..4, 0u32..4, 0u32..50), 1..200)) {
+        let mut q = FairQueue::new(Discipline::Drf);
+        let mut next = 0u64;
+        let mut in_flight: Vec<(TenantId, f64)> = Vec::new();
+        for (op, t, x) in ops {
+            let t = TenantId(t);
+            match op {
+                0 => {
+                    q.push(t, id(next));
+                    next += 1;
+                }
+                1 => {
+                    if let Some((t, _)) = q.pop(live) {
+                        let est = f64::from(x) + 1.0;
+                        q.charge_estimate(t, est);
+                        in_flight.push((t, est));
+                    }
+                }
+                2 => {
+                    if !in_flight.is_empty() {
+                        let (t, est) = in_flight.remove(x as usize % in_flight.len());
+                        q.settle(t, est, (x % 3 != 0).then_some(f64::from(x) / 10.0));
+                    }
+                }
+                _ => q.set_tenant(t, f64::from(x % 5 + 1), Priority::Interactive),
+            }
+            let scan: Vec<(u32, f64)> = q
+                .backlogged
+                .iter()
+                .map(|(_, t)| (t.0, q.tenants[t.0 as usize].counter - q.tenants[t.0 as usize].pending))
+                .collect();
+            let mut index: Vec<(u32, f64)> = q.settled.iter().map(|(Key(_, v), t)| (t.0, *v)).collect();
+            let mut scan = scan;
+            scan.sort_by(|a, b| a.0.cmp(&b.0));
+            index.sort_by(|a, b| a.0.cmp(&b.0));
+            proptest::prop_assert_eq!(scan, index);
+        }
+    }
+}
