@@ -223,8 +223,8 @@ proptest::proptest! {
                 .collect();
             let mut index: Vec<(u32, f64)> = q.settled.iter().map(|(Key(_, v), t)| (t.0, *v)).collect();
             let mut scan = scan;
-            scan.sort_by(|a, b| a.0.cmp(&b.0));
-            index.sort_by(|a, b| a.0.cmp(&b.0));
+            scan.sort_by_key(|e| e.0);
+            index.sort_by_key(|e| e.0);
             proptest::prop_assert_eq!(scan, index);
         }
     }
