@@ -48,22 +48,32 @@ fn drf_keeps_api_inside_its_slo_while_evals_runs_and_fifo_does_not() {
         let e = &r.tenants["evals"];
         assert_eq!(e.served, e.requests, "{:?}", r.discipline);
     }
-    assert!(api(drf) >= 0.98, "drf api attainment {}", api(drf));
+    assert!(api(drf) >= 0.99, "drf api attainment {}", api(drf));
     assert!(api(fifo) < 0.5, "fifo api attainment {}", api(fifo));
     assert!(
         api(priority) < api(drf),
         "priority puts api behind chat bursts"
     );
 
-    // Fairness among backlogged tenants: drf well above the baselines.
+    // Fairness among backlogged tenants: drf above both baselines.
     let jain = |r: &RunReport| r.jain.unwrap();
-    assert!(jain(drf) > 0.8, "drf jain {}", jain(drf));
+    assert!(
+        jain(drf) > jain(priority) + 0.05,
+        "drf {} priority {}",
+        jain(drf),
+        jain(priority)
+    );
+    assert!(
+        jain(drf) > jain(fifo) + 0.1,
+        "drf {} fifo {}",
+        jain(drf),
+        jain(fifo)
+    );
     assert!(
         jain(priority) < 0.6,
         "priority starves evals: {}",
         jain(priority)
     );
-    assert!(jain(fifo) < 0.6, "fifo: {}", jain(fifo));
 
     // More goodput than fifo and priority.
     assert!(drf.goodput_rps > fifo.goodput_rps * 1.3);

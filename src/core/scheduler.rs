@@ -641,8 +641,8 @@ impl Scheduler {
     }
 
     /// A new reading for a backend: updates headroom and adapts its window
-    /// (AIMD: halve when the engine queues or KV is at the watermark, grow by
-    /// one when it has headroom), so the engine's own queue stays near empty
+    /// (AIMD: halve when the engine has a backlog or KV is at the watermark,
+    /// grow by one when the window is the limit and it has headroom), so the engine's own queue stays near empty
     /// and queueing — and fairness — stays here.
     pub fn on_reading(
         &mut self,
@@ -654,8 +654,15 @@ impl Scheduler {
             return Vec::new();
         };
         let watermark = self.pools[b.pool.0 as usize].kv_high_watermark;
-        let pressured = reading.waiting.is_some_and(|w| w > 0)
-            || reading.kv_usage.is_some_and(|k| k >= watermark);
+        // Requests wait inside an engine for two reasons: a backlog (the
+        // batch is full, or KV is), which the window must not feed, and the
+        // next step boundary, a few milliseconds that any busy engine shows.
+        // Only the first is pressure: waiting counts while the engine runs
+        // at least the whole window (or when the dialect does not say how
+        // many run).
+        let backlogged =
+            reading.waiting.is_some_and(|w| w > 0) && reading.running.is_none_or(|r| r >= b.window);
+        let pressured = backlogged || reading.kv_usage.is_some_and(|k| k >= watermark);
         if pressured {
             b.window = (b.window / 2).max(1);
         } else if b.in_flight + 1 >= b.window {

@@ -193,11 +193,14 @@ impl FairQueue {
     /// backlog changed.
     fn resettle(&mut self, tenant: TenantId) {
         let q = &mut self.tenants[tenant.0 as usize];
+        let new = q.key.map(|_| Key(0, q.counter - q.pending));
+        if new == q.settled_key {
+            return;
+        }
         if let Some(old) = q.settled_key.take() {
             self.settled.remove(&(old, tenant));
         }
-        if q.key.is_some() {
-            let k = Key(0, q.counter - q.pending);
+        if let Some(k) = new {
             q.settled_key = Some(k);
             self.settled.insert((k, tenant));
         }
@@ -294,11 +297,13 @@ impl FairQueue {
     }
 
     /// Charges a dispatch's estimated cost to a tenant's counter.
+    /// The settled counter is unchanged (counter and pending grow alike),
+    /// so `settled` is left alone: the hot path pays no index update here.
     pub fn charge_estimate(&mut self, tenant: TenantId, estimate: f64) {
         if let Some(q) = self.tenants.get_mut(tenant.0 as usize) {
             q.pending += estimate / q.weight;
         }
-        self.charge(tenant, estimate);
+        self.add_to_counter(tenant, estimate);
     }
 
     /// Settles a dispatch charged `estimate`: its real cost is `actual`
@@ -307,15 +312,24 @@ impl FairQueue {
         if let Some(q) = self.tenants.get_mut(tenant.0 as usize) {
             q.pending = (q.pending - estimate / q.weight).max(0.0);
         }
-        match actual {
-            Some(a) => self.charge(tenant, a - estimate),
-            None if (tenant.0 as usize) < self.tenants.len() => self.resettle(tenant),
-            None => {}
+        if let Some(a) = actual {
+            self.add_to_counter(tenant, a - estimate);
+        }
+        if (tenant.0 as usize) < self.tenants.len() {
+            self.resettle(tenant);
         }
     }
 
     /// Adds `cost` (may be negative: a correction) to a tenant's counter.
     pub fn charge(&mut self, tenant: TenantId, cost: f64) {
+        self.add_to_counter(tenant, cost);
+        if (tenant.0 as usize) < self.tenants.len() {
+            self.resettle(tenant);
+        }
+    }
+
+    /// The counter and the dispatch order; not `settled`.
+    fn add_to_counter(&mut self, tenant: TenantId, cost: f64) {
         let Some(q) = self.tenants.get_mut(tenant.0 as usize) else {
             return;
         };
@@ -328,7 +342,6 @@ impl FairQueue {
             self.backlogged.remove(&(old, tenant));
             self.backlogged.insert((new, tenant));
         }
-        self.resettle(tenant);
     }
 }
 

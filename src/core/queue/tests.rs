@@ -225,7 +225,13 @@ proptest::proptest! {
             let mut scan = scan;
             scan.sort_by_key(|e| e.0);
             index.sort_by_key(|e| e.0);
-            proptest::prop_assert_eq!(scan, index);
+            // Equal up to rounding: a dispatch's estimate moves counter and
+            // pending alike and leaves the index as it was.
+            proptest::prop_assert_eq!(scan.len(), index.len());
+            for (a, b) in scan.iter().zip(&index) {
+                proptest::prop_assert_eq!(a.0, b.0);
+                proptest::prop_assert!((a.1 - b.1).abs() < 1e-9, "{:?} vs {:?}", a, b);
+            }
         }
     }
 }

@@ -484,3 +484,51 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_window_halves_on_an_engine_backlog_not_on_a_step_boundary() {
+    let mut s = Scheduler::new(&policy(1, 16, vec![tenant("a", 1.0)]), t(0), 1);
+    let b0 = s.backend("b0").unwrap();
+    let reading = |at, running, waiting| Reading {
+        at: t(at),
+        running: Some(running),
+        waiting: Some(waiting),
+        kv_usage: Some(0.1),
+        ..Reading::default()
+    };
+    let window = |s: &mut Scheduler, at| s.backend_view(t(at), b0).window;
+    // Two requests wait for the next step while five run: no backlog.
+    s.on_reading(t(1), b0, reading(1, 5, 2));
+    assert_eq!(window(&mut s, 1), 16);
+    // The engine runs the whole window and still queues: halve.
+    s.on_reading(t(2), b0, reading(2, 16, 3));
+    assert_eq!(window(&mut s, 2), 8);
+    s.on_reading(t(3), b0, reading(3, 8, 1));
+    assert_eq!(window(&mut s, 3), 4);
+    // KV at the watermark is pressure whatever runs.
+    s.on_reading(
+        t(4),
+        b0,
+        Reading {
+            kv_usage: Some(0.85),
+            ..reading(4, 1, 0)
+        },
+    );
+    assert_eq!(window(&mut s, 4), 2);
+    // Without a running count, any waiting is pressure.
+    s.on_reading(
+        t(5),
+        b0,
+        Reading {
+            running: None,
+            ..reading(5, 0, 1)
+        },
+    );
+    assert_eq!(window(&mut s, 5), 1);
+    // Headroom and a full window: grow by one a reading.
+    for _ in 0..3 {
+        let _ = s.on_arrival(t(6), arrival(&s, "a"));
+    }
+    s.on_reading(t(6), b0, reading(6, 1, 0));
+    assert_eq!(window(&mut s, 6), 2);
+}
