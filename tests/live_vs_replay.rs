@@ -73,7 +73,7 @@ stream = true
 
 [[tenants]]
 name = "chat"
-arrivals = { bursts = { every = "1500ms", size = 40, spread = "300ms", start = "500ms" } }
+arrivals = { bursts = { every = "1s", size = 20, spread = "500ms", start = "500ms" } }
 prompt_tokens = [200, 800]
 output_tokens = [30, 80]
 stream = true
