@@ -13,6 +13,7 @@
 //! - [`tokens`]: the shared token estimate.
 //! - [`top`]: `fairway top`, the terminal view rendered from a `/metrics` scrape.
 
+mod accept;
 pub mod agent;
 pub mod clock;
 pub mod config;

@@ -23,9 +23,6 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -69,34 +66,15 @@ pub async fn serve(
     // aborts them all.
     let mut tasks = JoinSet::new();
     let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off, keep serving.
-                        tracing::debug!(error = %e, "agent accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let agent = Arc::clone(&agent);
-                let svc = service_fn(move |req| handle(Arc::clone(&agent), req));
-                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                let conn = graceful.watch(conn);
-                tasks.spawn(async move {
-                    // A client that resets mid-response is normal here.
-                    let _ = conn.await;
-                });
-            }
-        }
-        while tasks.try_join_next().is_some() {}
-    }
+    crate::accept::accept_until(
+        &listener,
+        shutdown,
+        &graceful,
+        &mut tasks,
+        "agent",
+        move |req| handle(Arc::clone(&agent), req),
+    )
+    .await;
     drop(listener);
     if tokio::time::timeout(cfg.timeout + DRAIN_GRACE, graceful.shutdown())
         .await

@@ -25,9 +25,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use parking_lot::Mutex;
 use serde::Deserialize;
@@ -246,34 +243,16 @@ async fn serve_shared(
     let mut tasks = JoinSet::new();
     let driver = tasks.spawn(drive(Arc::clone(&shared)));
     let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off, keep serving.
-                        tracing::debug!(error = %e, "sim backend accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let shared = Arc::clone(&shared);
-                let svc = service_fn(move |req| routes::handle(Arc::clone(&shared), req));
-                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                let conn = graceful.watch(conn);
-                tasks.spawn(async move {
-                    // A client that resets mid-response is normal here.
-                    let _ = conn.await;
-                });
-            }
-        }
-        while tasks.try_join_next().is_some() {}
-    }
+    let handler = Arc::clone(&shared);
+    crate::accept::accept_until(
+        &listener,
+        shutdown,
+        &graceful,
+        &mut tasks,
+        "sim backend",
+        move |req| routes::handle(Arc::clone(&handler), req),
+    )
+    .await;
     drop(listener);
     // Hung requests (Fault::Hang) would block the drain forever.
     shared.stop.cancel();
