@@ -24,8 +24,9 @@ pub struct Policy {
 /// `[telemetry]`: OpenTelemetry traces. Restart-only.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TelemetryPolicy {
-    /// `host:port` of an OTLP/HTTP collector (from `http://host:port`);
-    /// `None`: traces off, unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+    /// `host:port` of an OTLP/HTTP collector (from `http://host:port`, or
+    /// from `OTEL_EXPORTER_OTLP_ENDPOINT` when the key is absent); `None`:
+    /// traces off.
     pub otlp_endpoint: Option<String>,
     /// The `service.name` resource attribute (default `fairway`).
     pub service_name: String,

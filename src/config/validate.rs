@@ -148,29 +148,41 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
         queue: read_queue(r, &queue),
         pools: pools::read_pools(r, root),
         tenants: tenants::read_tenants(r, root, trusts_header, env),
-        telemetry: read_telemetry(r, &telemetry),
+        telemetry: read_telemetry(r, &telemetry, env),
         server,
     }
 }
 
-fn read_telemetry(r: &mut Reader<'_>, t: &Table<'_, '_>) -> TelemetryPolicy {
+/// The OpenTelemetry variable naming a collector when the policy does not.
+const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+
+fn read_telemetry(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> TelemetryPolicy {
     r.check_keys(t, TELEMETRY_KEYS);
-    let otlp_endpoint = r.opt(t, "otlp_endpoint", |r, v, p| {
+    let endpoint = |url: &str| {
+        pools::parse_http_url(url.trim()).map_err(|why| {
+            format!(
+                "invalid OTLP endpoint \"{url}\": {why} (the collector's OTLP/HTTP port, usually 4318)"
+            )
+        })
+    };
+    let otlp_endpoint = match r.opt(t, "otlp_endpoint", |r, v, p| {
         let url = r.string(v, p)?;
-        match pools::parse_http_url(url.trim()) {
-            Ok(authority) => Some(authority),
-            Err(why) => {
-                r.error(
-                    v.span(),
-                    p,
-                    format!(
-                        "invalid OTLP endpoint \"{url}\": {why} (the collector's OTLP/HTTP port, usually 4318)"
-                    ),
-                );
-                None
-            }
-        }
-    });
+        endpoint(&url).map_err(|e| r.error(v.span(), p, e)).ok()
+    }) {
+        Some(e) => Some(e),
+        // Checked like the key, so a bad variable stops the start with the
+        // same message instead of failing every export.
+        None if t.get("otlp_endpoint").is_none() => env(OTLP_ENDPOINT_ENV)
+            .filter(|url| !url.trim().is_empty())
+            .and_then(|url| {
+                endpoint(&url)
+                    .map_err(|e| {
+                        r.error(t.span.clone(), &t.path, format!("{OTLP_ENDPOINT_ENV}: {e}"))
+                    })
+                    .ok()
+            }),
+        None => None,
+    };
     TelemetryPolicy {
         otlp_endpoint,
         service_name: r

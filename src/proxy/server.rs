@@ -349,21 +349,12 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody> {
 }
 
 /// The trace exporter for `[telemetry] otlp_endpoint`, or for
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` when the policy names none.
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` (both read and checked with the policy).
 fn otlp_exporter(policy: &Policy) -> Option<crate::telemetry::trace::Exporter> {
-    let endpoint = policy.telemetry.otlp_endpoint.clone().or_else(|| {
-        let env = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok()?;
-        let authority = env
-            .trim()
-            .strip_prefix("http://")
-            .unwrap_or(env.trim())
-            .trim_end_matches('/')
-            .to_owned();
-        (!authority.is_empty()).then_some(authority)
-    })?;
+    let endpoint = policy.telemetry.otlp_endpoint.as_deref()?;
     tracing::info!(%endpoint, "exporting traces over OTLP/HTTP");
     Some(crate::telemetry::trace::Exporter::start(
-        &endpoint,
+        endpoint,
         policy.telemetry.service_name.clone(),
     ))
 }

@@ -972,8 +972,9 @@ fn burst_defaults_to_rate_and_at_least_one() {
     assert_eq!(parse(&src).unwrap().tenants[0].burst, Some(1.0));
 }
 
+/// A key for every `api_key_env` variable the example files name.
 fn example_env(name: &str) -> Option<String> {
-    Some(format!("sk-example-{name}"))
+    name.contains("API_KEY").then(|| format!("sk-example-{name}"))
 }
 
 #[test]
@@ -1167,4 +1168,34 @@ proptest! {
         }
         let _ = parse(&out);
     }
+}
+
+#[test]
+fn otlp_endpoint_comes_from_the_key_or_the_otel_variable_checked_alike() {
+    let env = |url: &'static str| {
+        move |name: &str| (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| url.to_owned())
+    };
+    let from_env = parse_policy_with_env(POOL, "p.toml", &env("http://otel:4318/")).unwrap();
+    assert_eq!(
+        from_env.telemetry.otlp_endpoint.as_deref(),
+        Some("otel:4318")
+    );
+    // The key wins over the variable.
+    let src = format!("{POOL}[telemetry]\notlp_endpoint = \"http://10.0.0.9:4318\"\n");
+    let keyed = parse_policy_with_env(&src, "p.toml", &env("http://otel:4318")).unwrap();
+    assert_eq!(
+        keyed.telemetry.otlp_endpoint.as_deref(),
+        Some("10.0.0.9:4318")
+    );
+    // A bad variable is the same clear error as a bad key.
+    let errs = parse_policy_with_env(POOL, "p.toml", &env("https://otel:4318")).unwrap_err();
+    assert_eq!(errs.len(), 1);
+    assert!(
+        errs[0]
+            .message
+            .starts_with("OTEL_EXPORTER_OTLP_ENDPOINT: invalid OTLP endpoint"),
+        "{}",
+        errs[0].message
+    );
+    assert_eq!(parse(POOL).unwrap().telemetry.otlp_endpoint, None);
 }
