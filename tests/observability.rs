@@ -56,6 +56,24 @@ async fn scrape(gw: &fairway::proxy::server::Server) -> String {
         .text()
 }
 
+/// Sends `body` three times as tenant `api`; each must be served.
+async fn serve_three(gw: &fairway::proxy::server::Server, body: String) {
+    let c = client();
+    for _ in 0..3 {
+        let r = send(
+            &c,
+            post(
+                gw.addr(),
+                "/v1/chat/completions",
+                Some("k-api"),
+                body.clone(),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}
+
 fn outcome(m: &str, o: &str) -> f64 {
     metric_sum(
         m,
@@ -156,20 +174,7 @@ async fn goodput_counts_only_responses_within_the_slo() {
     ] {
         let b = slow_sim(step).await;
         let gw = gateway(&tenant(slo), &[&b]).await;
-        let c = client();
-        for _ in 0..3 {
-            let r = send(
-                &c,
-                post(
-                    gw.addr(),
-                    "/v1/chat/completions",
-                    Some("k-api"),
-                    chat(M, 30, false),
-                ),
-            )
-            .await;
-            assert_eq!(r.status, 200);
-        }
+        serve_three(&gw, chat(M, 30, false)).await;
         let m = scrape(&gw).await;
         assert_eq!(outcome(&m, "served"), 3.0, "{m}");
         assert_eq!(
@@ -348,20 +353,7 @@ async fn a_real_prometheus_scrapes_outcomes_goodput_and_histograms() {
 async fn fairway_top_shows_tenants_against_their_slo_and_backends() {
     let b = slow_sim(Duration::from_millis(1)).await;
     let gw = gateway(&policy("", 8, "10s"), &[&b]).await;
-    let c = client();
-    for _ in 0..3 {
-        let r = send(
-            &c,
-            post(
-                gw.addr(),
-                "/v1/chat/completions",
-                Some("k-api"),
-                chat(M, 3, true),
-            ),
-        )
-        .await;
-        assert_eq!(r.status, 200);
-    }
+    serve_three(&gw, chat(M, 3, true)).await;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fairway"));
     cmd.args(["top", "--once", "--interval", "200ms", "--admin"])
         .arg(gw.admin_addr().to_string())

@@ -98,6 +98,21 @@ async fn burst(gw: &fairway::proxy::server::Server, n: usize) -> Vec<u16> {
     out
 }
 
+/// Waits until the gateway's reading of backend `a` shows its KV cache at
+/// the watermark; returns the series it watched.
+async fn until_a_reads_full(gw: &fairway::proxy::server::Server) -> String {
+    let kv = series("a", "fairway_backend_kv_usage_ratio");
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            metric(&gateway_metrics(gw).await, &kv).is_some_and(|v| v >= 0.8)
+        })
+        .await,
+        "{}",
+        gateway_metrics(gw).await
+    );
+    kv
+}
+
 #[tokio::test]
 async fn a_backend_whose_kv_fills_gets_nothing_until_it_drains() {
     let a = small_kv_sim().await;
@@ -105,15 +120,7 @@ async fn a_backend_whose_kv_fills_gets_nothing_until_it_drains() {
     let gw = gateway(&two_backends(), &[&a, &b]).await;
     let filler = fill_directly(&a);
     // The gateway sees the full cache in a reading.
-    let kv = series("a", "fairway_backend_kv_usage_ratio");
-    assert!(
-        eventually(Duration::from_secs(5), async || {
-            metric(&gateway_metrics(&gw).await, &kv).is_some_and(|v| v >= 0.8)
-        })
-        .await,
-        "{}",
-        gateway_metrics(&gw).await
-    );
+    let kv = until_a_reads_full(&gw).await;
     let before = a.stats().prompt_tokens_total;
     let statuses = burst(&gw, 12).await;
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
@@ -243,13 +250,7 @@ async fn stale_readings_fall_back_to_the_gateways_own_counts() {
     let b = sim(M, 64).await;
     let gw = gateway(&two_backends(), &[&a, &b]).await;
     let filler = fill_directly(&a);
-    let kv = series("a", "fairway_backend_kv_usage_ratio");
-    assert!(
-        eventually(Duration::from_secs(5), async || {
-            metric(&gateway_metrics(&gw).await, &kv).is_some_and(|v| v >= 0.8)
-        })
-        .await
-    );
+    let kv = until_a_reads_full(&gw).await;
     let before = a.stats().prompt_tokens_total;
     // `a`'s metrics break while it keeps serving: its last reading (full)
     // goes stale after three intervals and is no longer exported or used.

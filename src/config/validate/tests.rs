@@ -974,7 +974,8 @@ fn burst_defaults_to_rate_and_at_least_one() {
 
 /// A key for every `api_key_env` variable the example files name.
 fn example_env(name: &str) -> Option<String> {
-    name.contains("API_KEY").then(|| format!("sk-example-{name}"))
+    name.contains("API_KEY")
+        .then(|| format!("sk-example-{name}"))
 }
 
 #[test]
