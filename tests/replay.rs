@@ -75,9 +75,17 @@ fn drf_keeps_api_inside_its_slo_while_evals_runs_and_fifo_does_not() {
         jain(priority)
     );
 
-    // More goodput than fifo and priority.
+    // Far more goodput than fifo; within 2% of the best (priority and wfq
+    // tie with it: docs/policy-evaluation.md says why).
     assert!(drf.goodput_rps > fifo.goodput_rps * 1.3);
-    assert!(drf.goodput_rps > priority.goodput_rps);
+    let best = runs.iter().map(|r| r.goodput_rps).fold(0.0, f64::max);
+    assert!(
+        drf.goodput_rps >= best * 0.98,
+        "drf {} best {best}",
+        drf.goodput_rps
+    );
+    // Young evals work is preempted for queued api and chat requests.
+    assert!(drf.preempted > 0);
 }
 
 #[test]

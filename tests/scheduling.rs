@@ -350,3 +350,104 @@ async fn queued_request_whose_client_hangs_up_leaves_the_queue() {
         let _ = b.frame().await;
     }
 }
+
+/// Two tenants on one backend with a window of 2: `jobs` (batch) fills it
+/// with long non-streamed requests, then `app` (interactive) arrives.
+fn preemption_policy(preemption: &str) -> String {
+    format!(
+        "{SERVER}\n[preemption]\n{preemption}\n[[pools]]\nmodel = \"{M}\"\n\
+         [[pools.backends]]\nurl = \"http://{{b0}}\"\nmax_inflight = 2\n\
+         [[tenants]]\nname = \"jobs\"\napi_keys = [\"sk-jobs\"]\npriority = \"batch\"\n\
+         [[tenants]]\nname = \"app\"\napi_keys = [\"sk-app\"]\n"
+    )
+}
+
+/// Fills the window with two ~2 s batch requests, then times one short
+/// interactive request. Returns its latency, the batch statuses and the
+/// scrape after everything ended.
+async fn interactive_behind_batch(preemption: &str) -> (Duration, Vec<u16>, String, u64) {
+    let b0 = sim(M, 8).await;
+    let gw = gateway(&preemption_policy(preemption), &[&b0]).await;
+    let addr = gw.addr();
+    let jobs: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                send(
+                    &client(),
+                    post(
+                        addr,
+                        "/v1/chat/completions",
+                        Some("sk-jobs"),
+                        chat(M, 1000, false),
+                    ),
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    while b0.stats().running < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Both have run 150 ms when the interactive request arrives.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let start = tokio::time::Instant::now();
+    let r = send(
+        &client(),
+        post(
+            addr,
+            "/v1/chat/completions",
+            Some("sk-app"),
+            chat(M, 5, false),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let latency = start.elapsed();
+    let mut statuses = Vec::new();
+    for j in jobs {
+        statuses.push(j.await.map_or(0, |s| s.as_u16()));
+    }
+    let m = served_by(&gw).await;
+    (latency, statuses, m, b0.stats().finished_total)
+}
+
+#[tokio::test]
+async fn interactive_work_preempts_young_batch_work_which_is_served_later() {
+    let (latency, statuses, m, finished) =
+        interactive_behind_batch("min_wait = \"50ms\"\nmigration_threshold = \"5m\"").await;
+    assert!(latency < Duration::from_millis(1000), "waited {latency:?}");
+    // The preempted job was queued again and served: nothing lost.
+    assert_eq!(statuses, [200, 200]);
+    assert_eq!(
+        metric(&m, "fairway_preemptions_total{tenant=\"jobs\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            &format!("fairway_requests_total{{tenant=\"jobs\",model=\"{M}\",outcome=\"served\""),
+        ),
+        Some(2.0)
+    );
+    // Its first run was aborted in the engine, not left to finish.
+    assert_eq!(finished, 3);
+}
+
+#[tokio::test]
+async fn work_past_the_migration_threshold_is_never_preempted() {
+    let (latency, statuses, m, finished) =
+        interactive_behind_batch("min_wait = \"0s\"\nmigration_threshold = \"100ms\"").await;
+    // The batch work ran past 100 ms: the interactive request waits for a slot.
+    assert!(
+        latency > Duration::from_millis(1000),
+        "waited only {latency:?}"
+    );
+    assert_eq!(statuses, [200, 200]);
+    assert_eq!(
+        metric(&m, "fairway_preemptions_total{tenant=\"jobs\"}"),
+        Some(0.0)
+    );
+    assert_eq!(finished, 3);
+}

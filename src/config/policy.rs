@@ -16,6 +16,7 @@ pub struct Policy {
     pub server: ServerPolicy,
     pub poller: PollerPolicy,
     pub queue: QueuePolicy,
+    pub preemption: PreemptionPolicy,
     pub pools: Vec<PoolPolicy>,
     pub tenants: Vec<TenantPolicy>,
     pub telemetry: TelemetryPolicy,
@@ -80,6 +81,21 @@ pub struct QueuePolicy {
     pub max_queued_per_tenant: u32,
     /// Weight of one output token relative to one prompt token in `wfq` cost.
     pub output_token_weight: f64,
+}
+
+/// `[preemption]`: when queued interactive work may take the slot of
+/// in-flight batch work.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PreemptionPolicy {
+    /// Default `true`.
+    pub enabled: bool,
+    /// A queued request preempts only once it has waited this long
+    /// (default 250 ms): a slot that frees by itself is cheaper.
+    #[serde(with = "humantime_serde_compat")]
+    pub min_wait: Duration,
+    /// Work that has run this long is never preempted (default 5 min).
+    #[serde(with = "humantime_serde_compat")]
+    pub migration_threshold: Duration,
 }
 
 /// The fair-queue order.

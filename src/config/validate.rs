@@ -20,7 +20,8 @@ use toml::de::DeTable;
 use self::reader::{Reader, Table, Zero};
 use super::file::{ConfigError, parse_document};
 use super::policy::{
-    Discipline, Policy, PollerPolicy, QueuePolicy, ServerPolicy, TelemetryPolicy, TlsPolicy,
+    Discipline, Policy, PollerPolicy, PreemptionPolicy, QueuePolicy, ServerPolicy, TelemetryPolicy,
+    TlsPolicy,
 };
 
 /// Looks an environment variable up; `None` when unset or not UTF-8.
@@ -102,7 +103,16 @@ fn plural(n: usize, word: &str) -> String {
     }
 }
 
-const ROOT_KEYS: &[&str] = &["server", "poller", "queue", "pools", "tenants", "telemetry"];
+const ROOT_KEYS: &[&str] = &[
+    "server",
+    "poller",
+    "queue",
+    "preemption",
+    "pools",
+    "tenants",
+    "telemetry",
+];
+const PREEMPTION_KEYS: &[&str] = &["enabled", "min_wait", "migration_threshold"];
 const TELEMETRY_KEYS: &[&str] = &["otlp_endpoint", "service_name"];
 const SERVER_KEYS: &[&str] = &[
     "listen",
@@ -141,11 +151,13 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
     let poller = section(r, root, "poller", &empty);
     let queue = section(r, root, "queue", &empty);
     let telemetry = section(r, root, "telemetry", &empty);
+    let preemption = section(r, root, "preemption", &empty);
     let server = read_server(r, &server);
     let trusts_header = server.trust_tenant_header.is_some();
     Policy {
         poller: read_poller(r, &poller),
         queue: read_queue(r, &queue),
+        preemption: read_preemption(r, &preemption),
         pools: pools::read_pools(r, root),
         tenants: tenants::read_tenants(r, root, trusts_header, env),
         telemetry: read_telemetry(r, &telemetry, env),
@@ -300,6 +312,21 @@ fn read_poller(r: &mut Reader<'_>, t: &Table<'_, '_>) -> PollerPolicy {
         timeout: r
             .opt(t, "timeout", |r, v, p| r.duration(v, p, Zero::Refused))
             .unwrap_or(interval.max(Duration::from_secs(1))),
+    }
+}
+
+fn read_preemption(r: &mut Reader<'_>, t: &Table<'_, '_>) -> PreemptionPolicy {
+    r.check_keys(t, PREEMPTION_KEYS);
+    PreemptionPolicy {
+        enabled: r.opt(t, "enabled", Reader::boolean).unwrap_or(true),
+        min_wait: r
+            .opt(t, "min_wait", |r, v, p| r.duration(v, p, Zero::Allowed))
+            .unwrap_or(Duration::from_millis(250)),
+        migration_threshold: r
+            .opt(t, "migration_threshold", |r, v, p| {
+                r.duration(v, p, Zero::Refused)
+            })
+            .unwrap_or(Duration::from_secs(300)),
     }
 }
 

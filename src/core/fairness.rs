@@ -11,6 +11,7 @@
 //! fewer than two such tenants has no index: fairness only means something
 //! among tenants that all wanted more.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::core::time::Instant;
@@ -102,6 +103,55 @@ impl FairnessMeter {
     }
 }
 
+/// Jain's index over whole backlogged periods: every sample interval in
+/// which the same set of two or more tenants was backlogged (at both ends)
+/// adds their weighted service to that set's totals, wherever in the run
+/// it falls. The index is each set's Jain's index of its totals, averaged
+/// over sets by the time spent in each. Unlike fixed windows, it does not
+/// depend on where window edges fall, and a short backlog (a burst the
+/// scheduler serves in two seconds) counts as much as its duration.
+#[derive(Clone, Debug, Default)]
+pub struct BackloggedService {
+    prev: Option<(Instant, Vec<f64>, Vec<bool>)>,
+    /// Backlogged set (tenant indices) → (time in it, service per member).
+    sets: HashMap<Vec<usize>, (Duration, Vec<f64>)>,
+}
+
+impl BackloggedService {
+    /// Records a sample; `service[i]` and `backlogged[i]` are tenant `i`'s.
+    pub fn sample(&mut self, now: Instant, service: &[f64], backlogged: &[bool]) {
+        if let Some((then, before, was)) = &self.prev {
+            let set: Vec<usize> = (0..service.len().min(backlogged.len()).min(was.len()))
+                .filter(|&i| was[i] && backlogged[i])
+                .collect();
+            if set.len() >= 2 {
+                let (time, got) = self
+                    .sets
+                    .entry(set.clone())
+                    .or_insert_with(|| (Duration::ZERO, vec![0.0; set.len()]));
+                *time += now.saturating_since(*then);
+                for (g, &i) in got.iter_mut().zip(&set) {
+                    *g += (service[i] - before.get(i).copied().unwrap_or(0.0)).max(0.0);
+                }
+            }
+        }
+        self.prev = Some((now, service.to_vec(), backlogged.to_vec()));
+    }
+
+    /// The time-weighted mean of each backlogged set's index; `None` when
+    /// no two tenants were ever backlogged together.
+    pub fn index(&self) -> Option<f64> {
+        let (mut sum, mut time) = (0.0, 0.0);
+        for (t, got) in self.sets.values() {
+            if let Some(j) = jain(got) {
+                sum += j * t.as_secs_f64();
+                time += t.as_secs_f64();
+            }
+        }
+        (time > 0.0).then(|| sum / time)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +184,25 @@ mod tests {
         let j = m.sample(t(30), &[30.0, 10.0, 11.0], &[true, false, false]);
         assert_eq!(j, None);
         assert_eq!(m.last(), Some(1.0));
+    }
+
+    #[test]
+    fn backlogged_periods_add_up_wherever_they_fall() {
+        let mut m = BackloggedService::default();
+        assert_eq!(m.index(), None);
+        // 0–1 s: tenants 0 and 1 backlogged; 1 gets twice 0's service.
+        m.sample(t(0), &[0.0, 0.0, 0.0], &[true, true, false]);
+        m.sample(t(1), &[1.0, 2.0, 0.0], &[true, true, false]);
+        // 1–4 s: tenant 1 is not backlogged at both ends: no pair.
+        m.sample(t(2), &[2.0, 4.0, 0.0], &[true, false, false]);
+        m.sample(t(4), &[4.0, 4.0, 0.0], &[true, true, false]);
+        // 4–6 s: 0 and 1 again, 0 gets twice 1's: the set's totals over
+        // its 3 s are [1 + 2, 2 + 1], even.
+        m.sample(t(6), &[6.0, 5.0, 0.0], &[true, true, true]);
+        assert_eq!(m.index(), Some(1.0));
+        // 6–8 s: all three backlogged, 2 gets everything: 1/3 for 2 s.
+        m.sample(t(8), &[6.0, 5.0, 3.0], &[true, true, true]);
+        let want = (3.0 * 1.0 + 2.0 / 3.0) / 5.0;
+        assert!((m.index().unwrap() - want).abs() < 1e-12, "{:?}", m.index());
     }
 }

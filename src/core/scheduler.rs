@@ -9,6 +9,14 @@
 //! passed, or its pool was removed by a reload). Every end settles the
 //! GPU-seconds reservation and frees the tenant's concurrency slot.
 //!
+//! Preemption (`[preemption]`): when the head of a pool's queue is an
+//! interactive tenant and no backend has room, the youngest in-flight
+//! request of a batch tenant that holds more slots per weight than the head
+//! would after dispatch is aborted ([`Decision::Preempt`]) and queued again
+//! at the front of its tenant's queue, and its slot goes to the head. Only
+//! work that has run less than the migration threshold, and whose response
+//! has not started (see [`Scheduler::on_response_started`]), is preempted.
+//!
 //! Entities are matched by name across reloads and never renumbered, so
 //! state of unchanged tenants and backends (buckets, counters, health,
 //! in-flight counts) survives `apply_policy`.
@@ -19,7 +27,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::config::{Discipline, Policy, Priority, Strategy};
+use crate::config::{Discipline, Policy, PreemptionPolicy, Priority, Strategy};
 use crate::core::accounting::GpuClock;
 use crate::core::admission::{Bucket, LimitKind, Refusal};
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
@@ -49,6 +57,20 @@ pub enum Decision {
         id: RequestId,
         retry_after: Duration,
     },
+    /// Abort request `id` on `backend` (nothing of its response may have
+    /// reached the client). It is queued again and gets a new `Dispatch`.
+    Preempt { id: RequestId, backend: BackendId },
+}
+
+impl Decision {
+    /// The request the decision is about.
+    pub fn id(&self) -> RequestId {
+        match self {
+            Decision::Dispatch { id, .. }
+            | Decision::Shed { id, .. }
+            | Decision::Preempt { id, .. } => *id,
+        }
+    }
 }
 
 /// A request arriving at the gateway, identified and sized.
@@ -87,6 +109,8 @@ pub struct TenantView {
     pub gpu_seconds_level: Option<f64>,
     /// Weighted service (virtual counter) summed over pools.
     pub service: f64,
+    /// Requests of this tenant preempted so far.
+    pub preempted_total: u64,
 }
 
 /// A backend's state, for metrics and admin views.
@@ -117,6 +141,7 @@ struct TenantState {
     rate: Option<Bucket>,
     gpu: Option<Bucket>,
     gpu_seconds_total: f64,
+    preempted_total: u64,
     retired: bool,
 }
 
@@ -131,7 +156,33 @@ struct PoolState {
     rr_cursor: usize,
     /// Running average of measured GPU-seconds per token (prompt + output).
     gpu_seconds_per_token: f64,
+    /// In-flight requests here, by tenant index.
+    in_flight: Vec<u32>,
+    /// In-flight requests that may be preempted, by dispatch time.
+    preemptible: BTreeSet<(Instant, RequestId)>,
     retired: bool,
+}
+
+impl PoolState {
+    fn in_flight(&self, t: TenantId) -> u32 {
+        self.in_flight.get(t.0 as usize).copied().unwrap_or(0)
+    }
+
+    fn add_in_flight(&mut self, t: TenantId) {
+        let i = t.0 as usize;
+        if self.in_flight.len() <= i {
+            self.in_flight.resize(i + 1, 0);
+        }
+        self.in_flight[i] += 1;
+    }
+
+    /// A request of `t` dispatched at `dispatched` left its backend.
+    fn left_backend(&mut self, t: TenantId, dispatched: Instant, id: RequestId) {
+        if let Some(n) = self.in_flight.get_mut(t.0 as usize) {
+            *n = n.saturating_sub(1);
+        }
+        self.preemptible.remove(&(dispatched, id));
+    }
 }
 
 #[derive(Debug)]
@@ -236,6 +287,10 @@ pub struct Scheduler {
     max_queued_per_tenant: u32,
     output_token_weight: f64,
     stale_after: Duration,
+    preemption: PreemptionPolicy,
+    /// When a queued interactive request that found no slot reaches
+    /// `min_wait` and may preempt: `on_tick` looks again then.
+    preempt_check: Option<Instant>,
     rng: SmallRng,
     scratch: Vec<Candidate>,
 }
@@ -258,6 +313,8 @@ impl Scheduler {
             max_queued_per_tenant: policy.queue.max_queued_per_tenant,
             output_token_weight: policy.queue.output_token_weight,
             stale_after: policy.poller.interval * 3,
+            preemption: policy.preemption.clone(),
+            preempt_check: None,
             rng: SmallRng::seed_from_u64(seed),
             scratch: Vec::new(),
         };
@@ -275,6 +332,7 @@ impl Scheduler {
         self.max_queued_per_tenant = policy.queue.max_queued_per_tenant;
         self.output_token_weight = policy.queue.output_token_weight;
         self.stale_after = policy.poller.interval * 3;
+        self.preemption = policy.preemption.clone();
 
         for t in &mut self.tenants {
             t.retired = true;
@@ -320,6 +378,8 @@ impl Scheduler {
                         backends: Vec::new(),
                         rr_cursor: 0,
                         gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
+                        in_flight: Vec::new(),
+                        preemptible: BTreeSet::new(),
                         retired: false,
                     });
                     PoolId((self.pools.len() - 1) as u32)
@@ -415,6 +475,7 @@ impl Scheduler {
             rate: None,
             gpu: None,
             gpu_seconds_total: 0.0,
+            preempted_total: 0,
             retired: false,
         });
         self.tenant_by_name.insert(name.to_owned(), id);
@@ -568,6 +629,7 @@ impl Scheduler {
         let gpu_seconds = b.clock.finish(now, mark);
         b.in_flight = b.in_flight.saturating_sub(1);
         let pool = &mut self.pools[req.pool.0 as usize];
+        pool.left_backend(req.tenant, dispatched, id);
         let mut actual = None;
         if let Some(u) = usage {
             let tokens = f64::from(u.prompt_tokens) + f64::from(u.completion_tokens);
@@ -632,12 +694,22 @@ impl Scheduler {
             }
             self.shed(now, id, &mut out);
         }
+        if self.preempt_check.is_some_and(|t| t <= now) {
+            self.preempt_check = None;
+            for p in 0..self.pools.len() {
+                self.try_dispatch(now, PoolId(p as u32), &mut out);
+            }
+        }
         out
     }
 
-    /// The earliest deadline that needs `on_tick`.
+    /// The earliest deadline, or preemption check, that needs `on_tick`.
     pub fn next_wakeup(&self) -> Option<Instant> {
-        self.deadlines.first().map(|(t, _)| *t)
+        let deadline = self.deadlines.first().map(|(t, _)| *t);
+        match (deadline, self.preempt_check) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// A new reading for a backend: updates headroom and adapts its window
@@ -723,23 +795,63 @@ impl Scheduler {
     /// flight for the caller to end as failed.
     pub fn redispatch(&mut self, now: Instant, id: RequestId) -> Option<Vec<Decision>> {
         let req = self.requests.get(id)?;
-        let (tenant, pool) = (req.tenant, req.pool);
-        let Phase::InFlight {
-            backend,
-            mark,
-            charged,
-            ..
-        } = req.phase
-        else {
+        let pool = req.pool;
+        let Phase::InFlight { backend, .. } = req.phase else {
             return None;
         };
         self.backends[backend.0 as usize].healthy = false;
         if !self.pool_is_ready(pool) {
             return None;
         }
+        let deadline = self.requests.get(id)?.deadline.max(now);
+        self.requeue(now, id, deadline);
+        let mut out = Vec::new();
+        self.try_dispatch(now, pool, &mut out);
+        Some(out)
+    }
+
+    /// Whether `tenant`'s requests may be preempted while in flight (a
+    /// batch tenant, with preemption on).
+    pub fn may_preempt(&self, tenant: TenantId) -> bool {
+        self.preemption.enabled
+            && self
+                .tenants
+                .get(tenant.0 as usize)
+                .is_some_and(|t| t.priority == Priority::Batch)
+    }
+
+    /// Notes that the response of in-flight request `id` has started to
+    /// reach the client: from now on it is never preempted. Returns `false`
+    /// when `id` is not in flight (it was preempted or has ended): the
+    /// caller must then drop that response.
+    pub fn on_response_started(&mut self, id: RequestId) -> bool {
+        let Some(req) = self.requests.get(id) else {
+            return false;
+        };
+        let Phase::InFlight { dispatched, .. } = req.phase else {
+            return false;
+        };
+        self.pools[req.pool.0 as usize]
+            .preemptible
+            .remove(&(dispatched, id));
+        true
+    }
+
+    /// Takes in-flight request `id` off its backend and puts it back at the
+    /// front of its tenant's queue, with its dispatch charge refunded.
+    fn requeue(&mut self, now: Instant, id: RequestId, deadline: Instant) -> Option<BackendId> {
         let req = self.requests.get_mut(id)?;
+        let Phase::InFlight {
+            backend,
+            mark,
+            dispatched,
+            charged,
+        } = req.phase
+        else {
+            return None;
+        };
+        let (tenant, pool) = (req.tenant, req.pool);
         req.phase = Phase::Queued;
-        let deadline = req.deadline.max(now);
         req.deadline = deadline;
         let b = &mut self.backends[backend.0 as usize];
         b.clock.finish(now, mark);
@@ -747,12 +859,11 @@ impl Scheduler {
         let t = &mut self.tenants[tenant.0 as usize];
         t.in_flight = t.in_flight.saturating_sub(1);
         self.deadlines.insert((deadline, id));
-        let q = &mut self.pools[pool.0 as usize].queue;
-        q.settle(tenant, charged, Some(0.0));
-        q.push_front(tenant, id);
-        let mut out = Vec::new();
-        self.try_dispatch(now, pool, &mut out);
-        Some(out)
+        let p = &mut self.pools[pool.0 as usize];
+        p.left_backend(tenant, dispatched, id);
+        p.queue.settle(tenant, charged, Some(0.0));
+        p.queue.push_front(tenant, id);
+        Some(backend)
     }
 
     /// Whether a pool has at least one healthy backend.
@@ -807,6 +918,7 @@ impl Scheduler {
             rate_level: s.rate.as_mut().map(|b| b.level(now)),
             gpu_seconds_level: s.gpu.as_mut().map(|b| b.level(now)),
             service,
+            preempted_total: s.preempted_total,
         }
     }
 
@@ -872,6 +984,9 @@ impl Scheduler {
             self.collect_candidates(now, pool);
             let ps = &mut self.pools[p];
             let Some(i) = pick(ps.strategy, &self.scratch, &mut self.rng, &mut ps.rr_cursor) else {
+                if self.preempt_for_head(now, pool, out) {
+                    continue;
+                }
                 return;
             };
             let backend = self.scratch[i].id;
@@ -879,36 +994,127 @@ impl Scheduler {
             let Some((tenant, id)) = ps.queue.pop(|r| is_queued(requests, r)) else {
                 return;
             };
-            let capacity = pool_capacity(&self.backends, &self.pools[p]);
-            let Some(req) = self.requests.get_mut(id) else {
-                continue;
-            };
-            let estimate = Work {
-                prompt_tokens: f64::from(req.prompt_tokens),
-                output_tokens: f64::from(req.output_estimate),
-                gpu_seconds: self.pools[p].gpu_seconds_per_token
-                    * f64::from(req.prompt_tokens.saturating_add(req.output_estimate)),
-            };
-            let charged = cost(
-                self.discipline,
-                estimate,
-                capacity,
-                self.output_token_weight,
-            );
-            self.pools[p].queue.charge_estimate(tenant, charged);
-            let b = &mut self.backends[backend.0 as usize];
-            b.in_flight += 1;
-            let mark = b.clock.start(now);
-            self.deadlines.remove(&(req.deadline, id));
-            req.phase = Phase::InFlight {
-                backend,
-                mark,
-                dispatched: now,
-                charged,
-            };
-            self.tenants[tenant.0 as usize].in_flight += 1;
-            out.push(Decision::Dispatch { id, backend });
+            self.dispatch(now, pool, tenant, id, backend, out);
         }
+    }
+
+    /// Sends queued request `id` of `tenant`, just popped from `pool`'s
+    /// queue, to `backend`.
+    fn dispatch(
+        &mut self,
+        now: Instant,
+        pool: PoolId,
+        tenant: TenantId,
+        id: RequestId,
+        backend: BackendId,
+        out: &mut Vec<Decision>,
+    ) {
+        let p = pool.0 as usize;
+        let capacity = pool_capacity(&self.backends, &self.pools[p]);
+        let Some(req) = self.requests.get_mut(id) else {
+            return;
+        };
+        let estimate = Work {
+            prompt_tokens: f64::from(req.prompt_tokens),
+            output_tokens: f64::from(req.output_estimate),
+            gpu_seconds: self.pools[p].gpu_seconds_per_token
+                * f64::from(req.prompt_tokens.saturating_add(req.output_estimate)),
+        };
+        let charged = cost(
+            self.discipline,
+            estimate,
+            capacity,
+            self.output_token_weight,
+        );
+        self.pools[p].queue.charge_estimate(tenant, charged);
+        let b = &mut self.backends[backend.0 as usize];
+        b.in_flight += 1;
+        let mark = b.clock.start(now);
+        self.deadlines.remove(&(req.deadline, id));
+        req.phase = Phase::InFlight {
+            backend,
+            mark,
+            dispatched: now,
+            charged,
+        };
+        self.tenants[tenant.0 as usize].in_flight += 1;
+        let preemptible = self.may_preempt(tenant);
+        let ps = &mut self.pools[p];
+        ps.add_in_flight(tenant);
+        if preemptible {
+            ps.preemptible.insert((now, id));
+        }
+        out.push(Decision::Dispatch { id, backend });
+    }
+
+    /// Frees a slot for the head of `pool`'s queue by preempting one young
+    /// batch request (see the module docs), and dispatches the head there.
+    /// Only a request whose backend can take the head once the slot is
+    /// free is a victim. The head is popped by tenant: the victim's refund
+    /// may put its tenant first in discipline order.
+    fn preempt_for_head(&mut self, now: Instant, pool: PoolId, out: &mut Vec<Decision>) -> bool {
+        let ps = &self.pools[pool.0 as usize];
+        if !self.preemption.enabled || ps.preemptible.is_empty() {
+            return false;
+        }
+        let requests = &self.requests;
+        let Some((head, head_id)) = ps.queue.peek(|r| is_queued(requests, r)) else {
+            return false;
+        };
+        let h = &self.tenants[head.0 as usize];
+        let Some(arrived) = requests.get(head_id).map(|r| r.arrived) else {
+            return false;
+        };
+        if h.priority != Priority::Interactive {
+            return false;
+        }
+        let ripe = arrived + self.preemption.min_wait;
+        if now < ripe {
+            self.preempt_check = Some(self.preempt_check.map_or(ripe, |t| t.min(ripe)));
+            return false;
+        }
+        let head_share = f64::from(ps.in_flight(head) + 1) / h.weight;
+        let threshold = self.preemption.migration_threshold;
+        let victim = ps
+            .preemptible
+            .iter()
+            .rev()
+            .take_while(|(dispatched, _)| now.saturating_since(*dispatched) < threshold)
+            .map(|&(_, id)| id)
+            .find(|&id| {
+                let Some(r) = self.requests.get(id) else {
+                    return false;
+                };
+                let Phase::InFlight { backend, .. } = r.phase else {
+                    return false;
+                };
+                let v = &self.tenants[r.tenant.0 as usize];
+                let b = &self.backends[backend.0 as usize];
+                f64::from(ps.in_flight(r.tenant)) / v.weight > head_share
+                    && b.healthy
+                    && !b.retired
+                    && b.in_flight <= b.window
+                    && has_headroom(b, ps, now, self.stale_after)
+            });
+        let Some(id) = victim else {
+            return false;
+        };
+        let deadline = now + self.max_wait;
+        let Some(backend) = self.requeue(now, id, deadline) else {
+            return false;
+        };
+        if let Some(r) = self.requests.get(id) {
+            self.tenants[r.tenant.0 as usize].preempted_total += 1;
+        }
+        out.push(Decision::Preempt { id, backend });
+        let requests = &self.requests;
+        if let Some(next) = self.pools[pool.0 as usize]
+            .queue
+            .pop_from(head, |r| is_queued(requests, r))
+        {
+            self.dispatch(now, pool, head, next, backend, out);
+        }
+        true
     }
 
     /// Fills `scratch` with the pool's backends that may take a request now:
@@ -922,25 +1128,17 @@ impl Scheduler {
         let ps = &self.pools[pool.0 as usize];
         for &bid in &ps.backends {
             let b = &self.backends[bid.0 as usize];
-            if b.retired || !b.healthy || b.in_flight >= b.window {
+            if b.retired
+                || !b.healthy
+                || b.in_flight >= b.window
+                || !has_headroom(b, ps, now, self.stale_after)
+            {
                 continue;
             }
             let fresh = b
                 .reading
                 .as_ref()
                 .filter(|r| now.saturating_since(r.at) <= self.stale_after);
-            let no_headroom = match fresh {
-                Some(r) => {
-                    r.kv_usage.is_some_and(|k| k >= ps.kv_high_watermark)
-                        || r.ttft_p99.is_some_and(|t| t > ps.ttft_p99_threshold)
-                }
-                None => {
-                    b.in_flight > 0 && b.observed_ttft.is_some_and(|t| t > ps.ttft_p99_threshold)
-                }
-            };
-            if no_headroom {
-                continue;
-            }
             self.scratch.push(Candidate {
                 id: bid,
                 in_flight: b.in_flight,
@@ -949,6 +1147,23 @@ impl Scheduler {
                 kv_usage: fresh.and_then(|r| r.kv_usage),
             });
         }
+    }
+}
+
+/// Whether `b` may take more work by its readings: KV under the pool's
+/// watermark and TTFT p99 under its threshold (a fresh reading), or, with
+/// none, the gateway's own observed TTFT under the threshold.
+fn has_headroom(b: &BackendState, ps: &PoolState, now: Instant, stale_after: Duration) -> bool {
+    match b
+        .reading
+        .as_ref()
+        .filter(|r| now.saturating_since(r.at) <= stale_after)
+    {
+        Some(r) => {
+            !(r.kv_usage.is_some_and(|k| k >= ps.kv_high_watermark)
+                || r.ttft_p99.is_some_and(|t| t > ps.ttft_p99_threshold))
+        }
+        None => !(b.in_flight > 0 && b.observed_ttft.is_some_and(|t| t > ps.ttft_p99_threshold)),
     }
 }
 

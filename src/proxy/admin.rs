@@ -107,6 +107,7 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
                 tenant: v.name,
                 queued: v.queued,
                 in_flight: v.in_flight,
+                preempted: v.preempted_total,
                 rate_bucket: v.rate_level,
                 gpu_seconds_bucket: v.gpu_seconds_level,
             }

@@ -58,6 +58,8 @@ pub struct Ticket {
     trace: Option<Trace>,
     /// The response is an SSE stream: its first byte is the first token.
     streaming: bool,
+    /// Times the request was preempted and queued again.
+    preempted: u32,
     outcome: Option<Outcome>,
     usage: Option<Usage>,
     gpu_seconds: f64,
@@ -83,6 +85,7 @@ impl Ticket {
             stream_requested: false,
             trace: None,
             streaming: false,
+            preempted: 0,
             outcome: None,
             usage: None,
             gpu_seconds: 0.0,
@@ -326,6 +329,7 @@ impl Drop for Ticket {
             prompt_tokens_estimate = self.prompt_estimate,
             max_tokens = self.max_tokens,
             stream = self.stream_requested,
+            preempted = self.preempted,
             gpu_seconds = self.gpu_seconds,
             "request"
         );
@@ -507,6 +511,7 @@ async fn run(
 
     // Admit, and either dispatch now or wait for the scheduler's decision.
     let mut pending;
+    let preemptible;
     {
         let now = gw.clock.now();
         let mut core = gw.core.lock();
@@ -527,7 +532,8 @@ async fn run(
                 if let Some(t) = &mut ticket.trace {
                     t.admitted = Some(gw.clock.now());
                 }
-                pending = core.deliver_or_wait(decisions, id);
+                preemptible = core.sched.may_preempt(tenant);
+                pending = core.deliver_and_register(decisions, id);
             }
         }
     }
@@ -543,7 +549,7 @@ async fn run(
     // client, so this is safe for streaming requests too.
     let mut retried = false;
     let resp = loop {
-        let backend = await_dispatch(gw, ticket, pending).await?;
+        let backend = await_dispatch(gw, ticket, &mut pending).await?;
         ticket.queue_wait = Some(gw.clock.now() - ticket.start);
         let authority = live.authorities.get(&backend).cloned().or_else(|| {
             // A backend added by a reload after this request took its policy.
@@ -562,7 +568,24 @@ async fn run(
         ticket.sent = Some(gw.clock.now());
         ticket.backend = Some(backend);
         ticket.backend_name = gw.core.lock().sched.backend_name(backend).to_owned();
-        match tokio::time::timeout(pool_policy.timeout, gw.client.request(up)).await {
+        let sent = tokio::time::timeout(pool_policy.timeout, gw.client.request(up));
+        let result = if preemptible {
+            // Batch work: until its response starts, the scheduler may
+            // take its slot back. Dropping the upstream call closes the
+            // connection, which aborts the request in the engine.
+            tokio::select! {
+                r = sent => Some(r),
+                () = preempted(&mut pending) => None,
+            }
+        } else {
+            Some(sent.await)
+        };
+        let Some(result) = result else {
+            tracing::info!(backend = %ticket.backend_name, "preempted; queued again");
+            ticket.preempted += 1;
+            continue;
+        };
+        match result {
             Err(_) => {
                 return Err(ApiError::UpstreamTimeout {
                     backend: ticket.backend_name.clone(),
@@ -598,9 +621,20 @@ async fn run(
                     });
                 };
                 retried = true;
-                pending = core.deliver_or_wait(decisions, id);
+                pending.ready = core.deliver(decisions, Some(id));
             }
-            Ok(Ok(r)) => break r,
+            Ok(Ok(r)) => {
+                if preemptible
+                    && let Some(id) = ticket.id
+                    && !gw.core.lock().sched.on_response_started(id)
+                {
+                    // Preempted just before its response started: drop
+                    // the response and wait for the next dispatch.
+                    ticket.preempted += 1;
+                    continue;
+                }
+                break r;
+            }
         }
     };
     let is_sse = resp
@@ -620,25 +654,39 @@ async fn run(
 async fn await_dispatch(
     gw: &Arc<Gateway>,
     ticket: &mut Ticket,
-    pending: Pending,
+    pending: &mut Pending,
 ) -> Result<BackendId, ApiError> {
-    let decision = match pending {
-        Pending::Ready(d) => Some(d),
-        Pending::Waiting(rx) => {
-            // The deadline task re-reads the earliest deadline.
-            gw.wake.notify_one();
-            rx.await.ok()
+    if pending.ready.is_none() {
+        // The deadline task re-reads the earliest deadline.
+        gw.wake.notify_one();
+    }
+    loop {
+        match pending.next().await {
+            Some(Decision::Dispatch { backend, .. }) => return Ok(backend),
+            Some(Decision::Shed { retry_after, .. }) => {
+                ticket.id = None; // already gone from the scheduler
+                return Err(ApiError::Shed { retry_after });
+            }
+            // Already acted on: the response it was for was dropped.
+            Some(Decision::Preempt { .. }) => {}
+            None => {
+                return Err(ApiError::Internal(
+                    "scheduler dropped a queued request".into(),
+                ));
+            }
         }
-    };
-    match decision {
-        Some(Decision::Dispatch { backend, .. }) => Ok(backend),
-        Some(Decision::Shed { retry_after, .. }) => {
-            ticket.id = None; // already gone from the scheduler
-            Err(ApiError::Shed { retry_after })
+    }
+}
+
+/// Resolves when the scheduler preempts the in-flight request.
+async fn preempted(pending: &mut Pending) {
+    loop {
+        match pending.next().await {
+            Some(Decision::Preempt { .. }) => return,
+            // Nothing else comes while a request is in flight.
+            Some(_) => {}
+            None => std::future::pending().await,
         }
-        None => Err(ApiError::Internal(
-            "scheduler dropped a queued request".into(),
-        )),
     }
 }
 

@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, mpsc};
 
 use crate::clock::Clock;
 use crate::config::{BackendTarget, Policy};
@@ -42,10 +42,14 @@ pub struct Live {
     pub loaded_at_unix: u64,
 }
 
-/// Scheduler plus the oneshot of every queued request, under one lock.
+/// Scheduler plus the decision channel of every live request, under one
+/// lock.
 pub struct CoreState {
     pub sched: Scheduler,
-    pub waiters: HashMap<RequestId, oneshot::Sender<Decision>>,
+    /// Each request's channel for its decisions: a dispatch, a shed, and
+    /// for batch work a preemption and the dispatch after it. Registered at
+    /// admission, removed when the request ends.
+    pub waiters: HashMap<RequestId, mpsc::UnboundedSender<Decision>>,
     /// Tokens (prompt + completion) of served requests, by tenant id: the
     /// service that the fairness gauge compares.
     pub service: Vec<f64>,
@@ -53,17 +57,22 @@ pub struct CoreState {
 }
 
 impl CoreState {
-    /// Hands decisions to their waiting requests; returns the one for `me`.
+    /// Hands decisions to their requests; returns the one for `me`.
     pub fn deliver(&mut self, decisions: Vec<Decision>, me: Option<RequestId>) -> Option<Decision> {
         let mut mine = None;
         for d in decisions {
-            let id = match &d {
-                Decision::Dispatch { id, .. } | Decision::Shed { id, .. } => *id,
-            };
+            let id = d.id();
             if Some(id) == me {
                 mine = Some(d);
-            } else if let Some(tx) = self.waiters.remove(&id) {
-                // A dropped receiver means the client left; its ticket's drop
+                continue;
+            }
+            let tx = if matches!(d, Decision::Shed { .. }) {
+                self.waiters.remove(&id)
+            } else {
+                self.waiters.get(&id).cloned()
+            };
+            if let Some(tx) = tx {
+                // A closed channel means the client left; its ticket's drop
                 // ends the request in the scheduler.
                 let _ = tx.send(d);
             }
@@ -71,26 +80,33 @@ impl CoreState {
         mine
     }
 
-    /// [`deliver`](Self::deliver), and if nothing was for `me`, registers
-    /// its waiter in the same critical section, so a dispatch decided by
-    /// another task in between cannot be lost.
-    pub fn deliver_or_wait(&mut self, decisions: Vec<Decision>, me: RequestId) -> Pending {
-        match self.deliver(decisions, Some(me)) {
-            Some(d) => Pending::Ready(d),
-            None => {
-                let (tx, rx) = oneshot::channel();
-                self.waiters.insert(me, tx);
-                Pending::Waiting(rx)
-            }
-        }
+    /// [`deliver`](Self::deliver), and registers `me`'s channel in the same
+    /// critical section, so a decision made by another task in between
+    /// cannot be lost.
+    pub fn deliver_and_register(&mut self, decisions: Vec<Decision>, me: RequestId) -> Pending {
+        let ready = self.deliver(decisions, Some(me));
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.waiters.insert(me, tx);
+        Pending { ready, rx }
     }
 }
 
-/// A request's dispatch: decided, or to be awaited.
+/// A request's decisions: one already made, then those still to come.
 #[derive(Debug)]
-pub enum Pending {
-    Ready(Decision),
-    Waiting(oneshot::Receiver<Decision>),
+pub struct Pending {
+    pub ready: Option<Decision>,
+    rx: mpsc::UnboundedReceiver<Decision>,
+}
+
+impl Pending {
+    /// The next decision for the request; `None` if the scheduler dropped
+    /// it (which would be a bug).
+    pub async fn next(&mut self) -> Option<Decision> {
+        match self.ready.take() {
+            Some(d) => Some(d),
+            None => self.rx.recv().await,
+        }
+    }
 }
 
 /// The running gateway.

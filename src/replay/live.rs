@@ -146,5 +146,6 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
         utilisation: 0.0,
         makespan: (last - start).as_secs_f64().max(1e-9),
         output_tokens: 0,
+        preempted: 0,
     }
 }

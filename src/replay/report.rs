@@ -33,9 +33,12 @@ pub struct TenantReport {
 pub struct RunReport {
     pub discipline: Discipline,
     pub strategy: Strategy,
-    /// Mean windowed Jain's index over backlogged tenants (`null`: never two
-    /// backlogged tenants at once).
+    /// Jain's index of backlogged tenants' weighted service, over the
+    /// periods they were backlogged together (`null`: never two backlogged
+    /// tenants at once).
     pub jain: Option<f64>,
+    /// Preemptions of in-flight batch requests.
+    pub preempted: u64,
     pub utilisation: f64,
     pub throughput_rps: f64,
     pub goodput_rps: f64,
@@ -89,6 +92,7 @@ pub fn summarise(discipline: Discipline, strategy: Strategy, trace: &Trace) -> R
         discipline,
         strategy,
         jain: trace.jain,
+        preempted: trace.preempted,
         utilisation: trace.utilisation,
         throughput_rps: served as f64 / span,
         goodput_rps: good as f64 / span,
@@ -113,12 +117,13 @@ pub fn table(runs: &[RunReport]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<9} {:<17} {:>6} {:>5} {:>7} | {:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6}",
+        "{:<9} {:<17} {:>6} {:>5} {:>7} {:>7} | {:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6}",
         "queue",
         "routing",
         "jain",
         "util",
         "good/s",
+        "preempt",
         "tenant",
         "ttft_p50",
         "ttft_p99",
@@ -132,15 +137,19 @@ pub fn table(runs: &[RunReport]) -> String {
         for (i, (name, t)) in r.tenants.iter().enumerate() {
             let head = if i == 0 {
                 format!(
-                    "{:<9} {:<17} {:>6} {:>5.0}% {:>7.2}",
+                    "{:<9} {:<17} {:>6} {:>5.0}% {:>7.2} {:>7}",
                     as_str(&r.discipline),
                     as_str(&r.strategy),
                     r.jain.map_or("-".into(), |j| format!("{j:.3}")),
                     r.utilisation * 100.0,
-                    r.goodput_rps
+                    r.goodput_rps,
+                    r.preempted
                 )
             } else {
-                format!("{:<9} {:<17} {:>6} {:>5} {:>7}", "", "", "", "", "")
+                format!(
+                    "{:<9} {:<17} {:>6} {:>5} {:>7} {:>7}",
+                    "", "", "", "", "", ""
+                )
             };
             let _ = writeln!(
                 s,

@@ -22,7 +22,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use crate::config::{BackendTarget, MetricsDialect, Policy};
-use crate::core::fairness::FairnessMeter;
+use crate::core::fairness::BackloggedService;
 use crate::core::ids::{BackendId, RequestId, TenantId, Usage};
 use crate::core::reading::Reading;
 use crate::core::scheduler::{Arrival, Decision, Scheduler};
@@ -31,9 +31,6 @@ use crate::poller::{Bucket, quantile};
 use crate::replay::workload::WorkRequest;
 use crate::sim::backend::metrics::{LATENCY_BUCKETS, TTFT_BUCKETS};
 use crate::sim::engine::{Engine, EngineEvent, EngineParams, SeqRequest};
-
-/// Window of the replay's Jain's index: short, as service is counted per token.
-pub const FAIRNESS_WINDOW: Duration = Duration::from_secs(5);
 
 /// How a request of the workload ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,13 +72,16 @@ pub struct Trace {
     /// Per workload request (same order), with its tenant's index.
     pub requests: Vec<(usize, RequestResult)>,
     pub queue: Vec<QueueSample>,
-    /// Mean of the windowed Jain's index over backlogged tenants.
+    /// Jain's index of backlogged tenants' weighted service, over the
+    /// periods they were backlogged together ([`BackloggedService`]).
     pub jain: Option<f64>,
     /// Busy GPU-seconds over GPU-seconds available until the last response.
     pub utilisation: f64,
     /// From the first arrival to the last response, seconds.
     pub makespan: f64,
     pub output_tokens: u64,
+    /// Requests preempted (each time counted).
+    pub preempted: u64,
 }
 
 /// Options of one run.
@@ -106,6 +106,9 @@ struct InFlight {
     backend: BackendId,
     dispatched: Instant,
     first: Option<Instant>,
+    /// Weighted service counted for it so far: taken back if it is
+    /// preempted, as recomputed work is not service.
+    service: f64,
 }
 
 /// Runs `workload` under `policy`. Requests for a model no pool serves, or
@@ -131,11 +134,12 @@ struct Sim<'p> {
     /// Cumulative tokens processed per tenant id, over its weight.
     service: Vec<f64>,
     weights: Vec<f64>,
-    fairness: FairnessMeter,
+    fairness: BackloggedService,
     queue: Vec<QueueSample>,
     pending: Vec<Decision>,
     events: Vec<EngineEvent>,
     output_tokens: u64,
+    preempted: u64,
     last_end: Instant,
     progress: Option<String>,
 }
@@ -198,11 +202,12 @@ impl<'p> Sim<'p> {
             tenant_of,
             service: vec![0.0; n_tenants],
             weights,
-            fairness: FairnessMeter::new(FAIRNESS_WINDOW),
+            fairness: BackloggedService::default(),
             queue: Vec::new(),
             pending: Vec::new(),
             events: Vec::new(),
             output_tokens: 0,
+            preempted: 0,
             last_end: Instant::ZERO,
             progress: opts
                 .progress
@@ -313,7 +318,11 @@ impl<'p> Sim<'p> {
 
     /// Carries out the scheduler's decisions (and those they lead to).
     fn apply(&mut self, now: Instant, workload: &[WorkRequest]) {
-        while let Some(d) = self.pending.pop() {
+        // In order: a preemption and the dispatch that takes its slot (or
+        // the victim's own later dispatch) come in that order.
+        let mut k = 0;
+        while let Some(d) = self.pending.get(k).cloned() {
+            k += 1;
             match d {
                 Decision::Dispatch { id, backend } => {
                     let Some(&i) = self.by_req.get(&id) else {
@@ -343,8 +352,27 @@ impl<'p> Sim<'p> {
                             backend,
                             dispatched: now,
                             first: None,
+                            service: 0.0,
                         },
                     );
+                    if w.stream {
+                        // A streamed response starts at once (its headers),
+                        // and is never preempted after that, as live.
+                        self.sched.on_response_started(id);
+                    }
+                }
+                Decision::Preempt { id, backend } => {
+                    let Some(&i) = self.by_req.get(&id) else {
+                        continue;
+                    };
+                    self.backends[backend.0 as usize].engine.cancel(i as u64);
+                    if let Some(f) = self.flying.remove(&i) {
+                        let tenant = self.tenant_of[i].map_or(0, |t| t.0 as usize);
+                        if let Some(s) = self.service.get_mut(tenant) {
+                            *s -= f.service;
+                        }
+                    }
+                    self.preempted += 1;
                 }
                 Decision::Shed { id, .. } => {
                     if let Some(i) = self.by_req.remove(&id) {
@@ -353,6 +381,7 @@ impl<'p> Sim<'p> {
                 }
             }
         }
+        self.pending.clear();
     }
 
     fn advance_engine(&mut self, bi: usize, now: Instant) {
@@ -384,6 +413,7 @@ impl<'p> Sim<'p> {
                     if let Some(s) = self.service.get_mut(tenant) {
                         *s += tokens / w;
                     }
+                    f.service += tokens / w;
                     self.output_tokens += 1;
                 }
                 EngineEvent::Finished {
@@ -531,10 +561,11 @@ impl<'p> Sim<'p> {
             tenants,
             requests,
             queue: self.queue,
-            jain: self.fairness.mean(),
+            jain: self.fairness.index(),
             utilisation: busy / (gpus * end.as_secs_f64()).max(1e-9),
             makespan,
             output_tokens: self.output_tokens,
+            preempted: self.preempted,
         }
     }
 }

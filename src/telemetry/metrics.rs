@@ -101,6 +101,8 @@ pub struct TenantGauges {
     pub tenant: String,
     pub queued: u32,
     pub in_flight: u32,
+    /// Requests preempted so far (counter).
+    pub preempted: u64,
     pub rate_bucket: Option<f64>,
     pub gpu_seconds_bucket: Option<f64>,
     /// The tenant's SLO targets, seconds (declared tenants only).
@@ -355,6 +357,20 @@ impl Metrics {
                 "fairway_tenant_in_flight{{tenant=\"{}\"}} {}",
                 esc(&t.tenant),
                 t.in_flight
+            );
+        }
+        header(
+            w,
+            "fairway_preemptions_total",
+            "counter",
+            "In-flight batch requests of a tenant preempted for queued interactive work.",
+        );
+        for t in &snap.tenants {
+            let _ = writeln!(
+                w,
+                "fairway_preemptions_total{{tenant=\"{}\"}} {}",
+                esc(&t.tenant),
+                t.preempted
             );
         }
         header(

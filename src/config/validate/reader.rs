@@ -223,6 +223,17 @@ impl<'s> Reader<'s> {
         }
     }
 
+    /// A boolean.
+    pub fn boolean(&mut self, value: &Value<'_>, path: &str) -> Option<bool> {
+        match value.get_ref() {
+            DeValue::Boolean(b) => Some(*b),
+            _ => {
+                self.wrong_type(value, path, "a boolean");
+                None
+            }
+        }
+    }
+
     /// A non-empty string.
     pub fn non_empty(&mut self, value: &Value<'_>, path: &str) -> Option<String> {
         let s = self.string(value, path)?;

@@ -799,6 +799,11 @@ fn minimal_file_gets_every_default() {
             max_queued_per_tenant: 10_000,
             output_token_weight: 1.0,
         },
+        preemption: PreemptionPolicy {
+            enabled: true,
+            min_wait: Duration::from_millis(250),
+            migration_threshold: Duration::from_secs(300),
+        },
         pools: vec![PoolPolicy {
             model: "m".into(),
             routing: Strategy::LeastOutstanding,
@@ -1199,4 +1204,35 @@ fn otlp_endpoint_comes_from_the_key_or_the_otel_variable_checked_alike() {
         errs[0].message
     );
     assert_eq!(parse(POOL).unwrap().telemetry.otlp_endpoint, None);
+}
+
+#[test]
+fn preemption_section_is_read_and_checked() {
+    let p = parse(&format!(
+        "[preemption]\nenabled = false\nmin_wait = \"0s\"\nmigration_threshold = \"10m\"\n{POOL}"
+    ))
+    .unwrap();
+    assert_eq!(
+        p.preemption,
+        PreemptionPolicy {
+            enabled: false,
+            min_wait: Duration::ZERO,
+            migration_threshold: Duration::from_secs(600),
+        }
+    );
+    let errs = parse(&format!(
+        "[preemption]\nenabled = \"yes\"\nmigration_threshold = \"0s\"\nmigrate_after = 1\n{POOL}"
+    ))
+    .unwrap_err();
+    let paths: Vec<_> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "preemption.enabled",
+            "preemption.migration_threshold",
+            "preemption.migrate_after"
+        ],
+        "{errs:#?}"
+    );
+    assert!(errs[0].message.contains("a boolean"), "{}", errs[0]);
 }

@@ -260,12 +260,33 @@ impl FairQueue {
         self.backlogged.first().map(|(_, t)| *t)
     }
 
+    /// The request that would be served next, without removing it.
+    pub fn peek(&self, is_live: impl Fn(RequestId) -> bool) -> Option<(TenantId, RequestId)> {
+        let tenant = self.peek_tenant()?;
+        let q = self.tenants.get(tenant.0 as usize)?;
+        q.entries
+            .iter()
+            .map(|(id, _)| *id)
+            .find(|id| is_live(*id))
+            .map(|id| (tenant, id))
+    }
+
     /// Removes and returns the next request in discipline order, skipping
     /// entries that are no longer live.
     pub fn pop(&mut self, is_live: impl Fn(RequestId) -> bool) -> Option<(TenantId, RequestId)> {
-        let (_, tenant) = *self.backlogged.first()?;
+        let tenant = self.peek_tenant()?;
+        self.pop_from(tenant, is_live).map(|id| (tenant, id))
+    }
+
+    /// Removes and returns `tenant`'s next request, whatever its place in
+    /// discipline order (a preemption serves the head it was made for).
+    pub fn pop_from(
+        &mut self,
+        tenant: TenantId,
+        is_live: impl Fn(RequestId) -> bool,
+    ) -> Option<RequestId> {
         let i = tenant.0 as usize;
-        let q = &mut self.tenants[i];
+        let q = self.tenants.get_mut(i)?;
         let mut found = None;
         while let Some((id, _)) = q.entries.pop_front() {
             if is_live(id) {
@@ -278,7 +299,7 @@ impl FairQueue {
         self.len = self.len.saturating_sub(1);
         self.vtime = self.vtime.max(q.counter);
         self.rekey(tenant, is_live);
-        Some((tenant, id))
+        Some(id)
     }
 
     /// Records that a queued request of `tenant` left the queue without being

@@ -50,6 +50,11 @@ fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
             max_queued_per_tenant: 1000,
             output_token_weight: 1.0,
         },
+        preemption: PreemptionPolicy {
+            enabled: true,
+            min_wait: Duration::ZERO,
+            migration_threshold: Duration::from_secs(300),
+        },
         pools: vec![PoolPolicy {
             model: "m".into(),
             routing: Strategy::LeastOutstanding,
@@ -89,7 +94,7 @@ fn dispatched(ds: &[Decision]) -> Vec<(RequestId, BackendId)> {
     ds.iter()
         .filter_map(|d| match d {
             Decision::Dispatch { id, backend } => Some((*id, *backend)),
-            Decision::Shed { .. } => None,
+            _ => None,
         })
         .collect()
 }
@@ -415,6 +420,8 @@ proptest! {
         ts[1].gpu_seconds_per_hour = Some(36.0);
         ts[2].rate = Some(5.0);
         ts[2].max_concurrency = Some(5);
+        // Batch: "a" and "b" preempt its young work.
+        ts[2].priority = Priority::Batch;
         let mut s = Scheduler::new(&policy(2, 2, ts), t(0), 7);
         let names = ["a", "b", "c"];
         let mut now = 0u64;
@@ -424,7 +431,14 @@ proptest! {
         let apply = |ds: Vec<Decision>, in_flight: &mut Vec<RequestId>, open: &mut Vec<RequestId>, ended: &mut std::collections::HashSet<RequestId>| {
             for d in ds {
                 match d {
-                    Decision::Dispatch { id, .. } => in_flight.push(id),
+                    Decision::Dispatch { id, .. } => {
+                        assert!(!in_flight.contains(&id), "dispatched twice");
+                        in_flight.push(id);
+                    }
+                    Decision::Preempt { id, .. } => {
+                        assert!(in_flight.contains(&id), "preempted while not in flight");
+                        in_flight.retain(|r| *r != id);
+                    }
                     Decision::Shed { id, .. } => {
                         assert!(ended.insert(id), "ended twice");
                         open.retain(|r| *r != id);
@@ -531,4 +545,101 @@ fn the_window_halves_on_an_engine_backlog_not_on_a_step_boundary() {
     }
     s.on_reading(t(6), b0, reading(6, 1, 0));
     assert_eq!(window(&mut s, 6), 2);
+}
+
+fn batch(name: &str) -> TenantPolicy {
+    TenantPolicy {
+        priority: Priority::Batch,
+        ..tenant(name, 1.0)
+    }
+}
+
+fn preempted(ds: &[Decision]) -> Vec<RequestId> {
+    ds.iter()
+        .filter_map(|d| match d {
+            Decision::Preempt { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One backend, window 2, full of `jobs` (batch) work dispatched at 0 and
+/// 10 ms; returns the scheduler and the two ids, oldest first.
+fn full_of_batch(edit: impl FnOnce(&mut Policy)) -> (Scheduler, [RequestId; 2]) {
+    let mut p = policy(1, 2, vec![batch("jobs"), tenant("app", 1.0)]);
+    edit(&mut p);
+    let mut s = Scheduler::new(&p, t(0), 1);
+    let (old, ds) = s.on_arrival(t(0), arrival(&s, "jobs")).unwrap();
+    assert_eq!(dispatched(&ds).len(), 1);
+    let (young, ds) = s.on_arrival(t(10), arrival(&s, "jobs")).unwrap();
+    assert_eq!(dispatched(&ds).len(), 1);
+    (s, [old, young])
+}
+
+#[test]
+fn interactive_work_preempts_the_youngest_batch_request_which_runs_again_later() {
+    let (mut s, [old, young]) = full_of_batch(|_| {});
+    let (app, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
+    assert_eq!(preempted(&ds), [young], "the youngest loses the least work");
+    assert_eq!(
+        dispatched(&ds).iter().map(|d| d.0).collect::<Vec<_>>(),
+        [app]
+    );
+    let jobs = s.tenant("jobs").unwrap();
+    assert_eq!(s.tenant_view(t(20), jobs).queued, 1);
+    assert_eq!(s.tenant_view(t(20), jobs).preempted_total, 1);
+    // Slots per weight are now even (1 and 1): a second app request waits.
+    let (_, ds) = s.on_arrival(t(30), arrival(&s, "app")).unwrap();
+    assert!(ds.is_empty(), "{ds:?}");
+    // The preempted request keeps its turn within its tenant and is
+    // dispatched again; a completion of it before then is not one.
+    assert!(s.on_completion(t(35), young, None).is_none());
+    let (_, ds) = s.on_completion(t(40), old, None).unwrap();
+    let (_, ds2) = s.on_completion(t(50), app, None).unwrap();
+    let next: Vec<_> = dispatched(&ds)
+        .into_iter()
+        .chain(dispatched(&ds2))
+        .map(|d| d.0)
+        .collect();
+    assert!(next.contains(&young), "{next:?}");
+}
+
+#[test]
+fn batch_work_past_the_threshold_or_already_answering_is_never_preempted() {
+    // Past the migration threshold.
+    let (mut s, _) = full_of_batch(|p| p.preemption.migration_threshold = Duration::from_millis(5));
+    let (_, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
+    assert!(ds.is_empty(), "{ds:?}");
+    // Responses already started.
+    let (mut s, ids) = full_of_batch(|_| {});
+    for id in ids {
+        assert!(s.on_response_started(id));
+    }
+    let (_, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
+    assert!(ds.is_empty(), "{ds:?}");
+    // Preemption off.
+    let (mut s, _) = full_of_batch(|p| p.preemption.enabled = false);
+    let (_, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
+    assert!(ds.is_empty(), "{ds:?}");
+    // A batch request never preempts.
+    let (mut s, _) = full_of_batch(|_| {});
+    let (_, ds) = s.on_arrival(t(20), arrival(&s, "jobs")).unwrap();
+    assert!(ds.is_empty(), "{ds:?}");
+}
+
+#[test]
+fn a_preemption_waits_for_min_wait_and_the_tick_then_makes_it() {
+    let (mut s, [_, young]) = full_of_batch(|p| p.preemption.min_wait = Duration::from_millis(100));
+    let (app, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
+    assert!(ds.is_empty(), "a slot may free by itself first: {ds:?}");
+    assert_eq!(s.next_wakeup(), Some(t(120)));
+    assert!(s.on_tick(t(119)).is_empty());
+    let ds = s.on_tick(t(120));
+    assert_eq!(preempted(&ds), [young]);
+    assert_eq!(
+        dispatched(&ds).iter().map(|d| d.0).collect::<Vec<_>>(),
+        [app]
+    );
+    // The preempted request's response has not started: it cannot start now.
+    assert!(!s.on_response_started(young));
 }
