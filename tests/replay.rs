@@ -85,7 +85,7 @@ fn drf_keeps_api_inside_its_slo_while_evals_runs_and_fifo_does_not() {
         drf.goodput_rps
     );
     // Young evals work is preempted for queued api and chat requests.
-    assert!(drf.preempted > 0);
+    assert!(drf.preempted.is_some_and(|n| n > 0));
 }
 
 #[test]

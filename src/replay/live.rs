@@ -146,6 +146,7 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
         utilisation: 0.0,
         makespan: (last - start).as_secs_f64().max(1e-9),
         output_tokens: 0,
-        preempted: 0,
+        // Counted by the gateway (`fairway_preemptions_total`), not here.
+        preempted: None,
     }
 }

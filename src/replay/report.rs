@@ -37,8 +37,8 @@ pub struct RunReport {
     /// periods they were backlogged together (`null`: never two backlogged
     /// tenants at once).
     pub jain: Option<f64>,
-    /// Preemptions of in-flight batch requests.
-    pub preempted: u64,
+    /// Preemptions of in-flight batch requests (`null`: not known).
+    pub preempted: Option<u64>,
     pub utilisation: f64,
     pub throughput_rps: f64,
     pub goodput_rps: f64,
@@ -143,7 +143,7 @@ pub fn table(runs: &[RunReport]) -> String {
                     r.jain.map_or("-".into(), |j| format!("{j:.3}")),
                     r.utilisation * 100.0,
                     r.goodput_rps,
-                    r.preempted
+                    r.preempted.map_or("-".into(), |n| n.to_string())
                 )
             } else {
                 format!(

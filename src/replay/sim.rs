@@ -80,8 +80,9 @@ pub struct Trace {
     /// From the first arrival to the last response, seconds.
     pub makespan: f64,
     pub output_tokens: u64,
-    /// Requests preempted (each time counted).
-    pub preempted: u64,
+    /// Requests preempted (each time counted); `None` when not known (a
+    /// live run seen from the client).
+    pub preempted: Option<u64>,
 }
 
 /// Options of one run.
@@ -565,7 +566,7 @@ impl<'p> Sim<'p> {
             utilisation: busy / (gpus * end.as_secs_f64()).max(1e-9),
             makespan,
             output_tokens: self.output_tokens,
-            preempted: self.preempted,
+            preempted: Some(self.preempted),
         }
     }
 }
