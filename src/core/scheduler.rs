@@ -1090,7 +1090,8 @@ impl Scheduler {
                 };
                 let v = &self.tenants[r.tenant.0 as usize];
                 let b = &self.backends[backend.0 as usize];
-                f64::from(ps.in_flight(r.tenant)) / v.weight > head_share
+                v.priority == Priority::Batch
+                    && f64::from(ps.in_flight(r.tenant)) / v.weight > head_share
                     && b.healthy
                     && !b.retired
                     && b.in_flight <= b.window

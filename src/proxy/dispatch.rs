@@ -624,14 +624,14 @@ async fn run(
                 pending.ready = core.deliver(decisions, Some(id));
             }
             Ok(Ok(r)) => {
-                if preemptible
-                    && let Some(id) = ticket.id
-                    && !gw.core.lock().sched.on_response_started(id)
-                {
-                    // Preempted just before its response started: drop
-                    // the response and wait for the next dispatch.
-                    ticket.preempted += 1;
-                    continue;
+                if preemptible && let Some(id) = ticket.id {
+                    let mut core = gw.core.lock();
+                    if pending.preempted_already() || !core.sched.on_response_started(id) {
+                        // Preempted just before its response started: drop
+                        // the response and wait for the next dispatch.
+                        ticket.preempted += 1;
+                        continue;
+                    }
                 }
                 break r;
             }

@@ -99,6 +99,20 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// Whether a `Preempt` has been sent and not yet read. Decisions are
+    /// sent under the core lock, so under it this sees every one so far. A
+    /// dispatch that came after the preemption is kept for `next`.
+    pub fn preempted_already(&mut self) -> bool {
+        let mut preempted = false;
+        while let Ok(d) = self.rx.try_recv() {
+            match d {
+                Decision::Preempt { .. } => preempted = true,
+                other => self.ready = Some(other),
+            }
+        }
+        preempted
+    }
+
     /// The next decision for the request; `None` if the scheduler dropped
     /// it (which would be a bug).
     pub async fn next(&mut self) -> Option<Decision> {
