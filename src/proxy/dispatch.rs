@@ -533,7 +533,7 @@ async fn run(
                     t.admitted = Some(gw.clock.now());
                 }
                 preemptible = core.sched.may_preempt(tenant);
-                pending = core.deliver_and_register(decisions, id);
+                pending = core.deliver_and_register(decisions, id, preemptible);
             }
         }
     }
@@ -621,7 +621,7 @@ async fn run(
                     });
                 };
                 retried = true;
-                pending.ready = core.deliver(decisions, Some(id));
+                pending = core.deliver_and_register(decisions, id, preemptible);
             }
             Ok(Ok(r)) => {
                 if preemptible && let Some(id) = ticket.id {
@@ -656,7 +656,7 @@ async fn await_dispatch(
     ticket: &mut Ticket,
     pending: &mut Pending,
 ) -> Result<BackendId, ApiError> {
-    if pending.ready.is_none() {
+    if pending.is_waiting() {
         // The deadline task re-reads the earliest deadline.
         gw.wake.notify_one();
     }

@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::clock::Clock;
 use crate::config::{BackendTarget, Policy};
@@ -42,18 +42,26 @@ pub struct Live {
     pub loaded_at_unix: u64,
 }
 
-/// Scheduler plus the decision channel of every live request, under one
+/// Scheduler plus the decision channel of every waiting request, under one
 /// lock.
 pub struct CoreState {
     pub sched: Scheduler,
-    /// Each request's channel for its decisions: a dispatch, a shed, and
-    /// for batch work a preemption and the dispatch after it. Registered at
-    /// admission, removed when the request ends.
-    pub waiters: HashMap<RequestId, mpsc::UnboundedSender<Decision>>,
+    /// Where each request's next decisions go, removed when it ends.
+    pub waiters: HashMap<RequestId, Waiter>,
     /// Tokens (prompt + completion) of served requests, by tenant id: the
     /// service that the fairness gauge compares.
     pub service: Vec<f64>,
     pub fairness: crate::core::fairness::FairnessMeter,
+}
+
+/// A request's decision channel.
+#[derive(Debug)]
+pub enum Waiter {
+    /// A queued request that cannot be preempted waits for one decision.
+    Once(oneshot::Sender<Decision>),
+    /// A preemptible (batch) request's channel lives as long as it does:
+    /// dispatch, preemption, dispatch again, or shed.
+    Many(mpsc::UnboundedSender<Decision>),
 }
 
 impl CoreState {
@@ -66,15 +74,22 @@ impl CoreState {
                 mine = Some(d);
                 continue;
             }
-            let tx = if matches!(d, Decision::Shed { .. }) {
-                self.waiters.remove(&id)
-            } else {
-                self.waiters.get(&id).cloned()
-            };
-            if let Some(tx) = tx {
-                // A closed channel means the client left; its ticket's drop
-                // ends the request in the scheduler.
-                let _ = tx.send(d);
+            // A closed channel means the client left; its ticket's drop
+            // ends the request in the scheduler.
+            match self.waiters.get(&id) {
+                Some(Waiter::Many(tx)) => {
+                    let last = matches!(d, Decision::Shed { .. });
+                    let _ = tx.send(d);
+                    if last {
+                        self.waiters.remove(&id);
+                    }
+                }
+                Some(Waiter::Once(_)) => {
+                    if let Some(Waiter::Once(tx)) = self.waiters.remove(&id) {
+                        let _ = tx.send(d);
+                    }
+                }
+                None => {}
             }
         }
         mine
@@ -82,11 +97,26 @@ impl CoreState {
 
     /// [`deliver`](Self::deliver), and registers `me`'s channel in the same
     /// critical section, so a decision made by another task in between
-    /// cannot be lost.
-    pub fn deliver_and_register(&mut self, decisions: Vec<Decision>, me: RequestId) -> Pending {
+    /// cannot be lost. A request that cannot be preempted and was
+    /// dispatched at once registers nothing.
+    pub fn deliver_and_register(
+        &mut self,
+        decisions: Vec<Decision>,
+        me: RequestId,
+        preemptible: bool,
+    ) -> Pending {
         let ready = self.deliver(decisions, Some(me));
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.waiters.insert(me, tx);
+        let rx = if preemptible {
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.waiters.insert(me, Waiter::Many(tx));
+            Rx::Many(rx)
+        } else if ready.is_none() {
+            let (tx, rx) = oneshot::channel();
+            self.waiters.insert(me, Waiter::Once(tx));
+            Rx::Once(rx)
+        } else {
+            Rx::Done
+        };
         Pending { ready, rx }
     }
 }
@@ -95,7 +125,14 @@ impl CoreState {
 #[derive(Debug)]
 pub struct Pending {
     pub ready: Option<Decision>,
-    rx: mpsc::UnboundedReceiver<Decision>,
+    rx: Rx,
+}
+
+#[derive(Debug)]
+enum Rx {
+    Done,
+    Once(oneshot::Receiver<Decision>),
+    Many(mpsc::UnboundedReceiver<Decision>),
 }
 
 impl Pending {
@@ -104,22 +141,37 @@ impl Pending {
     /// dispatch that came after the preemption is kept for `next`.
     pub fn preempted_already(&mut self) -> bool {
         let mut preempted = false;
-        while let Ok(d) = self.rx.try_recv() {
-            match d {
-                Decision::Preempt { .. } => preempted = true,
-                other => self.ready = Some(other),
+        if let Rx::Many(rx) = &mut self.rx {
+            while let Ok(d) = rx.try_recv() {
+                match d {
+                    Decision::Preempt { .. } => preempted = true,
+                    other => self.ready = Some(other),
+                }
             }
         }
         preempted
     }
 
-    /// The next decision for the request; `None` if the scheduler dropped
-    /// it (which would be a bug).
+    /// The next decision for the request; `None` when none can come (the
+    /// scheduler dropped it, which would be a bug, or it had its one).
     pub async fn next(&mut self) -> Option<Decision> {
-        match self.ready.take() {
-            Some(d) => Some(d),
-            None => self.rx.recv().await,
+        if let Some(d) = self.ready.take() {
+            return Some(d);
         }
+        match &mut self.rx {
+            Rx::Done => None,
+            Rx::Once(rx) => {
+                let d = rx.await.ok();
+                self.rx = Rx::Done;
+                d
+            }
+            Rx::Many(rx) => rx.recv().await,
+        }
+    }
+
+    /// Whether `next` may still wait for a decision.
+    pub fn is_waiting(&self) -> bool {
+        self.ready.is_none() && !matches!(self.rx, Rx::Done)
     }
 }
 
