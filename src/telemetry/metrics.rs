@@ -331,91 +331,53 @@ impl Metrics {
         }
         drop(g);
 
-        header(
-            w,
-            "fairway_queue_depth",
-            "gauge",
-            "Requests queued in Fairway per tenant.",
-        );
-        for t in &snap.tenants {
-            let _ = writeln!(
-                w,
-                "fairway_queue_depth{{tenant=\"{}\"}} {}",
-                esc(&t.tenant),
-                t.queued
-            );
-        }
-        header(
-            w,
-            "fairway_tenant_in_flight",
-            "gauge",
-            "Requests of a tenant in flight on backends.",
-        );
-        for t in &snap.tenants {
-            let _ = writeln!(
-                w,
-                "fairway_tenant_in_flight{{tenant=\"{}\"}} {}",
-                esc(&t.tenant),
-                t.in_flight
-            );
-        }
-        header(
-            w,
-            "fairway_preemptions_total",
-            "counter",
-            "In-flight batch requests of a tenant preempted for queued interactive work.",
-        );
-        for t in &snap.tenants {
-            let _ = writeln!(
-                w,
-                "fairway_preemptions_total{{tenant=\"{}\"}} {}",
-                esc(&t.tenant),
-                t.preempted
-            );
-        }
-        header(
-            w,
-            "fairway_rate_bucket_requests",
-            "gauge",
-            "Request-rate bucket level per tenant.",
-        );
-        for t in &snap.tenants {
-            if let Some(v) = t.rate_bucket {
-                let _ = writeln!(
-                    w,
-                    "fairway_rate_bucket_requests{{tenant=\"{}\"}} {v}",
-                    esc(&t.tenant)
-                );
-            }
-        }
-        header(
-            w,
-            "fairway_gpu_seconds_bucket_level",
-            "gauge",
-            "GPU-seconds bucket level per tenant (negative while in debt).",
-        );
-        for t in &snap.tenants {
-            if let Some(v) = t.gpu_seconds_bucket {
-                let _ = writeln!(
-                    w,
-                    "fairway_gpu_seconds_bucket_level{{tenant=\"{}\"}} {v}",
-                    esc(&t.tenant)
-                );
-            }
-        }
-        for (name, help, get) in [
+        type Get = fn(&TenantGauges) -> Option<f64>;
+        let per_tenant: [(&str, &str, &str, Get); 7] = [
+            (
+                "fairway_queue_depth",
+                "gauge",
+                "Requests queued in Fairway per tenant.",
+                |t| Some(f64::from(t.queued)),
+            ),
+            (
+                "fairway_tenant_in_flight",
+                "gauge",
+                "Requests of a tenant in flight on backends.",
+                |t| Some(f64::from(t.in_flight)),
+            ),
+            (
+                "fairway_preemptions_total",
+                "counter",
+                "In-flight batch requests of a tenant preempted for queued interactive work.",
+                |t| Some(t.preempted as f64),
+            ),
+            (
+                "fairway_rate_bucket_requests",
+                "gauge",
+                "Request-rate bucket level per tenant.",
+                |t| t.rate_bucket,
+            ),
+            (
+                "fairway_gpu_seconds_bucket_level",
+                "gauge",
+                "GPU-seconds bucket level per tenant (negative while in debt).",
+                |t| t.gpu_seconds_bucket,
+            ),
             (
                 "fairway_tenant_slo_ttft_seconds",
+                "gauge",
                 "The tenant's time-to-first-token objective.",
-                (|t: &TenantGauges| t.slo_ttft) as fn(&TenantGauges) -> Option<f64>,
+                |t| t.slo_ttft,
             ),
             (
                 "fairway_tenant_slo_e2e_seconds",
+                "gauge",
                 "The tenant's end-to-end latency objective.",
-                |t: &TenantGauges| t.slo_e2e,
+                |t| t.slo_e2e,
             ),
-        ] {
-            header(w, name, "gauge", help);
+        ];
+        for (name, kind, help, get) in per_tenant {
+            header(w, name, kind, help);
             for t in &snap.tenants {
                 if let Some(v) = get(t) {
                     let _ = writeln!(w, "{name}{{tenant=\"{}\"}} {v}", esc(&t.tenant));
