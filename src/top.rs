@@ -16,7 +16,7 @@
 //!   and refusal rates;
 //! - `fairway_ttft_seconds_bucket` and `fairway_e2e_seconds_bucket`
 //!   `{tenant,model,le}`, summed over models, for p99s;
-//! - `fairway_queue_depth`, `fairway_tenant_in_flight`,
+//! - `fairway_queue_depth`, `fairway_tenant_in_flight`, `fairway_preemptions_total` (a rate),
 //!   `fairway_tenant_slo_ttft_seconds` and `fairway_tenant_slo_e2e_seconds`
 //!   `{tenant}`;
 //! - `fairway_backend_{healthy,in_flight,window,kv_usage_ratio,waiting,reading_age_seconds}`
@@ -57,6 +57,8 @@ struct TenantFigures {
     queued: Option<f64>,
     /// `fairway_tenant_in_flight`.
     in_flight: Option<f64>,
+    /// `fairway_preemptions_total`.
+    preempted: Option<f64>,
     /// `fairway_tenant_slo_ttft_seconds`.
     slo_ttft: Option<f64>,
     /// `fairway_tenant_slo_e2e_seconds`.
@@ -158,6 +160,11 @@ impl Snapshot {
             "fairway_tenant_in_flight" => {
                 if let Some(t) = self.tenant(s) {
                     t.in_flight = Some(v);
+                }
+            }
+            "fairway_preemptions_total" => {
+                if let Some(t) = self.tenant(s) {
+                    t.preempted = Some(v);
                 }
             }
             "fairway_tenant_slo_ttft_seconds" => {
@@ -401,6 +408,10 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
             fmt_count(t.queued),
             fmt_count(t.in_flight),
             refused_cell(prev_requests, &t.requests, dt),
+            t.preempted.map_or_else(
+                || "-".to_owned(),
+                |c| rate(series_increase(pt.and_then(|p| p.preempted), c)),
+            ),
         ]);
     }
     if rows.is_empty() {
@@ -420,9 +431,10 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
                 "queued",
                 "in flight",
                 "refused/s",
+                "preempt/s",
             ],
             &[
-                true, false, false, false, false, false, false, false, false, false, true,
+                true, false, false, false, false, false, false, false, false, false, true, false,
             ],
             &rows,
             width,
@@ -652,6 +664,7 @@ mod tests {
         refused_rate: f64,
         refused_concurrency: f64,
         goodput: f64,
+        preempted: f64,
         ttft: [f64; 6],
         e2e: [f64; 6],
     }
@@ -663,19 +676,21 @@ mod tests {
             refused_rate: 0.0,
             refused_concurrency: 0.0,
             goodput: 95.0,
+            preempted: 7.0,
             ttft: [95.0, 100.0, 100.0, 100.0, 100.0, 100.0],
             e2e: [0.0, 0.0, 50.0, 100.0, 100.0, 100.0],
         }
     }
 
     /// Two seconds later: 20 served (TTFT 0.5-1s, e2e 1-5s), 4 refused by
-    /// rate, 1 by concurrency, 18 good.
+    /// rate, 1 by concurrency, 18 good, 3 preempted.
     fn alpha_after() -> Alpha {
         Alpha {
             served: 120.0,
             refused_rate: 4.0,
             refused_concurrency: 1.0,
             goodput: 113.0,
+            preempted: 10.0,
             ttft: [95.0, 100.0, 120.0, 120.0, 120.0, 120.0],
             e2e: [0.0, 0.0, 50.0, 110.0, 120.0, 120.0],
         }
@@ -731,6 +746,13 @@ mod tests {
             "fairway_requests_total",
             &req("beta", "mistral", "served", ""),
             10.0,
+        );
+        o.push_str("# TYPE fairway_preemptions_total counter\n");
+        push(
+            &mut o,
+            "fairway_preemptions_total",
+            &[("tenant", "alpha")],
+            a.preempted,
         );
         o.push_str("# TYPE fairway_goodput_total counter\n");
         let tm = |tenant, model| [("tenant", tenant), ("model", model)];
@@ -897,19 +919,21 @@ mod tests {
         assert_eq!(
             row(&text, "alpha"),
             [
-                "alpha", "-", "-", "-", "420ms", "500ms", "2.47s", "5.00s", "3", "5", "-"
+                "alpha", "-", "-", "-", "420ms", "500ms", "2.47s", "5.00s", "3", "5", "-", "-"
             ]
         );
         // Beta's two models are summed; no SLO gauges.
         assert_eq!(
             row(&text, "beta"),
             [
-                "beta", "-", "-", "-", "492ms", "-", "496ms", "-", "0", "1", "-"
+                "beta", "-", "-", "-", "492ms", "-", "496ms", "-", "0", "1", "-", "-"
             ]
         );
         assert_eq!(
             row(&text, "gamma"),
-            ["gamma", "-", "-", "-", "-", "-", "-", "-", "7", "0", "-"]
+            [
+                "gamma", "-", "-", "-", "-", "-", "-", "-", "7", "0", "-", "-"
+            ]
         );
         assert_eq!(
             row(&text, "gpu-a"),
@@ -952,14 +976,16 @@ mod tests {
                 "3",
                 "5",
                 "concurrency:0.5",
-                "rate:2.0"
+                "rate:2.0",
+                // 3 preempted in 2 s.
+                "1.5"
             ]
         );
         // Nothing new for beta: rates 0, p99s fall back to cumulative.
         assert_eq!(
             row(&text, "beta"),
             [
-                "beta", "0.0", "0.0", "0.0", "492ms", "-", "496ms", "-", "0", "1", "-"
+                "beta", "0.0", "0.0", "0.0", "492ms", "-", "496ms", "-", "0", "1", "-", "-"
             ]
         );
         assert_eq!(row(&text, "gamma")[1], "0.0");
@@ -1015,6 +1041,7 @@ mod tests {
             refused_rate: 0.0,
             refused_concurrency: 0.0,
             goodput: 6.0,
+            preempted: 1.0,
             ttft: [6.0; 6],
             e2e: [0.0, 6.0, 6.0, 6.0, 6.0, 6.0],
         };
@@ -1024,6 +1051,7 @@ mod tests {
         assert_eq!(&alpha[1..4], ["3.0", "3.0", "3.0"], "{text}");
         assert_eq!(alpha[4], "99ms", "buckets that went down are read as new");
         assert_eq!(alpha[10], "-", "refusal series vanished with the restart");
+        assert_eq!(alpha[11], "0.5", "1 preemption since the restart, in 2 s");
         for cell in &alpha[1..] {
             assert!(!cell.starts_with('-') || *cell == "-", "{text}");
         }
