@@ -31,6 +31,10 @@ pub struct TelemetryPolicy {
     pub otlp_endpoint: Option<String>,
     /// The `service.name` resource attribute (default `fairway`).
     pub service_name: String,
+    /// Window of the `fairway_jain_fairness_index` gauge (default 10 s,
+    /// at least 1 s), sampled ten times per window.
+    #[serde(with = "humantime_serde_compat")]
+    pub fairness_window: Duration,
 }
 
 /// `[server]`: listeners and request limits.

@@ -113,7 +113,7 @@ const ROOT_KEYS: &[&str] = &[
     "telemetry",
 ];
 const PREEMPTION_KEYS: &[&str] = &["enabled", "min_wait", "migration_threshold"];
-const TELEMETRY_KEYS: &[&str] = &["otlp_endpoint", "service_name"];
+const TELEMETRY_KEYS: &[&str] = &["otlp_endpoint", "service_name", "fairness_window"];
 const SERVER_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
@@ -201,6 +201,16 @@ fn read_telemetry(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> 
             .opt(t, "service_name", Reader::string)
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "fairway".to_owned()),
+        fairness_window: r
+            .opt(t, "fairness_window", |r, v, p| {
+                let d = r.duration(v, p, Zero::Refused)?;
+                if d < Duration::from_secs(1) {
+                    r.error(v.span(), p, "must be at least 1s (it is sampled ten times)");
+                    return None;
+                }
+                Some(d)
+            })
+            .unwrap_or(Duration::from_secs(10)),
     }
 }
 

@@ -79,6 +79,7 @@ impl Server {
             .collect();
         let sched = Scheduler::new(&policy, clock.now(), rand::random());
         let tracer = otlp_exporter(&policy);
+        let fairness = FairnessMeter::new(policy.telemetry.fairness_window);
         let live = derive_live(
             Arc::new(policy),
             &sched,
@@ -102,7 +103,7 @@ impl Server {
                 sched,
                 waiters: HashMap::new(),
                 service: Vec::new(),
-                fairness: FairnessMeter::new(FAIRNESS_WINDOW),
+                fairness,
             }),
             metrics: Metrics::new(),
             client,
@@ -209,7 +210,8 @@ async fn run(
 ) {
     let graceful = GracefulShutdown::new();
     let deadlines = tokio::spawn(deadline_task(gw.clone(), shutdown.clone()));
-    let fairness = tokio::spawn(fairness_task(gw.clone(), shutdown.clone()));
+    let window = gw.live.load().policy.telemetry.fairness_window;
+    let fairness = tokio::spawn(fairness_task(gw.clone(), shutdown.clone(), window));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -284,14 +286,12 @@ async fn run(
     }
 }
 
-/// Window of the live Jain's index: service is counted when a response
-/// ends, so the window spans several response times.
-const FAIRNESS_WINDOW: Duration = Duration::from_secs(10);
-
-/// Samples the tenants' weighted service and backlog once a second for the
-/// `fairway_jain_fairness_index` gauge.
-async fn fairness_task(gw: Arc<Gateway>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+/// Samples the tenants' weighted service and backlog ten times per
+/// `[telemetry] fairness_window` for the `fairway_jain_fairness_index`
+/// gauge. Service is counted when a response ends, so the window should
+/// span several response times.
+async fn fairness_task(gw: Arc<Gateway>, shutdown: CancellationToken, window: Duration) {
+    let mut tick = tokio::time::interval(window / 10);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,

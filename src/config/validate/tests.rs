@@ -792,6 +792,7 @@ fn minimal_file_gets_every_default() {
         telemetry: TelemetryPolicy {
             otlp_endpoint: None,
             service_name: "fairway".into(),
+            fairness_window: Duration::from_secs(10),
         },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
@@ -1235,4 +1236,14 @@ fn preemption_section_is_read_and_checked() {
         "{errs:#?}"
     );
     assert!(errs[0].message.contains("a boolean"), "{}", errs[0]);
+}
+
+#[test]
+fn fairness_window_is_read_and_at_least_a_second() {
+    let p = parse(&format!("{POOL}[telemetry]\nfairness_window = \"30s\"\n")).unwrap();
+    assert_eq!(p.telemetry.fairness_window, Duration::from_secs(30));
+    let errs = parse(&format!("{POOL}[telemetry]\nfairness_window = \"500ms\"\n")).unwrap_err();
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "telemetry.fairness_window");
+    assert!(errs[0].message.contains("at least 1s"), "{}", errs[0]);
 }

@@ -43,6 +43,7 @@ fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
         telemetry: TelemetryPolicy {
             otlp_endpoint: None,
             service_name: "fairway".into(),
+            fairness_window: Duration::from_secs(10),
         },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
