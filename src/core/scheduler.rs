@@ -1091,6 +1091,7 @@ impl Scheduler {
                 let v = &self.tenants[r.tenant.0 as usize];
                 let b = &self.backends[backend.0 as usize];
                 v.priority == Priority::Batch
+                    && !v.retired
                     && f64::from(ps.in_flight(r.tenant)) / v.weight > head_share
                     && b.healthy
                     && !b.retired

@@ -644,3 +644,19 @@ fn a_preemption_waits_for_min_wait_and_the_tick_then_makes_it() {
     // The preempted request's response has not started: it cannot start now.
     assert!(!s.on_response_started(young));
 }
+
+#[test]
+fn a_reload_that_makes_the_tenant_interactive_or_removes_it_protects_its_work() {
+    // `jobs` becomes interactive: its in-flight work is no longer batch.
+    let (mut s, _) = full_of_batch(|_| {});
+    let mut p = policy(1, 2, vec![tenant("jobs", 1.0), tenant("app", 1.0)]);
+    s.apply_policy(&p, t(15));
+    let (_, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
+    assert!(preempted(&ds).is_empty(), "{ds:?}");
+    // `jobs` removed: its in-flight work ends normally, never requeued.
+    let (mut s, _) = full_of_batch(|_| {});
+    p.tenants.retain(|t| t.name == "app");
+    s.apply_policy(&p, t(15));
+    let (_, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
+    assert!(preempted(&ds).is_empty(), "{ds:?}");
+}
