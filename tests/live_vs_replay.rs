@@ -7,6 +7,9 @@
 //! ten times, it is a 15-100 ms tail set by one or two requests, where a
 //! debug build on two shared cores and millisecond timers decide more
 //! than the policy does.
+//!
+//! Preemption is on at once (`min_wait = "0s"`), and the live gateway's
+//! count of preemptions must land within 25 % (plus 3) of the replay's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -36,6 +39,11 @@ interval = "25ms"
 [queue]
 discipline = "drf"
 max_wait = "60s"
+
+[preemption]
+# Every queued api or chat request may preempt at once: at ten times real
+# speed the default 250 ms would never be reached.
+min_wait = "0s"
 
 [[pools]]
 model = "m"
@@ -118,6 +126,12 @@ fn compare(live: &RunReport, replayed: &RunReport) -> Vec<String> {
             }
         }
     }
+    // Young evals work is preempted for api and chat as often live as in
+    // the model.
+    let (l, r) = (live.preempted.unwrap_or(0), replayed.preempted.unwrap_or(0));
+    if r == 0 || l.abs_diff(r) as f64 > 0.25 * r as f64 + 3.0 {
+        problems.push(format!("preemptions: live {l}, replay {r}"));
+    }
     problems
 }
 
@@ -151,13 +165,15 @@ async fn live_p50_and_p99_are_within_25_percent_of_the_replay() {
             keys: keys.clone(),
             timeout: std::time::Duration::from_secs(20),
         };
-        let live = summarise(
+        let mut live = summarise(
             policy.queue.discipline,
             policy.pools[0].routing,
             &play(&policy, &work, &target).await,
         );
         let metrics = get(&client(), format!("http://{}/metrics", gw.admin_addr())).await;
         gw.shutdown().await;
+        // The client cannot see preemptions; the gateway counts them.
+        live.preempted = Some(metric_sum(&metrics.text(), "fairway_preemptions_total") as u64);
         if live.tenants.values().any(|t| t.served < t.requests) {
             eprintln!("{}", metrics.text());
         }
