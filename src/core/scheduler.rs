@@ -175,14 +175,6 @@ impl PoolState {
         }
         self.in_flight[i] += 1;
     }
-
-    /// A request of `t` dispatched at `dispatched` left its backend.
-    fn left_backend(&mut self, t: TenantId, dispatched: Instant, id: RequestId) {
-        if let Some(n) = self.in_flight.get_mut(t.0 as usize) {
-            *n = n.saturating_sub(1);
-        }
-        self.preemptible.remove(&(dispatched, id));
-    }
 }
 
 #[derive(Debug)]
@@ -618,18 +610,15 @@ impl Scheduler {
         let req = self.requests.remove(id)?;
         let Phase::InFlight {
             backend,
-            mark,
             dispatched,
             charged,
+            ..
         } = req.phase
         else {
             return None;
         };
-        let b = &mut self.backends[backend.0 as usize];
-        let gpu_seconds = b.clock.finish(now, mark);
-        b.in_flight = b.in_flight.saturating_sub(1);
+        let gpu_seconds = self.leave_backend(now, id, req.tenant, req.pool, req.phase);
         let pool = &mut self.pools[req.pool.0 as usize];
-        pool.left_backend(req.tenant, dispatched, id);
         let mut actual = None;
         if let Some(u) = usage {
             let tokens = f64::from(u.prompt_tokens) + f64::from(u.completion_tokens);
@@ -652,7 +641,6 @@ impl Scheduler {
         pool.queue.settle(req.tenant, charged, actual);
         let t = &mut self.tenants[req.tenant.0 as usize];
         t.active = t.active.saturating_sub(1);
-        t.in_flight = t.in_flight.saturating_sub(1);
         t.gpu_seconds_total += gpu_seconds;
         if let Some(g) = &mut t.gpu {
             g.settle(now, req.gpu_reserved, gpu_seconds);
@@ -841,29 +829,56 @@ impl Scheduler {
     /// front of its tenant's queue, with its dispatch charge refunded.
     fn requeue(&mut self, now: Instant, id: RequestId, deadline: Instant) -> Option<BackendId> {
         let req = self.requests.get_mut(id)?;
+        let phase = req.phase;
         let Phase::InFlight {
-            backend,
-            mark,
-            dispatched,
-            charged,
-        } = req.phase
+            backend, charged, ..
+        } = phase
         else {
             return None;
         };
         let (tenant, pool) = (req.tenant, req.pool);
         req.phase = Phase::Queued;
         req.deadline = deadline;
-        let b = &mut self.backends[backend.0 as usize];
-        b.clock.finish(now, mark);
-        b.in_flight = b.in_flight.saturating_sub(1);
-        let t = &mut self.tenants[tenant.0 as usize];
-        t.in_flight = t.in_flight.saturating_sub(1);
+        self.leave_backend(now, id, tenant, pool, phase);
         self.deadlines.insert((deadline, id));
         let p = &mut self.pools[pool.0 as usize];
-        p.left_backend(tenant, dispatched, id);
         p.queue.settle(tenant, charged, Some(0.0));
         p.queue.push_front(tenant, id);
         Some(backend)
+    }
+
+    /// Undoes what `dispatch` counted for request `id` in `phase` (in
+    /// flight): its backend's slot and GPU clock, its tenant's and pool's
+    /// in-flight counts, its place among the preemptible. Returns the
+    /// GPU-seconds it had on its backend.
+    fn leave_backend(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        tenant: TenantId,
+        pool: PoolId,
+        phase: Phase,
+    ) -> f64 {
+        let Phase::InFlight {
+            backend,
+            mark,
+            dispatched,
+            ..
+        } = phase
+        else {
+            return 0.0;
+        };
+        let b = &mut self.backends[backend.0 as usize];
+        let gpu_seconds = b.clock.finish(now, mark);
+        b.in_flight = b.in_flight.saturating_sub(1);
+        let t = &mut self.tenants[tenant.0 as usize];
+        t.in_flight = t.in_flight.saturating_sub(1);
+        let p = &mut self.pools[pool.0 as usize];
+        if let Some(n) = p.in_flight.get_mut(tenant.0 as usize) {
+            *n = n.saturating_sub(1);
+        }
+        p.preemptible.remove(&(dispatched, id));
+        gpu_seconds
     }
 
     /// Whether a pool has at least one healthy backend.
