@@ -1,9 +1,9 @@
-//! The accept loop of Fairway's small plain-HTTP servers (the simulated
-//! backend and the GPU-node agent): HTTP/1.1 and h2c on one port, every
-//! connection watched for a graceful drain.
+//! The one accept loop, for every listener Fairway serves: the client and
+//! admin listeners, the simulated backend and the GPU-node agent.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use hyper::body::{Body, Incoming};
@@ -12,14 +12,62 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+/// First pause after a failed accept; it doubles on each failure in a row.
+const BACKOFF_MIN: Duration = Duration::from_millis(5);
+/// Longest pause after a failed accept.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Accepts connections on `listener` until `shutdown` resolves and hands
+/// each one to `on_conn` (with `TCP_NODELAY` set). A failed accept (out of
+/// file descriptors, say) calls `on_error`, then pauses: 5 ms, doubling up
+/// to 1 s while failures continue, so a listener at the fd limit waits
+/// for descriptors to free instead of spinning a core on `accept4`. The
+/// first failure of a run is logged as a warning; `what` names the
+/// listener.
+pub(crate) async fn accept_loop(
+    listener: &TcpListener,
+    shutdown: impl Future<Output = ()>,
+    what: &'static str,
+    on_error: impl Fn(),
+    mut on_conn: impl FnMut(TcpStream, SocketAddr),
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = BACKOFF_MIN;
+                let _ = stream.set_nodelay(true);
+                on_conn(stream, peer);
+            }
+            Err(e) => {
+                on_error();
+                if backoff == BACKOFF_MIN {
+                    tracing::warn!(error = %e, "{what}: accept failed; backing off");
+                } else {
+                    tracing::debug!(error = %e, ?backoff, "{what}: accept failed again");
+                }
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
 /// Serves each connection accepted on `listener` with `handle` until
-/// `shutdown` resolves. Connection tasks go into `tasks` and are watched by
-/// `graceful`, so the caller drains (or aborts) them as it needs. A failed
-/// accept (out of file descriptors and the like) backs off and keeps
-/// serving; `what` names the server in that log line.
+/// `shutdown` resolves (the small plain-HTTP servers: the simulated backend
+/// and the agent). Connection tasks go into `tasks` and are watched by
+/// `graceful`, so the caller drains (or aborts) them as it needs.
 pub(crate) async fn accept_until<H, Fut, B>(
     listener: &TcpListener,
     shutdown: impl Future<Output = ()>,
@@ -35,29 +83,23 @@ pub(crate) async fn accept_until<H, Fut, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let builder = auto::Builder::new(TokioExecutor::new());
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => return,
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "{what} accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let svc = service_fn(handle.clone());
-                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                let conn = graceful.watch(conn);
-                tasks.spawn(async move {
-                    // A client that resets mid-response is normal here.
-                    let _ = conn.await;
-                });
-            }
-        }
-        while tasks.try_join_next().is_some() {}
-    }
+    accept_loop(
+        listener,
+        shutdown,
+        what,
+        || {},
+        |stream, _| {
+            let svc = service_fn(handle.clone());
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), svc)
+                .into_owned();
+            let conn = graceful.watch(conn);
+            while tasks.try_join_next().is_some() {}
+            tasks.spawn(async move {
+                // A client that resets mid-response is normal here.
+                let _ = conn.await;
+            });
+        },
+    )
+    .await;
 }

@@ -1,5 +1,8 @@
 //! Fairway: an inline L7 inference gateway.
 //!
+//! [`serve`] runs a gateway on bound listeners until a shutdown future
+//! resolves; `fairway serve` and the tests both start it that way.
+//!
 //! Module map:
 //! - [`core`]: sans-IO scheduling (admission, fair queue, windows, routing, accounting).
 //! - [`config`]: the policy file, validation and reload.
@@ -25,3 +28,5 @@ pub mod sim;
 pub mod telemetry;
 pub mod tokens;
 pub mod top;
+
+pub use proxy::server::{Listeners, PolicySource, ServeOptions, serve};

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fairway::agent::{AgentConfig, serve as serve_agent};
 use fairway::config::policy::MetricsDialect;
 use fairway::config::{load_policy, summary};
-use fairway::proxy::server::{PolicySource, Server};
+use fairway::{Listeners, PolicySource, ServeOptions};
 use fairway::sim::backend::{SimBackendConfig, serve as serve_sim};
 use fairway::sim::engine::EngineParams;
 
@@ -280,22 +280,16 @@ async fn serve(config: PathBuf, watch_interval: Duration) -> anyhow::Result<()> 
         .first()
         .map(|p| p.model.clone())
         .unwrap_or_default();
-    let server = Server::start(
-        policy,
-        PolicySource {
-            path: Some(config.clone()),
-            text,
-        },
-    )
-    .await
-    .with_context(|| format!("starting the gateway from {}", config.display()))?;
+    let listeners = Listeners::bind(&policy)
+        .await
+        .with_context(|| format!("binding the listeners of {}", config.display()))?;
     // Install the handlers before announcing the address: a SIGHUP that
     // arrives after the listen line must reload, never kill the process.
-    let handlers = Signals::install().context("installing signal handlers")?;
-    let addr = server.addr();
+    let signals = Signals::install().context("installing signal handlers")?;
+    let addr = listeners.api.local_addr()?;
     println!(
         "fairway listening on http://{addr} (admin on http://{})",
-        server.admin_addr()
+        listeners.admin.local_addr()?
     );
     let auth = example_key
         .map(|k| format!(" -H 'Authorization: Bearer {k}'"))
@@ -303,17 +297,25 @@ async fn serve(config: PathBuf, watch_interval: Duration) -> anyhow::Result<()> 
     println!(
         "try: curl -s http://{addr}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":16}}'"
     );
-    let gw = server.gateway().clone();
-    let stop = server.shutdown_token();
-    if !watch_interval.is_zero() {
-        tokio::spawn(fairway::proxy::reload::watch(
-            gw.clone(),
-            watch_interval,
-            stop.clone(),
-        ));
-    }
-    tokio::spawn(handlers.serve(gw, stop));
-    server.wait().await;
+    let options = ServeOptions {
+        source: PolicySource {
+            path: Some(config.clone()),
+            text,
+        },
+        watch: (!watch_interval.is_zero()).then_some(watch_interval),
+        reload_signal: Some(signals.hup),
+    };
+    let stop = async move {
+        let (mut term, mut int) = (signals.term, signals.int);
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("shutdown signal received");
+    };
+    fairway::serve(listeners, policy, options, stop)
+        .await
+        .with_context(|| format!("serving {}", config.display()))?;
     tracing::info!("fairway stopped");
     Ok(())
 }
@@ -344,22 +346,6 @@ impl Signals {
             hup: signal(SignalKind::hangup())?,
             int: signal(SignalKind::interrupt())?,
         })
-    }
-
-    async fn serve(
-        mut self,
-        gw: std::sync::Arc<fairway::proxy::gateway::Gateway>,
-        stop: tokio_util::sync::CancellationToken,
-    ) {
-        loop {
-            tokio::select! {
-                _ = self.term.recv() => break,
-                _ = self.int.recv() => break,
-                _ = self.hup.recv() => { let _ = fairway::proxy::reload::reload(&gw).await; }
-            }
-        }
-        tracing::info!("shutdown signal received");
-        stop.cancel();
     }
 }
 

@@ -53,6 +53,17 @@ pub struct ServerPolicy {
     pub trust_tenant_header: Option<String>,
     /// TLS on the client listener (rustls). Restart-only.
     pub tls: Option<TlsPolicy>,
+    /// Most client connections open at once; a connection beyond it is
+    /// closed as soon as it is accepted (default 4096). Restart-only.
+    pub max_connections: usize,
+    /// Most client requests in flight at once, on all connections (a
+    /// streamed response counts until its last byte); beyond it, 503
+    /// (default 4096). Restart-only.
+    pub max_requests: usize,
+    /// Time a client has to send a request's headers (HTTP/1.1; default
+    /// 10 s). Restart-only.
+    #[serde(with = "humantime_serde_compat")]
+    pub header_read_timeout: Duration,
 }
 
 /// `[server] tls`.

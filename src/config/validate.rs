@@ -121,7 +121,14 @@ const SERVER_KEYS: &[&str] = &[
     "drain_timeout",
     "trust_tenant_header",
     "tls",
+    "max_connections",
+    "max_requests",
+    "header_read_timeout",
 ];
+/// Default `[server] max_connections`: open client connections.
+const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default `[server] max_requests`: client requests in flight at once.
+const DEFAULT_MAX_REQUESTS: usize = 4096;
 const TLS_KEYS: &[&str] = &["cert", "key"];
 const POLLER_KEYS: &[&str] = &["interval", "timeout"];
 const QUEUE_KEYS: &[&str] = &[
@@ -261,6 +268,17 @@ fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>) -> ServerPolicy {
             .unwrap_or(Duration::from_secs(30)),
         trust_tenant_header: r.opt(t, "trust_tenant_header", read_header_name),
         tls: r.opt(t, "tls", read_tls),
+        max_connections: r
+            .opt(t, "max_connections", Reader::positive_int)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        max_requests: r
+            .opt(t, "max_requests", Reader::positive_int)
+            .unwrap_or(DEFAULT_MAX_REQUESTS),
+        header_read_timeout: r
+            .opt(t, "header_read_timeout", |r, v, p| {
+                r.duration(v, p, Zero::Refused)
+            })
+            .unwrap_or(Duration::from_secs(10)),
     }
 }
 

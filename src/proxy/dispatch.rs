@@ -13,16 +13,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Full};
 use sha2::{Digest, Sha256};
 
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::scheduler::{Arrival, Decision};
 use crate::core::time::Instant;
-use crate::proxy::body::BoxBody;
+use crate::proxy::body::{BoxBody, RequestBody};
 use crate::proxy::error::{ApiError, Outcome, RefusedBy};
 use crate::proxy::gateway::{Gateway, Live, Pending};
+use crate::proxy::layers::request_id::X_REQUEST_ID;
 use crate::proxy::openai;
 use crate::proxy::relay::{Mode, RelayBody};
 use crate::telemetry::metrics::RequestRecord;
@@ -40,6 +40,8 @@ pub struct Ticket {
     gw: Arc<Gateway>,
     live: Arc<Live>,
     start: Instant,
+    /// The request's `x-request-id` (set by the edge on every request).
+    request_id: Option<HeaderValue>,
     tenant: Option<TenantId>,
     pool: Option<(PoolId, usize)>,
     /// Set once admitted: the scheduler knows the request.
@@ -67,11 +69,12 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    fn new(gw: Arc<Gateway>, live: Arc<Live>, start: Instant) -> Self {
+    fn new(gw: Arc<Gateway>, live: Arc<Live>, start: Instant, headers: &HeaderMap) -> Self {
         Ticket {
             gw,
             live,
             start,
+            request_id: headers.get(X_REQUEST_ID).cloned(),
             tenant: None,
             pool: None,
             id: None,
@@ -269,7 +272,11 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let now = self.gw.clock.now();
-        if self.outcome.is_none() {
+        if std::thread::panicking() {
+            // Dropped while a handler panic unwinds: the edge answers 500.
+            self.outcome = Some(Outcome::Error);
+            self.status = 500;
+        } else if self.outcome.is_none() {
             self.outcome = Some(Outcome::Cancelled);
         }
         self.settle_core(now);
@@ -315,6 +322,7 @@ impl Drop for Ticket {
         }
         tracing::info!(
             target: "fairway::access",
+            request_id = self.request_id.as_ref().and_then(|v| v.to_str().ok()),
             tenant,
             model,
             backend = %self.backend_name,
@@ -378,26 +386,33 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Reads the whole body; the edge's body limit caps it at `limit`.
 async fn read_body(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     limit: usize,
 ) -> Result<(http::request::Parts, Bytes), ApiError> {
     let (parts, body) = req.into_parts();
-    if let Some(len) = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        && len > limit as u64
-    {
-        return Err(ApiError::BodyTooLarge(limit));
-    }
-    match Limited::new(body, limit).collect().await {
+    match body.collect().await {
         Ok(c) => Ok((parts, c.to_bytes())),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::BodyTooLarge(limit)),
         Err(e) => Err(ApiError::InvalidRequest(format!(
             "Could not read request body: {e}"
         ))),
     }
+}
+
+/// Answers a request that the edge refuses before the scheduling path
+/// (over a cap, draining, body too large), recording its one outcome.
+pub fn refuse<B>(gw: &Arc<Gateway>, req: &Request<B>, error: ApiError) -> Response<BoxBody> {
+    let mut ticket = Ticket::new(
+        gw.clone(),
+        gw.live.load_full(),
+        gw.clock.now(),
+        req.headers(),
+    );
+    ticket.outcome = Some(error.outcome());
+    ticket.status = error.status().as_u16();
+    error.into_response()
 }
 
 /// Request headers that never go upstream: hop-by-hop, and the client's
@@ -427,10 +442,10 @@ const DROP_RESPONSE_HEADERS: &[&str] = &[
 
 /// Serves one inference request (`/v1/chat/completions`, `/v1/completions`,
 /// `/v1/embeddings`).
-pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody> {
+pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
     let start = gw.clock.now();
     let live = gw.live.load_full();
-    let mut ticket = Ticket::new(gw.clone(), live.clone(), start);
+    let mut ticket = Ticket::new(gw.clone(), live.clone(), start, req.headers());
     if gw.tracer.is_some() {
         let incoming = req
             .headers()
@@ -476,14 +491,17 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBod
 async fn run(
     gw: &Arc<Gateway>,
     live: &Arc<Live>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     ticket: &mut Ticket,
-) -> Result<(Response<Incoming>, Mode), ApiError> {
-    if gw.is_draining() {
-        return Err(ApiError::Draining);
-    }
+) -> Result<(Response<hyper::body::Incoming>, Mode), ApiError> {
     let tenant = authenticate(live, req.headers())?;
     ticket.tenant = Some(tenant);
+    // Debug builds only: lets the tests check that a handler panic becomes
+    // a 500 with one recorded outcome.
+    #[cfg(debug_assertions)]
+    if req.headers().contains_key("x-fairway-debug-panic") {
+        panic!("x-fairway-debug-panic");
+    }
     let path = req.uri().path().to_owned();
     let (parts, body) = read_body(req, live.policy.server.max_body_bytes).await?;
     let info = openai::parse(&body)?;

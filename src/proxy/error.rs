@@ -19,6 +19,8 @@ pub enum Outcome {
     Shed,
     FailedUpstream,
     Cancelled,
+    /// Fairway's own fault: a bug or a handler panic (500).
+    Error,
 }
 
 /// Why a request was refused: an admission limit or a client error.
@@ -42,6 +44,7 @@ impl Outcome {
             Outcome::Shed => "shed",
             Outcome::FailedUpstream => "failed_upstream",
             Outcome::Cancelled => "cancelled",
+            Outcome::Error => "error",
         }
     }
 
@@ -54,7 +57,11 @@ impl Outcome {
             Outcome::Refused(RefusedBy::UnknownModel) => "unknown_model",
             Outcome::Refused(RefusedBy::BodyTooLarge) => "body_too_large",
             Outcome::Refused(RefusedBy::Backend) => "backend",
-            Outcome::Served | Outcome::Shed | Outcome::FailedUpstream | Outcome::Cancelled => "",
+            Outcome::Served
+            | Outcome::Shed
+            | Outcome::FailedUpstream
+            | Outcome::Cancelled
+            | Outcome::Error => "",
         }
     }
 }
@@ -82,6 +89,8 @@ pub enum ApiError {
     UpstreamTimeout { backend: String, timeout: Duration },
     #[error("The gateway is shutting down.")]
     Draining,
+    #[error("The gateway is at its limit of {0} requests in flight; retry shortly.")]
+    Overloaded(usize),
     #[error("Not found.")]
     NotFound,
     #[error("Internal error: {0}")]
@@ -163,6 +172,12 @@ impl ApiError {
                 None,
                 O::Shed,
             ),
+            ApiError::Overloaded(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("overloaded"),
+                O::Shed,
+            ),
             ApiError::NotFound => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
@@ -173,7 +188,7 @@ impl ApiError {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
                 None,
-                O::FailedUpstream,
+                O::Error,
             ),
         }
     }
@@ -208,7 +223,9 @@ impl ApiError {
         let retry_after = match &self {
             ApiError::Refused { refusal, .. } => Some(refusal.retry_after),
             ApiError::Shed { retry_after } => Some(*retry_after),
-            ApiError::Draining | ApiError::NoBackend(_) => Some(Duration::from_secs(1)),
+            ApiError::Draining | ApiError::NoBackend(_) | ApiError::Overloaded(_) => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         };
         if let Some(d) = retry_after {

@@ -7,6 +7,7 @@ pub mod body;
 pub mod dispatch;
 pub mod error;
 pub mod gateway;
+pub mod layers;
 pub mod openai;
 pub mod relay;
 pub mod reload;

@@ -52,6 +52,15 @@ pub fn restart_only_changes(old: &Policy, new: &Policy) -> Vec<String> {
     if old.server.tls.is_some() != new.server.tls.is_some() {
         out.push("server.tls".to_owned());
     }
+    if old.server.max_connections != new.server.max_connections {
+        out.push("server.max_connections".to_owned());
+    }
+    if old.server.max_requests != new.server.max_requests {
+        out.push("server.max_requests".to_owned());
+    }
+    if old.server.header_read_timeout != new.server.header_read_timeout {
+        out.push("server.header_read_timeout".to_owned());
+    }
     out
 }
 

@@ -1,15 +1,21 @@
-//! Listeners, connection serving and shutdown.
+//! Listeners, the client edge, connection serving and shutdown.
 //!
-//! [`Server::start`] binds the client and admin listeners, starts the
-//! policy's simulated backends, the pollers, the deadline task and the
-//! accept loops, and
-//! returns a handle. Connections are served by hyper-util's auto builder, so
-//! HTTP/1.1 and h2c (prior knowledge) share one port. Shutdown stops
-//! accepting, lets in-flight responses finish up to `drain_timeout`, then
-//! returns.
+//! [`serve`] is the entry point (`fairway serve` and the tests use it):
+//! given bound listeners and a policy, it starts the policy's simulated
+//! backends, the pollers, the deadline and fairness tasks and the accept
+//! loops, serves until its shutdown future resolves, then drains. Every
+//! task it spawns is owned and joined before it returns. [`Server`] is the
+//! same thing as a handle, for callers that need the gateway while it runs.
+//!
+//! Connections are served by hyper-util's auto builder, so HTTP/1.1 and h2c
+//! (prior knowledge) share one port; with `[server] tls`, rustls terminates
+//! TLS first and ALPN picks the protocol. Shutdown stops accepting, lets
+//! in-flight responses finish up to `drain_timeout`, then aborts what is
+//! left.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +23,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use http::{Method, Request, Response};
+use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE};
+use http::{HeaderName, Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
@@ -25,22 +32,77 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
-use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
+use tower::{Service, ServiceBuilder};
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::sensitive_headers::{
+    SetSensitiveRequestHeadersLayer, SetSensitiveResponseHeadersLayer,
+};
 
+use crate::accept::accept_loop;
 use crate::clock::Clock;
 use crate::config::{BackendTarget, Policy};
 use crate::core::fairness::FairnessMeter;
 use crate::core::scheduler::Scheduler;
-use crate::proxy::body::BoxBody;
+use crate::proxy::body::{BodyError, BoxBody, RequestBody};
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::{CoreState, Gateway, derive_live};
-use crate::proxy::{admin, dispatch, tls};
+use crate::proxy::layers::{
+    BodyLimitLayer, DrainLayer, MakeId, PanicResponse, RequestLimitLayer,
+    drop_invalid_request_id,
+};
+use crate::proxy::{admin, dispatch, reload, tls};
 use crate::sim::backend::{SimBackend, SimHandle};
 use crate::telemetry::metrics::Metrics;
+
+/// The bound client and admin listeners.
+#[derive(Debug)]
+pub struct Listeners {
+    pub api: TcpListener,
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the policy's `listen` and `admin_listen`.
+    pub async fn bind(policy: &Policy) -> std::io::Result<Listeners> {
+        Ok(Listeners {
+            api: TcpListener::bind(policy.server.listen).await?,
+            admin: TcpListener::bind(policy.server.admin_listen).await?,
+        })
+    }
+}
+
+/// How a served policy is reloaded.
+#[derive(Debug, Default)]
+pub struct ServeOptions {
+    pub source: PolicySource,
+    /// Re-read the policy file this often and reload when it changed.
+    pub watch: Option<Duration>,
+    /// Reload on each signal received here (SIGHUP), installed by the
+    /// caller before it announces the listeners.
+    pub reload_signal: Option<tokio::signal::unix::Signal>,
+}
+
+/// Serves `policy` on `listeners` until `shutdown` resolves, then drains
+/// in-flight responses (up to `[server] drain_timeout`) and returns once
+/// every task it started has ended.
+pub async fn serve(
+    listeners: Listeners,
+    policy: Policy,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let server = Server::from_listeners(listeners, policy, options).await?;
+    shutdown.await;
+    server.shutdown().await;
+    Ok(())
+}
 
 /// A running gateway.
 pub struct Server {
@@ -52,7 +114,7 @@ pub struct Server {
 }
 
 /// Where the policy came from, for reloads.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct PolicySource {
     /// The file to re-read on reload (`None`: the policy was given in memory).
     pub path: Option<PathBuf>,
@@ -63,14 +125,31 @@ pub struct PolicySource {
 impl Server {
     /// Binds the policy's listeners and starts serving.
     pub async fn start(policy: Policy, source: PolicySource) -> std::io::Result<Server> {
+        let listeners = Listeners::bind(&policy).await?;
+        let options = ServeOptions {
+            source,
+            ..ServeOptions::default()
+        };
+        Server::from_listeners(listeners, policy, options).await
+    }
+
+    /// Starts serving on listeners the caller bound.
+    pub async fn from_listeners(
+        listeners: Listeners,
+        policy: Policy,
+        options: ServeOptions,
+    ) -> std::io::Result<Server> {
+        let ServeOptions {
+            source,
+            watch,
+            reload_signal,
+        } = options;
         let tls = match &policy.server.tls {
             Some(t) => Some(tls::load(t).map_err(std::io::Error::other)?),
             None => None,
         };
-        let listener = TcpListener::bind(policy.server.listen).await?;
-        let admin = TcpListener::bind(policy.server.admin_listen).await?;
-        let addr = listener.local_addr()?;
-        let admin_addr = admin.local_addr()?;
+        let addr = listeners.api.local_addr()?;
+        let admin_addr = listeners.admin.local_addr()?;
         let clock = Clock::new();
         let sims = start_sims(&policy, &HashMap::new()).await?;
         let sim_authorities: HashMap<String, String> = sims
@@ -123,7 +202,14 @@ impl Server {
             gateway.pollers.lock().reconcile(&gateway, &policy, &sims);
         }
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(run(gateway.clone(), listener, admin, shutdown.clone()));
+        let mut tasks = JoinSet::new();
+        if let Some(period) = watch {
+            tasks.spawn(reload::watch(gateway.clone(), period, shutdown.clone()));
+        }
+        if let Some(signal) = reload_signal {
+            tasks.spawn(reload_on_signal(gateway.clone(), signal, shutdown.clone()));
+        }
+        let task = tokio::spawn(run(gateway.clone(), listeners, shutdown.clone(), tasks));
         Ok(Server {
             addr,
             admin_addr,
@@ -165,6 +251,25 @@ impl Server {
     }
 }
 
+/// Reloads the policy on each signal until shutdown.
+async fn reload_on_signal(
+    gw: Arc<Gateway>,
+    mut signal: tokio::signal::unix::Signal,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            got = signal.recv() => {
+                if got.is_none() {
+                    return;
+                }
+                let _ = reload::reload(&gw).await;
+            }
+        }
+    }
+}
+
 /// Starts the in-process simulated backends a policy declares that are not
 /// already running (`running` maps backend names to addresses).
 pub async fn start_sims(
@@ -202,74 +307,181 @@ pub fn unix_time() -> u64 {
     unix_now()
 }
 
+/// The client edge: the tower stack every request on the client listener
+/// passes, outermost first.
+///
+/// 1. `SetSensitive{Request,Response}Headers`: `authorization`,
+///    `proxy-authorization`, `api-key`, `cookie` and `set-cookie` are
+///    marked sensitive, so no layer or log prints them.
+/// 2. `drop_invalid_request_id`, `SetRequestId`, `PropagateRequestId`:
+///    every request has an `x-request-id` (the client's when it is 1–128
+///    visible ASCII characters, else 32 random hex digits); it is sent to
+///    the backend with the other headers, written in the access log, set
+///    on the trace span, and returned on every response, errors included.
+/// 3. `CatchPanic`: a handler panic becomes a 500 with an OpenAI error
+///    body (the request's ticket records outcome `error` as it unwinds).
+/// 4. `RequestLimit`: at most `[server] max_requests` requests in flight
+///    on the listener, each until its body ends; beyond it, 503.
+/// 5. `Drain`: once shutdown starts, 503.
+/// 6. `BodyLimit`: `[server] max_body_bytes`, 413.
+/// 7. [`route`]: the inference routes go to [`dispatch::handle`] (tenant,
+///    admission, queue, routing, relay); `/v1/models`; else 404.
+///
+/// The layers that answer by themselves (4–6) record the request's one
+/// outcome through [`dispatch::refuse`].
+pub fn edge(
+    gw: Arc<Gateway>,
+    max_requests: usize,
+) -> impl Service<
+    Request<Incoming>,
+    Response = Response<impl http_body::Body<Data = bytes::Bytes, Error = BodyError> + Send + 'static>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
++ Send
++ 'static {
+    ServiceBuilder::new()
+        .layer(SetSensitiveRequestHeadersLayer::new([
+            AUTHORIZATION,
+            PROXY_AUTHORIZATION,
+            HeaderName::from_static("api-key"),
+            COOKIE,
+        ]))
+        .layer(SetSensitiveResponseHeadersLayer::new([SET_COOKIE]))
+        .map_request(drop_invalid_request_id::<Incoming>)
+        .layer(SetRequestIdLayer::x_request_id(MakeId))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(CatchPanicLayer::custom(PanicResponse::new(gw.clone())))
+        .layer(RequestLimitLayer::new(gw.clone(), max_requests))
+        .layer(DrainLayer::new(gw.clone()))
+        .layer(BodyLimitLayer::new(gw.clone()))
+        .service_fn(move |req| {
+            let gw = gw.clone();
+            async move { Ok::<_, Infallible>(route(gw, req).await) }
+        })
+}
+
+/// A client connection's hold on one of `[server] max_connections`; kept
+/// for as long as the connection is open.
+struct ConnSlot {
+    _permit: OwnedSemaphorePermit,
+    gw: Arc<Gateway>,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.gw
+            .metrics
+            .edge
+            .open_connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 async fn run(
     gw: Arc<Gateway>,
-    listener: TcpListener,
-    admin: TcpListener,
+    listeners: Listeners,
     shutdown: CancellationToken,
+    mut tasks: JoinSet<()>,
 ) {
+    let server_policy = gw.live.load().policy.server.clone();
     let graceful = GracefulShutdown::new();
-    let deadlines = tokio::spawn(deadline_task(gw.clone(), shutdown.clone()));
+    tasks.spawn(deadline_task(gw.clone(), shutdown.clone()));
     let window = gw.live.load().policy.telemetry.fairness_window;
-    let fairness = tokio::spawn(fairness_task(gw.clone(), shutdown.clone(), window));
+    tasks.spawn(fairness_task(gw.clone(), shutdown.clone(), window));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(server_policy.header_read_timeout);
     builder.http2().timer(TokioTimer::new());
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                let gw2 = gw.clone();
-                let svc = service_fn(move |req| {
-                    let gw = gw2.clone();
-                    async move { Ok::<_, Infallible>(route(gw, req).await) }
-                });
-                match gw.tls.load_full() {
+    let edge = TowerToHyperService::new(edge(gw.clone(), server_policy.max_requests));
+    let conn_slots = Arc::new(Semaphore::new(server_policy.max_connections));
+    let mut api_conns = JoinSet::new();
+    let mut admin_conns = JoinSet::new();
+    let accept_error = || {
+        gw.metrics
+            .edge
+            .accept_errors
+            .fetch_add(1, Ordering::Relaxed);
+    };
+    let api = accept_loop(
+        &listeners.api,
+        shutdown.cancelled(),
+        "client listener",
+        accept_error,
+        |stream: TcpStream, peer| {
+            let Ok(permit) = conn_slots.clone().try_acquire_owned() else {
+                // At the cap: close at once; the client sees a reset.
+                gw.metrics
+                    .edge
+                    .refused_connections
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, "connection refused: max_connections reached");
+                return;
+            };
+            gw.metrics
+                .edge
+                .open_connections
+                .fetch_add(1, Ordering::Relaxed);
+            let slot = ConnSlot {
+                _permit: permit,
+                gw: gw.clone(),
+            };
+            let builder = builder.clone();
+            let svc = edge.clone();
+            let watcher = graceful.watcher();
+            let tls = gw.tls.load_full();
+            while api_conns.try_join_next().is_some() {}
+            api_conns.spawn(async move {
+                let _slot = slot;
+                match tls {
                     None => {
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                        tokio::spawn(graceful.watch(conn));
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                        let _ = watcher.watch(conn.into_owned()).await;
                     }
                     Some(config) => {
                         // The handshake runs in the connection's own task, so a
                         // slow client never holds up the accept loop.
-                        let builder = builder.clone();
-                        let watcher = graceful.watcher();
-                        tokio::spawn(async move {
-                            let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
-                            match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, accept).await {
-                                Ok(Ok(tls_stream)) => {
-                                    let conn = builder
-                                        .serve_connection(TokioIo::new(tls_stream), svc)
-                                        .into_owned();
-                                    let _ = watcher.watch(conn).await;
-                                }
-                                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
+                        match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, accept).await {
+                            Ok(Ok(tls_stream)) => {
+                                let conn =
+                                    builder.serve_connection(TokioIo::new(tls_stream), svc);
+                                let _ = watcher.watch(conn.into_owned()).await;
                             }
-                        });
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            }
+                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        }
                     }
                 }
-            }
-            accepted = admin.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+            });
+        },
+    );
+    let admin = accept_loop(
+        &listeners.admin,
+        shutdown.cancelled(),
+        "admin listener",
+        accept_error,
+        |stream: TcpStream, _| {
+            let gw = gw.clone();
+            let svc = service_fn(move |req| {
                 let gw = gw.clone();
-                let svc = service_fn(move |req| {
-                    let gw = gw.clone();
-                    async move { Ok::<_, Infallible>(admin::route(gw, req).await) }
-                });
-                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                tokio::spawn(graceful.watch(conn));
-            }
-        }
-    }
+                async move { Ok::<_, Infallible>(admin::route(gw, req).await) }
+            });
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            let conn = graceful.watch(conn.into_owned());
+            while admin_conns.try_join_next().is_some() {}
+            admin_conns.spawn(async move {
+                let _ = conn.await;
+            });
+        },
+    );
+    tokio::join!(api, admin);
     gw.draining.store(true, Ordering::Relaxed);
-    drop(listener);
-    drop(admin);
+    drop(listeners);
     let drain = gw.live.load().policy.server.drain_timeout;
     tracing::info!(?drain, "draining");
     if tokio::time::timeout(drain, graceful.shutdown())
@@ -278,8 +490,12 @@ async fn run(
     {
         tracing::warn!("drain timeout passed with requests still in flight");
     }
-    deadlines.abort();
-    fairness.abort();
+    // Whatever the drain left is cut; every task is joined before return.
+    api_conns.abort_all();
+    admin_conns.abort_all();
+    while api_conns.join_next().await.is_some() {}
+    while admin_conns.join_next().await.is_some() {}
+    while tasks.join_next().await.is_some() {}
     gw.pollers.lock().stop_all();
     for (_, h) in gw.sims.lock().drain(..) {
         drop(h);
@@ -338,7 +554,7 @@ async fn deadline_task(gw: Arc<Gateway>, shutdown: CancellationToken) {
     }
 }
 
-async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody> {
+async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
             dispatch::handle(gw, req).await

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -85,6 +86,53 @@ struct Registry {
     reloads: BTreeMap<&'static str, u64>,
 }
 
+impl EdgeCounters {
+    fn encode(&self, w: &mut String) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        header(
+            w,
+            "fairway_listener_refusals_total",
+            "counter",
+            "Connections and requests the client listener refused at its caps ([server] max_connections, max_requests).",
+        );
+        let _ = writeln!(
+            w,
+            "fairway_listener_refusals_total{{limit=\"connections\"}} {}",
+            get(&self.refused_connections)
+        );
+        let _ = writeln!(
+            w,
+            "fairway_listener_refusals_total{{limit=\"requests\"}} {}",
+            get(&self.refused_requests)
+        );
+        header(
+            w,
+            "fairway_open_connections",
+            "gauge",
+            "Client connections open now.",
+        );
+        let _ = writeln!(
+            w,
+            "fairway_open_connections {}",
+            get(&self.open_connections)
+        );
+        header(
+            w,
+            "fairway_panics_total",
+            "counter",
+            "Handler panics answered with a 500.",
+        );
+        let _ = writeln!(w, "fairway_panics_total {}", get(&self.panics));
+        header(
+            w,
+            "fairway_accept_errors_total",
+            "counter",
+            "Failed accepts on the client and admin listeners (out of file descriptors and the like).",
+        );
+        let _ = writeln!(w, "fairway_accept_errors_total {}", get(&self.accept_errors));
+    }
+}
+
 /// Scheduler state read at scrape time.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -130,6 +178,25 @@ pub struct BackendGauges {
 #[derive(Debug, Default)]
 pub struct Metrics {
     inner: Mutex<Registry>,
+    /// The client listener's edge counters: plain atomics, off the
+    /// registry's lock, since they move on every connection.
+    pub edge: EdgeCounters,
+}
+
+/// What the client listener's edge did by itself, before a request reached
+/// the scheduling path.
+#[derive(Debug, Default)]
+pub struct EdgeCounters {
+    /// Connections closed at accept: `[server] max_connections` reached.
+    pub refused_connections: AtomicU64,
+    /// Requests answered 503: `[server] max_requests` reached.
+    pub refused_requests: AtomicU64,
+    /// Client connections open now.
+    pub open_connections: AtomicU64,
+    /// Handler panics turned into a 500.
+    pub panics: AtomicU64,
+    /// Failed `accept` calls (out of file descriptors and the like).
+    pub accept_errors: AtomicU64,
 }
 
 fn key(tenant: &str, model: &str) -> TM {
@@ -330,6 +397,7 @@ impl Metrics {
             );
         }
         drop(g);
+        self.edge.encode(w);
 
         type Get = fn(&TenantGauges) -> Option<f64>;
         let per_tenant: [(&str, &str, &str, Get); 7] = [

@@ -784,6 +784,9 @@ fn minimal_file_gets_every_default() {
             drain_timeout: Duration::from_secs(30),
             trust_tenant_header: None,
             tls: None,
+            max_connections: 4096,
+            max_requests: 4096,
+            header_read_timeout: Duration::from_secs(10),
         },
         poller: PollerPolicy {
             interval: Duration::from_millis(250),

@@ -35,6 +35,9 @@ fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
             drain_timeout: Duration::from_secs(1),
             trust_tenant_header: None,
             tls: None,
+            max_connections: 4096,
+            max_requests: 4096,
+            header_read_timeout: Duration::from_secs(10),
         },
         poller: PollerPolicy {
             interval: Duration::from_millis(250),
