@@ -496,12 +496,6 @@ async fn run(
 ) -> Result<(Response<hyper::body::Incoming>, Mode), ApiError> {
     let tenant = authenticate(live, req.headers())?;
     ticket.tenant = Some(tenant);
-    // Debug builds only: lets the tests check that a handler panic becomes
-    // a 500 with one recorded outcome.
-    #[cfg(debug_assertions)]
-    if req.headers().contains_key("x-fairway-debug-panic") {
-        panic!("x-fairway-debug-panic");
-    }
     let path = req.uri().path().to_owned();
     let (parts, body) = read_body(req, live.policy.server.max_body_bytes).await?;
     let info = openai::parse(&body)?;
@@ -513,6 +507,12 @@ async fn run(
     ticket.prompt_estimate = info.prompt_tokens;
     ticket.max_tokens = info.max_tokens;
     ticket.stream_requested = info.stream;
+    // Debug builds only: lets the tests check that a handler panic becomes
+    // a 500 with one recorded outcome.
+    #[cfg(debug_assertions)]
+    if parts.headers.contains_key("x-fairway-debug-panic") {
+        panic!("x-fairway-debug-panic");
+    }
     let pool_policy = &live.policy.pools[pool_index];
     let is_embedding = path.ends_with("/embeddings");
     let arrival = Arrival {

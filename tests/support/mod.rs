@@ -2,19 +2,23 @@
 //! 0, and a small HTTP client over real TCP.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use fairway::config::parse_policy;
 use fairway::proxy::server::{PolicySource, Server};
 use fairway::sim::backend::{SimBackend, SimHandle};
-use http::{Request, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -196,3 +200,46 @@ pub fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// What a [`recorder`] received: each request's headers and body.
+pub type Seen = Arc<Mutex<Vec<(http::HeaderMap, Bytes)>>>;
+
+/// A server on port 0 that records every request and answers `reply`.
+pub async fn recorder(reply: &'static str) -> (SocketAddr, Seen) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let s = s.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let s = s.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body = body
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        s.lock().unwrap().push((parts.headers, body));
+                        let mut resp =
+                            Response::new(Full::new(Bytes::from_static(reply.as_bytes())));
+                        resp.headers_mut()
+                            .insert("content-type", "application/json".parse().unwrap());
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+

@@ -1,0 +1,361 @@
+//! The client edge, against a real gateway over real TCP: request ids, a
+//! handler panic, the listener's request and connection caps, the
+//! header-read timeout, and accept errors at the fd limit.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use support::*;
+
+const M: &str = "m";
+const KEY: &str = "sk-edge";
+
+fn policy(server_extra: &str, backend: &str) -> String {
+    format!(
+        "{SERVER}{server_extra}\n[[pools]]\nmodel = \"{M}\"\n[[pools.backends]]\nurl = \"http://{backend}\"\nmetrics = \"none\"\n\
+         [[tenants]]\nname = \"a\"\napi_keys = [\"{KEY}\"]\n"
+    )
+}
+
+const COMPLETION: &str = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#;
+
+async fn scrape(gw: &fairway::proxy::server::Server) -> String {
+    get(&client(), format!("http://{}/metrics", gw.admin_addr()))
+        .await
+        .text()
+}
+
+fn request_id(r: &Reply) -> String {
+    r.headers
+        .get("x-request-id")
+        .expect("every response carries x-request-id")
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn request_id_is_kept_or_made_returned_on_every_response_and_sent_to_the_backend() {
+    let (backend, seen) = recorder(COMPLETION).await;
+    let gw = gateway(&policy("", &backend.to_string()), &[]).await;
+    let c = client();
+    let posted = || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(h, _)| h.contains_key("content-length"))
+            .map(|(h, _)| h.get("x-request-id").map(|v| v.to_str().unwrap().to_owned()))
+            .unwrap()
+    };
+
+    // Given: kept, returned, and sent to the backend.
+    let mut req = post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false));
+    req.headers_mut()
+        .insert("x-request-id", "client-id-1".parse().unwrap());
+    let r = send(&c, req).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(request_id(&r), "client-id-1");
+    assert_eq!(posted().as_deref(), Some("client-id-1"));
+
+    // Absent: made (32 hex digits), returned, and the same at the backend.
+    let r = send(
+        &c,
+        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let made = request_id(&r);
+    assert_eq!(made.len(), 32, "{made}");
+    assert!(made.bytes().all(|b| b.is_ascii_hexdigit()), "{made}");
+    assert_eq!(posted().as_deref(), Some(made.as_str()));
+
+    // Unusable (a space, too long): replaced by a made one.
+    for bad in ["has space", &"x".repeat(200)] {
+        let mut req = post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false));
+        req.headers_mut().insert("x-request-id", bad.parse().unwrap());
+        let r = send(&c, req).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(request_id(&r).len(), 32);
+    }
+
+    // Errors carry it too: 401, 404 (model and path), 400, 413 (refused at
+    // the edge by Content-Length, before the handler).
+    let errors = [
+        post(gw.addr(), "/v1/chat/completions", None, chat(M, 4, false)),
+        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat("nope", 4, false)),
+        post(gw.addr(), "/v1/nowhere", Some(KEY), chat(M, 4, false)),
+        post(gw.addr(), "/v1/chat/completions", Some(KEY), "{not json"),
+        post(gw.addr(), "/v1/chat/completions", Some(KEY), vec![b' '; 70_000]),
+    ];
+    let mut statuses = Vec::new();
+    for (i, mut req) in errors.into_iter().enumerate() {
+        let id = format!("err-{i}");
+        req.headers_mut().insert("x-request-id", id.parse().unwrap());
+        let r = send(&c, req).await;
+        assert_eq!(request_id(&r), id, "status {}", r.status);
+        statuses.push(r.status.as_u16());
+    }
+    assert_eq!(statuses, [401, 404, 404, 400, 413]);
+    // The edge's 413 is one recorded outcome like any other.
+    let m = scrape(&gw).await;
+    assert_eq!(
+        metric(
+            &m,
+            "fairway_requests_total{tenant=\"unknown\",model=\"unknown\",outcome=\"refused\",reason=\"body_too_large\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_handler_panic_is_a_500_with_one_outcome_and_the_gateway_keeps_serving() {
+    let b = sim(M, 8).await;
+    let gw = gateway(&policy("", &b.addr().to_string()), &[]).await;
+    let c = client();
+    let mut req = post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false));
+    req.headers_mut()
+        .insert("x-fairway-debug-panic", "1".parse().unwrap());
+    req.headers_mut()
+        .insert("x-request-id", "panic-1".parse().unwrap());
+    let r = send(&c, req).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.json()["error"]["type"], "server_error");
+    assert_eq!(request_id(&r), "panic-1");
+
+    // The gateway still serves, on a new connection and the same client.
+    let r = send(
+        &c,
+        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let m = scrape(&gw).await;
+    promtool_check(&m);
+    assert_eq!(metric(&m, "fairway_panics_total"), Some(1.0));
+    assert_eq!(
+        metric(
+            &m,
+            "fairway_requests_total{tenant=\"a\",model=\"m\",outcome=\"error\""
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    // Two requests, two outcomes: the panic was counted once.
+    assert_eq!(metric_sum(&m, "fairway_requests_total{"), 2.0, "{m}");
+}
+
+#[tokio::test]
+async fn the_request_cap_answers_503_while_streams_hold_it_then_serves_again() {
+    let b = sim(M, 8).await;
+    let gw = gateway(&policy("max_requests = 2", &b.addr().to_string()), &[]).await;
+    let c = client();
+    // Two long streams hold both slots until their bodies end.
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let resp = open(
+            &c,
+            post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 400, true)),
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        streams.push(resp);
+    }
+    let r = send(
+        &c,
+        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false)),
+    )
+    .await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["code"], "overloaded");
+    assert_eq!(r.headers["retry-after"], "1");
+    for s in streams {
+        let body = s.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+    }
+    let r = send(
+        &c,
+        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let m = scrape(&gw).await;
+    assert_eq!(
+        metric(&m, "fairway_listener_refusals_total{limit=\"requests\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&m, "fairway_requests_total{tenant=\"unknown\",model=\"unknown\",outcome=\"shed\""),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+/// Reads until EOF or error; true when the server closed without a byte.
+fn closed_without_answer(s: &mut std::net::TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+    }
+}
+
+const RAW_REQUEST: &[u8] = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n";
+
+#[tokio::test]
+async fn the_connection_cap_closes_extra_connections_and_the_gateway_keeps_serving() {
+    let b = sim(M, 8).await;
+    let gw = gateway(&policy("max_connections = 2", &b.addr().to_string()), &[]).await;
+    let addr = gw.addr();
+    let gw_metrics = gw.admin_addr();
+    tokio::task::spawn_blocking(move || {
+        // Two idle connections take both slots.
+        let idle: Vec<_> = (0..2)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut third = std::net::TcpStream::connect(addr).unwrap();
+        let _ = third.write_all(RAW_REQUEST);
+        assert!(closed_without_answer(&mut third));
+        drop(idle);
+    })
+    .await
+    .unwrap();
+    // Once the idle ones close, a new connection is served.
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            models_status(addr).await == Some(200)
+        })
+        .await
+    );
+    let m = get(&client(), format!("http://{gw_metrics}/metrics"))
+        .await
+        .text();
+    assert!(metric(&m, "fairway_listener_refusals_total{limit=\"connections\"}").unwrap() >= 1.0);
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_finish_its_headers_is_closed_at_the_header_read_timeout() {
+    let b = sim(M, 8).await;
+    let gw = gateway(
+        &policy("header_read_timeout = \"300ms\"", &b.addr().to_string()),
+        &[],
+    )
+    .await;
+    let addr = gw.addr();
+    let waited = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n").unwrap();
+        let start = std::time::Instant::now();
+        let mut buf = Vec::new();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = s.read_to_end(&mut buf);
+        (start.elapsed(), buf)
+    })
+    .await
+    .unwrap();
+    assert!(waited.0 < Duration::from_secs(3), "held for {:?}", waited.0);
+    // Either a bare close or hyper's 408; never a served request.
+    let text = String::from_utf8_lossy(&waited.1);
+    assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+}
+
+/// `GET /v1/models` on a fresh client; `None` when the connection fails.
+async fn models_status(addr: std::net::SocketAddr) -> Option<u16> {
+    let req = http::Request::get(format!("http://{addr}/v1/models"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(2), client().request(req)).await;
+    Some(r.ok()?.ok()?.status().as_u16())
+}
+
+/// CPU seconds (user + system) a process has used, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which is in parentheses).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+#[tokio::test]
+async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "CI must have prlimit");
+        eprintln!("prlimit not installed; skipping");
+        return;
+    }
+    let b = sim(M, 8).await;
+    let dir = std::env::temp_dir().join(format!("fairway-edge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("policy.toml");
+    std::fs::write(&path, policy("max_connections = 10000", &b.addr().to_string())).unwrap();
+    let mut child = Command::new("prlimit")
+        .args(["--nofile=64:64", env!("CARGO_BIN_EXE_fairway")])
+        .args(["serve", "--config", path.to_str().unwrap(), "--watch-interval", "0s"])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    // Kept open to the end: the gateway prints more lines after this one.
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    let addrs: Vec<std::net::SocketAddr> = line
+        .split("http://")
+        .skip(1)
+        .map(|s| {
+            s.trim_end_matches(|c: char| !c.is_ascii_digit())
+                .split(|c: char| c.is_whitespace() || c == ')')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let (addr, admin) = (addrs[0], addrs[1]);
+    let pid = child.id();
+    let outcome = tokio::task::spawn_blocking(move || {
+        // More idle connections than the gateway has descriptors: the
+        // kernel completes them all, the gateway cannot accept the rest.
+        let idle: Vec<_> = (0..100)
+            .filter_map(|_| std::net::TcpStream::connect(addr).ok())
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let before = cpu_seconds(pid);
+        std::thread::sleep(Duration::from_secs(2));
+        let used = cpu_seconds(pid) - before;
+        drop(idle);
+        used
+    })
+    .await
+    .unwrap();
+    // Without back-off this is ~2 s (a core spinning on accept4).
+    eprintln!("CPU {outcome}");
+    assert!(outcome < 0.4, "gateway used {outcome:.2} CPU-s in 2 s at the fd limit");
+    // Once descriptors free up, it serves again and has counted the errors.
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            models_status(addr).await == Some(200)
+        })
+        .await
+    );
+    let m = get(&client(), format!("http://{admin}/metrics")).await.text();
+    eprintln!("ERR {:?}", metric(&m, "fairway_accept_errors_total"));
+    assert!(metric(&m, "fairway_accept_errors_total").unwrap() >= 1.0, "{m}");
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(stdout);
+}
