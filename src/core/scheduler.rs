@@ -27,7 +27,6 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use crate::config::{Discipline, Policy, PreemptionPolicy, Priority, Strategy};
 use crate::core::accounting::GpuClock;
 use crate::core::admission::{Bucket, LimitKind, Refusal};
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
@@ -35,6 +34,7 @@ use crate::core::queue::FairQueue;
 use crate::core::queue::cost::{PoolCapacity, Work, cost};
 use crate::core::reading::Reading;
 use crate::core::routing::{Candidate, pick};
+use crate::core::spec::{Discipline, PreemptionSpec, Priority, SchedulerSpec, Strategy};
 use crate::core::time::Instant;
 
 /// Output tokens assumed for a request that gives no `max_tokens`.
@@ -279,7 +279,7 @@ pub struct Scheduler {
     max_queued_per_tenant: u32,
     output_token_weight: f64,
     stale_after: Duration,
-    preemption: PreemptionPolicy,
+    preemption: PreemptionSpec,
     /// When a queued interactive request that found no slot reaches
     /// `min_wait` and may preempt: `on_tick` looks again then.
     preempt_check: Option<Instant>,
@@ -288,9 +288,9 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// A scheduler for `policy`, with all state fresh at `now`. `seed` makes
+    /// A scheduler for `spec`, with all state fresh at `now`. `seed` makes
     /// random tie-breaks reproducible.
-    pub fn new(policy: &Policy, now: Instant, seed: u64) -> Self {
+    pub fn new(spec: &SchedulerSpec, now: Instant, seed: u64) -> Self {
         let mut s = Scheduler {
             tenants: Vec::new(),
             tenant_by_name: HashMap::new(),
@@ -300,36 +300,36 @@ impl Scheduler {
             backend_by_name: HashMap::new(),
             requests: Slab::default(),
             deadlines: BTreeSet::new(),
-            discipline: policy.queue.discipline,
-            max_wait: policy.queue.max_wait,
-            max_queued_per_tenant: policy.queue.max_queued_per_tenant,
-            output_token_weight: policy.queue.output_token_weight,
-            stale_after: policy.poller.interval * 3,
-            preemption: policy.preemption.clone(),
+            discipline: spec.queue.discipline,
+            max_wait: spec.queue.max_wait,
+            max_queued_per_tenant: spec.queue.max_queued_per_tenant,
+            output_token_weight: spec.queue.output_token_weight,
+            stale_after: spec.stale_after,
+            preemption: spec.preemption.clone(),
             preempt_check: None,
             rng: SmallRng::seed_from_u64(seed),
             scratch: Vec::new(),
         };
-        s.apply_policy(policy, now);
+        s.apply_policy(spec, now);
         s
     }
 
-    /// Reconciles with a new policy by name: unchanged tenants, pools and
+    /// Reconciles with a new spec by name: unchanged tenants, pools and
     /// backends keep their state; new ones start fresh; removed ones are
     /// retired (never routed to again; in-flight requests end normally).
     /// Requests queued in a removed pool are shed.
-    pub fn apply_policy(&mut self, policy: &Policy, now: Instant) -> Vec<Decision> {
-        self.discipline = policy.queue.discipline;
-        self.max_wait = policy.queue.max_wait;
-        self.max_queued_per_tenant = policy.queue.max_queued_per_tenant;
-        self.output_token_weight = policy.queue.output_token_weight;
-        self.stale_after = policy.poller.interval * 3;
-        self.preemption = policy.preemption.clone();
+    pub fn apply_policy(&mut self, spec: &SchedulerSpec, now: Instant) -> Vec<Decision> {
+        self.discipline = spec.queue.discipline;
+        self.max_wait = spec.queue.max_wait;
+        self.max_queued_per_tenant = spec.queue.max_queued_per_tenant;
+        self.output_token_weight = spec.queue.output_token_weight;
+        self.stale_after = spec.stale_after;
+        self.preemption = spec.preemption.clone();
 
         for t in &mut self.tenants {
             t.retired = true;
         }
-        for tp in &policy.tenants {
+        for tp in &spec.tenants {
             let id = self.tenant_entry(&tp.name);
             let t = &mut self.tenants[id.0 as usize];
             t.retired = false;
@@ -344,7 +344,7 @@ impl Scheduler {
                 .gpu_seconds_per_hour
                 .map(|per_hour| reconfigured(t.gpu.take(), now, per_hour, per_hour / 3600.0));
         }
-        if policy.tenants.is_empty() {
+        if spec.tenants.is_empty() {
             // No tenants declared: auth is off and everyone is "default".
             let id = self.tenant_entry("default");
             self.tenants[id.0 as usize].retired = false;
@@ -356,17 +356,17 @@ impl Scheduler {
         for b in &mut self.backends {
             b.retired = true;
         }
-        for pp in &policy.pools {
+        for pp in &spec.pools {
             let pid = *self
                 .pool_by_model
                 .entry(pp.model.clone())
                 .or_insert_with(|| {
                     self.pools.push(PoolState {
                         model: pp.model.clone(),
-                        strategy: pp.routing,
+                        strategy: pp.strategy,
                         kv_high_watermark: pp.kv_high_watermark,
                         ttft_p99_threshold: pp.ttft_p99_threshold,
-                        queue: FairQueue::new(policy.queue.discipline),
+                        queue: FairQueue::new(spec.queue.discipline),
                         backends: Vec::new(),
                         rr_cursor: 0,
                         gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
@@ -414,7 +414,7 @@ impl Scheduler {
             }
             let p = &mut self.pools[pid.0 as usize];
             p.retired = false;
-            p.strategy = pp.routing;
+            p.strategy = pp.strategy;
             p.kv_high_watermark = pp.kv_high_watermark;
             p.ttft_p99_threshold = pp.ttft_p99_threshold;
             p.backends = members;
