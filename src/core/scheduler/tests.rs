@@ -1,4 +1,5 @@
 use super::*;
+use crate::core::admission::LimitKind;
 use crate::core::spec::{
     BackendSpec, Discipline, PoolSpec, PreemptionSpec, Priority, QueueSpec, SchedulerSpec,
     Strategy, TenantSpec,
