@@ -47,7 +47,7 @@ fn saturated(
 ) {
     let policy = parse_policy(&policy_text(tenants, backends), "bench.toml")
         .unwrap_or_else(|_| panic!("bench policy"));
-    let mut s = Scheduler::new(&policy, Instant::ZERO, 1);
+    let mut s = Scheduler::new(&policy.scheduler_spec(), Instant::ZERO, 1);
     let pool = s.pool("m").unwrap_or_else(|| panic!("pool"));
     let ids: Vec<_> = (0..tenants)
         .map(|t| {

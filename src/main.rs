@@ -551,11 +551,7 @@ fn replay(a: ReplayArgs) -> anyhow::Result<()> {
     let clock = fairway::clock::Clock::new();
     let mut runs = Vec::new();
     for (discipline, strategy) in variants(&policy, a.compare) {
-        let label = format!(
-            "{}/{}",
-            report::as_str(&discipline),
-            report::as_str(&strategy)
-        );
+        let label = format!("{discipline}/{strategy}");
         let opts = RunOptions {
             seed: a.source.seed,
             progress: Some(format!("replay {label}")),

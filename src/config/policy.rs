@@ -1,6 +1,10 @@
 //! The validated policy: what the rest of Fairway reads. Built only by
 //! [`crate::config::validate`]; every reference is resolved and every value
 //! is in range, so no consumer re-checks anything.
+//!
+//! The closed sets of policies ([`Discipline`], [`Strategy`], [`Priority`])
+//! belong to the core and are re-exported here; [`Policy::scheduler_spec`]
+//! is the part of the policy the core's scheduler reads.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,7 +12,14 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::core::spec::{
+    BackendSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
+};
+pub use crate::core::spec::{Discipline, Priority, Strategy};
 use crate::sim::engine::EngineParams;
+
+/// Readings older than this many poll intervals are stale.
+const STALE_AFTER_INTERVALS: u32 = 3;
 
 /// The whole validated policy file.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -88,6 +99,7 @@ pub struct PollerPolicy {
 /// `[queue]`: the fair queue.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct QueuePolicy {
+    #[serde(serialize_with = "as_display")]
     pub discipline: Discipline,
     /// A request not dispatched within this time is shed with 503.
     #[serde(with = "humantime_serde_compat")]
@@ -113,35 +125,11 @@ pub struct PreemptionPolicy {
     pub migration_threshold: Duration,
 }
 
-/// The fair-queue order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Discipline {
-    /// Arrival order across all tenants (baseline).
-    Fifo,
-    /// Strict priority by tenant class, FIFO within (baseline; starves).
-    Priority,
-    /// Virtual-time fair queueing, cost in tokens.
-    Wfq,
-    /// Virtual-time fair queueing, cost in dominant share (default).
-    Drf,
-}
-
-/// How a backend is picked within a pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Strategy {
-    LeastOutstanding,
-    P2c,
-    RoundRobin,
-    Random,
-    Pack,
-}
-
 /// `[[pools]]`: the backends serving one model.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PoolPolicy {
     pub model: String,
+    #[serde(serialize_with = "as_display")]
     pub routing: Strategy,
     /// Time allowed for a backend's response headers (default 60 s).
     #[serde(with = "humantime_serde_compat")]
@@ -206,14 +194,6 @@ pub enum MetricsDialect {
     None,
 }
 
-/// Tenant class for the `priority` discipline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    Interactive,
-    Batch,
-}
-
 /// `[[tenants]]`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TenantPolicy {
@@ -222,6 +202,7 @@ pub struct TenantPolicy {
     #[serde(skip)]
     pub key_digests: Vec<[u8; 32]>,
     pub weight: f64,
+    #[serde(serialize_with = "as_display")]
     pub priority: Priority,
     /// Requests per second (refill of the request bucket); `None` = unlimited.
     pub rate: Option<f64>,
@@ -241,6 +222,69 @@ pub struct Slo {
     pub ttft: Duration,
     #[serde(with = "humantime_serde_compat")]
     pub e2e: Duration,
+}
+
+impl Policy {
+    /// What the core's scheduler is configured with. A reading goes stale
+    /// after three poll intervals.
+    pub fn scheduler_spec(&self) -> SchedulerSpec {
+        SchedulerSpec {
+            queue: QueueSpec {
+                discipline: self.queue.discipline,
+                max_wait: self.queue.max_wait,
+                max_queued_per_tenant: self.queue.max_queued_per_tenant,
+                output_token_weight: self.queue.output_token_weight,
+            },
+            preemption: PreemptionSpec {
+                enabled: self.preemption.enabled,
+                min_wait: self.preemption.min_wait,
+                migration_threshold: self.preemption.migration_threshold,
+            },
+            stale_after: self.poller.interval * STALE_AFTER_INTERVALS,
+            tenants: self
+                .tenants
+                .iter()
+                .map(|t| TenantSpec {
+                    name: t.name.clone(),
+                    weight: t.weight,
+                    priority: t.priority,
+                    rate: t.rate,
+                    burst: t.burst,
+                    max_concurrency: t.max_concurrency,
+                    gpu_seconds_per_hour: t.gpu_seconds_per_hour,
+                })
+                .collect(),
+            pools: self
+                .pools
+                .iter()
+                .map(|p| PoolSpec {
+                    model: p.model.clone(),
+                    strategy: p.routing,
+                    kv_high_watermark: p.kv_high_watermark,
+                    ttft_p99_threshold: p.ttft_p99_threshold,
+                    backends: p
+                        .backends
+                        .iter()
+                        .map(|b| BackendSpec {
+                            name: b.name.clone(),
+                            gpus: b.gpus,
+                            max_inflight: b.max_inflight,
+                            kv_tokens: b.kv_tokens,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Serialises a core enum as its policy-file spelling (`"drf"`), as
+/// `/admin/policy` and the replay report show it.
+pub(crate) fn as_display<T: std::fmt::Display, S: serde::Serializer>(
+    v: &T,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
 }
 
 /// Serialises durations as humantime strings ("250ms") for `/admin/policy`.

@@ -91,7 +91,7 @@ pub fn summary(policy: &Policy) -> String {
         plural(backends, "backend"),
         simulated,
         tenants,
-        discipline_name(policy.queue.discipline),
+        policy.queue.discipline,
     )
 }
 
@@ -143,13 +143,6 @@ const DISCIPLINES: &[(&str, Discipline)] = &[
     ("wfq", Discipline::Wfq),
     ("drf", Discipline::Drf),
 ];
-
-fn discipline_name(d: Discipline) -> &'static str {
-    DISCIPLINES
-        .iter()
-        .find(|(_, v)| *v == d)
-        .map_or("?", |(name, _)| name)
-}
 
 fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> Policy {
     r.check_keys(root, ROOT_KEYS);

@@ -120,7 +120,7 @@ async fn reload_inner(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
     {
         let now = gw.clock.now();
         let mut core = gw.core.lock();
-        let decisions = core.sched.apply_policy(&policy, now);
+        let decisions = core.sched.apply_policy(&policy.scheduler_spec(), now);
         let live = derive_live(policy.clone(), &core.sched, &sims, &text, unix_time());
         gw.live.store(Arc::new(live));
         core.deliver(decisions, None);

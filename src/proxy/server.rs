@@ -156,7 +156,7 @@ impl Server {
             .iter()
             .map(|(n, h)| (n.clone(), h.addr().to_string()))
             .collect();
-        let sched = Scheduler::new(&policy, clock.now(), rand::random());
+        let sched = Scheduler::new(&policy.scheduler_spec(), clock.now(), rand::random());
         let tracer = otlp_exporter(&policy);
         let fairness = FairnessMeter::new(policy.telemetry.fairness_window);
         let live = derive_live(

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::config::policy::as_display;
 use crate::config::{Discipline, Strategy};
 use crate::replay::sim::{Outcome, Trace};
 
@@ -31,7 +32,9 @@ pub struct TenantReport {
 /// One run's figures.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunReport {
+    #[serde(serialize_with = "as_display")]
     pub discipline: Discipline,
+    #[serde(serialize_with = "as_display")]
     pub strategy: Strategy,
     /// Jain's index of backlogged tenants' weighted service, over the
     /// periods they were backlogged together (`null`: never two backlogged
@@ -138,8 +141,8 @@ pub fn table(runs: &[RunReport]) -> String {
             let head = if i == 0 {
                 format!(
                     "{:<9} {:<17} {:>6} {:>5.0}% {:>7.2} {:>7}",
-                    as_str(&r.discipline),
-                    as_str(&r.strategy),
+                    r.discipline.as_str(),
+                    r.strategy.as_str(),
                     r.jain.map_or("-".into(), |j| format!("{j:.3}")),
                     r.utilisation * 100.0,
                     r.goodput_rps,
@@ -174,14 +177,6 @@ fn secs(v: Option<f64>) -> String {
         Some(x) if x < 1.0 => format!("{:.0}ms", x * 1e3),
         Some(x) => format!("{x:.2}s"),
     }
-}
-
-/// A serde enum's snake_case name.
-pub fn as_str<T: Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|j| j.as_str().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 /// The `--json` document: `{"runs": [...]}`.

@@ -147,7 +147,7 @@ struct Sim<'p> {
 
 impl<'p> Sim<'p> {
     fn new(policy: &'p Policy, workload: &[WorkRequest], opts: &RunOptions) -> Self {
-        let sched = Scheduler::new(policy, Instant::ZERO, opts.seed);
+        let sched = Scheduler::new(&policy.scheduler_spec(), Instant::ZERO, opts.seed);
         let mut backends = Vec::new();
         for b in sched.backends() {
             let name = sched.backend_name(b);

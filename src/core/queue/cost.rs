@@ -13,7 +13,7 @@
 //! GPU-seconds from the pool's running per-token average) and the actual
 //! usage at completion (output = completion tokens, measured GPU-seconds).
 
-use crate::config::Discipline;
+use crate::core::spec::Discipline;
 
 /// The pool capacity that shares are taken of.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -25,8 +25,8 @@ pub mod cost;
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::config::{Discipline, Priority};
 use crate::core::ids::{RequestId, TenantId};
+use crate::core::spec::{Discipline, Priority};
 
 /// Ordering key: class first (priority), then counter or arrival sequence.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -9,8 +9,8 @@
 
 use rand::Rng;
 
-use crate::config::Strategy;
 use crate::core::ids::BackendId;
+use crate::core::spec::Strategy;
 
 /// A backend that may take a request now.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -1,86 +1,57 @@
 use super::*;
-use crate::config::Strategy;
-use crate::config::TelemetryPolicy;
-use crate::config::*;
-use crate::sim::engine::EngineParams;
+use crate::core::admission::LimitKind;
+use crate::core::spec::{
+    BackendSpec, Discipline, PoolSpec, PreemptionSpec, Priority, QueueSpec, SchedulerSpec,
+    Strategy, TenantSpec,
+};
 use proptest::prelude::{Strategy as PropStrategy, *};
 
 fn t(ms: u64) -> Instant {
     Instant::ZERO + Duration::from_millis(ms)
 }
 
-fn tenant(name: &str, weight: f64) -> TenantPolicy {
-    TenantPolicy {
+fn tenant(name: &str, weight: f64) -> TenantSpec {
+    TenantSpec {
         name: name.into(),
-        key_digests: vec![],
         weight,
         priority: Priority::Interactive,
         rate: None,
         burst: None,
         max_concurrency: None,
         gpu_seconds_per_hour: None,
-        slo: Slo {
-            ttft: Duration::from_secs(1),
-            e2e: Duration::from_secs(30),
-        },
     }
 }
 
-fn policy(backends: u32, window: u32, tenants: Vec<TenantPolicy>) -> Policy {
-    Policy {
-        server: ServerPolicy {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            admin_listen: "127.0.0.1:0".parse().unwrap(),
-            max_body_bytes: 1 << 20,
-            drain_timeout: Duration::from_secs(1),
-            trust_tenant_header: None,
-            tls: None,
-            max_connections: 4096,
-            max_requests: 4096,
-            header_read_timeout: Duration::from_secs(10),
-        },
-        poller: PollerPolicy {
-            interval: Duration::from_millis(250),
-            timeout: Duration::from_millis(250),
-        },
-        telemetry: TelemetryPolicy {
-            otlp_endpoint: None,
-            service_name: "fairway".into(),
-            fairness_window: Duration::from_secs(10),
-        },
-        queue: QueuePolicy {
+fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
+    SchedulerSpec {
+        queue: QueueSpec {
             discipline: Discipline::Drf,
             max_wait: Duration::from_secs(30),
             max_queued_per_tenant: 1000,
             output_token_weight: 1.0,
         },
-        preemption: PreemptionPolicy {
+        preemption: PreemptionSpec {
             enabled: true,
             min_wait: Duration::ZERO,
             migration_threshold: Duration::from_secs(300),
         },
-        pools: vec![PoolPolicy {
+        // Three poll intervals of 250 ms.
+        stale_after: Duration::from_millis(750),
+        tenants,
+        pools: vec![PoolSpec {
             model: "m".into(),
-            routing: Strategy::LeastOutstanding,
-            timeout: Duration::from_secs(60),
+            strategy: Strategy::LeastOutstanding,
             kv_high_watermark: 0.8,
             ttft_p99_threshold: Duration::from_millis(150),
             backends: (0..backends)
-                .map(|i| BackendPolicy {
+                .map(|i| BackendSpec {
                     name: format!("b{i}"),
-                    target: BackendTarget::Sim {
-                        params: EngineParams::default(),
-                    },
                     gpus: 1,
                     max_inflight: window,
-                    metrics: MetricsDialect::Vllm,
-                    metrics_url: None,
-                    health_path: "/health".into(),
                     kv_tokens: 65_536,
                 })
                 .collect(),
         }],
-        tenants,
     }
 }
 
@@ -105,7 +76,7 @@ fn dispatched(ds: &[Decision]) -> Vec<(RequestId, BackendId)> {
 
 #[test]
 fn windows_hold_requests_in_the_gateway_queue() {
-    let mut s = Scheduler::new(&policy(2, 2, vec![tenant("a", 1.0)]), t(0), 1);
+    let mut s = Scheduler::new(&spec(2, 2, vec![tenant("a", 1.0)]), t(0), 1);
     let mut running = Vec::new();
     for _ in 0..6 {
         let (_, ds) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
@@ -126,7 +97,7 @@ fn windows_hold_requests_in_the_gateway_queue() {
 #[test]
 fn weights_three_to_one_get_three_to_one_service() {
     let mut s = Scheduler::new(
-        &policy(1, 4, vec![tenant("a", 3.0), tenant("b", 1.0)]),
+        &spec(1, 4, vec![tenant("a", 3.0), tenant("b", 1.0)]),
         t(0),
         1,
     );
@@ -161,7 +132,7 @@ fn rate_limit_refuses_with_retry_after_that_works() {
     let mut p = tenant("a", 1.0);
     p.rate = Some(2.0);
     p.burst = Some(2.0);
-    let mut s = Scheduler::new(&policy(1, 100, vec![p]), t(0), 1);
+    let mut s = Scheduler::new(&spec(1, 100, vec![p]), t(0), 1);
     assert!(s.on_arrival(t(0), arrival(&s, "a")).is_ok());
     assert!(s.on_arrival(t(0), arrival(&s, "a")).is_ok());
     let refusal = s.on_arrival(t(0), arrival(&s, "a")).unwrap_err();
@@ -177,7 +148,7 @@ fn rate_limit_refuses_with_retry_after_that_works() {
 fn gpu_budget_in_debt_refuses_until_refilled() {
     let mut p = tenant("a", 1.0);
     p.gpu_seconds_per_hour = Some(3.6); // 1 ms of GPU per second
-    let mut s = Scheduler::new(&policy(1, 100, vec![p]), t(0), 1);
+    let mut s = Scheduler::new(&spec(1, 100, vec![p]), t(0), 1);
     let (id, ds) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
     assert_eq!(dispatched(&ds).len(), 1);
     // Runs alone on one GPU for 10 s: 10 GPU-seconds, far over the 3.6 budget.
@@ -200,7 +171,7 @@ fn gpu_budget_in_debt_refuses_until_refilled() {
 fn concurrency_cap_counts_queued_and_in_flight() {
     let mut p = tenant("a", 1.0);
     p.max_concurrency = Some(3);
-    let mut s = Scheduler::new(&policy(1, 1, vec![p]), t(0), 1);
+    let mut s = Scheduler::new(&spec(1, 1, vec![p]), t(0), 1);
     let (first, _) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
     s.on_arrival(t(0), arrival(&s, "a")).unwrap();
     s.on_arrival(t(0), arrival(&s, "a")).unwrap();
@@ -214,7 +185,7 @@ fn concurrency_cap_counts_queued_and_in_flight() {
 
 #[test]
 fn queued_request_past_max_wait_is_shed_and_cancel_leaves_at_once() {
-    let mut s = Scheduler::new(&policy(1, 1, vec![tenant("a", 1.0)]), t(0), 1);
+    let mut s = Scheduler::new(&spec(1, 1, vec![tenant("a", 1.0)]), t(0), 1);
     s.on_arrival(t(0), arrival(&s, "a")).unwrap();
     let (queued, ds) = s.on_arrival(t(0), arrival(&s, "a")).unwrap();
     assert!(ds.is_empty());
@@ -243,7 +214,7 @@ fn queued_request_past_max_wait_is_shed_and_cancel_leaves_at_once() {
 
 #[test]
 fn full_kv_reading_stops_routing_until_it_drains() {
-    let mut s = Scheduler::new(&policy(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    let mut s = Scheduler::new(&spec(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
     let b0 = s.backend("b0").unwrap();
     let b1 = s.backend("b1").unwrap();
     // One request on each, then b0 reports a full KV cache.
@@ -273,7 +244,7 @@ fn full_kv_reading_stops_routing_until_it_drains() {
 fn a_full_backend_gets_nothing_even_with_none_of_ours_on_it() {
     // Another gateway filled b0: a fresh reading says so, and nothing of
     // ours runs there. Requests go to b1; with both full they wait here.
-    let mut s = Scheduler::new(&policy(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    let mut s = Scheduler::new(&spec(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
     let (b0, b1) = (s.backend("b0").unwrap(), s.backend("b1").unwrap());
     let full = Reading {
         at: t(1),
@@ -304,7 +275,7 @@ fn a_full_backend_gets_nothing_even_with_none_of_ours_on_it() {
 
 #[test]
 fn without_fresh_readings_the_observed_ttft_steers_routing() {
-    let mut s = Scheduler::new(&policy(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    let mut s = Scheduler::new(&spec(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
     let (b0, b1) = (s.backend("b0").unwrap(), s.backend("b1").unwrap());
     let first = dispatched(&s.on_arrival(t(0), arrival(&s, "a")).unwrap().1);
     let second = dispatched(&s.on_arrival(t(0), arrival(&s, "a")).unwrap().1);
@@ -343,7 +314,7 @@ fn without_fresh_readings_the_observed_ttft_steers_routing() {
 #[test]
 fn a_failed_connection_ejects_and_redispatches_elsewhere() {
     let mut s = Scheduler::new(
-        &policy(2, 1, vec![tenant("a", 1.0), tenant("b", 1.0)]),
+        &spec(2, 1, vec![tenant("a", 1.0), tenant("b", 1.0)]),
         t(0),
         1,
     );
@@ -381,7 +352,7 @@ fn reload_keeps_state_of_unchanged_tenants() {
     let mut p = tenant("a", 1.0);
     p.rate = Some(1.0);
     p.burst = Some(1.0);
-    let pol = policy(1, 4, vec![p.clone(), tenant("b", 1.0)]);
+    let pol = spec(1, 4, vec![p.clone(), tenant("b", 1.0)]);
     let mut s = Scheduler::new(&pol, t(0), 1);
     s.on_arrival(t(0), arrival(&s, "a")).unwrap();
     let mut next = pol.clone();
@@ -426,7 +397,7 @@ proptest! {
         ts[2].max_concurrency = Some(5);
         // Batch: "a" and "b" preempt its young work.
         ts[2].priority = Priority::Batch;
-        let mut s = Scheduler::new(&policy(2, 2, ts), t(0), 7);
+        let mut s = Scheduler::new(&spec(2, 2, ts), t(0), 7);
         let names = ["a", "b", "c"];
         let mut now = 0u64;
         let mut open: Vec<RequestId> = Vec::new(); // admitted, not ended
@@ -505,7 +476,7 @@ proptest! {
 
 #[test]
 fn the_window_halves_on_an_engine_backlog_not_on_a_step_boundary() {
-    let mut s = Scheduler::new(&policy(1, 16, vec![tenant("a", 1.0)]), t(0), 1);
+    let mut s = Scheduler::new(&spec(1, 16, vec![tenant("a", 1.0)]), t(0), 1);
     let b0 = s.backend("b0").unwrap();
     let reading = |at, running, waiting| Reading {
         at: t(at),
@@ -551,8 +522,8 @@ fn the_window_halves_on_an_engine_backlog_not_on_a_step_boundary() {
     assert_eq!(window(&mut s, 6), 2);
 }
 
-fn batch(name: &str) -> TenantPolicy {
-    TenantPolicy {
+fn batch(name: &str) -> TenantSpec {
+    TenantSpec {
         priority: Priority::Batch,
         ..tenant(name, 1.0)
     }
@@ -569,8 +540,8 @@ fn preempted(ds: &[Decision]) -> Vec<RequestId> {
 
 /// One backend, window 2, full of `jobs` (batch) work dispatched at 0 and
 /// 10 ms; returns the scheduler and the two ids, oldest first.
-fn full_of_batch(edit: impl FnOnce(&mut Policy)) -> (Scheduler, [RequestId; 2]) {
-    let mut p = policy(1, 2, vec![batch("jobs"), tenant("app", 1.0)]);
+fn full_of_batch(edit: impl FnOnce(&mut SchedulerSpec)) -> (Scheduler, [RequestId; 2]) {
+    let mut p = spec(1, 2, vec![batch("jobs"), tenant("app", 1.0)]);
     edit(&mut p);
     let mut s = Scheduler::new(&p, t(0), 1);
     let (old, ds) = s.on_arrival(t(0), arrival(&s, "jobs")).unwrap();
@@ -652,7 +623,7 @@ fn a_preemption_waits_for_min_wait_and_the_tick_then_makes_it() {
 fn a_reload_that_makes_the_tenant_interactive_or_removes_it_protects_its_work() {
     // `jobs` becomes interactive: its in-flight work is no longer batch.
     let (mut s, _) = full_of_batch(|_| {});
-    let mut p = policy(1, 2, vec![tenant("jobs", 1.0), tenant("app", 1.0)]);
+    let mut p = spec(1, 2, vec![tenant("jobs", 1.0), tenant("app", 1.0)]);
     s.apply_policy(&p, t(15));
     let (_, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
     assert!(preempted(&ds).is_empty(), "{ds:?}");

@@ -1,0 +1,79 @@
+//! Admission: whether an arrival may enter the queue (see
+//! [`crate::core::admission`]). A refusal is a decision (429), not an error.
+
+use std::time::Duration;
+
+use crate::core::admission::{Bucket, LimitKind, Refusal};
+use crate::core::time::Instant;
+
+use super::{Arrival, SHED_RETRY_AFTER, Scheduler};
+
+impl Scheduler {
+    /// The checks on arrival, in order: the tenant's concurrency cap, its
+    /// request-rate bucket, its GPU-seconds bucket (for the request's
+    /// estimated GPU-seconds), its queue in the pool. On admission takes
+    /// from the buckets, counts the request as active and returns the
+    /// GPU-seconds reserved.
+    pub(super) fn admit(
+        &mut self,
+        now: Instant,
+        a: &Arrival,
+        output_estimate: u32,
+    ) -> Result<f64, Refusal> {
+        let pool = &self.pools[a.pool.0 as usize];
+        let est_gpu =
+            pool.gpu_seconds_per_token * f64::from(a.prompt_tokens.saturating_add(output_estimate));
+        let queued_here = pool.queue.tenant_len(a.tenant);
+        let max_queued = self.max_queued_per_tenant;
+        let t = &mut self.tenants[a.tenant.0 as usize];
+
+        let rate_headers = |b: &Option<Bucket>| -> (Option<f64>, Option<f64>, Option<Duration>) {
+            match b {
+                Some(b) => (
+                    Some(b.capacity()),
+                    Some(b.last_level().max(0.0).floor()),
+                    Some(b.time_to_full()),
+                ),
+                None => (None, None, None),
+            }
+        };
+        let refuse = |limit, retry_after, b: &Option<Bucket>| {
+            let (requests_limit, requests_remaining, requests_reset) = rate_headers(b);
+            Refusal {
+                limit,
+                retry_after,
+                requests_limit,
+                requests_remaining,
+                requests_reset,
+            }
+        };
+
+        if t.max_concurrency.is_some_and(|m| t.active >= m) {
+            return Err(refuse(LimitKind::Concurrency, SHED_RETRY_AFTER, &t.rate));
+        }
+        if let Some(b) = &mut t.rate
+            && let Err(wait) = b.check(now, 1.0)
+        {
+            return Err(refuse(LimitKind::Rate, wait, &t.rate));
+        }
+        if let Some(g) = &mut t.gpu
+            && let Err(wait) = g.check(now, est_gpu)
+        {
+            return Err(refuse(LimitKind::GpuSeconds, wait, &t.rate));
+        }
+        if queued_here >= max_queued {
+            return Err(refuse(LimitKind::QueueFull, SHED_RETRY_AFTER, &t.rate));
+        }
+        if let Some(b) = &mut t.rate {
+            b.take(1.0);
+        }
+        let gpu_reserved = if let Some(g) = &mut t.gpu {
+            g.take(est_gpu);
+            est_gpu
+        } else {
+            0.0
+        };
+        t.active += 1;
+        Ok(gpu_reserved)
+    }
+}

@@ -1,0 +1,99 @@
+//! Preemption: queued interactive work takes the slot of young in-flight
+//! batch work (see the scheduler's module docs).
+
+use crate::core::ids::{PoolId, TenantId};
+use crate::core::spec::Priority;
+use crate::core::time::Instant;
+
+use super::candidates::has_headroom;
+use super::state::{Phase, is_queued};
+use super::{Decision, Scheduler};
+
+impl Scheduler {
+    /// Whether `tenant`'s requests may be preempted while in flight (a
+    /// batch tenant, with preemption on).
+    pub fn may_preempt(&self, tenant: TenantId) -> bool {
+        self.preemption.enabled
+            && self
+                .tenants
+                .get(tenant.0 as usize)
+                .is_some_and(|t| t.priority == Priority::Batch)
+    }
+
+    /// Frees a slot for the head of `pool`'s queue by preempting one young
+    /// batch request (see the module docs), and dispatches the head there.
+    /// Only a request whose backend can take the head once the slot is
+    /// free is a victim. The head is popped by tenant: the victim's refund
+    /// may put its tenant first in discipline order.
+    pub(super) fn preempt_for_head(
+        &mut self,
+        now: Instant,
+        pool: PoolId,
+        out: &mut Vec<Decision>,
+    ) -> bool {
+        let ps = &self.pools[pool.0 as usize];
+        if !self.preemption.enabled || ps.preemptible.is_empty() {
+            return false;
+        }
+        let requests = &self.requests;
+        let Some((head, head_id)) = ps.queue.peek(|r| is_queued(requests, r)) else {
+            return false;
+        };
+        let h = &self.tenants[head.0 as usize];
+        let Some(arrived) = requests.get(head_id).map(|r| r.arrived) else {
+            return false;
+        };
+        if h.priority != Priority::Interactive {
+            return false;
+        }
+        let ripe = arrived + self.preemption.min_wait;
+        if now < ripe {
+            self.preempt_check = Some(self.preempt_check.map_or(ripe, |t| t.min(ripe)));
+            return false;
+        }
+        let head_share = f64::from(ps.in_flight(head) + 1) / h.weight;
+        let threshold = self.preemption.migration_threshold;
+        let victim = ps
+            .preemptible
+            .iter()
+            .rev()
+            .take_while(|(dispatched, _)| now.saturating_since(*dispatched) < threshold)
+            .map(|&(_, id)| id)
+            .find(|&id| {
+                let Some(r) = self.requests.get(id) else {
+                    return false;
+                };
+                let Phase::InFlight { backend, .. } = r.phase else {
+                    return false;
+                };
+                let v = &self.tenants[r.tenant.0 as usize];
+                let b = &self.backends[backend.0 as usize];
+                v.priority == Priority::Batch
+                    && !v.retired
+                    && f64::from(ps.in_flight(r.tenant)) / v.weight > head_share
+                    && b.healthy
+                    && !b.retired
+                    && b.in_flight <= b.window
+                    && has_headroom(b, ps, now, self.stale_after)
+            });
+        let Some(id) = victim else {
+            return false;
+        };
+        let deadline = now + self.max_wait;
+        let Some(backend) = self.requeue(now, id, deadline) else {
+            return false;
+        };
+        if let Some(r) = self.requests.get(id) {
+            self.tenants[r.tenant.0 as usize].preempted_total += 1;
+        }
+        out.push(Decision::Preempt { id, backend });
+        let requests = &self.requests;
+        if let Some(next) = self.pools[pool.0 as usize]
+            .queue
+            .pop_from(head, |r| is_queued(requests, r))
+        {
+            self.dispatch(now, pool, head, next, backend, out);
+        }
+        true
+    }
+}

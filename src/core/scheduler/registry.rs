@@ -1,0 +1,227 @@
+//! Tenants, pools and backends by name, and applying a new spec to them.
+
+use std::collections::BTreeSet;
+
+use crate::core::accounting::GpuClock;
+use crate::core::admission::Bucket;
+use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
+use crate::core::queue::FairQueue;
+use crate::core::spec::{Priority, SchedulerSpec};
+use crate::core::time::Instant;
+
+use super::state::{BackendState, PoolState, TenantState, is_queued};
+use super::{Decision, Scheduler};
+
+/// Initial estimate of GPU-seconds per token, until completions measure it.
+const INITIAL_GPU_SECONDS_PER_TOKEN: f64 = 5e-4;
+
+impl Scheduler {
+    /// Reconciles with a new spec by name: unchanged tenants, pools and
+    /// backends keep their state; new ones start fresh; removed ones are
+    /// retired (never routed to again; in-flight requests end normally).
+    /// Requests queued in a removed pool are shed.
+    pub fn apply_policy(&mut self, spec: &SchedulerSpec, now: Instant) -> Vec<Decision> {
+        self.discipline = spec.queue.discipline;
+        self.max_wait = spec.queue.max_wait;
+        self.max_queued_per_tenant = spec.queue.max_queued_per_tenant;
+        self.output_token_weight = spec.queue.output_token_weight;
+        self.stale_after = spec.stale_after;
+        self.preemption = spec.preemption.clone();
+
+        for t in &mut self.tenants {
+            t.retired = true;
+        }
+        for tp in &spec.tenants {
+            let id = self.tenant_entry(&tp.name);
+            let t = &mut self.tenants[id.0 as usize];
+            t.retired = false;
+            t.weight = tp.weight;
+            t.priority = tp.priority;
+            t.max_concurrency = tp.max_concurrency;
+            t.rate = tp.rate.map(|rate| {
+                let burst = tp.burst.unwrap_or(rate).max(1.0);
+                reconfigured(t.rate.take(), now, burst, rate)
+            });
+            t.gpu = tp
+                .gpu_seconds_per_hour
+                .map(|per_hour| reconfigured(t.gpu.take(), now, per_hour, per_hour / 3600.0));
+        }
+        if spec.tenants.is_empty() {
+            // No tenants declared: auth is off and everyone is "default".
+            let id = self.tenant_entry("default");
+            self.tenants[id.0 as usize].retired = false;
+        }
+
+        for p in &mut self.pools {
+            p.retired = true;
+        }
+        for b in &mut self.backends {
+            b.retired = true;
+        }
+        for pp in &spec.pools {
+            let pid = *self
+                .pool_by_model
+                .entry(pp.model.clone())
+                .or_insert_with(|| {
+                    self.pools.push(PoolState {
+                        model: pp.model.clone(),
+                        strategy: pp.strategy,
+                        kv_high_watermark: pp.kv_high_watermark,
+                        ttft_p99_threshold: pp.ttft_p99_threshold,
+                        queue: FairQueue::new(spec.queue.discipline),
+                        backends: Vec::new(),
+                        rr_cursor: 0,
+                        gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
+                        in_flight: Vec::new(),
+                        preemptible: BTreeSet::new(),
+                        retired: false,
+                    });
+                    PoolId((self.pools.len() - 1) as u32)
+                });
+            let mut members = Vec::with_capacity(pp.backends.len());
+            for bp in &pp.backends {
+                let bid = *self
+                    .backend_by_name
+                    .entry(bp.name.clone())
+                    .or_insert_with(|| {
+                        self.backends.push(BackendState {
+                            name: bp.name.clone(),
+                            pool: pid,
+                            gpus: bp.gpus,
+                            kv_tokens: bp.kv_tokens,
+                            max_inflight: bp.max_inflight,
+                            window: bp.max_inflight,
+                            in_flight: 0,
+                            healthy: true,
+                            reading: None,
+                            observed_ttft: None,
+                            clock: GpuClock::new(bp.gpus, now),
+                            retired: false,
+                        });
+                        BackendId((self.backends.len() - 1) as u32)
+                    });
+                let b = &mut self.backends[bid.0 as usize];
+                if b.pool != pid {
+                    // Moved to another pool: keep accounting, reset routing state.
+                    b.pool = pid;
+                    b.reading = None;
+                }
+                b.retired = false;
+                b.gpus = bp.gpus;
+                b.clock.set_gpus(now, bp.gpus);
+                b.kv_tokens = bp.kv_tokens;
+                b.max_inflight = bp.max_inflight;
+                b.window = b.window.clamp(1, bp.max_inflight);
+                members.push(bid);
+            }
+            let p = &mut self.pools[pid.0 as usize];
+            p.retired = false;
+            p.strategy = pp.strategy;
+            p.kv_high_watermark = pp.kv_high_watermark;
+            p.ttft_p99_threshold = pp.ttft_p99_threshold;
+            p.backends = members;
+        }
+
+        let requests = &self.requests;
+        for p in &mut self.pools {
+            p.queue
+                .set_discipline(self.discipline, |id| is_queued(requests, id));
+            for (i, t) in self.tenants.iter().enumerate() {
+                p.queue.set_tenant(TenantId(i as u32), t.weight, t.priority);
+            }
+        }
+
+        let mut out = Vec::new();
+        // Queued requests of retired pools or tenants cannot be served.
+        let doomed: Vec<RequestId> = self
+            .deadlines
+            .iter()
+            .map(|(_, id)| *id)
+            .filter(|id| {
+                self.requests.get(*id).is_some_and(|r| {
+                    self.pools[r.pool.0 as usize].retired
+                        || self.tenants[r.tenant.0 as usize].retired
+                })
+            })
+            .collect();
+        for id in doomed {
+            self.shed(now, id, &mut out);
+        }
+        for p in 0..self.pools.len() {
+            self.try_dispatch(now, PoolId(p as u32), &mut out);
+        }
+        out
+    }
+
+    /// The id of the tenant named `name`, creating fresh state for a new name.
+    fn tenant_entry(&mut self, name: &str) -> TenantId {
+        if let Some(id) = self.tenant_by_name.get(name) {
+            return *id;
+        }
+        let id = TenantId(self.tenants.len() as u32);
+        self.tenants.push(TenantState {
+            name: name.to_owned(),
+            weight: 1.0,
+            priority: Priority::Interactive,
+            max_concurrency: None,
+            active: 0,
+            in_flight: 0,
+            rate: None,
+            gpu: None,
+            gpu_seconds_total: 0.0,
+            preempted_total: 0,
+            retired: false,
+        });
+        self.tenant_by_name.insert(name.to_owned(), id);
+        id
+    }
+
+    /// The tenant with this name, if the running policy declares it.
+    pub fn tenant(&self, name: &str) -> Option<TenantId> {
+        self.tenant_by_name
+            .get(name)
+            .copied()
+            .filter(|t| !self.tenants[t.0 as usize].retired)
+    }
+
+    /// The pool serving `model`, if any.
+    pub fn pool(&self, model: &str) -> Option<PoolId> {
+        self.pool_by_model
+            .get(model)
+            .copied()
+            .filter(|p| !self.pools[p.0 as usize].retired)
+    }
+
+    /// The backend with this name, if declared.
+    pub fn backend(&self, name: &str) -> Option<BackendId> {
+        self.backend_by_name
+            .get(name)
+            .copied()
+            .filter(|b| !self.backends[b.0 as usize].retired)
+    }
+
+    /// Name of a tenant (for labels).
+    pub fn tenant_name(&self, t: TenantId) -> &str {
+        &self.tenants[t.0 as usize].name
+    }
+
+    /// Model of a pool.
+    pub fn pool_model(&self, p: PoolId) -> &str {
+        &self.pools[p.0 as usize].model
+    }
+
+    /// Name of a backend.
+    pub fn backend_name(&self, b: BackendId) -> &str {
+        &self.backends[b.0 as usize].name
+    }
+}
+
+fn reconfigured(old: Option<Bucket>, now: Instant, capacity: f64, rate: f64) -> Bucket {
+    match old {
+        Some(mut b) => {
+            b.reconfigure(now, capacity, rate);
+            b
+        }
+        None => Bucket::new(capacity, rate, now),
+    }
+}

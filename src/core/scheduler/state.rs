@@ -1,0 +1,166 @@
+//! The scheduler's state: per tenant, per pool, per backend, and the slab
+//! of live requests with their phase (queued or in flight).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use crate::core::accounting::GpuClock;
+use crate::core::admission::Bucket;
+use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
+use crate::core::queue::FairQueue;
+use crate::core::queue::cost::PoolCapacity;
+use crate::core::reading::Reading;
+use crate::core::spec::{Priority, Strategy};
+use crate::core::time::Instant;
+
+#[derive(Debug)]
+pub(super) struct TenantState {
+    pub(super) name: String,
+    pub(super) weight: f64,
+    pub(super) priority: Priority,
+    pub(super) max_concurrency: Option<u32>,
+    /// In flight plus queued.
+    pub(super) active: u32,
+    pub(super) in_flight: u32,
+    pub(super) rate: Option<Bucket>,
+    pub(super) gpu: Option<Bucket>,
+    pub(super) gpu_seconds_total: f64,
+    pub(super) preempted_total: u64,
+    pub(super) retired: bool,
+}
+
+#[derive(Debug)]
+pub(super) struct PoolState {
+    pub(super) model: String,
+    pub(super) strategy: Strategy,
+    pub(super) kv_high_watermark: f64,
+    pub(super) ttft_p99_threshold: Duration,
+    pub(super) queue: FairQueue,
+    pub(super) backends: Vec<BackendId>,
+    pub(super) rr_cursor: usize,
+    /// Running average of measured GPU-seconds per token (prompt + output).
+    pub(super) gpu_seconds_per_token: f64,
+    /// In-flight requests here, by tenant index.
+    pub(super) in_flight: Vec<u32>,
+    /// In-flight requests that may be preempted, by dispatch time.
+    pub(super) preemptible: BTreeSet<(Instant, RequestId)>,
+    pub(super) retired: bool,
+}
+
+impl PoolState {
+    pub(super) fn in_flight(&self, t: TenantId) -> u32 {
+        self.in_flight.get(t.0 as usize).copied().unwrap_or(0)
+    }
+
+    pub(super) fn add_in_flight(&mut self, t: TenantId) {
+        let i = t.0 as usize;
+        if self.in_flight.len() <= i {
+            self.in_flight.resize(i + 1, 0);
+        }
+        self.in_flight[i] += 1;
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct BackendState {
+    pub(super) name: String,
+    pub(super) pool: PoolId,
+    pub(super) gpus: u32,
+    pub(super) kv_tokens: u64,
+    pub(super) max_inflight: u32,
+    pub(super) window: u32,
+    pub(super) in_flight: u32,
+    pub(super) healthy: bool,
+    pub(super) reading: Option<Reading>,
+    /// Moving average of the time to first token the gateway itself saw on
+    /// streamed responses: the latency signal when no fresh reading has one.
+    pub(super) observed_ttft: Option<Duration>,
+    pub(super) clock: GpuClock,
+    pub(super) retired: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Phase {
+    Queued,
+    InFlight {
+        backend: BackendId,
+        mark: f64,
+        dispatched: Instant,
+        charged: f64,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Req {
+    pub(super) tenant: TenantId,
+    pub(super) pool: PoolId,
+    pub(super) prompt_tokens: u32,
+    pub(super) output_estimate: u32,
+    pub(super) arrived: Instant,
+    pub(super) deadline: Instant,
+    pub(super) gpu_reserved: f64,
+    pub(super) phase: Phase,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Slab {
+    pub(super) slots: Vec<(u32, Option<Req>)>,
+    pub(super) free: Vec<u32>,
+    pub(super) live: usize,
+}
+
+impl Slab {
+    pub(super) fn insert(&mut self, req: Req) -> RequestId {
+        self.live += 1;
+        if let Some(i) = self.free.pop() {
+            let slot = &mut self.slots[i as usize];
+            slot.0 = slot.0.wrapping_add(1);
+            slot.1 = Some(req);
+            RequestId::new(i, slot.0)
+        } else {
+            let i = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+            self.slots.push((0, Some(req)));
+            RequestId::new(i, 0)
+        }
+    }
+    pub(super) fn get(&self, id: RequestId) -> Option<&Req> {
+        match self.slots.get(id.index()) {
+            Some((g, Some(r))) if *g == id.generation() => Some(r),
+            _ => None,
+        }
+    }
+    pub(super) fn get_mut(&mut self, id: RequestId) -> Option<&mut Req> {
+        match self.slots.get_mut(id.index()) {
+            Some((g, Some(r))) if *g == id.generation() => Some(r),
+            _ => None,
+        }
+    }
+    pub(super) fn remove(&mut self, id: RequestId) -> Option<Req> {
+        match self.slots.get_mut(id.index()) {
+            Some((g, slot @ Some(_))) if *g == id.generation() => {
+                self.live -= 1;
+                self.free.push(id.index() as u32);
+                slot.take()
+            }
+            _ => None,
+        }
+    }
+}
+
+pub(super) fn is_queued(requests: &Slab, id: RequestId) -> bool {
+    requests.get(id).is_some_and(|r| r.phase == Phase::Queued)
+}
+
+pub(super) fn pool_capacity(backends: &[BackendState], pool: &PoolState) -> PoolCapacity {
+    let mut kv = 0.0;
+    let mut gpus = 0.0;
+    for b in &pool.backends {
+        let b = &backends[b.0 as usize];
+        kv += b.kv_tokens as f64;
+        gpus += f64::from(b.gpus);
+    }
+    PoolCapacity {
+        kv_tokens: kv,
+        gpus,
+    }
+}

@@ -1,0 +1,128 @@
+//! Read-only views of the scheduler's state, for metrics, admin views and
+//! readiness.
+
+use std::time::Duration;
+
+use crate::core::ids::{BackendId, PoolId, TenantId};
+use crate::core::reading::Reading;
+use crate::core::time::Instant;
+
+use super::Scheduler;
+
+/// A tenant's state, for metrics and admin views.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantView {
+    pub name: String,
+    pub queued: u32,
+    pub in_flight: u32,
+    pub gpu_seconds_total: f64,
+    /// Request-bucket level, if the tenant has a rate.
+    pub rate_level: Option<f64>,
+    /// GPU-seconds bucket level (negative in debt), if budgeted.
+    pub gpu_seconds_level: Option<f64>,
+    /// Weighted service (virtual counter) summed over pools.
+    pub service: f64,
+    /// Requests of this tenant preempted so far.
+    pub preempted_total: u64,
+}
+
+/// A backend's state, for metrics and admin views.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendView {
+    pub name: String,
+    pub pool: PoolId,
+    pub in_flight: u32,
+    pub window: u32,
+    pub healthy: bool,
+    /// The latest reading and whether it is fresh.
+    pub reading: Option<(Reading, bool)>,
+    /// The gateway's own moving average of time to first token.
+    pub observed_ttft: Option<Duration>,
+    pub busy_gpu_seconds: f64,
+    pub gpus: u32,
+}
+
+impl Scheduler {
+    /// Whether a pool has at least one healthy backend.
+    pub fn pool_is_ready(&self, pool: PoolId) -> bool {
+        self.pools[pool.0 as usize]
+            .backends
+            .iter()
+            .any(|b| self.backends[b.0 as usize].healthy)
+    }
+
+    /// Whether a backend is in service (not ejected).
+    pub fn is_healthy(&self, backend: BackendId) -> bool {
+        self.backends
+            .get(backend.0 as usize)
+            .is_some_and(|b| b.healthy)
+    }
+
+    /// Live pools.
+    pub fn pools(&self) -> impl Iterator<Item = PoolId> + '_ {
+        (0..self.pools.len())
+            .filter(|i| !self.pools[*i].retired)
+            .map(|i| PoolId(i as u32))
+    }
+
+    /// Live tenants.
+    pub fn tenants(&self) -> impl Iterator<Item = TenantId> + '_ {
+        (0..self.tenants.len())
+            .filter(|i| !self.tenants[*i].retired)
+            .map(|i| TenantId(i as u32))
+    }
+
+    /// Live backends.
+    pub fn backends(&self) -> impl Iterator<Item = BackendId> + '_ {
+        (0..self.backends.len())
+            .filter(|i| !self.backends[*i].retired)
+            .map(|i| BackendId(i as u32))
+    }
+
+    /// Queued requests in a pool.
+    pub fn queue_len(&self, pool: PoolId) -> usize {
+        self.pools[pool.0 as usize].queue.len()
+    }
+
+    /// Requests the scheduler currently holds (queued or in flight).
+    pub fn live_requests(&self) -> usize {
+        self.requests.live
+    }
+
+    /// A tenant's state now.
+    pub fn tenant_view(&mut self, now: Instant, t: TenantId) -> TenantView {
+        let queued = self.pools.iter().map(|p| p.queue.tenant_len(t)).sum();
+        let service = self.pools.iter().map(|p| p.queue.counter(t)).sum();
+        let s = &mut self.tenants[t.0 as usize];
+        TenantView {
+            name: s.name.clone(),
+            queued,
+            in_flight: s.in_flight,
+            gpu_seconds_total: s.gpu_seconds_total,
+            rate_level: s.rate.as_mut().map(|b| b.level(now)),
+            gpu_seconds_level: s.gpu.as_mut().map(|b| b.level(now)),
+            service,
+            preempted_total: s.preempted_total,
+        }
+    }
+
+    /// A backend's state now.
+    pub fn backend_view(&mut self, now: Instant, b: BackendId) -> BackendView {
+        let stale_after = self.stale_after;
+        let s = &mut self.backends[b.0 as usize];
+        BackendView {
+            name: s.name.clone(),
+            pool: s.pool,
+            in_flight: s.in_flight,
+            window: s.window,
+            healthy: s.healthy,
+            reading: s.reading.clone().map(|r| {
+                let fresh = now.saturating_since(r.at) <= stale_after;
+                (r, fresh)
+            }),
+            observed_ttft: s.observed_ttft,
+            busy_gpu_seconds: s.clock.busy_gpu_seconds(now),
+            gpus: s.gpus,
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! What the core is configured with: the closed sets of policies
+//! ([`Discipline`], [`Strategy`], [`Priority`]) and [`SchedulerSpec`], the
+//! part of the validated policy that [`Scheduler::new`] and
+//! [`Scheduler::apply_policy`] read. The config layer builds a spec from
+//! its `Policy` (and re-exports the enums); the core never sees the policy
+//! file, so it depends on no other Fairway module.
+//!
+//! [`Scheduler::new`]: crate::core::scheduler::Scheduler::new
+//! [`Scheduler::apply_policy`]: crate::core::scheduler::Scheduler::apply_policy
+
+use std::fmt;
+use std::time::Duration;
+
+/// The fair-queue order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Discipline {
+    /// Arrival order across all tenants (baseline).
+    Fifo,
+    /// Strict priority by tenant class, FIFO within (baseline; starves).
+    Priority,
+    /// Virtual-time fair queueing, cost in tokens.
+    Wfq,
+    /// Virtual-time fair queueing, cost in dominant share (default).
+    Drf,
+}
+
+impl Discipline {
+    /// The policy-file spelling (`"drf"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Discipline::Fifo => "fifo",
+            Discipline::Priority => "priority",
+            Discipline::Wfq => "wfq",
+            Discipline::Drf => "drf",
+        }
+    }
+}
+
+/// How a backend is picked within a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    LeastOutstanding,
+    P2c,
+    RoundRobin,
+    Random,
+    Pack,
+}
+
+impl Strategy {
+    /// The policy-file spelling (`"least_outstanding"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::LeastOutstanding => "least_outstanding",
+            Strategy::P2c => "p2c",
+            Strategy::RoundRobin => "round_robin",
+            Strategy::Random => "random",
+            Strategy::Pack => "pack",
+        }
+    }
+}
+
+/// Tenant class for the `priority` discipline and for preemption.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Priority {
+    Interactive,
+    Batch,
+}
+
+impl Priority {
+    /// The policy-file spelling (`"interactive"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Interactive => "interactive",
+            Priority::Batch => "batch",
+        }
+    }
+}
+
+impl fmt::Display for Discipline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Everything the scheduler is configured with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedulerSpec {
+    pub queue: QueueSpec,
+    pub preemption: PreemptionSpec,
+    /// A reading older than this is stale: routing ignores it.
+    pub stale_after: Duration,
+    /// Empty: auth is off and every request is tenant `default`.
+    pub tenants: Vec<TenantSpec>,
+    pub pools: Vec<PoolSpec>,
+}
+
+/// The fair queue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueSpec {
+    pub discipline: Discipline,
+    /// A request not dispatched within this time is shed.
+    pub max_wait: Duration,
+    /// Queued requests per tenant and pool beyond which arrivals are refused.
+    pub max_queued_per_tenant: u32,
+    /// Weight of one output token relative to one prompt token in `wfq` cost.
+    pub output_token_weight: f64,
+}
+
+/// When queued interactive work may take the slot of in-flight batch work.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreemptionSpec {
+    pub enabled: bool,
+    /// A queued request preempts only once it has waited this long.
+    pub min_wait: Duration,
+    /// Work that has run this long is never preempted.
+    pub migration_threshold: Duration,
+}
+
+/// One tenant: its share, class and admission limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantSpec {
+    pub name: String,
+    pub weight: f64,
+    pub priority: Priority,
+    /// Requests per second (refill of the request bucket); `None` = unlimited.
+    pub rate: Option<f64>,
+    /// Request bucket capacity (default: `rate`, at least 1).
+    pub burst: Option<f64>,
+    /// Requests in flight plus queued; `None` = unlimited.
+    pub max_concurrency: Option<u32>,
+    /// GPU-seconds budget per hour; `None` = unlimited.
+    pub gpu_seconds_per_hour: Option<f64>,
+}
+
+/// One pool: the backends serving one model, and how they are picked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolSpec {
+    pub model: String,
+    pub strategy: Strategy,
+    /// Skip a backend whose KV usage is at or above this.
+    pub kv_high_watermark: f64,
+    /// Skip a backend whose TTFT p99 is above this.
+    pub ttft_p99_threshold: Duration,
+    pub backends: Vec<BackendSpec>,
+}
+
+/// One backend of a pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendSpec {
+    /// Stable name; state is matched by it across reloads.
+    pub name: String,
+    /// GPUs behind it, for GPU-seconds accounting.
+    pub gpus: u32,
+    /// The dispatch window's ceiling.
+    pub max_inflight: u32,
+    /// KV capacity in tokens, for DRF cost, until a reading reports it.
+    pub kv_tokens: u64,
+}
