@@ -11,9 +11,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fairway::agent::{AgentConfig, serve as serve_agent};
 use fairway::config::policy::MetricsDialect;
 use fairway::config::{load_policy, summary};
-use fairway::{Listeners, PolicySource, ServeOptions};
 use fairway::sim::backend::{SimBackendConfig, serve as serve_sim};
 use fairway::sim::engine::EngineParams;
+use fairway::{Listeners, PolicySource, ServeOptions};
 
 #[derive(Parser)]
 #[command(

@@ -2,6 +2,7 @@
 //! handler panic, the listener's request and connection caps, the
 //! header-read timeout, and accept errors at the fd limit.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::disallowed_methods)] // the header-read timeout is timed with the wall clock
 
 mod support;
 
@@ -50,12 +51,20 @@ async fn request_id_is_kept_or_made_returned_on_every_response_and_sent_to_the_b
             .iter()
             .rev()
             .find(|(h, _)| h.contains_key("content-length"))
-            .map(|(h, _)| h.get("x-request-id").map(|v| v.to_str().unwrap().to_owned()))
+            .map(|(h, _)| {
+                h.get("x-request-id")
+                    .map(|v| v.to_str().unwrap().to_owned())
+            })
             .unwrap()
     };
 
     // Given: kept, returned, and sent to the backend.
-    let mut req = post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false));
+    let mut req = post(
+        gw.addr(),
+        "/v1/chat/completions",
+        Some(KEY),
+        chat(M, 4, false),
+    );
     req.headers_mut()
         .insert("x-request-id", "client-id-1".parse().unwrap());
     let r = send(&c, req).await;
@@ -66,7 +75,12 @@ async fn request_id_is_kept_or_made_returned_on_every_response_and_sent_to_the_b
     // Absent: made (32 hex digits), returned, and the same at the backend.
     let r = send(
         &c,
-        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false)),
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some(KEY),
+            chat(M, 4, false),
+        ),
     )
     .await;
     assert_eq!(r.status, 200);
@@ -77,8 +91,14 @@ async fn request_id_is_kept_or_made_returned_on_every_response_and_sent_to_the_b
 
     // Unusable (a space, too long): replaced by a made one.
     for bad in ["has space", &"x".repeat(200)] {
-        let mut req = post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false));
-        req.headers_mut().insert("x-request-id", bad.parse().unwrap());
+        let mut req = post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some(KEY),
+            chat(M, 4, false),
+        );
+        req.headers_mut()
+            .insert("x-request-id", bad.parse().unwrap());
         let r = send(&c, req).await;
         assert_eq!(r.status, 200);
         assert_eq!(request_id(&r).len(), 32);
@@ -88,15 +108,26 @@ async fn request_id_is_kept_or_made_returned_on_every_response_and_sent_to_the_b
     // the edge by Content-Length, before the handler).
     let errors = [
         post(gw.addr(), "/v1/chat/completions", None, chat(M, 4, false)),
-        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat("nope", 4, false)),
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some(KEY),
+            chat("nope", 4, false),
+        ),
         post(gw.addr(), "/v1/nowhere", Some(KEY), chat(M, 4, false)),
         post(gw.addr(), "/v1/chat/completions", Some(KEY), "{not json"),
-        post(gw.addr(), "/v1/chat/completions", Some(KEY), vec![b' '; 70_000]),
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some(KEY),
+            vec![b' '; 70_000],
+        ),
     ];
     let mut statuses = Vec::new();
     for (i, mut req) in errors.into_iter().enumerate() {
         let id = format!("err-{i}");
-        req.headers_mut().insert("x-request-id", id.parse().unwrap());
+        req.headers_mut()
+            .insert("x-request-id", id.parse().unwrap());
         let r = send(&c, req).await;
         assert_eq!(request_id(&r), id, "status {}", r.status);
         statuses.push(r.status.as_u16());
@@ -119,7 +150,12 @@ async fn a_handler_panic_is_a_500_with_one_outcome_and_the_gateway_keeps_serving
     let b = sim(M, 8).await;
     let gw = gateway(&policy("", &b.addr().to_string()), &[]).await;
     let c = client();
-    let mut req = post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false));
+    let mut req = post(
+        gw.addr(),
+        "/v1/chat/completions",
+        Some(KEY),
+        chat(M, 4, false),
+    );
     req.headers_mut()
         .insert("x-fairway-debug-panic", "1".parse().unwrap());
     req.headers_mut()
@@ -132,7 +168,12 @@ async fn a_handler_panic_is_a_500_with_one_outcome_and_the_gateway_keeps_serving
     // The gateway still serves, on a new connection and the same client.
     let r = send(
         &c,
-        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false)),
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some(KEY),
+            chat(M, 4, false),
+        ),
     )
     .await;
     assert_eq!(r.status, 200);
@@ -161,7 +202,12 @@ async fn the_request_cap_answers_503_while_streams_hold_it_then_serves_again() {
     for _ in 0..2 {
         let resp = open(
             &c,
-            post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 400, true)),
+            post(
+                gw.addr(),
+                "/v1/chat/completions",
+                Some(KEY),
+                chat(M, 400, true),
+            ),
         )
         .await;
         assert_eq!(resp.status(), 200);
@@ -169,7 +215,12 @@ async fn the_request_cap_answers_503_while_streams_hold_it_then_serves_again() {
     }
     let r = send(
         &c,
-        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false)),
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some(KEY),
+            chat(M, 4, false),
+        ),
     )
     .await;
     assert_eq!(r.status, 503);
@@ -181,7 +232,12 @@ async fn the_request_cap_answers_503_while_streams_hold_it_then_serves_again() {
     }
     let r = send(
         &c,
-        post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false)),
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some(KEY),
+            chat(M, 4, false),
+        ),
     )
     .await;
     assert_eq!(r.status, 200);
@@ -191,7 +247,10 @@ async fn the_request_cap_answers_503_while_streams_hold_it_then_serves_again() {
         Some(1.0)
     );
     assert_eq!(
-        metric(&m, "fairway_requests_total{tenant=\"unknown\",model=\"unknown\",outcome=\"shed\""),
+        metric(
+            &m,
+            "fairway_requests_total{tenant=\"unknown\",model=\"unknown\",outcome=\"shed\""
+        ),
         Some(1.0),
         "{m}"
     );
@@ -256,7 +315,8 @@ async fn a_client_that_does_not_finish_its_headers_is_closed_at_the_header_read_
     let addr = gw.addr();
     let waited = tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n").unwrap();
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n")
+            .unwrap();
         let start = std::time::Instant::now();
         let mut buf = Vec::new();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -268,7 +328,10 @@ async fn a_client_that_does_not_finish_its_headers_is_closed_at_the_header_read_
     assert!(waited.0 < Duration::from_secs(3), "held for {:?}", waited.0);
     // Either a bare close or hyper's 408; never a served request.
     let text = String::from_utf8_lossy(&waited.1);
-    assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "{text}"
+    );
 }
 
 /// `GET /v1/models` on a fresh client; `None` when the connection fails.
@@ -301,10 +364,20 @@ async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
     let dir = std::env::temp_dir().join(format!("fairway-edge-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("policy.toml");
-    std::fs::write(&path, policy("max_connections = 10000", &b.addr().to_string())).unwrap();
+    std::fs::write(
+        &path,
+        policy("max_connections = 10000", &b.addr().to_string()),
+    )
+    .unwrap();
     let mut child = Command::new("prlimit")
         .args(["--nofile=64:64", env!("CARGO_BIN_EXE_fairway")])
-        .args(["serve", "--config", path.to_str().unwrap(), "--watch-interval", "0s"])
+        .args([
+            "serve",
+            "--config",
+            path.to_str().unwrap(),
+            "--watch-interval",
+            "0s",
+        ])
         .env("RUST_LOG", "error")
         .stdout(Stdio::piped())
         .spawn()
@@ -344,7 +417,10 @@ async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
     .unwrap();
     // Without back-off this is ~2 s (a core spinning on accept4).
     eprintln!("CPU {outcome}");
-    assert!(outcome < 0.4, "gateway used {outcome:.2} CPU-s in 2 s at the fd limit");
+    assert!(
+        outcome < 0.4,
+        "gateway used {outcome:.2} CPU-s in 2 s at the fd limit"
+    );
     // Once descriptors free up, it serves again and has counted the errors.
     assert!(
         eventually(Duration::from_secs(5), async || {
@@ -352,9 +428,14 @@ async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
         })
         .await
     );
-    let m = get(&client(), format!("http://{admin}/metrics")).await.text();
+    let m = get(&client(), format!("http://{admin}/metrics"))
+        .await
+        .text();
     eprintln!("ERR {:?}", metric(&m, "fairway_accept_errors_total"));
-    assert!(metric(&m, "fairway_accept_errors_total").unwrap() >= 1.0, "{m}");
+    assert!(
+        metric(&m, "fairway_accept_errors_total").unwrap() >= 1.0,
+        "{m}"
+    );
     let _ = child.kill();
     let _ = child.wait();
     drop(stdout);

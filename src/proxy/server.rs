@@ -54,8 +54,7 @@ use crate::proxy::body::{BodyError, BoxBody, RequestBody};
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::{CoreState, Gateway, derive_live};
 use crate::proxy::layers::{
-    BodyLimitLayer, DrainLayer, MakeId, PanicResponse, RequestLimitLayer,
-    drop_invalid_request_id,
+    BodyLimitLayer, DrainLayer, MakeId, PanicResponse, RequestLimitLayer, drop_invalid_request_id,
 };
 use crate::proxy::{admin, dispatch, reload, tls};
 use crate::sim::backend::{SimBackend, SimHandle};
@@ -334,7 +333,9 @@ pub fn edge(
     max_requests: usize,
 ) -> impl Service<
     Request<Incoming>,
-    Response = Response<impl http_body::Body<Data = bytes::Bytes, Error = BodyError> + Send + 'static>,
+    Response = Response<
+        impl http_body::Body<Data = bytes::Bytes, Error = BodyError> + Send + 'static,
+    >,
     Error = Infallible,
     Future: Send + 'static,
 > + Clone
@@ -446,8 +447,7 @@ async fn run(
                         let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
                         match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, accept).await {
                             Ok(Ok(tls_stream)) => {
-                                let conn =
-                                    builder.serve_connection(TokioIo::new(tls_stream), svc);
+                                let conn = builder.serve_connection(TokioIo::new(tls_stream), svc);
                                 let _ = watcher.watch(conn.into_owned()).await;
                             }
                             Ok(Err(e)) => {

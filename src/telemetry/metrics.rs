@@ -9,8 +9,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::time::Duration;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -129,7 +129,11 @@ impl EdgeCounters {
             "counter",
             "Failed accepts on the client and admin listeners (out of file descriptors and the like).",
         );
-        let _ = writeln!(w, "fairway_accept_errors_total {}", get(&self.accept_errors));
+        let _ = writeln!(
+            w,
+            "fairway_accept_errors_total {}",
+            get(&self.accept_errors)
+        );
     }
 }
 

@@ -14,9 +14,9 @@ use fairway::sim::backend::{SimBackend, SimHandle};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 
@@ -242,4 +242,3 @@ pub async fn recorder(reply: &'static str) -> (SocketAddr, Seen) {
     });
     (addr, seen)
 }
-

@@ -68,7 +68,12 @@ mod tests {
         assert!(with(&[b"a b"]).headers().get(X_REQUEST_ID).is_none());
         assert!(with(&[&[b'x'; 129]]).headers().get(X_REQUEST_ID).is_none());
         assert!(with(&[b"a", b"b"]).headers().get(X_REQUEST_ID).is_none());
-        assert!(with(&[b"caf\xc3\xa9"]).headers().get(X_REQUEST_ID).is_none());
+        assert!(
+            with(&[b"caf\xc3\xa9"])
+                .headers()
+                .get(X_REQUEST_ID)
+                .is_none()
+        );
     }
 
     #[test]
