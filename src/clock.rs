@@ -7,27 +7,15 @@ use crate::core::time::Instant;
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     origin: std::time::Instant,
-    /// The origin as Unix nanoseconds, for timestamps that leave the
-    /// process (trace spans).
-    origin_unix_nanos: u64,
 }
 
 impl Clock {
     /// A clock starting now.
     #[allow(clippy::disallowed_methods)]
     pub fn new() -> Self {
-        let unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
         Clock {
             origin: std::time::Instant::now(),
-            origin_unix_nanos: u64::try_from(unix.as_nanos()).unwrap_or(u64::MAX),
         }
-    }
-
-    /// `t` as nanoseconds since the Unix epoch.
-    pub fn unix_nanos(&self, t: Instant) -> u64 {
-        self.origin_unix_nanos.saturating_add(t.as_nanos())
     }
 
     /// The current time on this clock.
@@ -43,6 +31,14 @@ impl Clock {
     pub fn to_std(&self, t: Instant) -> std::time::Instant {
         self.origin + std::time::Duration::from_nanos(t.as_nanos())
     }
+}
+
+/// Seconds since the Unix epoch, for the admin views.
+#[allow(clippy::disallowed_methods)]
+pub fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Default for Clock {

@@ -29,4 +29,5 @@ pub mod telemetry;
 pub mod tokens;
 pub mod top;
 
-pub use proxy::server::{Listeners, PolicySource, ServeOptions, serve};
+pub use proxy::gateway::PolicySource;
+pub use proxy::server::{Listeners, ServeOptions, serve};

@@ -440,3 +440,60 @@ async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
     let _ = child.wait();
     drop(stdout);
 }
+
+#[tokio::test]
+async fn the_access_log_line_carries_the_request_id_and_the_callers_trace_id() {
+    let b = sim(M, 8).await;
+    let dir = std::env::temp_dir().join(format!("fairway-edge-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("policy.toml");
+    std::fs::write(&path, policy("", &b.addr().to_string())).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fairway"))
+        .args(["--log-json", "serve", "--config", path.to_str().unwrap()])
+        .args(["--watch-interval", "0s"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    let addr: std::net::SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut req = post(addr, "/v1/chat/completions", Some(KEY), chat(M, 4, false));
+    req.headers_mut()
+        .insert("x-request-id", "log-req-1".parse().unwrap());
+    req.headers_mut().insert(
+        "traceparent",
+        format!("00-{trace}-00f067aa0ba902b7-01").parse().unwrap(),
+    );
+    assert_eq!(send(&client(), req).await.status, 200);
+    let stderr = child.stderr.take().unwrap();
+    let access = tokio::task::spawn_blocking(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+            .find(|v| v["target"] == "fairway::access")
+    });
+    let access = tokio::time::timeout(Duration::from_secs(10), access)
+        .await
+        .expect("an access-log line within 10 s")
+        .unwrap()
+        .expect("an access-log line");
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(stdout);
+    assert_eq!(access["fields"]["request_id"], "log-req-1", "{access}");
+    assert_eq!(access["fields"]["trace_id"], trace, "{access}");
+    assert_eq!(access["fields"]["outcome"], "served", "{access}");
+}

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use fairway::PolicySource;
 use fairway::config::load_policy;
-use fairway::proxy::server::{PolicySource, Server};
+use fairway::proxy::server::Server;
 use support::*;
 
 const M: &str = "sim-model";

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use fairway::PolicySource;
 use fairway::config::load_policy;
-use fairway::proxy::server::{PolicySource, Server};
+use fairway::proxy::server::Server;
 use http_body_util::{BodyExt, Full};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use support::*;

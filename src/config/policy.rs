@@ -46,6 +46,10 @@ pub struct TelemetryPolicy {
     /// at least 1 s), sampled ten times per window.
     #[serde(with = "humantime_serde_compat")]
     pub fairness_window: Duration,
+    /// Share of traces that start at the gateway which are kept (0 to 1);
+    /// a caller's `traceparent` decides for its own. `None`: the SDK's
+    /// default, `OTEL_TRACES_SAMPLER` or parent-based always-on.
+    pub sample_ratio: Option<f64>,
 }
 
 /// `[server]`: listeners and request limits.

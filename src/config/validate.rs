@@ -113,7 +113,12 @@ const ROOT_KEYS: &[&str] = &[
     "telemetry",
 ];
 const PREEMPTION_KEYS: &[&str] = &["enabled", "min_wait", "migration_threshold"];
-const TELEMETRY_KEYS: &[&str] = &["otlp_endpoint", "service_name", "fairness_window"];
+const TELEMETRY_KEYS: &[&str] = &[
+    "otlp_endpoint",
+    "service_name",
+    "fairness_window",
+    "sample_ratio",
+];
 const SERVER_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
@@ -211,6 +216,18 @@ fn read_telemetry(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> 
                 Some(d)
             })
             .unwrap_or(Duration::from_secs(10)),
+        sample_ratio: r.opt(t, "sample_ratio", |r, v, p| {
+            let x = r.number(v, p)?;
+            if !(0.0..=1.0).contains(&x) {
+                r.error(
+                    v.span(),
+                    p,
+                    "must be between 0 and 1 (the share of new traces kept)",
+                );
+                return None;
+            }
+            Some(x)
+        }),
     }
 }
 

@@ -3,6 +3,7 @@
 //! upstream client and the metrics handle.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -19,6 +20,7 @@ use crate::clock::Clock;
 use crate::config::{BackendTarget, Policy};
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::scheduler::{Decision, Scheduler};
+use crate::sim::backend::{SimBackend, SimHandle};
 use crate::telemetry::metrics::Metrics;
 
 /// The policy in force plus what is derived from it, swapped as one value.
@@ -190,7 +192,7 @@ pub struct Gateway {
     /// Handles of those sim backends (dropping one stops it).
     pub sims: Mutex<Vec<(String, crate::sim::backend::SimHandle)>>,
     /// The policy file, for reloads.
-    pub source: Mutex<crate::proxy::server::PolicySource>,
+    pub source: Mutex<PolicySource>,
     /// Serialises reloads.
     pub reload_lock: tokio::sync::Mutex<()>,
     /// TLS configuration of the client listener, re-read on reload.
@@ -198,7 +200,8 @@ pub struct Gateway {
     /// One poller task per backend.
     pub pollers: Mutex<crate::poller::Pollers>,
     /// The OTLP exporter, when traces are on.
-    pub tracer: Option<crate::telemetry::trace::Exporter>,
+    /// Traces, when `[telemetry] otlp_endpoint` names a collector.
+    pub traces: Option<crate::telemetry::otel::Traces>,
 }
 
 /// Builds the derived view of a policy against the scheduler's ids.
@@ -274,4 +277,38 @@ impl Gateway {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }
+}
+
+/// Where the policy came from, for reloads.
+#[derive(Clone, Debug, Default)]
+pub struct PolicySource {
+    /// The file to re-read on reload (`None`: the policy was given in memory).
+    pub path: Option<PathBuf>,
+    /// Its text (for the hash shown by `/admin/policy`).
+    pub text: String,
+}
+
+/// Starts the in-process simulated backends a policy declares that are not
+/// already running (`running` maps backend names to addresses).
+pub async fn start_sims(
+    policy: &Policy,
+    running: &HashMap<String, String>,
+) -> std::io::Result<Vec<(String, SimHandle)>> {
+    let mut out = Vec::new();
+    for pool in &policy.pools {
+        for b in &pool.backends {
+            if let BackendTarget::Sim { params } = &b.target {
+                if running.contains_key(&b.name) {
+                    continue;
+                }
+                let h = SimBackend::builder(pool.model.clone())
+                    .engine(params.clone())
+                    .start()
+                    .await?;
+                tracing::info!(backend = %b.name, addr = %h.addr(), "started simulated backend");
+                out.push((b.name.clone(), h));
+            }
+        }
+    }
+    Ok(out)
 }

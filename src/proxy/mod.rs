@@ -12,4 +12,7 @@ pub mod openai;
 pub mod relay;
 pub mod reload;
 pub mod server;
+pub mod tenant;
+pub mod ticket;
 pub mod tls;
+pub mod upstream;

@@ -16,8 +16,8 @@ use serde::de::IgnoredAny;
 
 use crate::core::ids::Usage;
 use crate::proxy::body::BodyError;
-use crate::proxy::dispatch::{BodyEnd, Ticket};
 use crate::proxy::openai::find;
+use crate::proxy::ticket::{BodyEnd, Ticket};
 
 /// Largest non-streaming body kept for reading `usage` (the body is relayed
 /// regardless; past this size usage is not extracted).

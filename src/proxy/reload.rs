@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use crate::clock::unix_seconds;
 use crate::config::{ConfigError, Policy, load_policy};
-use crate::proxy::gateway::{Gateway, derive_live, hex};
-use crate::proxy::server::{start_sims, unix_time};
+use crate::proxy::gateway::{Gateway, derive_live, hex, start_sims};
 
 /// Why a reload was refused.
 #[derive(Debug, thiserror::Error)]
@@ -121,7 +121,7 @@ async fn reload_inner(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
         let now = gw.clock.now();
         let mut core = gw.core.lock();
         let decisions = core.sched.apply_policy(&policy.scheduler_spec(), now);
-        let live = derive_live(policy.clone(), &core.sched, &sims, &text, unix_time());
+        let live = derive_live(policy.clone(), &core.sched, &sims, &text, unix_seconds());
         gw.live.store(Arc::new(live));
         core.deliver(decisions, None);
     }

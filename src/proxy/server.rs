@@ -17,14 +17,15 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE};
 use http::{HeaderName, Method, Request, Response};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
@@ -47,18 +48,18 @@ use tower_http::sensitive_headers::{
 
 use crate::accept::accept_loop;
 use crate::clock::Clock;
-use crate::config::{BackendTarget, Policy};
+use crate::config::Policy;
 use crate::core::fairness::FairnessMeter;
 use crate::core::scheduler::Scheduler;
 use crate::proxy::body::{BodyError, BoxBody, RequestBody};
 use crate::proxy::error::ApiError;
-use crate::proxy::gateway::{CoreState, Gateway, derive_live};
+use crate::proxy::gateway::{CoreState, Gateway, PolicySource, derive_live, start_sims};
 use crate::proxy::layers::{
     BodyLimitLayer, DrainLayer, MakeId, PanicResponse, RequestLimitLayer, drop_invalid_request_id,
 };
 use crate::proxy::{admin, dispatch, reload, tls};
-use crate::sim::backend::{SimBackend, SimHandle};
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::otel::Traces;
 
 /// The bound client and admin listeners.
 #[derive(Debug)]
@@ -112,15 +113,6 @@ pub struct Server {
     task: JoinHandle<()>,
 }
 
-/// Where the policy came from, for reloads.
-#[derive(Clone, Debug, Default)]
-pub struct PolicySource {
-    /// The file to re-read on reload (`None`: the policy was given in memory).
-    pub path: Option<PathBuf>,
-    /// Its text (for the hash shown by `/admin/policy`).
-    pub text: String,
-}
-
 impl Server {
     /// Binds the policy's listeners and starts serving.
     pub async fn start(policy: Policy, source: PolicySource) -> std::io::Result<Server> {
@@ -156,24 +148,26 @@ impl Server {
             .map(|(n, h)| (n.clone(), h.addr().to_string()))
             .collect();
         let sched = Scheduler::new(&policy.scheduler_spec(), clock.now(), rand::random());
-        let tracer = otlp_exporter(&policy);
         let fairness = FairnessMeter::new(policy.telemetry.fairness_window);
+        let policy_telemetry = policy.telemetry.clone();
         let live = derive_live(
             Arc::new(policy),
             &sched,
             &sim_authorities,
             &source.text,
-            unix_now(),
+            crate::clock::unix_seconds(),
         );
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client = Client::builder(TokioExecutor::new())
+        let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
+        let traces =
+            Traces::start(&policy_telemetry, client.clone()).map_err(std::io::Error::other)?;
         let gateway = Arc::new(Gateway {
             clock,
             live: ArcSwap::from_pointee(live),
@@ -193,7 +187,7 @@ impl Server {
             reload_lock: tokio::sync::Mutex::new(()),
             tls: arc_swap::ArcSwapOption::new(tls),
             pollers: Mutex::new(Default::default()),
-            tracer,
+            traces,
         });
         {
             let sims = gateway.sim_authorities.lock().clone();
@@ -267,43 +261,6 @@ async fn reload_on_signal(
             }
         }
     }
-}
-
-/// Starts the in-process simulated backends a policy declares that are not
-/// already running (`running` maps backend names to addresses).
-pub async fn start_sims(
-    policy: &Policy,
-    running: &HashMap<String, String>,
-) -> std::io::Result<Vec<(String, SimHandle)>> {
-    let mut out = Vec::new();
-    for pool in &policy.pools {
-        for b in &pool.backends {
-            if let BackendTarget::Sim { params } = &b.target {
-                if running.contains_key(&b.name) {
-                    continue;
-                }
-                let h = SimBackend::builder(pool.model.clone())
-                    .engine(params.clone())
-                    .start()
-                    .await?;
-                tracing::info!(backend = %b.name, addr = %h.addr(), "started simulated backend");
-                out.push((b.name.clone(), h));
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn unix_now() -> u64 {
-    #[allow(clippy::disallowed_methods)]
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-/// Seconds since the Unix epoch, for the admin views.
-pub fn unix_time() -> u64 {
-    unix_now()
 }
 
 /// The client edge: the tower stack every request on the client listener
@@ -500,6 +457,15 @@ async fn run(
     for (_, h) in gw.sims.lock().drain(..) {
         drop(h);
     }
+    // Export the spans still queued; the exporter blocks on the runtime
+    // that carries its requests, so it waits on a blocking thread.
+    let traces_gw = gw.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(t) = &traces_gw.traces {
+            t.shutdown();
+        }
+    })
+    .await;
 }
 
 /// Samples the tenants' weighted service and backlog ten times per
@@ -562,15 +528,4 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
         (&Method::GET, "/v1/models") => admin::models(&gw),
         _ => ApiError::NotFound.into_response(),
     }
-}
-
-/// The trace exporter for `[telemetry] otlp_endpoint`, or for
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` (both read and checked with the policy).
-fn otlp_exporter(policy: &Policy) -> Option<crate::telemetry::trace::Exporter> {
-    let endpoint = policy.telemetry.otlp_endpoint.as_deref()?;
-    tracing::info!(%endpoint, "exporting traces over OTLP/HTTP");
-    Some(crate::telemetry::trace::Exporter::start(
-        endpoint,
-        policy.telemetry.service_name.clone(),
-    ))
 }

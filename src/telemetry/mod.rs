@@ -1,4 +1,4 @@
 //! Telemetry: Prometheus metrics (`metrics`) and logging setup.
 
 pub mod metrics;
-pub mod trace;
+pub mod otel;

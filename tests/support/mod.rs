@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use fairway::PolicySource;
 use fairway::config::parse_policy;
-use fairway::proxy::server::{PolicySource, Server};
+use fairway::proxy::server::Server;
 use fairway::sim::backend::{SimBackend, SimHandle};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};

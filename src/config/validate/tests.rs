@@ -796,6 +796,7 @@ fn minimal_file_gets_every_default() {
             otlp_endpoint: None,
             service_name: "fairway".into(),
             fairness_window: Duration::from_secs(10),
+            sample_ratio: None,
         },
         queue: QueuePolicy {
             discipline: Discipline::Drf,

@@ -15,9 +15,9 @@ use http_body_util::Limited;
 use tower::{Layer, Service};
 
 use crate::proxy::body::BoxBody;
-use crate::proxy::dispatch::refuse;
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::Gateway;
+use crate::proxy::ticket::refuse;
 
 /// Adds [`BodyLimit`].
 #[derive(Clone)]

@@ -10,9 +10,9 @@ use http::{Request, Response};
 use tower::{Layer, Service};
 
 use crate::proxy::body::BoxBody;
-use crate::proxy::dispatch::refuse;
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::Gateway;
+use crate::proxy::ticket::refuse;
 
 /// Adds [`Drain`].
 #[derive(Clone)]

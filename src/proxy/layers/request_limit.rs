@@ -25,9 +25,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
 use crate::proxy::body::{BodyError, BoxBody};
-use crate::proxy::dispatch::refuse;
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::Gateway;
+use crate::proxy::ticket::refuse;
 
 /// Adds [`RequestLimit`]; its clones share one set of slots.
 #[derive(Clone)]

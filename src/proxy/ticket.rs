@@ -1,0 +1,391 @@
+//! One request's life in the gateway, and its one recorded outcome.
+//!
+//! A [`Ticket`] is made when a request enters and records when it drops, so
+//! an early return, an error, the end of the body, the client hanging up
+//! (the future or the body is dropped) or a handler panic (the ticket drops
+//! as it unwinds) each count once: in `fairway_requests_total`, the access
+//! log and, when traces are on, the request's spans.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, Request, Response};
+
+use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
+use crate::core::time::Instant;
+use crate::proxy::body::BoxBody;
+use crate::proxy::error::{ApiError, Outcome};
+use crate::proxy::gateway::{Gateway, Live};
+use crate::telemetry::metrics::RequestRecord;
+use crate::telemetry::otel;
+
+/// How a relayed body ended.
+#[derive(Debug)]
+pub enum BodyEnd {
+    Complete { usage: Option<Usage> },
+    UpstreamError(String),
+}
+
+/// One request's life in the gateway; records its outcome exactly once.
+pub struct Ticket {
+    pub(crate) gw: Arc<Gateway>,
+    pub(crate) live: Arc<Live>,
+    pub(crate) start: Instant,
+    /// The request's `x-request-id` (the edge sets one on every request).
+    request_id: Option<HeaderValue>,
+    /// The caller's `traceparent`/`tracestate`, kept for the access log's
+    /// trace id when traces are off.
+    caller_trace: Option<HeaderMap>,
+    pub(crate) tenant: Option<TenantId>,
+    pub(crate) pool: Option<(PoolId, usize)>,
+    /// Set once admitted: the scheduler knows the request.
+    pub(crate) id: Option<RequestId>,
+    pub(crate) backend: Option<BackendId>,
+    pub(crate) backend_name: String,
+    pub(crate) sent: Option<Instant>,
+    first_byte: Option<Instant>,
+    pub(crate) queue_wait: Option<Duration>,
+    pub(crate) prompt_estimate: u32,
+    /// What the client asked for (`max_tokens`, `stream`), for the access
+    /// log, so `fairway workload --from-access-log` can replay it.
+    pub(crate) max_tokens: Option<u32>,
+    pub(crate) stream_requested: bool,
+    /// The request's spans (all `Span::none()` when traces are off).
+    pub(crate) spans: Spans,
+    /// The response is an SSE stream: its first byte is the first token.
+    pub(crate) streaming: bool,
+    /// Times the request was preempted and queued again.
+    pub(crate) preempted: u32,
+    pub(crate) outcome: Option<Outcome>,
+    usage: Option<Usage>,
+    gpu_seconds: f64,
+    pub(crate) status: u16,
+}
+
+/// A request's spans: `fairway.request` and the phase open now.
+///
+/// They are created, replaced and dropped with the gateway's dispatch as
+/// the default: when a child closes, the registry releases its parent
+/// through the *default* dispatch, so a child closed under another one
+/// would keep `fairway.request` open forever.
+pub struct Spans {
+    /// `fairway.admission`, then `fairway.queue`, `fairway.upstream`,
+    /// `fairway.stream`: each closes as the next opens.
+    phase: tracing::Span,
+    pub request: tracing::Span,
+    dispatch: Option<tracing::Dispatch>,
+}
+
+impl Drop for Spans {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dispatch {
+            let phase = std::mem::replace(&mut self.phase, tracing::Span::none());
+            let request = std::mem::replace(&mut self.request, tracing::Span::none());
+            tracing::dispatcher::with_default(d, || {
+                drop(phase);
+                drop(request);
+            });
+        }
+    }
+}
+
+impl Spans {
+    fn new(gw: &Gateway, headers: &HeaderMap, request_id: Option<&HeaderValue>) -> Spans {
+        let Some(traces) = &gw.traces else {
+            return Spans {
+                request: tracing::Span::none(),
+                phase: tracing::Span::none(),
+                dispatch: None,
+            };
+        };
+        traces.in_scope(|| {
+            let request = tracing::info_span!(
+                target: "fairway::trace",
+                "fairway.request",
+                otel.kind = "server",
+                otel.status_code = tracing::field::Empty,
+                fairway.request_id = request_id.and_then(|v| v.to_str().ok()),
+                fairway.tenant = tracing::field::Empty,
+                fairway.model = tracing::field::Empty,
+                fairway.backend = tracing::field::Empty,
+                fairway.outcome = tracing::field::Empty,
+                http.response.status_code = tracing::field::Empty,
+            );
+            otel::join_caller(&request, headers);
+            let phase = tracing::info_span!(target: "fairway::trace", parent: &request, "fairway.admission");
+            Spans {
+                request,
+                phase,
+                dispatch: Some(traces.dispatch().clone()),
+            }
+        })
+    }
+
+    /// Closes the phase open now and opens `next` (a `Span::none()` when
+    /// traces are off).
+    pub(crate) fn next(&mut self, gw: &Gateway, next: Phase) {
+        let Some(traces) = &gw.traces else { return };
+        let parent = &self.request;
+        let phase = &mut self.phase;
+        traces.in_scope(|| {
+            let old = std::mem::replace(phase, tracing::Span::none());
+            drop(old);
+            *phase = match next {
+                Phase::Queue => {
+                    tracing::info_span!(target: "fairway::trace", parent: parent, "fairway.queue")
+                }
+                Phase::Upstream { backend } => tracing::info_span!(
+                    target: "fairway::trace",
+                    parent: parent,
+                    "fairway.upstream",
+                    otel.kind = "client",
+                    fairway.backend = backend,
+                ),
+                Phase::Stream => tracing::info_span!(
+                    target: "fairway::trace",
+                    parent: parent,
+                    "fairway.stream",
+                    gen_ai.usage.input_tokens = tracing::field::Empty,
+                    gen_ai.usage.output_tokens = tracing::field::Empty,
+                ),
+            };
+        });
+    }
+
+    /// Writes the upstream span's context into the backend request's
+    /// headers (traces on only: otherwise the caller's pass untouched).
+    pub(crate) fn inject(&self, gw: &Gateway, headers: &mut HeaderMap) {
+        if gw.traces.is_some() {
+            otel::inject(&self.phase, headers);
+        }
+    }
+}
+
+/// The phases after admission, in order.
+pub(crate) enum Phase<'a> {
+    Queue,
+    Upstream { backend: &'a str },
+    Stream,
+}
+
+impl Ticket {
+    pub(crate) fn new(
+        gw: Arc<Gateway>,
+        live: Arc<Live>,
+        start: Instant,
+        headers: &HeaderMap,
+    ) -> Self {
+        let request_id = headers.get("x-request-id").cloned();
+        let spans = Spans::new(&gw, headers, request_id.as_ref());
+        let caller_trace =
+            (gw.traces.is_none() && headers.contains_key("traceparent")).then(|| {
+                let mut h = HeaderMap::new();
+                for name in ["traceparent", "tracestate"] {
+                    if let Some(v) = headers.get(name) {
+                        h.insert(name, v.clone());
+                    }
+                }
+                h
+            });
+        Ticket {
+            gw,
+            live,
+            start,
+            request_id,
+            caller_trace,
+            tenant: None,
+            pool: None,
+            id: None,
+            backend: None,
+            backend_name: String::new(),
+            sent: None,
+            first_byte: None,
+            queue_wait: None,
+            prompt_estimate: 0,
+            max_tokens: None,
+            stream_requested: false,
+            spans,
+            streaming: false,
+            preempted: 0,
+            outcome: None,
+            usage: None,
+            gpu_seconds: 0.0,
+            status: 0,
+        }
+    }
+
+    /// Notes the first body byte from the backend (TTFT).
+    pub fn first_byte(&mut self) {
+        if self.first_byte.is_none() {
+            self.first_byte = Some(self.gw.clock.now());
+            self.spans.next(&self.gw, Phase::Stream);
+        }
+    }
+
+    /// The body ended (complete or broken).
+    pub fn end(mut self, how: BodyEnd) {
+        match how {
+            BodyEnd::Complete { usage } => {
+                self.usage = usage;
+                if self.outcome.is_none() {
+                    self.outcome = Some(Outcome::Served);
+                }
+            }
+            BodyEnd::UpstreamError(cause) => {
+                tracing::warn!(backend = %self.backend_name, %cause, "stream from backend broke");
+                self.outcome = Some(Outcome::FailedUpstream);
+            }
+        }
+        // Drop records.
+    }
+
+    /// Ends the request in the scheduler (completion or cancel).
+    fn settle_core(&mut self, now: Instant) {
+        let Some(id) = self.id.take() else { return };
+        let mut core = self.gw.core.lock();
+        core.waiters.remove(&id);
+        if self.streaming
+            && let (Some(backend), Some(sent), Some(first)) =
+                (self.backend, self.sent, self.first_byte)
+        {
+            core.sched.observe_ttft(backend, first - sent);
+        }
+        // Served responses correct the fair-queue charge with real usage;
+        // anything else ends like a cancel (queued: leaves the queue).
+        let (ended, decisions) = match (self.outcome, self.usage) {
+            (Some(Outcome::Served), usage @ Some(_)) => {
+                match core.sched.on_completion(now, id, usage) {
+                    Some((e, d)) => (Some(e), d),
+                    None => (None, Vec::new()),
+                }
+            }
+            _ => core.sched.on_cancel(now, id),
+        };
+        if let Some(e) = ended {
+            self.gpu_seconds = e.gpu_seconds;
+        }
+        if let (Some(Outcome::Served), Some(u), Some(t)) = (self.outcome, self.usage, self.tenant) {
+            let i = t.0 as usize;
+            if core.service.len() <= i {
+                core.service.resize(i + 1, 0.0);
+            }
+            core.service[i] += f64::from(u.prompt_tokens) + f64::from(u.completion_tokens);
+        }
+        core.deliver(decisions, None);
+    }
+
+    /// Sets the request span's closing fields.
+    fn close_spans(&self, tenant: &str, model: &str, outcome: Outcome) {
+        let span = &self.spans.request;
+        if span.is_none() {
+            return;
+        }
+        span.record("fairway.tenant", tenant);
+        span.record("fairway.model", model);
+        span.record("fairway.backend", self.backend_name.as_str());
+        span.record("fairway.outcome", outcome.as_str());
+        span.record("http.response.status_code", i64::from(self.status));
+        if outcome != Outcome::Served {
+            span.record("otel.status_code", "ERROR");
+        }
+        if self.first_byte.is_some() {
+            let usage = self.usage.unwrap_or_default();
+            self.spans
+                .phase
+                .record("gen_ai.usage.input_tokens", i64::from(usage.prompt_tokens));
+            self.spans.phase.record(
+                "gen_ai.usage.output_tokens",
+                i64::from(usage.completion_tokens),
+            );
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let now = self.gw.clock.now();
+        if std::thread::panicking() {
+            // Dropped while a handler panic unwinds: the edge answers 500.
+            self.outcome = Some(Outcome::Error);
+            self.status = 500;
+        } else if self.outcome.is_none() {
+            self.outcome = Some(Outcome::Cancelled);
+        }
+        self.settle_core(now);
+        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        let policy = &self.live.policy;
+        let tenant_policy = self
+            .tenant
+            .and_then(|t| self.live.tenant_policy.get(&t))
+            .map(|i| &policy.tenants[*i]);
+        let tenant = match (self.tenant, tenant_policy) {
+            (_, Some(p)) => p.name.as_str(),
+            (Some(_), None) => "default",
+            (None, None) => "unknown",
+        };
+        let model = self
+            .pool
+            .map_or("unknown", |(_, i)| policy.pools[i].model.as_str());
+        let e2e = now - self.start;
+        let ttft = self.first_byte.map(|t| t - self.start);
+        let goodput = outcome == Outcome::Served
+            && tenant_policy
+                .is_none_or(|p| e2e <= p.slo.e2e && ttft.is_some_and(|t| t <= p.slo.ttft));
+        let overhead = self
+            .sent
+            .map(|s| (s - self.start).saturating_sub(self.queue_wait.unwrap_or_default()));
+        let usage = self.usage.unwrap_or_default();
+        self.gw.metrics.record(&RequestRecord {
+            tenant,
+            model,
+            outcome: outcome.as_str(),
+            reason: outcome.reason(),
+            goodput,
+            queue_wait: self.queue_wait,
+            ttft,
+            e2e,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            gpu_seconds: self.gpu_seconds,
+            overhead,
+        });
+        self.close_spans(tenant, model, outcome);
+        let trace_id = otel::trace_id(&self.spans.request, self.caller_trace.as_ref());
+        tracing::info!(
+            target: "fairway::access",
+            request_id = self.request_id.as_ref().and_then(|v| v.to_str().ok()),
+            trace_id = trace_id.map(tracing::field::display),
+            tenant,
+            model,
+            backend = %self.backend_name,
+            outcome = outcome.as_str(),
+            reason = outcome.reason(),
+            status = self.status,
+            queue_wait_ms = self.queue_wait.map(|d| d.as_secs_f64() * 1e3),
+            ttft_ms = ttft.map(|d| d.as_secs_f64() * 1e3),
+            e2e_ms = e2e.as_secs_f64() * 1e3,
+            prompt_tokens = usage.prompt_tokens,
+            completion_tokens = usage.completion_tokens,
+            prompt_tokens_estimate = self.prompt_estimate,
+            max_tokens = self.max_tokens,
+            stream = self.stream_requested,
+            preempted = self.preempted,
+            gpu_seconds = self.gpu_seconds,
+            "request"
+        );
+    }
+}
+
+/// Answers a request that the edge refuses before the scheduling path
+/// (over a cap, draining, body too large), recording its one outcome.
+pub fn refuse<B>(gw: &Arc<Gateway>, req: &Request<B>, error: ApiError) -> Response<BoxBody> {
+    let mut ticket = Ticket::new(
+        gw.clone(),
+        gw.live.load_full(),
+        gw.clock.now(),
+        req.headers(),
+    );
+    ticket.outcome = Some(error.outcome());
+    ticket.status = error.status().as_u16();
+    error.into_response()
+}
