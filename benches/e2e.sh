@@ -6,6 +6,9 @@
 # ratios share the machine's noise. Needs: wrk, nginx, curl (Debian).
 #
 #   benches/e2e.sh [seconds-per-run] [rounds]
+#
+# BASE=path/to/an/older/fairway adds that build as a fourth target
+# ("base"), run in the same rounds, for a before/after in one session.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-5}
@@ -49,6 +52,14 @@ $BIN serve --config $WORK/g0.toml --watch-interval 0s >/dev/null &
 G0=$!
 $BIN serve --config $WORK/g20.toml --watch-interval 0s >/dev/null &
 G20=$!
+if [ -n "${BASE:-}" ]; then
+  gateway_conf 18013 18023 18001 > $WORK/b0.toml
+  gateway_conf 18014 18024 18002 > $WORK/b20.toml
+  $BASE serve --config $WORK/b0.toml --watch-interval 0s >/dev/null &
+  B0=$!
+  $BASE serve --config $WORK/b20.toml --watch-interval 0s >/dev/null &
+  B20=$!
+fi
 
 cat > $WORK/nginx.conf <<CONF
 worker_processes 2;
@@ -95,7 +106,7 @@ nginx_pids() { echo "$(cat $WORK/nginx.pid)"; }
 run() { # name url conns pids...
   local name=$1 url=$2 conns=$3; shift 3
   local script=$WORK/post.lua
-  case $url in *18002|*18012|*18032) script=$WORK/post2.lua ;; esac
+  case $url in *18002|*18012|*18014|*18032) script=$WORK/post2.lua ;; esac
   local before=0 after=0
   [ $# -gt 0 ] && before=$(cpu_ticks "$@")
   wrk -t2 -c$conns -d${SECS}s --latency -s $script $url/v1/chat/completions > $WORK/out.txt
@@ -121,6 +132,7 @@ echo -e "target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx"
 for r in $(seq $ROUNDS); do
   run direct http://127.0.0.1:18001 64
   run fairway http://127.0.0.1:18011 64 $G0
+  [ -n "${BASE:-}" ] && run base http://127.0.0.1:18013 64 $B0
   run nginx http://127.0.0.1:18031 64 $(nginx_pids)
 done
 echo
@@ -129,6 +141,7 @@ echo -e "target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx"
 for r in $(seq $ROUNDS); do
   run direct http://127.0.0.1:18002 10
   run fairway http://127.0.0.1:18012 10 $G20
+  [ -n "${BASE:-}" ] && run base http://127.0.0.1:18014 10 $B20
   run nginx http://127.0.0.1:18032 10 $(nginx_pids)
 done
 echo

@@ -1251,3 +1251,39 @@ fn fairness_window_is_read_and_at_least_a_second() {
     assert_eq!(errs[0].path, "telemetry.fairness_window");
     assert!(errs[0].message.contains("at least 1s"), "{}", errs[0]);
 }
+
+#[test]
+fn listener_caps_and_header_timeout_are_read_and_checked() {
+    let p = parse(&format!(
+        "[server]\nmax_connections = 100\nmax_requests = 50\nheader_read_timeout = \"2s\"\n{POOL}"
+    ))
+    .unwrap();
+    assert_eq!(p.server.max_connections, 100);
+    assert_eq!(p.server.max_requests, 50);
+    assert_eq!(p.server.header_read_timeout, Duration::from_secs(2));
+    let errs = parse(&format!(
+        "[server]\nmax_connections = 0\nmax_requests = -1\nheader_read_timeout = \"0s\"\n{POOL}"
+    ))
+    .unwrap_err();
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "server.max_connections",
+            "server.max_requests",
+            "server.header_read_timeout"
+        ],
+        "{errs:#?}"
+    );
+}
+
+#[test]
+fn sample_ratio_is_a_share_between_zero_and_one() {
+    let p = parse(&format!("{POOL}[telemetry]\nsample_ratio = 0.25\n")).unwrap();
+    assert_eq!(p.telemetry.sample_ratio, Some(0.25));
+    assert_eq!(parse(POOL).unwrap().telemetry.sample_ratio, None);
+    let errs = parse(&format!("{POOL}[telemetry]\nsample_ratio = 1.5\n")).unwrap_err();
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "telemetry.sample_ratio");
+    assert!(errs[0].message.contains("between 0 and 1"), "{}", errs[0]);
+}

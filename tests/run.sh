@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The test command: installs the system tools the tests use when they are
+# missing, then runs every test. With the tools present nothing is skipped
+# (CI=true makes a missing tool a failure instead of a skip).
+#
+#   tests/run.sh [cargo test arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# tool → Debian package
+declare -A need_pkg=(
+  [promtool]=prometheus   # checks our exposition format; a real Prometheus scrapes the gateway
+  [prlimit]=util-linux    # runs the gateway at a low fd limit (accept back-off test)
+)
+missing=()
+for tool in "${!need_pkg[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("${need_pkg[$tool]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+CI=true exec cargo test "$@"
