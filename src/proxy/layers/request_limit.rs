@@ -19,7 +19,6 @@ use bytes::Bytes;
 use futures_util::future::{Either, Ready};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
@@ -68,9 +67,9 @@ impl<S, B> Service<Request<B>> for RequestLimit<S>
 where
     S: Service<Request<B>, Response = Response<BoxBody>>,
 {
-    type Response = Response<BoxBody>;
     type Error = S::Error;
-    type Future = Either<Ready<Result<Response<BoxBody>, S::Error>>, Held<S::Future>>;
+    type Response = Response<PermitBody>;
+    type Future = Either<Ready<Result<Response<PermitBody>, S::Error>>, Held<S::Future>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -89,6 +88,10 @@ where
                     .refused_requests
                     .fetch_add(1, Ordering::Relaxed);
                 let resp = refuse(gw, &req, ApiError::Overloaded(self.limit.max));
+                let resp = resp.map(|body| PermitBody {
+                    body,
+                    _permit: None,
+                });
                 Either::Left(futures_util::future::ready(Ok(resp)))
             }
         }
@@ -109,18 +112,15 @@ impl<F, E> Future for Held<F>
 where
     F: Future<Output = Result<Response<BoxBody>, E>>,
 {
-    type Output = F::Output;
+    type Output = Result<Response<PermitBody>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let resp = ready!(this.inner.poll(cx))?;
         let permit = this.permit.take();
-        Poll::Ready(Ok(resp.map(|body| {
-            PermitBody {
-                body,
-                _permit: permit,
-            }
-            .boxed_unsync()
+        Poll::Ready(Ok(resp.map(|body| PermitBody {
+            body,
+            _permit: permit,
         })))
     }
 }
@@ -128,7 +128,7 @@ where
 pin_project! {
     /// A response body that frees its request's slot when it is dropped
     /// (ended, or abandoned by the client).
-    struct PermitBody {
+    pub struct PermitBody {
         #[pin]
         body: BoxBody,
         _permit: Option<OwnedSemaphorePermit>,
