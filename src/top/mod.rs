@@ -1,13 +1,13 @@
 //! `fairway top`: a terminal view of a running gateway for operators
-//! without Grafana. This module is the rendering half, and it is sans-IO.
+//! without Grafana.
 //!
-//! The caller fetches the gateway's admin `/metrics` body, turns it into a
-//! [`Snapshot`] together with the instant it was read
-//! ([`Snapshot::from_text`]), and passes the previous and the current
-//! snapshot to [`render`], which returns plain text to print after clearing
-//! the screen. Counters become rates over the interval between the two
-//! scrapes, and histograms give p99s over the observations made in that
-//! interval.
+//! [`run`] is the loop: a [`Scraper`] fetches the gateway's admin
+//! `/metrics` body every interval and reads it into a [`Snapshot`]
+//! together with the instant it was read; [`render`] turns the previous
+//! and the current snapshot into plain text to print. Counters become rates
+//! over the interval between the two scrapes, and histograms give p99s over
+//! the observations made in that interval. Everything but the scrape and the
+//! loop is sans-IO.
 //!
 //! What it reads, by the names and labels that
 //! [`crate::telemetry::metrics`] exports:
@@ -28,6 +28,7 @@
 //! histogram whose buckets went down is read the same way.
 //!
 //! Files:
+//! - `run.rs`: [`run`], the loop; `scrape.rs`: [`Scraper`], the HTTP side.
 //! - `snapshot.rs`: [`Snapshot`], a scrape read into per-tenant and
 //!   per-backend figures.
 //! - `rates.rs`: counter increases and windowed p99s between two snapshots.
@@ -37,6 +38,8 @@
 mod format;
 mod rates;
 mod render;
+mod run;
+mod scrape;
 mod snapshot;
 mod table;
 
@@ -44,4 +47,6 @@ mod table;
 mod fixtures;
 
 pub use render::render;
+pub use run::{TopError, run};
+pub use scrape::{SCRAPE_TIMEOUT, ScrapeError, Scraper};
 pub use snapshot::Snapshot;
