@@ -53,6 +53,7 @@ enum Command {
     Load(LoadArgs),
     /// A terminal view of a running gateway: per-tenant rates, p99 against
     /// the SLO, queue and refusals; per-backend health, KV and in flight.
+    /// Follows the terminal's size; `q`, Esc or Ctrl-C quits.
     Top {
         /// The gateway's admin listener.
         #[arg(long, default_value = "127.0.0.1:9090")]

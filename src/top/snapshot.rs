@@ -49,7 +49,7 @@ pub(super) struct BackendFigures {
 /// Counters of one scrape, kept to turn the next scrape into rates.
 ///
 /// Also holds the scrape's gauges (queues, in-flight counts, SLO targets,
-/// backend state), which [`render`] shows as they are.
+/// backend state), which [`render`](super::render) shows as they are.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     /// When the body was read, in seconds on any clock the caller keeps
