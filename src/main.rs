@@ -53,6 +53,7 @@ enum Command {
     Load(LoadArgs),
     /// A terminal view of a running gateway: per-tenant rates, p99 against
     /// the SLO, queue and refusals; per-backend health, KV and in flight.
+    /// Follows the terminal's size; `q`, Esc or Ctrl-C quits.
     Top {
         /// The gateway's admin listener.
         #[arg(long, default_value = "127.0.0.1:9090")]
@@ -161,7 +162,9 @@ fn main() -> ExitCode {
             admin,
             interval,
             once,
-        } => report(runtime().and_then(|rt| rt.block_on(top(&admin, interval, once)))),
+        } => report(
+            runtime().and_then(|rt| Ok(rt.block_on(fairway::top::run(&admin, interval, once))?)),
+        ),
         Command::Workload {
             scenario,
             from_access_log,
@@ -610,53 +613,4 @@ fn write_workload(
         None => print!("{text}"),
     }
     Ok(())
-}
-
-/// `fairway top`: scrapes `/metrics` every `interval` and redraws.
-async fn top(admin: &str, interval: Duration, once: bool) -> anyhow::Result<()> {
-    use http_body_util::BodyExt;
-    use std::io::IsTerminal;
-    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
-    let clock = fairway::clock::Clock::new();
-    let url = format!("http://{admin}/metrics");
-    let scrape = async || -> anyhow::Result<fairway::top::Snapshot> {
-        let req = http::Request::get(&url).body(http_body_util::Full::new(bytes::Bytes::new()))?;
-        let resp = tokio::time::timeout(Duration::from_secs(5), client.request(req))
-            .await
-            .with_context(|| format!("{url}: no answer in 5 s"))?
-            .with_context(|| format!("scraping {url}"))?;
-        anyhow::ensure!(
-            resp.status().is_success(),
-            "{url} answered {}",
-            resp.status()
-        );
-        let body = resp.into_body().collect().await?.to_bytes();
-        fairway::top::Snapshot::from_text(
-            &String::from_utf8_lossy(&body),
-            clock.now().as_secs_f64(),
-        )
-        .map_err(|e| anyhow::anyhow!("{url}: {e}"))
-    };
-    let width = std::env::var("COLUMNS")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(140);
-    let tty = std::io::stdout().is_terminal();
-    let mut prev = scrape().await?;
-    loop {
-        tokio::time::sleep(interval).await;
-        let cur = scrape().await?;
-        let frame = fairway::top::render(Some(&prev), &cur, width);
-        if once {
-            print!("{frame}");
-            return Ok(());
-        }
-        if tty {
-            print!("\x1b[2J\x1b[H");
-        }
-        println!("{frame}");
-        prev = cur;
-    }
 }

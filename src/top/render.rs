@@ -1,0 +1,320 @@
+//! [`render`]: the view as plain text, two tables under a header line.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::format::{fmt_count, fmt_duration, fmt_opt_duration, fmt_pct, fmt_rate};
+use super::rates::{increase, p99_between, p99_by_model, series_increase};
+use super::snapshot::{Series, Snapshot};
+use super::table::{push_line, write_table};
+
+/// Refusals per second by reason (`concurrency:0.5 rate:2.0`, reasons in
+/// name order), or `-` when there is no rate or no refusal.
+fn refused_cell(
+    prev: Option<&BTreeMap<Series, f64>>,
+    cur: &BTreeMap<Series, f64>,
+    dt: Option<f64>,
+) -> String {
+    let Some(dt) = dt else {
+        return "-".to_owned();
+    };
+    let mut by_reason: BTreeMap<&str, f64> = BTreeMap::new();
+    for (k, v) in cur {
+        if k.1 != "refused" {
+            continue;
+        }
+        let inc = series_increase(prev.and_then(|p| p.get(k)).copied(), *v);
+        *by_reason.entry(k.2.as_str()).or_insert(0.0) += inc;
+    }
+    let parts: Vec<String> = by_reason
+        .iter()
+        .filter(|&(_, inc)| *inc > 0.0)
+        .map(|(reason, inc)| {
+            let reason: &str = if reason.is_empty() { "other" } else { reason };
+            format!("{reason}:{}", fmt_rate(*inc / dt))
+        })
+        .collect();
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// Renders the view: `prev` (the previous scrape, if any) gives rates and
+/// windowed p99s (bucket deltas between the two scrapes; fall back to
+/// cumulative when there is no prev or no new observations).
+///
+/// Rates need a `prev` read strictly before `cur`; otherwise they show as
+/// `-`. Lines fit in `width` columns (0: no limit): a table that does not
+/// fit drops whole columns from the right, with a note naming them, rather
+/// than cutting a number.
+pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
+    let width = if width == 0 { usize::MAX } else { width };
+    let dt = prev
+        .map(|p| cur.at_secs - p.at_secs)
+        .filter(|d| d.is_finite() && *d > 0.0);
+    let base = prev.filter(|_| dt.is_some());
+    let mut out = String::new();
+
+    let mut head = String::from("fairway top");
+    let jain = cur
+        .jain
+        .filter(|j| j.is_finite())
+        .map_or_else(|| "-".to_owned(), |j| format!("{j:.2}"));
+    let _ = write!(head, "  jain {jain}");
+    if let Some(o) = p99_between(base.map(|p| p.overhead.as_slice()), &cur.overhead) {
+        let _ = write!(head, "  overhead p99 {}", fmt_duration(o));
+    }
+    match dt {
+        Some(d) => {
+            let _ = write!(head, "  window {}", fmt_duration(d));
+        }
+        None => head.push_str("  (rates from the next scrape)"),
+    }
+    push_line(&mut out, &head, width);
+    out.push('\n');
+
+    let mut rows = Vec::new();
+    for (name, t) in &cur.tenants {
+        let pt = base.and_then(|p| p.tenants.get(name));
+        let rate = |inc: f64| dt.map_or_else(|| "-".to_owned(), |d| fmt_rate(inc / d));
+        let prev_requests = pt.map(|p| &p.requests);
+        let requests = increase(prev_requests, &t.requests, |_| true);
+        let served = increase(prev_requests, &t.requests, |k| k.1 == "served");
+        let goodput = increase(pt.map(|p| &p.goodput), &t.goodput, |_| true);
+        let ttft = p99_by_model(pt.map(|p| &p.ttft), &t.ttft);
+        let e2e = p99_by_model(pt.map(|p| &p.e2e), &t.e2e);
+        rows.push(vec![
+            name.clone(),
+            rate(requests),
+            rate(served),
+            rate(goodput),
+            against_slo(ttft, t.slo_ttft),
+            fmt_opt_duration(t.slo_ttft),
+            against_slo(e2e, t.slo_e2e),
+            fmt_opt_duration(t.slo_e2e),
+            fmt_count(t.queued),
+            fmt_count(t.in_flight),
+            refused_cell(prev_requests, &t.requests, dt),
+            t.preempted.map_or_else(
+                || "-".to_owned(),
+                |c| rate(series_increase(pt.and_then(|p| p.preempted), c)),
+            ),
+        ]);
+    }
+    if rows.is_empty() {
+        push_line(&mut out, "(no tenants yet)", width);
+    } else {
+        write_table(
+            &mut out,
+            &[
+                "tenant",
+                "req/s",
+                "served/s",
+                "goodput/s",
+                "ttft p99",
+                "slo ttft",
+                "e2e p99",
+                "slo e2e",
+                "queued",
+                "in flight",
+                "refused/s",
+                "preempt/s",
+            ],
+            &[
+                true, false, false, false, false, false, false, false, false, false, true, false,
+            ],
+            &rows,
+            width,
+        );
+    }
+    out.push('\n');
+
+    let mut rows = Vec::new();
+    for ((backend, model), b) in &cur.backends {
+        let healthy = match b.healthy {
+            Some(h) if h.is_finite() => {
+                if h >= 0.5 {
+                    "up"
+                } else {
+                    "DOWN"
+                }
+            }
+            _ => "-",
+        };
+        rows.push(vec![
+            backend.clone(),
+            model.clone(),
+            healthy.to_owned(),
+            format!("{}/{}", fmt_count(b.in_flight), fmt_count(b.window)),
+            fmt_pct(b.kv_usage),
+            fmt_count(b.waiting),
+            fmt_opt_duration(b.reading_age),
+        ]);
+    }
+    if rows.is_empty() {
+        push_line(&mut out, "(no backends)", width);
+    } else {
+        write_table(
+            &mut out,
+            &[
+                "backend",
+                "model",
+                "healthy",
+                "in flight/window",
+                "kv %",
+                "waiting",
+                "reading age",
+            ],
+            &[true, true, true, false, false, false, false],
+            &rows,
+            width,
+        );
+    }
+    out
+}
+
+/// A p99 with `!` after it when it exceeds the (positive) SLO target.
+fn against_slo(p99: Option<f64>, slo: Option<f64>) -> String {
+    let Some(v) = p99 else {
+        return "-".to_owned();
+    };
+    let mut s = fmt_duration(v);
+    if slo.is_some_and(|l| l.is_finite() && l > 0.0 && v > l) {
+        s.push('!');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{alpha_after, alpha_before, body, hist, line_index, push, row};
+    use super::*;
+
+    #[test]
+    fn render_without_prev_shows_dashes_for_rates_and_cumulative_p99s() {
+        let snap = Snapshot::from_text(&body(&alpha_before()), 10.0).unwrap();
+        let text = render(None, &snap, 200);
+        let first = text.lines().next().unwrap();
+        assert!(first.starts_with("fairway top"), "{first}");
+        assert!(first.contains("jain 0.93"), "{first}");
+        // 60 of 100 at or below 50us, the rest up to 100us: p99 98.75us.
+        assert!(first.contains("overhead p99 99us"), "{first}");
+
+        assert_eq!(
+            row(&text, "alpha"),
+            [
+                "alpha", "-", "-", "-", "420ms", "500ms", "2.47s", "5.00s", "3", "5", "-", "-"
+            ]
+        );
+        // Beta's two models are summed; no SLO gauges.
+        assert_eq!(
+            row(&text, "beta"),
+            [
+                "beta", "-", "-", "-", "492ms", "-", "496ms", "-", "0", "1", "-", "-"
+            ]
+        );
+        assert_eq!(
+            row(&text, "gamma"),
+            [
+                "gamma", "-", "-", "-", "-", "-", "-", "-", "7", "0", "-", "-"
+            ]
+        );
+        assert_eq!(
+            row(&text, "gpu-a"),
+            ["gpu-a", "llama", "up", "3/8", "42%", "2", "250ms"]
+        );
+        assert_eq!(
+            row(&text, "gpu-b"),
+            ["gpu-b", "mistral", "DOWN", "0/4", "-", "-", "12.50s"]
+        );
+        assert!(line_index(&text, "alpha") < line_index(&text, "beta"));
+        assert!(line_index(&text, "beta") < line_index(&text, "gamma"));
+        assert!(line_index(&text, "gpu-a") < line_index(&text, "gpu-b"));
+        assert!(line_index(&text, "gamma") < line_index(&text, "backend"));
+
+        // A prev from the same instant gives no rate either.
+        let again = render(Some(&snap), &snap, 200);
+        assert_eq!(row(&again, "alpha")[1], "-");
+    }
+
+    #[test]
+    fn render_with_prev_gives_rates_and_windowed_p99s() {
+        let prev = Snapshot::from_text(&body(&alpha_before()), 10.0).unwrap();
+        let cur = Snapshot::from_text(&body(&alpha_after()), 12.0).unwrap();
+        let text = render(Some(&prev), &cur, 200);
+        assert!(text.lines().next().unwrap().contains("window 2.00s"));
+        // (20 served + 4 + 1 refused) / 2s; 18 good / 2s. The window's TTFTs
+        // all lie in 0.5-1s: p99 995ms (cumulative would be 970ms), over
+        // the 500ms SLO. The window's e2e p99 is 4.95s, within 5s.
+        assert_eq!(
+            row(&text, "alpha"),
+            [
+                "alpha",
+                "12.5",
+                "10.0",
+                "9.0",
+                "995ms!",
+                "500ms",
+                "4.95s",
+                "5.00s",
+                "3",
+                "5",
+                "concurrency:0.5",
+                "rate:2.0",
+                // 3 preempted in 2 s.
+                "1.5"
+            ]
+        );
+        // Nothing new for beta: rates 0, p99s fall back to cumulative.
+        assert_eq!(
+            row(&text, "beta"),
+            [
+                "beta", "0.0", "0.0", "0.0", "492ms", "-", "496ms", "-", "0", "1", "-", "-"
+            ]
+        );
+        assert_eq!(row(&text, "gamma")[1], "0.0");
+    }
+
+    #[test]
+    fn an_slo_breach_is_marked() {
+        let mut o = String::new();
+        push(
+            &mut o,
+            "fairway_tenant_slo_ttft_seconds",
+            &[("tenant", "t")],
+            0.05,
+        );
+        push(
+            &mut o,
+            "fairway_tenant_slo_e2e_seconds",
+            &[("tenant", "t")],
+            1.0,
+        );
+        // TTFT all at or below 0.1s, e2e between 2.5s and 5s.
+        hist(&mut o, "fairway_ttft_seconds", "t", "m", [4.0; 6]);
+        hist(
+            &mut o,
+            "fairway_e2e_seconds",
+            "t",
+            "m",
+            [0.0, 0.0, 0.0, 0.0, 4.0, 4.0],
+        );
+        hist(&mut o, "fairway_ttft_seconds", "ok", "m", [4.0; 6]);
+        push(
+            &mut o,
+            "fairway_tenant_slo_ttft_seconds",
+            &[("tenant", "ok")],
+            0.2,
+        );
+        let snap = Snapshot::from_text(&o, 0.0).unwrap();
+        let text = render(None, &snap, 120);
+        let t = row(&text, "t");
+        assert_eq!(t[4], "99ms!", "{text}");
+        assert!(t[6].ends_with("s!"), "{text}");
+        let ok = row(&text, "ok");
+        assert_eq!(ok[4], "99ms", "{text}");
+        assert!(!text.contains("-!"));
+    }
+}

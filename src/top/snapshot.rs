@@ -1,0 +1,270 @@
+//! [`Snapshot`]: one `/metrics` scrape read into per-tenant and
+//! per-backend figures, kept to turn the next scrape into rates.
+
+use std::collections::BTreeMap;
+
+use crate::poller::expo::parse_float;
+use crate::poller::{Bucket, Sample, parse};
+
+/// A `fairway_requests_total` series of one tenant: (model, outcome, reason).
+pub(super) type Series = (String, String, String);
+
+/// Cumulative histogram buckets by model.
+pub(super) type ByModel = BTreeMap<String, Vec<Bucket>>;
+
+/// One tenant's figures in one scrape.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct TenantFigures {
+    /// `fairway_requests_total` by (model, outcome, reason).
+    pub(super) requests: BTreeMap<Series, f64>,
+    /// `fairway_goodput_total` by model.
+    pub(super) goodput: BTreeMap<String, f64>,
+    /// `fairway_ttft_seconds` buckets by model.
+    pub(super) ttft: ByModel,
+    /// `fairway_e2e_seconds` buckets by model.
+    pub(super) e2e: ByModel,
+    /// `fairway_queue_depth`.
+    pub(super) queued: Option<f64>,
+    /// `fairway_tenant_in_flight`.
+    pub(super) in_flight: Option<f64>,
+    /// `fairway_preemptions_total`.
+    pub(super) preempted: Option<f64>,
+    /// `fairway_tenant_slo_ttft_seconds`.
+    pub(super) slo_ttft: Option<f64>,
+    /// `fairway_tenant_slo_e2e_seconds`.
+    pub(super) slo_e2e: Option<f64>,
+}
+
+/// One backend's gauges in one scrape.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct BackendFigures {
+    pub(super) healthy: Option<f64>,
+    pub(super) in_flight: Option<f64>,
+    pub(super) window: Option<f64>,
+    pub(super) kv_usage: Option<f64>,
+    pub(super) waiting: Option<f64>,
+    pub(super) reading_age: Option<f64>,
+}
+
+/// Counters of one scrape, kept to turn the next scrape into rates.
+///
+/// Also holds the scrape's gauges (queues, in-flight counts, SLO targets,
+/// backend state), which [`render`](super::render) shows as they are.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    /// When the body was read, in seconds on any clock the caller keeps
+    /// steady between scrapes.
+    pub(super) at_secs: f64,
+    /// Per-tenant figures, by tenant name.
+    pub(super) tenants: BTreeMap<String, TenantFigures>,
+    /// Per-backend gauges, by (backend, model).
+    pub(super) backends: BTreeMap<(String, String), BackendFigures>,
+    /// `fairway_jain_fairness_index`, when exported.
+    pub(super) jain: Option<f64>,
+    /// `fairway_overhead_seconds` cumulative buckets.
+    pub(super) overhead: Vec<Bucket>,
+}
+
+impl Snapshot {
+    /// Reads a `/metrics` body read at `at_secs` (seconds on a clock the
+    /// caller keeps steady between scrapes; only differences are used).
+    ///
+    /// `Err` (a message for the operator) when the body is not a Prometheus
+    /// exposition, or holds no `fairway_` metric at all (the address is
+    /// some other server).
+    pub fn from_text(text: &str, at_secs: f64) -> Result<Snapshot, String> {
+        let expo = parse(text).map_err(|e| format!("not a Prometheus exposition: {e}"))?;
+        if !expo.samples.iter().any(|s| s.name.starts_with("fairway_")) {
+            return Err(
+                "no fairway_ metrics in the body; is this Fairway's admin /metrics endpoint?"
+                    .to_owned(),
+            );
+        }
+        let mut snap = Snapshot {
+            at_secs,
+            ..Snapshot::default()
+        };
+        for s in &expo.samples {
+            snap.add(s);
+        }
+        Ok(snap)
+    }
+
+    /// When the body was read, as passed to [`Snapshot::from_text`].
+    pub fn at_secs(&self) -> f64 {
+        self.at_secs
+    }
+
+    /// Folds one sample in; samples of other families are ignored.
+    fn add(&mut self, s: &Sample) {
+        let v = s.value;
+        match s.name.as_str() {
+            "fairway_jain_fairness_index" => self.jain = Some(v),
+            "fairway_overhead_seconds_bucket" => add_bucket(&mut self.overhead, s),
+            "fairway_requests_total" => {
+                if let Some(t) = self.tenant(s) {
+                    let key = (label(s, "model"), label(s, "outcome"), label(s, "reason"));
+                    *t.requests.entry(key).or_insert(0.0) += v;
+                }
+            }
+            "fairway_goodput_total" => {
+                if let Some(t) = self.tenant(s) {
+                    *t.goodput.entry(label(s, "model")).or_insert(0.0) += v;
+                }
+            }
+            "fairway_ttft_seconds_bucket" => {
+                if let Some(t) = self.tenant(s) {
+                    add_bucket(t.ttft.entry(label(s, "model")).or_default(), s);
+                }
+            }
+            "fairway_e2e_seconds_bucket" => {
+                if let Some(t) = self.tenant(s) {
+                    add_bucket(t.e2e.entry(label(s, "model")).or_default(), s);
+                }
+            }
+            "fairway_queue_depth" => {
+                if let Some(t) = self.tenant(s) {
+                    t.queued = Some(v);
+                }
+            }
+            "fairway_tenant_in_flight" => {
+                if let Some(t) = self.tenant(s) {
+                    t.in_flight = Some(v);
+                }
+            }
+            "fairway_preemptions_total" => {
+                if let Some(t) = self.tenant(s) {
+                    t.preempted = Some(v);
+                }
+            }
+            "fairway_tenant_slo_ttft_seconds" => {
+                if let Some(t) = self.tenant(s) {
+                    t.slo_ttft = Some(v);
+                }
+            }
+            "fairway_tenant_slo_e2e_seconds" => {
+                if let Some(t) = self.tenant(s) {
+                    t.slo_e2e = Some(v);
+                }
+            }
+            name => {
+                if let Some(field) = name.strip_prefix("fairway_backend_") {
+                    self.add_backend(field, s);
+                }
+            }
+        }
+    }
+
+    /// The figures of the sample's tenant, created on first sight; `None`
+    /// when the sample has no `tenant` label.
+    fn tenant(&mut self, s: &Sample) -> Option<&mut TenantFigures> {
+        let name = s.label("tenant")?;
+        Some(self.tenants.entry(name.to_owned()).or_default())
+    }
+
+    /// Folds in a `fairway_backend_<field>` sample. Any such family makes
+    /// the backend known; only the fields the view shows are kept.
+    fn add_backend(&mut self, field: &str, s: &Sample) {
+        let Some(backend) = s.label("backend") else {
+            return;
+        };
+        let b = self
+            .backends
+            .entry((backend.to_owned(), label(s, "model")))
+            .or_default();
+        let slot = match field {
+            "healthy" => &mut b.healthy,
+            "in_flight" => &mut b.in_flight,
+            "window" => &mut b.window,
+            "kv_usage_ratio" => &mut b.kv_usage,
+            "waiting" => &mut b.waiting,
+            "reading_age_seconds" => &mut b.reading_age,
+            _ => return,
+        };
+        *slot = Some(s.value);
+    }
+}
+
+/// A label's value, or "" when absent.
+fn label(s: &Sample, name: &str) -> String {
+    s.label(name).unwrap_or("").to_owned()
+}
+
+/// Adds a `_bucket` sample to `buckets`, summing samples of the same bound.
+/// Samples with no or a `NaN` `le`, or a non-finite or negative count, are
+/// skipped.
+fn add_bucket(buckets: &mut Vec<Bucket>, s: &Sample) {
+    if !s.value.is_finite() || s.value < 0.0 {
+        return;
+    }
+    let Some(le) = s.label("le").and_then(parse_float) else {
+        return;
+    };
+    if le.is_nan() {
+        return;
+    }
+    match buckets.iter_mut().find(|b| b.le == le) {
+        Some(b) => b.count += s.value,
+        None => buckets.push(Bucket { le, count: s.value }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{alpha_before, body};
+    use super::super::render;
+    use super::*;
+
+    #[test]
+    fn parses_a_realistic_multi_tenant_exposition() {
+        let snap = Snapshot::from_text(&body(&alpha_before()), 10.0).unwrap();
+        assert_eq!(snap.at_secs(), 10.0);
+        let names: Vec<&str> = snap.tenants.keys().map(String::as_str).collect();
+        assert_eq!(names, ["alpha", "beta", "gamma"]);
+        assert_eq!(snap.jain, Some(0.93));
+        assert_eq!(snap.overhead.len(), 4);
+
+        let alpha = &snap.tenants["alpha"];
+        assert_eq!(alpha.requests.len(), 1);
+        assert_eq!(alpha.goodput["llama"], 95.0);
+        assert_eq!(alpha.ttft["llama"].len(), 6);
+        assert_eq!(alpha.slo_ttft, Some(0.5));
+        assert_eq!(alpha.slo_e2e, Some(5.0));
+        assert_eq!(alpha.queued, Some(3.0));
+        assert_eq!(alpha.in_flight, Some(5.0));
+
+        let beta = &snap.tenants["beta"];
+        assert_eq!(beta.ttft.len(), 2, "one histogram per model");
+        assert_eq!(beta.slo_ttft, None);
+        let gamma = &snap.tenants["gamma"];
+        assert!(gamma.requests.is_empty());
+        assert_eq!(gamma.queued, Some(7.0));
+
+        assert_eq!(snap.backends.len(), 2);
+        let a = &snap.backends[&("gpu-a".to_owned(), "llama".to_owned())];
+        assert_eq!(a.healthy, Some(1.0));
+        assert_eq!(a.kv_usage, Some(0.42));
+        let b = &snap.backends[&("gpu-b".to_owned(), "mistral".to_owned())];
+        assert_eq!(b.healthy, Some(0.0));
+        assert_eq!(b.kv_usage, None);
+        assert_eq!(b.reading_age, Some(12.5));
+    }
+
+    #[test]
+    fn garbage_input_is_an_error_not_a_panic() {
+        for text in [
+            "",
+            "<html><body>502 Bad Gateway</body></html>",
+            "{\"error\": \"not found\"}",
+            "fairway_requests_total{tenant=\"a",
+            "\u{0}\u{1}\u{fffd}\u{fffd}",
+            "up 1\nprocess_cpu_seconds_total 2.5\n",
+        ] {
+            assert!(Snapshot::from_text(text, 0.0).is_err(), "{text:?}");
+        }
+        // A body that is only partly odd still reads.
+        let mixed = "fairway_queue_depth{tenant=\"a\"} 2\nthis is not a sample\n";
+        let snap = Snapshot::from_text(mixed, 0.0).unwrap();
+        assert!(render(None, &snap, 80).contains("(no backends)"));
+    }
+}
