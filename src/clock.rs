@@ -1,5 +1,5 @@
 //! The one place that reads the wall clock: maps `std::time::Instant` onto
-//! the core's [`Instant`](crate::core::time::Instant).
+//! the core's [`Instant`].
 
 use crate::core::time::Instant;
 

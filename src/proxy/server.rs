@@ -264,21 +264,22 @@ async fn reload_on_signal(
 /// 1. `Sensitive`: `authorization`, `proxy-authorization`, `api-key`,
 ///    `cookie` and `set-cookie` are marked sensitive, so no layer or log
 ///    prints them.
-/// 2. `RequestId`: every request has an `x-request-id` (the client's when it is 1–128
-///    visible ASCII characters, else 32 random hex digits); it is sent to
-///    the backend with the other headers, written in the access log, set
-///    on the trace span, and returned on every response, errors included.
+/// 2. `RequestId`: every request has an `x-request-id` (the client's
+///    when it is 1–128 visible ASCII characters, else 32 random hex
+///    digits); it is sent to the backend with the other headers, written
+///    in the access log, set on the trace span, and returned on every
+///    response, errors included.
 /// 3. `CatchPanic`: a handler panic becomes a 500 with an OpenAI error
 ///    body (the request's ticket records outcome `error` as it unwinds).
 /// 4. `RequestLimit`: at most `[server] max_requests` requests in flight
 ///    on the listener, each until its body ends; beyond it, 503.
 /// 5. `Drain`: once shutdown starts, 503.
 /// 6. `BodyLimit`: `[server] max_body_bytes`, 413.
-/// 7. [`route`]: the inference routes go to [`dispatch::handle`] (tenant,
+/// 7. `route`: the inference routes go to [`dispatch::handle`] (tenant,
 ///    admission, queue, routing, relay); `/v1/models`; else 404.
 ///
 /// The layers that answer by themselves (4–6) record the request's one
-/// outcome through [`dispatch::refuse`].
+/// outcome through [`crate::proxy::ticket::refuse`].
 pub fn edge(
     gw: Arc<Gateway>,
     max_requests: usize,

@@ -28,7 +28,7 @@
 //! `request_id` fields of every line.
 //!
 //! The exporter's HTTP client is the gateway's own hyper client
-//! ([`HyperClient`]): the SDK's batch processor runs on its own thread and
+//! (`HyperClient`): the SDK's batch processor runs on its own thread and
 //! blocks on each export, and the request is handed to the gateway's tokio
 //! runtime, so neither reqwest nor a second runtime is built in.
 

@@ -20,6 +20,10 @@ use tower::{Layer, Service};
 
 const API_KEY: HeaderName = HeaderName::from_static("api-key");
 
+/// Built once: a `const` array would build its names on every use.
+static REQUEST: [HeaderName; 4] = [AUTHORIZATION, PROXY_AUTHORIZATION, API_KEY, COOKIE];
+static RESPONSE: [HeaderName; 1] = [SET_COOKIE];
+
 fn mark(headers: &mut HeaderMap, names: &[HeaderName]) {
     for (name, value) in headers.iter_mut() {
         if names.contains(name) {
@@ -58,10 +62,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        mark(
-            req.headers_mut(),
-            &[AUTHORIZATION, PROXY_AUTHORIZATION, API_KEY, COOKIE],
-        );
+        mark(req.headers_mut(), &REQUEST);
         MarkResponse {
             inner: self.inner.call(req),
         }
@@ -84,7 +85,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut resp = ready!(self.project().inner.poll(cx))?;
-        mark(resp.headers_mut(), &[SET_COOKIE]);
+        mark(resp.headers_mut(), &RESPONSE);
         Poll::Ready(Ok(resp))
     }
 }
