@@ -361,45 +361,18 @@ async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
         return;
     }
     let b = sim(M, 8).await;
-    let dir = std::env::temp_dir().join(format!("fairway-edge-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("policy.toml");
-    std::fs::write(
+    let path = temp_policy(
+        "fd-limit",
+        &policy("max_connections = 10000", &b.addr().to_string()),
+    );
+    let gw = ServeProcess::start(
+        &["prlimit", "--nofile=64:64"],
+        &[],
         &path,
-        policy("max_connections = 10000", &b.addr().to_string()),
-    )
-    .unwrap();
-    let mut child = Command::new("prlimit")
-        .args(["--nofile=64:64", env!("CARGO_BIN_EXE_fairway")])
-        .args([
-            "serve",
-            "--config",
-            path.to_str().unwrap(),
-            "--watch-interval",
-            "0s",
-        ])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    // Kept open to the end: the gateway prints more lines after this one.
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    stdout.read_line(&mut line).unwrap();
-    let addrs: Vec<std::net::SocketAddr> = line
-        .split("http://")
-        .skip(1)
-        .map(|s| {
-            s.trim_end_matches(|c: char| !c.is_ascii_digit())
-                .split(|c: char| c.is_whitespace() || c == ')')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap()
-        })
-        .collect();
-    let (addr, admin) = (addrs[0], addrs[1]);
-    let pid = child.id();
+        "error",
+        Stdio::inherit(),
+    );
+    let (addr, admin, pid) = (gw.addr, gw.admin, gw.pid());
     let outcome = tokio::task::spawn_blocking(move || {
         // More idle connections than the gateway has descriptors: the
         // kernel completes them all, the gateway cannot accept the rest.
@@ -416,7 +389,6 @@ async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
     .await
     .unwrap();
     // Without back-off this is ~2 s (a core spinning on accept4).
-    eprintln!("CPU {outcome}");
     assert!(
         outcome < 0.4,
         "gateway used {outcome:.2} CPU-s in 2 s at the fd limit"
@@ -431,43 +403,19 @@ async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
     let m = get(&client(), format!("http://{admin}/metrics"))
         .await
         .text();
-    eprintln!("ERR {:?}", metric(&m, "fairway_accept_errors_total"));
     assert!(
         metric(&m, "fairway_accept_errors_total").unwrap() >= 1.0,
         "{m}"
     );
-    let _ = child.kill();
-    let _ = child.wait();
-    drop(stdout);
+    drop(gw);
 }
 
 #[tokio::test]
 async fn the_access_log_line_carries_the_request_id_and_the_callers_trace_id() {
     let b = sim(M, 8).await;
-    let dir = std::env::temp_dir().join(format!("fairway-edge-log-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("policy.toml");
-    std::fs::write(&path, policy("", &b.addr().to_string())).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fairway"))
-        .args(["--log-json", "serve", "--config", path.to_str().unwrap()])
-        .args(["--watch-interval", "0s"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    stdout.read_line(&mut line).unwrap();
-    let addr: std::net::SocketAddr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let path = temp_policy("access-log", &policy("", &b.addr().to_string()));
+    let mut gw = ServeProcess::start(&[], &["--log-json"], &path, "info", Stdio::piped());
+    let addr = gw.addr;
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let mut req = post(addr, "/v1/chat/completions", Some(KEY), chat(M, 4, false));
     req.headers_mut()
@@ -477,7 +425,7 @@ async fn the_access_log_line_carries_the_request_id_and_the_callers_trace_id() {
         format!("00-{trace}-00f067aa0ba902b7-01").parse().unwrap(),
     );
     assert_eq!(send(&client(), req).await.status, 200);
-    let stderr = child.stderr.take().unwrap();
+    let stderr = gw.child.stderr.take().unwrap();
     let access = tokio::task::spawn_blocking(move || {
         BufReader::new(stderr)
             .lines()
@@ -490,9 +438,6 @@ async fn the_access_log_line_carries_the_request_id_and_the_callers_trace_id() {
         .expect("an access-log line within 10 s")
         .unwrap()
         .expect("an access-log line");
-    let _ = child.kill();
-    let _ = child.wait();
-    drop(stdout);
     assert_eq!(access["fields"]["request_id"], "log-req-1", "{access}");
     assert_eq!(access["fields"]["trace_id"], trace, "{access}");
     assert_eq!(access["fields"]["outcome"], "served", "{access}");

@@ -5,8 +5,6 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -16,21 +14,6 @@ use fairway::proxy::server::Server;
 use support::*;
 
 const M: &str = "sim-model";
-
-fn temp_policy(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("fairway-test-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("policy.toml");
-    write_atomically(&path, text);
-    path
-}
-
-/// Saves like an editor does: write a temp file, then rename over.
-fn write_atomically(path: &PathBuf, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
 
 fn policy(backend: &str, keys: &[&str]) -> String {
     let mut s = format!(
@@ -178,31 +161,8 @@ async fn a_change_to_the_file_is_picked_up() {
 async fn sighup_reloads_and_sigterm_drains_the_real_binary() {
     let b = sim(M, 8).await;
     let path = temp_policy("signal", &policy(&b.addr().to_string(), &["k0"]));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fairway"))
-        .args([
-            "serve",
-            "--config",
-            path.to_str().unwrap(),
-            "--watch-interval",
-            "0s",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    stdout.read_line(&mut line).unwrap();
-    // "fairway listening on http://ADDR (admin on http://ADMIN)"
-    let addr: std::net::SocketAddr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let mut gw = ServeProcess::start(&[], &[], &path, "warn", Stdio::inherit());
+    let addr = gw.addr;
     let c = client();
     let status = async |key: &str| {
         send(
@@ -215,7 +175,7 @@ async fn sighup_reloads_and_sigterm_drains_the_real_binary() {
     };
     assert_eq!(status("k1").await, 401);
     write_atomically(&path, &policy(&b.addr().to_string(), &["k0", "k1"]));
-    let pid = child.id().to_string();
+    let pid = gw.pid().to_string();
     assert!(
         Command::new("kill")
             .args(["-HUP", &pid])
@@ -244,7 +204,7 @@ async fn sighup_reloads_and_sigterm_drains_the_real_binary() {
         .expect("in-flight stream finishes")
         .to_bytes();
     assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
-    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+    let exit = tokio::task::spawn_blocking(move || gw.child.wait().unwrap())
         .await
         .unwrap();
     assert!(exit.success(), "exits 0 after the drain: {exit:?}");

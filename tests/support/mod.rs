@@ -243,3 +243,95 @@ pub async fn recorder(reply: &'static str) -> (SocketAddr, Seen) {
     });
     (addr, seen)
 }
+
+/// A real `fairway serve` process on `policy` (a file), started as
+/// `prefix... fairway serve --config policy --watch-interval 0s extra...`
+/// (a prefix such as `prlimit --nofile=64:64`), with stdout read up to its
+/// listen line and kept open: it prints more after that, and a closed pipe
+/// would end it.
+pub struct ServeProcess {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl ServeProcess {
+    pub fn start(
+        prefix: &[&str],
+        global: &[&str],
+        policy: &std::path::Path,
+        log: &str,
+        stderr: std::process::Stdio,
+    ) -> ServeProcess {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let bin = env!("CARGO_BIN_EXE_fairway");
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = cmd
+            .args(global)
+            .args(["serve", "--config"])
+            .arg(policy)
+            .args(["--watch-interval", "0s"])
+            .env("RUST_LOG", log)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("fairway starts");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        // "fairway listening on http://ADDR (admin on http://ADMIN)"
+        let addrs: Vec<SocketAddr> = line
+            .split("http://")
+            .skip(1)
+            .map(|s| {
+                s.split(|c: char| c.is_whitespace() || c == ')')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("listen line {line:?}: {e}"))
+            })
+            .collect();
+        ServeProcess {
+            child,
+            addr: addrs[0],
+            admin: addrs[1],
+            stdout,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes `text` to a fresh policy file in a per-test temporary folder.
+pub fn temp_policy(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("fairway-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("policy.toml");
+    write_atomically(&path, text);
+    path
+}
+
+/// Saves like an editor does: write a temp file, then rename over.
+pub fn write_atomically(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
