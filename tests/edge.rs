@@ -31,6 +31,15 @@ async fn scrape(gw: &fairway::proxy::server::Server) -> String {
         .text()
 }
 
+/// A small non-streaming chat request as tenant `a`.
+async fn chat_once(c: &HttpClient, addr: std::net::SocketAddr) -> Reply {
+    send(
+        c,
+        post(addr, "/v1/chat/completions", Some(KEY), chat(M, 4, false)),
+    )
+    .await
+}
+
 fn request_id(r: &Reply) -> String {
     r.headers
         .get("x-request-id")
@@ -73,16 +82,7 @@ async fn request_id_is_kept_or_made_returned_on_every_response_and_sent_to_the_b
     assert_eq!(posted().as_deref(), Some("client-id-1"));
 
     // Absent: made (32 hex digits), returned, and the same at the backend.
-    let r = send(
-        &c,
-        post(
-            gw.addr(),
-            "/v1/chat/completions",
-            Some(KEY),
-            chat(M, 4, false),
-        ),
-    )
-    .await;
+    let r = chat_once(&c, gw.addr()).await;
     assert_eq!(r.status, 200);
     let made = request_id(&r);
     assert_eq!(made.len(), 32, "{made}");
@@ -166,16 +166,7 @@ async fn a_handler_panic_is_a_500_with_one_outcome_and_the_gateway_keeps_serving
     assert_eq!(request_id(&r), "panic-1");
 
     // The gateway still serves, on a new connection and the same client.
-    let r = send(
-        &c,
-        post(
-            gw.addr(),
-            "/v1/chat/completions",
-            Some(KEY),
-            chat(M, 4, false),
-        ),
-    )
-    .await;
+    let r = chat_once(&c, gw.addr()).await;
     assert_eq!(r.status, 200);
     let m = scrape(&gw).await;
     promtool_check(&m);
@@ -213,16 +204,7 @@ async fn the_request_cap_answers_503_while_streams_hold_it_then_serves_again() {
         assert_eq!(resp.status(), 200);
         streams.push(resp);
     }
-    let r = send(
-        &c,
-        post(
-            gw.addr(),
-            "/v1/chat/completions",
-            Some(KEY),
-            chat(M, 4, false),
-        ),
-    )
-    .await;
+    let r = chat_once(&c, gw.addr()).await;
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["error"]["code"], "overloaded");
     assert_eq!(r.headers["retry-after"], "1");
@@ -230,16 +212,7 @@ async fn the_request_cap_answers_503_while_streams_hold_it_then_serves_again() {
         let body = s.into_body().collect().await.unwrap().to_bytes();
         assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
     }
-    let r = send(
-        &c,
-        post(
-            gw.addr(),
-            "/v1/chat/completions",
-            Some(KEY),
-            chat(M, 4, false),
-        ),
-    )
-    .await;
+    let r = chat_once(&c, gw.addr()).await;
     assert_eq!(r.status, 200);
     let m = scrape(&gw).await;
     assert_eq!(
