@@ -348,6 +348,7 @@ async fn run(
     builder.http2().timer(TokioTimer::new());
     let edge = TowerToHyperService::new(edge(gw.clone(), server_policy.max_requests));
     let conn_slots = Arc::new(Semaphore::new(server_policy.max_connections));
+    let header_read_timeout = server_policy.header_read_timeout;
     let mut api_conns = JoinSet::new();
     let mut admin_conns = JoinSet::new();
     let accept_error = || {
@@ -388,6 +389,16 @@ async fn run(
                 let _slot = slot;
                 match tls {
                     None => {
+                        // hyper's header-read timeout starts once it knows
+                        // the protocol, which it learns from the first
+                        // bytes: a client that sends none is closed here.
+                        let mut byte = [0u8; 1];
+                        let first =
+                            tokio::time::timeout(header_read_timeout, stream.peek(&mut byte));
+                        if !matches!(first.await, Ok(Ok(1..))) {
+                            tracing::debug!(%peer, "closed: no request within header_read_timeout");
+                            return;
+                        }
                         let conn = builder.serve_connection(TokioIo::new(stream), svc);
                         let _ = watcher.watch(conn.into_owned()).await;
                     }
