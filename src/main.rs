@@ -13,6 +13,7 @@ use fairway::config::policy::MetricsDialect;
 use fairway::config::{load_policy, summary};
 use fairway::sim::backend::{SimBackendConfig, serve as serve_sim};
 use fairway::sim::engine::EngineParams;
+use fairway::telemetry::LogFormat;
 use fairway::{Listeners, PolicySource, ServeOptions};
 
 #[derive(Parser)]
@@ -138,17 +139,20 @@ enum Command {
     },
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+fn log_format(json: bool) -> LogFormat {
     if json {
-        builder.json().init();
+        LogFormat::Json
     } else {
-        builder.init();
+        LogFormat::Text
     }
+}
+
+fn init_logging(json: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    tracing_subscriber::registry()
+        .with(fairway::telemetry::log_layer(log_format(json)))
+        .init();
 }
 
 fn main() -> ExitCode {
@@ -196,7 +200,11 @@ fn main() -> ExitCode {
         Command::Serve {
             config,
             watch_interval,
-        } => report(runtime().and_then(|rt| rt.block_on(serve(config, watch_interval)))),
+        } => {
+            report(runtime().and_then(|rt| {
+                rt.block_on(serve(config, watch_interval, log_format(cli.log_json)))
+            }))
+        }
         Command::SimBackend {
             listen,
             model,
@@ -272,7 +280,7 @@ fn check(paths: &[PathBuf]) -> ExitCode {
     }
 }
 
-async fn serve(config: PathBuf, watch_interval: Duration) -> anyhow::Result<()> {
+async fn serve(config: PathBuf, watch_interval: Duration, log: LogFormat) -> anyhow::Result<()> {
     let (policy, text) = load_policy(&config).map_err(|errors| {
         let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("invalid policy file:\n{}", lines.join("\n"))
@@ -307,6 +315,7 @@ async fn serve(config: PathBuf, watch_interval: Duration) -> anyhow::Result<()> 
         },
         watch: (!watch_interval.is_zero()).then_some(watch_interval),
         reload_signal: Some(signals.hup),
+        log: Some(log),
     };
     let stop = async move {
         let (mut term, mut int) = (signals.term, signals.int);

@@ -397,19 +397,24 @@ async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
     drop(gw);
 }
 
-#[tokio::test]
-async fn the_access_log_line_carries_the_request_id_and_the_callers_trace_id() {
+/// Serves one traced chat request on the real binary with `--log-json`
+/// (`telemetry`: extra policy lines) and returns its access-log line.
+async fn access_log_line(name: &str, telemetry: &str) -> serde_json::Value {
     let b = sim(M, 8).await;
-    let path = temp_policy("access-log", &policy("", &b.addr().to_string()));
+    let text = format!("{}{telemetry}\n", policy("", &b.addr().to_string()));
+    let path = temp_policy(name, &text);
     let mut gw = ServeProcess::start(&[], &["--log-json"], &path, "info", Stdio::piped());
-    let addr = gw.addr;
-    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
-    let mut req = post(addr, "/v1/chat/completions", Some(KEY), chat(M, 4, false));
+    let mut req = post(
+        gw.addr,
+        "/v1/chat/completions",
+        Some(KEY),
+        chat(M, 4, false),
+    );
     req.headers_mut()
         .insert("x-request-id", "log-req-1".parse().unwrap());
     req.headers_mut().insert(
         "traceparent",
-        format!("00-{trace}-00f067aa0ba902b7-01").parse().unwrap(),
+        format!("00-{TRACE}-00f067aa0ba902b7-01").parse().unwrap(),
     );
     assert_eq!(send(&client(), req).await.status, 200);
     let stderr = gw.child.stderr.take().unwrap();
@@ -420,12 +425,36 @@ async fn the_access_log_line_carries_the_request_id_and_the_callers_trace_id() {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
             .find(|v| v["target"] == "fairway::access")
     });
-    let access = tokio::time::timeout(Duration::from_secs(10), access)
+    tokio::time::timeout(Duration::from_secs(10), access)
         .await
         .expect("an access-log line within 10 s")
         .unwrap()
-        .expect("an access-log line");
+        .expect("an access-log line")
+}
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+#[tokio::test]
+async fn the_access_log_line_carries_the_request_id_and_the_callers_trace_id() {
+    let access = access_log_line("access-log", "").await;
     assert_eq!(access["fields"]["request_id"], "log-req-1", "{access}");
-    assert_eq!(access["fields"]["trace_id"], trace, "{access}");
+    assert_eq!(access["fields"]["trace_id"], TRACE, "{access}");
     assert_eq!(access["fields"]["outcome"], "served", "{access}");
+}
+
+#[tokio::test]
+async fn with_traces_on_the_access_log_line_is_inside_the_request_span() {
+    let (collector, _) = recorder("").await;
+    let access = access_log_line(
+        "access-log-traced",
+        &format!("[telemetry]\notlp_endpoint = \"http://{collector}\""),
+    )
+    .await;
+    assert_eq!(access["fields"]["trace_id"], TRACE, "{access}");
+    // The log line's span is the request's, with its fields.
+    assert_eq!(access["span"]["name"], "fairway.request", "{access}");
+    assert_eq!(
+        access["span"]["fairway.request_id"], "log-req-1",
+        "{access}"
+    );
 }

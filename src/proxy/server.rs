@@ -40,6 +40,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder};
 use tower_http::catch_panic::CatchPanicLayer;
+use tracing::instrument::WithSubscriber;
 
 use crate::accept::accept_loop;
 use crate::clock::Clock;
@@ -82,6 +83,11 @@ pub struct ServeOptions {
     /// Reload on each signal received here (SIGHUP), installed by the
     /// caller before it announces the listeners.
     pub reload_signal: Option<tokio::signal::unix::Signal>,
+    /// The process's log format. With traces on, the gateway serves each
+    /// connection under its own dispatch, which then writes logs in this
+    /// format too, so log lines carry their request's span (`None`: logs
+    /// inside requests are dropped while traces are on; tests).
+    pub log: Option<crate::telemetry::LogFormat>,
 }
 
 /// Serves `policy` on `listeners` until `shutdown` resolves, then drains
@@ -129,6 +135,7 @@ impl Server {
             source,
             watch,
             reload_signal,
+            log,
         } = options;
         let tls = match &policy.server.tls {
             Some(t) => Some(tls::load(t).map_err(std::io::Error::other)?),
@@ -162,7 +169,7 @@ impl Server {
             .timer(TokioTimer::new())
             .build(connector);
         let traces =
-            Traces::start(&policy_telemetry, client.clone()).map_err(std::io::Error::other)?;
+            Traces::start(&policy_telemetry, client.clone(), log).map_err(std::io::Error::other)?;
         let gateway = Arc::new(Gateway {
             clock,
             live: ArcSwap::from_pointee(live),
@@ -384,8 +391,9 @@ async fn run(
             let svc = edge.clone();
             let watcher = graceful.watcher();
             let tls = gw.tls.load_full();
+            let dispatch = gw.traces.as_ref().map(|t| t.dispatch().clone());
             while api_conns.try_join_next().is_some() {}
-            api_conns.spawn(async move {
+            let serve = async move {
                 let _slot = slot;
                 match tls {
                     None => {
@@ -418,7 +426,13 @@ async fn run(
                         }
                     }
                 }
-            });
+            };
+            // With traces on, the connection runs under the gateway's
+            // dispatch: its requests' spans and log lines are one tree.
+            match dispatch {
+                None => api_conns.spawn(serve),
+                Some(d) => api_conns.spawn(serve.with_subscriber(d)),
+            };
         },
     );
     let admin = accept_loop(

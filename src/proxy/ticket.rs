@@ -354,8 +354,11 @@ impl Drop for Ticket {
         });
         self.close_spans(tenant, model, outcome);
         let trace_id = otel::trace_id(&self.spans.request, self.caller_trace.as_ref());
+        // Inside the request span, when traces are on: the log line and
+        // the trace are one tree.
         tracing::info!(
             target: "fairway::access",
+            parent: &self.spans.request,
             request_id = self.request_id.as_ref().and_then(|v| v.to_str().ok()),
             trace_id = trace_id.map(tracing::field::display),
             tenant,

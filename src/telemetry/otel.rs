@@ -24,8 +24,11 @@
 //! Why a dispatch per gateway rather than the process's global subscriber:
 //! a test binary runs several gateways, each with its own collector, and a
 //! `tracing` span carries the dispatch it was created on, so nothing else
-//! needs to know. The access log is correlated by the `trace_id` and
-//! `request_id` fields of every line.
+//! needs to know. The dispatch also holds the process's log layer (same
+//! format and `RUST_LOG` filter), and each client connection runs under
+//! it, so one span tree feeds both: a log line inside a request carries
+//! the request span's fields, and the access log its `trace_id` and
+//! `request_id`.
 //!
 //! The exporter's HTTP client is the gateway's own hyper client
 //! (`HyperClient`): the SDK's batch processor runs on its own thread and
@@ -52,6 +55,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 
 use crate::config::TelemetryPolicy;
+use crate::telemetry::LogFormat;
 
 /// A gateway's traces: the SDK provider and the dispatch its spans use.
 pub struct Traces {
@@ -76,6 +80,7 @@ impl Traces {
     pub fn start(
         policy: &TelemetryPolicy,
         client: Client<HttpConnector, Full<Bytes>>,
+        log: Option<LogFormat>,
     ) -> Result<Option<Traces>, TracesError> {
         let Some(endpoint) = &policy.otlp_endpoint else {
             return Ok(None);
@@ -103,7 +108,11 @@ impl Traces {
         }
         let provider = builder.build();
         let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("fairway"));
-        let dispatch = Dispatch::new(tracing_subscriber::registry().with(layer));
+        let dispatch = Dispatch::new(
+            tracing_subscriber::registry()
+                .with(layer)
+                .with(log.map(super::log_layer)),
+        );
         tracing::info!(%endpoint, "exporting traces over OTLP/HTTP (protobuf)");
         Ok(Some(Traces { provider, dispatch }))
     }
