@@ -29,6 +29,7 @@ use http::{Request, header};
 use http_body_util::{BodyExt, Full, Limited};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{BackendTarget, MetricsDialect, Policy};
 use crate::core::reading::Reading;
@@ -62,6 +63,8 @@ pub struct PollStats {
 pub struct Pollers {
     running: HashMap<String, (Target, CancellationToken)>,
     stats: HashMap<String, Arc<PollStats>>,
+    /// Every poller task, running or stopping, so shutdown can join them.
+    tasks: TaskTracker,
 }
 
 impl Pollers {
@@ -113,7 +116,7 @@ impl Pollers {
             }
             let stop = CancellationToken::new();
             let stats = self.stats.entry(name.clone()).or_default().clone();
-            tokio::spawn(poll(
+            self.tasks.spawn(poll(
                 Arc::downgrade(gw),
                 name.clone(),
                 target.clone(),
@@ -131,11 +134,14 @@ impl Pollers {
             .map_or(0, |s| s.scrape_errors.load(Ordering::Relaxed))
     }
 
-    /// Stops every task (shutdown).
-    pub fn stop_all(&mut self) {
+    /// Stops every task (shutdown); await the result to join them.
+    pub fn stop_all(&mut self) -> impl std::future::Future<Output = ()> + use<> {
         for (_, (_, stop)) in self.running.drain() {
             stop.cancel();
         }
+        let tasks = self.tasks.clone();
+        tasks.close();
+        async move { tasks.wait().await }
     }
 }
 

@@ -471,7 +471,8 @@ async fn run(
     while api_conns.join_next().await.is_some() {}
     while admin_conns.join_next().await.is_some() {}
     while tasks.join_next().await.is_some() {}
-    gw.pollers.lock().stop_all();
+    let pollers = gw.pollers.lock().stop_all();
+    pollers.await;
     for (_, h) in gw.sims.lock().drain(..) {
         drop(h);
     }
