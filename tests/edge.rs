@@ -458,3 +458,25 @@ async fn with_traces_on_the_access_log_line_is_inside_the_request_span() {
         "{access}"
     );
 }
+
+#[tokio::test]
+async fn credentials_and_headers_named_in_connection_never_reach_the_backend() {
+    let (backend, seen) = recorder(COMPLETION).await;
+    let gw = gateway(&policy("", &backend.to_string()), &[]).await;
+    let mut req = post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false));
+    let h = req.headers_mut();
+    h.insert("proxy-authorization", "Basic c2VjcmV0".parse().unwrap());
+    h.insert("connection", "keep-alive, x-hop".parse().unwrap());
+    h.insert("x-hop", "1".parse().unwrap());
+    h.insert("x-end-to-end", "1".parse().unwrap());
+    assert_eq!(send(&client(), req).await.status, 200);
+    let seen = seen.lock().unwrap();
+    let (headers, _) = seen
+        .iter()
+        .find(|(h, _)| h.contains_key("content-length"))
+        .unwrap();
+    for gone in ["authorization", "proxy-authorization", "x-hop"] {
+        assert!(headers.get(gone).is_none(), "{gone} reached the backend");
+    }
+    assert_eq!(headers["x-end-to-end"], "1");
+}

@@ -129,12 +129,28 @@ async fn invalid_reload_keeps_the_old_policy_serving() {
     assert_eq!(r.status, 422);
     assert!(r.text().contains("server.admin_listen"), "{}", r.text());
     assert_eq!(status_with(&gw, "k1").await, 401, "nothing of it applied");
+    // Turning on the trusted tenant header would make the header alone
+    // enough to act as a tenant: restart-only too.
+    let trusting = policy(&b.addr().to_string(), &["k0", "k1"]).replace(
+        "[server]\n",
+        "[server]\ntrust_tenant_header = \"x-tenant\"\n",
+    );
+    assert_ne!(trusting, policy(&b.addr().to_string(), &["k0", "k1"]));
+    write_atomically(&path, &trusting);
+    let r = reload(&gw).await;
+    assert_eq!(r.status, 422);
+    assert!(
+        r.text().contains("server.trust_tenant_header"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(status_with(&gw, "k1").await, 401, "nothing of it applied");
     let m = get(&client(), format!("http://{}/metrics", gw.admin_addr()))
         .await
         .text();
     assert_eq!(
         metric(&m, "fairway_config_reloads_total{result=\"failed\"}"),
-        Some(2.0)
+        Some(3.0)
     );
 }
 

@@ -52,6 +52,9 @@ pub fn restart_only_changes(old: &Policy, new: &Policy) -> Vec<String> {
     if old.server.tls.is_some() != new.server.tls.is_some() {
         out.push("server.tls".to_owned());
     }
+    if old.server.trust_tenant_header != new.server.trust_tenant_header {
+        out.push("server.trust_tenant_header".to_owned());
+    }
     if old.server.max_connections != new.server.max_connections {
         out.push("server.max_connections".to_owned());
     }

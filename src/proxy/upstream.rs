@@ -13,6 +13,7 @@ use crate::proxy::gateway::Live;
 /// credentials for Fairway.
 const DROP_REQUEST_HEADERS: &[&str] = &[
     "authorization",
+    "proxy-authorization",
     "api-key",
     "host",
     "connection",
@@ -35,8 +36,23 @@ const DROP_RESPONSE_HEADERS: &[&str] = &[
     "trailer",
 ];
 
-/// Removes the hop-by-hop headers from a backend's response.
+/// True when `connection` lists `name` (RFC 9110 §7.6.1: such headers are
+/// hop-by-hop too, whatever their name).
+fn named_in_connection(connection: Option<&HeaderValue>, name: &str) -> bool {
+    connection
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(name)))
+}
+
+/// Removes the hop-by-hop headers from a backend's response, including
+/// those its `Connection` header names.
 pub fn strip_response_headers(h: &mut HeaderMap) {
+    if let Some(listed) = h.get(header::CONNECTION).and_then(|v| v.to_str().ok()) {
+        let listed: Vec<String> = listed.split(',').map(|t| t.trim().to_owned()).collect();
+        for name in listed {
+            h.remove(name.as_str());
+        }
+    }
     for name in DROP_RESPONSE_HEADERS {
         h.remove(*name);
     }
@@ -54,10 +70,12 @@ pub fn request(
     let mut up = Request::builder()
         .method(parts.method.clone())
         .uri(format!("http://{authority}{path}"));
+    let connection = parts.headers.get(header::CONNECTION);
     if let Some(h) = up.headers_mut() {
         for (name, value) in &parts.headers {
             if !DROP_REQUEST_HEADERS.contains(&name.as_str())
                 && live.policy.server.trust_tenant_header.as_deref() != Some(name.as_str())
+                && !named_in_connection(connection, name.as_str())
             {
                 h.append(name.clone(), value.clone());
             }
@@ -68,4 +86,24 @@ pub fn request(
     }
     up.body(Full::new(body))
         .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_named_in_connection_are_hop_by_hop() {
+        let c = HeaderValue::from_static("keep-alive, X-Secret");
+        assert!(named_in_connection(Some(&c), "x-secret"));
+        assert!(!named_in_connection(Some(&c), "x-other"));
+        assert!(!named_in_connection(None, "x-secret"));
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, c);
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_response_headers(&mut h);
+        assert!(h.get("x-secret").is_none() && h.get(header::CONNECTION).is_none());
+        assert!(h.get("x-kept").is_some());
+    }
 }
