@@ -463,7 +463,12 @@ async fn with_traces_on_the_access_log_line_is_inside_the_request_span() {
 async fn credentials_and_headers_named_in_connection_never_reach_the_backend() {
     let (backend, seen) = recorder(COMPLETION).await;
     let gw = gateway(&policy("", &backend.to_string()), &[]).await;
-    let mut req = post(gw.addr(), "/v1/chat/completions", Some(KEY), chat(M, 4, false));
+    let mut req = post(
+        gw.addr(),
+        "/v1/chat/completions",
+        Some(KEY),
+        chat(M, 4, false),
+    );
     let h = req.headers_mut();
     h.insert("proxy-authorization", "Basic c2VjcmV0".parse().unwrap());
     h.insert("connection", "keep-alive, x-hop".parse().unwrap());
@@ -479,4 +484,69 @@ async fn credentials_and_headers_named_in_connection_never_reach_the_backend() {
         assert!(headers.get(gone).is_none(), "{gone} reached the backend");
     }
     assert_eq!(headers["x-end-to-end"], "1");
+}
+
+#[tokio::test]
+async fn a_slow_body_gets_408_and_a_client_gone_mid_body_is_cancelled() {
+    let b = sim(M, 8).await;
+    let gw = gateway(
+        &policy("body_read_timeout = \"300ms\"", &b.addr().to_string()),
+        &[],
+    )
+    .await;
+    let addr = gw.addr();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n\
+         content-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"model\":"
+    );
+    let (slow, waited) = tokio::task::spawn_blocking({
+        let head = head.clone();
+        move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(head.as_bytes()).unwrap();
+            let start = std::time::Instant::now();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 512];
+            let n = s.read(&mut buf).unwrap_or(0);
+            (
+                String::from_utf8_lossy(&buf[..n]).into_owned(),
+                start.elapsed(),
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert!(slow.starts_with("HTTP/1.1 408"), "{slow}");
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    // Half a body, then the client hangs up.
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    })
+    .await
+    .unwrap();
+    let mut m = String::new();
+    let counted = eventually(Duration::from_secs(3), async || {
+        m = scrape(&gw).await;
+        metric_sum(&m, "fairway_requests_total{") == 2.0
+    })
+    .await;
+    assert!(counted, "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            "fairway_requests_total{tenant=\"a\",model=\"unknown\",outcome=\"refused\",reason=\"body_timeout\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "fairway_requests_total{tenant=\"a\",model=\"unknown\",outcome=\"cancelled\""
+        ),
+        Some(1.0),
+        "{m}"
+    );
 }

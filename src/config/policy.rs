@@ -79,6 +79,10 @@ pub struct ServerPolicy {
     /// 10 s). Restart-only.
     #[serde(with = "humantime_serde_compat")]
     pub header_read_timeout: Duration,
+    /// Time a client has to send a request's whole body, from its headers
+    /// (default 30 s); then 408. Reloadable.
+    #[serde(with = "humantime_serde_compat")]
+    pub body_read_timeout: Duration,
 }
 
 /// `[server] tls`.

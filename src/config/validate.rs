@@ -129,6 +129,7 @@ const SERVER_KEYS: &[&str] = &[
     "max_connections",
     "max_requests",
     "header_read_timeout",
+    "body_read_timeout",
 ];
 /// Default `[server] max_connections`: open client connections.
 const DEFAULT_MAX_CONNECTIONS: usize = 4096;
@@ -289,6 +290,11 @@ fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>) -> ServerPolicy {
                 r.duration(v, p, Zero::Refused)
             })
             .unwrap_or(Duration::from_secs(10)),
+        body_read_timeout: r
+            .opt(t, "body_read_timeout", |r, v, p| {
+                r.duration(v, p, Zero::Refused)
+            })
+            .unwrap_or(Duration::from_secs(30)),
     }
 }
 

@@ -22,19 +22,43 @@ use crate::proxy::tenant::authenticate;
 use crate::proxy::ticket::{Phase, Ticket};
 use crate::proxy::{openai, upstream};
 
-/// Reads the whole body; the edge's body limit caps it at `limit`.
+/// Reads the whole body within `timeout` (408 after it); the edge's body
+/// limit caps it at `limit`. A client that hangs up mid-body is
+/// `cancelled`, not a bad request.
 async fn read_body(
     req: Request<RequestBody>,
     limit: usize,
+    timeout: std::time::Duration,
 ) -> Result<(http::request::Parts, Bytes), ApiError> {
     let (parts, body) = req.into_parts();
-    match body.collect().await {
-        Ok(c) => Ok((parts, c.to_bytes())),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::BodyTooLarge(limit)),
-        Err(e) => Err(ApiError::InvalidRequest(format!(
+    match tokio::time::timeout(timeout, body.collect()).await {
+        Err(_) => Err(ApiError::BodyTimeout(timeout)),
+        Ok(Ok(c)) => Ok((parts, c.to_bytes())),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::BodyTooLarge(limit))
+        }
+        Ok(Err(e)) if client_went_away(&*e) => Err(ApiError::ClientGone),
+        Ok(Err(e)) => Err(ApiError::InvalidRequest(format!(
             "Could not read request body: {e}"
         ))),
     }
+}
+
+/// True when a body read failed because the client's side of the
+/// connection ended (hyper reports an unexpected EOF inside a body error).
+fn client_went_away(e: &(dyn std::error::Error + 'static)) -> bool {
+    let Some(h) = e.downcast_ref::<hyper::Error>() else {
+        return false;
+    };
+    let eof = std::error::Error::source(h)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+            )
+        });
+    eof || h.is_incomplete_message() || h.is_canceled() || h.is_closed()
 }
 
 /// Serves one inference request (`/v1/chat/completions`, `/v1/completions`,
@@ -79,7 +103,8 @@ async fn run(
     let tenant = authenticate(live, req.headers())?;
     ticket.tenant = Some(tenant);
     let path = req.uri().path().to_owned();
-    let (parts, body) = read_body(req, live.policy.server.max_body_bytes).await?;
+    let server = &live.policy.server;
+    let (parts, body) = read_body(req, server.max_body_bytes, server.body_read_timeout).await?;
     let info = openai::parse(&body)?;
     let &(pool, pool_index) = live
         .pools

@@ -31,6 +31,8 @@ pub enum RefusedBy {
     InvalidRequest,
     UnknownModel,
     BodyTooLarge,
+    /// The body did not arrive within `body_read_timeout`.
+    BodyTimeout,
     /// The backend answered 4xx (passed through).
     Backend,
 }
@@ -56,6 +58,7 @@ impl Outcome {
             Outcome::Refused(RefusedBy::InvalidRequest) => "invalid_request",
             Outcome::Refused(RefusedBy::UnknownModel) => "unknown_model",
             Outcome::Refused(RefusedBy::BodyTooLarge) => "body_too_large",
+            Outcome::Refused(RefusedBy::BodyTimeout) => "body_timeout",
             Outcome::Refused(RefusedBy::Backend) => "backend",
             Outcome::Served
             | Outcome::Shed
@@ -77,6 +80,10 @@ pub enum ApiError {
     UnknownModel(String),
     #[error("Request body exceeds the limit of {0} bytes.")]
     BodyTooLarge(usize),
+    #[error("The request body did not arrive within {0:?}.")]
+    BodyTimeout(Duration),
+    #[error("The client closed the connection before sending the whole body.")]
+    ClientGone,
     #[error("Rate limit exceeded for tenant `{tenant}`: {}", refusal_text(.refusal))]
     Refused { tenant: String, refusal: Refusal },
     #[error("The request could not be scheduled before its deadline; the cluster is overloaded.")]
@@ -135,6 +142,19 @@ impl ApiError {
                 "invalid_request_error",
                 None,
                 O::Refused(R::BodyTooLarge),
+            ),
+            ApiError::BodyTimeout(_) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                Some("request_timeout"),
+                O::Refused(R::BodyTimeout),
+            ),
+            // Nobody reads this answer; the outcome is what counts.
+            ApiError::ClientGone => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                O::Cancelled,
             ),
             ApiError::Refused { refusal, .. } => (
                 StatusCode::TOO_MANY_REQUESTS,

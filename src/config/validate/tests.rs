@@ -787,6 +787,7 @@ fn minimal_file_gets_every_default() {
             max_connections: 4096,
             max_requests: 4096,
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
         },
         poller: PollerPolicy {
             interval: Duration::from_millis(250),
@@ -1255,9 +1256,10 @@ fn fairness_window_is_read_and_at_least_a_second() {
 #[test]
 fn listener_caps_and_header_timeout_are_read_and_checked() {
     let p = parse(&format!(
-        "[server]\nmax_connections = 100\nmax_requests = 50\nheader_read_timeout = \"2s\"\n{POOL}"
+        "[server]\nmax_connections = 100\nmax_requests = 50\nheader_read_timeout = \"2s\"\nbody_read_timeout = \"5s\"\n{POOL}"
     ))
     .unwrap();
+    assert_eq!(p.server.body_read_timeout, Duration::from_secs(5));
     assert_eq!(p.server.max_connections, 100);
     assert_eq!(p.server.max_requests, 50);
     assert_eq!(p.server.header_read_timeout, Duration::from_secs(2));
