@@ -550,3 +550,30 @@ async fn a_slow_body_gets_408_and_a_client_gone_mid_body_is_cancelled() {
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn an_answer_before_the_body_is_read_closes_the_connection_cleanly() {
+    let b = sim(M, 8).await;
+    let gw = gateway(&policy("", &b.addr().to_string()), &[]).await;
+    let c = client();
+    let big = serde_json::json!({
+        "model": M,
+        "messages": [{"role": "user", "content": "x".repeat(60_000)}],
+        "max_tokens": 4,
+    })
+    .to_string();
+    // A 401 and a 404 answered without reading the 60 KB body: the
+    // connection is closed, and said so; the same client's next requests
+    // (on a new connection) succeed.
+    for (path, key) in [("/v1/chat/completions", "wrong"), ("/v1/nowhere", KEY)] {
+        for _ in 0..5 {
+            let r = send(&c, post(gw.addr(), path, Some(key), big.clone())).await;
+            assert!(r.status == 401 || r.status == 404, "{}", r.status);
+            assert_eq!(r.headers["connection"], "close");
+            assert_eq!(chat_once(&c, gw.addr()).await.status, 200);
+        }
+    }
+    // A read body keeps the connection.
+    let r = chat_once(&c, gw.addr()).await;
+    assert!(r.headers.get("connection").is_none());
+}

@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use crate::core::ids::BackendId;
 use crate::core::scheduler::{Arrival, Decision};
 use crate::proxy::body::{BoxBody, RequestBody};
-use crate::proxy::error::{ApiError, Outcome, RefusedBy};
+use crate::proxy::error::{ApiError, Outcome, RefusedBy, close_if_body_unread};
 use crate::proxy::gateway::{Gateway, Live, Pending};
 use crate::proxy::relay::{Mode, RelayBody};
 use crate::proxy::tenant::authenticate;
@@ -67,6 +67,8 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<Box
     let start = gw.clock.now();
     let live = gw.live.load_full();
     let mut ticket = Ticket::new(gw.clone(), live.clone(), start, req.headers());
+    let version = req.version();
+    let has_body = !http_body::Body::is_end_stream(req.body());
     match run(&gw, &live, req, &mut ticket).await {
         Ok((resp, mode)) => {
             let (parts, body) = resp.into_parts();
@@ -89,7 +91,9 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<Box
             }
             ticket.outcome = Some(e.outcome());
             ticket.status = status.as_u16();
-            e.into_response()
+            let mut resp = e.into_response();
+            close_if_body_unread(&mut resp, version, has_body && !ticket.body_read);
+            resp
         }
     }
 }
@@ -105,6 +109,7 @@ async fn run(
     let path = req.uri().path().to_owned();
     let server = &live.policy.server;
     let (parts, body) = read_body(req, server.max_body_bytes, server.body_read_timeout).await?;
+    ticket.body_read = true;
     let info = openai::parse(&body)?;
     let &(pool, pool_index) = live
         .pools

@@ -283,6 +283,18 @@ impl ApiError {
     }
 }
 
+/// Marks an answer given before the request body was read as the
+/// connection's last (HTTP/1.x): hyper closes a connection whose request
+/// body was left unread, and without this header a keep-alive client would
+/// send its next request into a closed socket. (HTTP/2 resets only the
+/// stream; it needs nothing.)
+pub fn close_if_body_unread(resp: &mut Response<BoxBody>, version: http::Version, unread: bool) {
+    if unread && version <= http::Version::HTTP_11 {
+        resp.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+}
+
 /// OpenAI's reset format: `1s`, `20ms`, `6m0s`.
 fn format_reset(d: Duration) -> String {
     let ms = d.as_millis();

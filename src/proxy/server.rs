@@ -48,7 +48,7 @@ use crate::config::Policy;
 use crate::core::fairness::FairnessMeter;
 use crate::core::scheduler::Scheduler;
 use crate::proxy::body::{BodyError, BoxBody, RequestBody};
-use crate::proxy::error::ApiError;
+use crate::proxy::error::{ApiError, close_if_body_unread};
 use crate::proxy::gateway::{CoreState, Gateway, PolicySource, derive_live, start_sims};
 use crate::proxy::layers::{
     BodyLimitLayer, DrainLayer, PanicResponse, RequestIdLayer, RequestLimitLayer, SensitiveLayer,
@@ -545,6 +545,11 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
             dispatch::handle(gw, req).await
         }
         (&Method::GET, "/v1/models") => admin::models(&gw),
-        _ => ApiError::NotFound.into_response(),
+        _ => {
+            let mut resp = ApiError::NotFound.into_response();
+            let unread = !http_body::Body::is_end_stream(req.body());
+            close_if_body_unread(&mut resp, req.version(), unread);
+            resp
+        }
     }
 }

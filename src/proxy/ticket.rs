@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::time::Instant;
 use crate::proxy::body::BoxBody;
-use crate::proxy::error::{ApiError, Outcome};
+use crate::proxy::error::{ApiError, Outcome, close_if_body_unread};
 use crate::proxy::gateway::{Gateway, Live};
 use crate::proxy::layers::request_id::X_REQUEST_ID;
 use crate::telemetry::metrics::RequestRecord;
@@ -54,6 +54,9 @@ pub struct Ticket {
     /// log, so `fairway workload --from-access-log` can replay it.
     pub(crate) max_tokens: Option<u32>,
     pub(crate) stream_requested: bool,
+    /// The whole request body was read (else an early answer closes the
+    /// connection).
+    pub(crate) body_read: bool,
     /// The request's spans (all `Span::none()` when traces are off).
     pub(crate) spans: Spans,
     /// The response is an SSE stream: its first byte is the first token.
@@ -207,6 +210,7 @@ impl Ticket {
             prompt_estimate: 0,
             max_tokens: None,
             stream_requested: false,
+            body_read: false,
             spans,
             streaming: false,
             preempted: 0,
@@ -384,7 +388,11 @@ impl Drop for Ticket {
 
 /// Answers a request that the edge refuses before the scheduling path
 /// (over a cap, draining, body too large), recording its one outcome.
-pub fn refuse<B>(gw: &Arc<Gateway>, req: &Request<B>, error: ApiError) -> Response<BoxBody> {
+pub fn refuse<B: http_body::Body>(
+    gw: &Arc<Gateway>,
+    req: &Request<B>,
+    error: ApiError,
+) -> Response<BoxBody> {
     let mut ticket = Ticket::new(
         gw.clone(),
         gw.live.load_full(),
@@ -393,5 +401,7 @@ pub fn refuse<B>(gw: &Arc<Gateway>, req: &Request<B>, error: ApiError) -> Respon
     );
     ticket.outcome = Some(error.outcome());
     ticket.status = error.status().as_u16();
-    error.into_response()
+    let mut resp = error.into_response();
+    close_if_body_unread(&mut resp, req.version(), !req.body().is_end_stream());
+    resp
 }

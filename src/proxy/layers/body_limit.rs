@@ -50,6 +50,7 @@ pub struct BodyLimit<S> {
 
 impl<S, B> Service<Request<B>> for BodyLimit<S>
 where
+    B: http_body::Body,
     S: Service<Request<Limited<B>>, Response = Response<BoxBody>>,
 {
     type Response = Response<BoxBody>;

@@ -45,6 +45,7 @@ pub struct Drain<S> {
 
 impl<S, B> Service<Request<B>> for Drain<S>
 where
+    B: http_body::Body,
     S: Service<Request<B>, Response = Response<BoxBody>>,
 {
     type Response = Response<BoxBody>;

@@ -65,6 +65,7 @@ pub struct RequestLimit<S> {
 
 impl<S, B> Service<Request<B>> for RequestLimit<S>
 where
+    B: http_body::Body,
     S: Service<Request<B>, Response = Response<BoxBody>>,
 {
     type Error = S::Error;
