@@ -302,8 +302,9 @@ async fn serve(config: PathBuf, watch_interval: Duration, log: LogFormat) -> any
         "fairway listening on http://{addr} (admin on http://{})",
         listeners.admin.local_addr()?
     );
+    // (Double quotes, so that a `$API_KEY` placeholder expands.)
     let auth = example_key
-        .map(|k| format!(" -H 'Authorization: Bearer {k}'"))
+        .map(|k| format!(" -H \"Authorization: Bearer {k}\""))
         .unwrap_or_default();
     println!(
         "try: curl -s http://{addr}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":16}}'"
@@ -332,15 +333,38 @@ async fn serve(config: PathBuf, watch_interval: Duration, log: LogFormat) -> any
     Ok(())
 }
 
-/// The first clear-text key of the file, for the start-up curl example (the
-/// demo policy's keys are public; production files use digests or env).
+/// The key for the start-up curl example: the file's first clear-text key
+/// if it is one of the public demo keys (`sk-demo-…`), else a `$API_KEY`
+/// placeholder. Any other key is a secret and never printed.
 fn demo_key(text: &str) -> Option<String> {
     let line = text
         .lines()
         .find(|l| l.trim_start().starts_with("api_keys"))?;
     let start = line.find('"')? + 1;
     let len = line[start..].find('"')?;
-    Some(line[start..start + len].to_owned())
+    let key = &line[start..start + len];
+    Some(if key.starts_with(DEMO_KEY_PREFIX) {
+        key.to_owned()
+    } else {
+        "$API_KEY".to_owned()
+    })
+}
+
+/// Keys that are public by design: those of the demo policy.
+const DEMO_KEY_PREFIX: &str = "sk-demo-";
+
+#[cfg(test)]
+mod tests {
+    use super::demo_key;
+
+    #[test]
+    fn the_banner_prints_only_demo_keys() {
+        let demo = "[[tenants]]\nname = \"a\"\napi_keys = [\"sk-demo-api\"]\n";
+        assert_eq!(demo_key(demo).as_deref(), Some("sk-demo-api"));
+        let real = "[[tenants]]\nname = \"a\"\napi_keys = [\"sk-live-9f8e7d\"]\n";
+        assert_eq!(demo_key(real).as_deref(), Some("$API_KEY"));
+        assert_eq!(demo_key("[[tenants]]\nname = \"a\"\n"), None);
+    }
 }
 
 /// SIGTERM and Ctrl-C drain; SIGHUP reloads the policy.
