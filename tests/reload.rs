@@ -225,3 +225,64 @@ async fn sighup_reloads_and_sigterm_drains_the_real_binary() {
         .unwrap();
     assert!(exit.success(), "exits 0 after the drain: {exit:?}");
 }
+
+#[tokio::test]
+async fn admin_endpoints_need_the_admin_token_when_one_is_set() {
+    let b = sim(M, 8).await;
+    let text = policy(&b.addr().to_string(), &["k0"]).replace(
+        "[server]\n",
+        "[server]\nadmin_token_env = \"FAIRWAY_ADMIN_TOKEN\"\nadmin_token_for_metrics = true\n",
+    );
+    let env = |k: &str| (k == "FAIRWAY_ADMIN_TOKEN").then(|| "t0ken".to_owned());
+    let p = fairway::config::parse_policy_with_env(&text, "p.toml", &env).unwrap();
+    let gw = Server::start(p, PolicySource { path: None, text })
+        .await
+        .unwrap();
+    let admin = gw.admin_addr();
+    let call = async |method: http::Method, path: &str, token: Option<&str>| {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{admin}{path}"));
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        send(&client(), req).await
+    };
+    use http::Method;
+    // Open: liveness and readiness.
+    assert_eq!(call(Method::GET, "/healthz", None).await.status, 200);
+    assert_eq!(call(Method::GET, "/readyz", None).await.status, 200);
+    // Guarded: without or with a wrong token, 401 and nothing done.
+    for token in [None, Some("wrong")] {
+        for (m, path) in [
+            (Method::GET, "/admin/policy"),
+            (Method::POST, "/admin/reload"),
+            (Method::GET, "/metrics"),
+        ] {
+            let r = call(m, path, token).await;
+            assert_eq!(r.status, 401, "{path} with {token:?}");
+            assert_eq!(r.headers["www-authenticate"], "Bearer");
+        }
+    }
+    // With it: served.
+    assert_eq!(
+        call(Method::GET, "/admin/policy", Some("t0ken"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        call(Method::GET, "/metrics", Some("t0ken")).await.status,
+        200
+    );
+    // No file to reload from (an in-memory policy): refused, but authorised.
+    assert_ne!(
+        call(Method::POST, "/admin/reload", Some("t0ken"))
+            .await
+            .status,
+        401
+    );
+}

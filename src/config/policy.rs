@@ -83,6 +83,13 @@ pub struct ServerPolicy {
     /// (default 30 s); then 408. Reloadable.
     #[serde(with = "humantime_serde_compat")]
     pub body_read_timeout: Duration,
+    /// SHA-256 of the bearer token `/admin/*` requires (from the variable
+    /// `admin_token_env` names); `None`: the admin endpoints are open to
+    /// whoever reaches the admin listener. Reloadable (rotates the token).
+    #[serde(skip)]
+    pub admin_token: Option<[u8; 32]>,
+    /// `/metrics` requires the admin token too (default `false`).
+    pub admin_token_for_metrics: bool,
 }
 
 /// `[server] tls`.

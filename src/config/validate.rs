@@ -130,6 +130,8 @@ const SERVER_KEYS: &[&str] = &[
     "max_requests",
     "header_read_timeout",
     "body_read_timeout",
+    "admin_token_env",
+    "admin_token_for_metrics",
 ];
 /// Default `[server] max_connections`: open client connections.
 const DEFAULT_MAX_CONNECTIONS: usize = 4096;
@@ -158,7 +160,7 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
     let queue = section(r, root, "queue", &empty);
     let telemetry = section(r, root, "telemetry", &empty);
     let preemption = section(r, root, "preemption", &empty);
-    let server = read_server(r, &server);
+    let server = read_server(r, &server, env);
     let trusts_header = server.trust_tenant_header.is_some();
     Policy {
         poller: read_poller(r, &poller),
@@ -247,7 +249,7 @@ fn section<'a, 'i>(
     })
 }
 
-fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>) -> ServerPolicy {
+fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> ServerPolicy {
     r.check_keys(t, SERVER_KEYS);
     let listen = r
         .opt(t, "listen", Reader::socket_addr)
@@ -295,6 +297,23 @@ fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>) -> ServerPolicy {
                 r.duration(v, p, Zero::Refused)
             })
             .unwrap_or(Duration::from_secs(30)),
+        admin_token: r.opt(t, "admin_token_env", |r, v, p| {
+            let var = r.non_empty(v, p)?;
+            match env(&var).map(|k| k.trim().to_owned()) {
+                Some(token) if !token.is_empty() => Some(tenants::sha256(&token)),
+                _ => {
+                    r.error(
+                        v.span(),
+                        p,
+                        format!("environment variable `{var}` is not set or empty"),
+                    );
+                    None
+                }
+            }
+        }),
+        admin_token_for_metrics: r
+            .opt(t, "admin_token_for_metrics", Reader::boolean)
+            .unwrap_or(false),
     }
 }
 

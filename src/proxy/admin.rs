@@ -5,15 +5,53 @@ use std::sync::Arc;
 
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
+use sha2::{Digest, Sha256};
 
 use crate::proxy::body::{self, BoxBody};
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::Gateway;
 use crate::proxy::reload::{Reloaded, reload};
+use crate::proxy::tenant::constant_time_eq;
 use crate::telemetry::metrics::{BackendGauges, Snapshot, TenantGauges};
+
+/// Whether `req` may use `path`: `/healthz` and `/readyz` are always open;
+/// `/admin/*` (and `/metrics` with `admin_token_for_metrics`) need
+/// `Authorization: Bearer TOKEN` when `[server] admin_token_env` is set.
+fn authorized(gw: &Gateway, req: &Request<Incoming>) -> bool {
+    let live = gw.live.load();
+    let server = &live.policy.server;
+    let Some(want) = server.admin_token else {
+        return true;
+    };
+    let path = req.uri().path();
+    let guarded =
+        path.starts_with("/admin/") || (path == "/metrics" && server.admin_token_for_metrics);
+    if !guarded {
+        return true;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    given.is_some_and(|t| {
+        let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
+        constant_time_eq(&digest, &want)
+    })
+}
 
 /// Routes an admin request.
 pub async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody> {
+    if !authorized(&gw, &req) {
+        let mut resp = json(
+            StatusCode::UNAUTHORIZED,
+            &serde_json::json!({"error": "this admin endpoint needs `Authorization: Bearer <admin token>`"}),
+        );
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return resp;
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {

@@ -47,6 +47,7 @@ pub fn authenticate(live: &Live, headers: &HeaderMap) -> Result<TenantId, ApiErr
     }
 }
 
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+/// Compares two digests in constant time.
+pub(crate) fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -788,6 +788,8 @@ fn minimal_file_gets_every_default() {
             max_requests: 4096,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
+            admin_token: None,
+            admin_token_for_metrics: false,
         },
         poller: PollerPolicy {
             interval: Duration::from_millis(250),
@@ -1288,4 +1290,21 @@ fn sample_ratio_is_a_share_between_zero_and_one() {
     assert_eq!(errs.len(), 1, "{errs:#?}");
     assert_eq!(errs[0].path, "telemetry.sample_ratio");
     assert!(errs[0].message.contains("between 0 and 1"), "{}", errs[0]);
+}
+
+#[test]
+fn the_admin_token_is_read_from_the_environment_and_kept_as_a_digest() {
+    let env = |k: &str| (k == "ADMIN_TOKEN").then(|| " s3cret \n".to_owned());
+    let src = format!(
+        "[server]\nadmin_token_env = \"ADMIN_TOKEN\"\nadmin_token_for_metrics = true\n{POOL}"
+    );
+    let p = parse_policy_with_env(&src, "p.toml", &env).unwrap();
+    assert_eq!(p.server.admin_token, Some(super::tenants::sha256("s3cret")));
+    assert!(p.server.admin_token_for_metrics);
+    let src = format!("[server]\nadmin_token_env = \"UNSET_VAR\"\n{POOL}");
+    let errs = parse_policy_with_env(&src, "p.toml", &env).unwrap_err();
+    assert_eq!(errs[0].path, "server.admin_token_env", "{errs:#?}");
+    // The digest is never shown in /admin/policy.
+    let shown = serde_json::to_string(&parse(POOL).unwrap()).unwrap();
+    assert!(!shown.contains("admin_token\""), "{shown}");
 }
