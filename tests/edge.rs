@@ -577,3 +577,46 @@ async fn an_answer_before_the_body_is_read_closes_the_connection_cleanly() {
     let r = chat_once(&c, gw.addr()).await;
     assert!(r.headers.get("connection").is_none());
 }
+
+#[tokio::test]
+async fn a_backend_that_fails_fast_with_a_healthy_probe_is_ejected() {
+    let good = sim(M, 64).await;
+    let bad = sim(M, 64).await;
+    bad.set_fault(fairway::sim::backend::Fault::ErrorHealthy);
+    let text = format!(
+        "{SERVER}\n[[pools]]\nmodel = \"{M}\"\neject_after_failures = 3\nejection_time = \"30s\"\n\
+         [[pools.backends]]\nurl = \"http://{}\"\n[[pools.backends]]\nurl = \"http://{}\"\n\
+         [[tenants]]\nname = \"a\"\napi_keys = [\"{KEY}\"]\n",
+        good.addr(),
+        bad.addr()
+    );
+    let gw = gateway(&text, &[]).await;
+    let c = client();
+    // Without ejection, least-outstanding routing sends the failing
+    // backend most requests (they finish at once). With it, three
+    // failures in a row and it gets no more.
+    let mut failed = 0;
+    for _ in 0..60 {
+        let r = chat_once(&c, gw.addr()).await;
+        if r.status != 200 {
+            assert_eq!(r.status, 500, "{}", r.text());
+            failed += 1;
+        }
+    }
+    assert_eq!(failed, 3, "{failed} of 60 failed");
+    let m = scrape(&gw).await;
+    promtool_check(&m);
+    assert_eq!(
+        metric(
+            &m,
+            &format!(
+                "fairway_backend_ejections_total{{backend=\"{}\"}}",
+                bad.addr()
+            )
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    // Every request still ended in exactly one outcome.
+    assert_eq!(metric_sum(&m, "fairway_requests_total{"), 60.0, "{m}");
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::core::spec::{
-    BackendSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
+    BackendSpec, OutlierSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
 };
 pub use crate::core::spec::{Discipline, Priority, Strategy};
 use crate::sim::engine::EngineParams;
@@ -154,7 +154,27 @@ pub struct PoolPolicy {
     /// Skip a backend whose TTFT p99 is above this (default 150 ms).
     #[serde(with = "humantime_serde_compat")]
     pub ttft_p99_threshold: Duration,
+    /// Outlier ejection (`eject_after_failures`, `ejection_time`,
+    /// `max_ejection_time`, `max_ejected_share`).
+    pub outlier: OutlierPolicy,
     pub backends: Vec<BackendPolicy>,
+}
+
+/// Outlier ejection of a pool's backends; see [`crate::core::spec::OutlierSpec`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OutlierPolicy {
+    /// Failed requests in a row that eject a backend (default 5; 0 = off).
+    pub eject_after_failures: u32,
+    /// First ejection's length; each later one lasts this much longer
+    /// (default 10 s).
+    #[serde(with = "humantime_serde_compat")]
+    pub ejection_time: Duration,
+    /// Longest ejection (default 5 min).
+    #[serde(with = "humantime_serde_compat")]
+    pub max_ejection_time: Duration,
+    /// Largest share of the pool's backends ejected at once (default 0.5;
+    /// one backend always may be, but never the last available one).
+    pub max_ejected_share: f64,
 }
 
 /// `[[pools.backends]]`.
@@ -277,6 +297,12 @@ impl Policy {
                     strategy: p.routing,
                     kv_high_watermark: p.kv_high_watermark,
                     ttft_p99_threshold: p.ttft_p99_threshold,
+                    outlier: OutlierSpec {
+                        consecutive_failures: p.outlier.eject_after_failures,
+                        ejection_time: p.outlier.ejection_time,
+                        max_ejection_time: p.outlier.max_ejection_time,
+                        max_ejected_share: p.outlier.max_ejected_share,
+                    },
                     backends: p
                         .backends
                         .iter()

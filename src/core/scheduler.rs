@@ -31,6 +31,7 @@
 mod admission;
 mod candidates;
 mod dispatch;
+mod outlier;
 mod preemption;
 mod registry;
 mod state;
@@ -51,6 +52,7 @@ use crate::core::routing::Candidate;
 use crate::core::spec::{Discipline, PreemptionSpec, SchedulerSpec};
 use crate::core::time::Instant;
 
+pub use outlier::Ejection;
 use state::{BackendState, Phase, PoolState, Req, Slab, TenantState, pool_capacity};
 pub use views::{BackendView, TenantView};
 
@@ -131,6 +133,8 @@ pub struct Scheduler {
     /// When a queued interactive request that found no slot reaches
     /// `min_wait` and may preempt: `on_tick` looks again then.
     preempt_check: Option<Instant>,
+    /// When the earliest outlier ejection ends.
+    outlier_check: Option<Instant>,
     rng: SmallRng,
     scratch: Vec<Candidate>,
 }
@@ -155,6 +159,7 @@ impl Scheduler {
             stale_after: spec.stale_after,
             preemption: spec.preemption.clone(),
             preempt_check: None,
+            outlier_check: None,
             rng: SmallRng::seed_from_u64(seed),
             scratch: Vec::new(),
         };
@@ -284,16 +289,20 @@ impl Scheduler {
                 self.try_dispatch(now, PoolId(p as u32), &mut out);
             }
         }
+        if self.outlier_check.is_some_and(|t| t <= now) {
+            self.end_ejections(now, &mut out);
+        }
         out
     }
 
-    /// The earliest deadline, or preemption check, that needs `on_tick`.
+    /// The earliest deadline, preemption check or end of an outlier
+    /// ejection, which needs `on_tick`.
     pub fn next_wakeup(&self) -> Option<Instant> {
         let deadline = self.deadlines.first().map(|(t, _)| *t);
-        match (deadline, self.preempt_check) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [deadline, self.preempt_check, self.outlier_check]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// A new reading for a backend: updates headroom and adapts its window

@@ -153,7 +153,24 @@ pub struct PoolSpec {
     pub kv_high_watermark: f64,
     /// Skip a backend whose TTFT p99 is above this.
     pub ttft_p99_threshold: Duration,
+    /// Passive ejection of backends that fail what the proxy sends them.
+    pub outlier: OutlierSpec,
     pub backends: Vec<BackendSpec>,
+}
+
+/// Outlier ejection: a backend whose requests fail `consecutive_failures`
+/// times in a row (5xx answers, connection errors, header timeouts) gets
+/// no new requests for `ejection_time` × the number of times it has been
+/// ejected (capped at `max_ejection_time`), whatever its health probe says.
+/// At most `max_ejected_share` of a pool's backends are ejected at once,
+/// and never its last available one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutlierSpec {
+    /// 0 turns ejection off.
+    pub consecutive_failures: u32,
+    pub ejection_time: Duration,
+    pub max_ejection_time: Duration,
+    pub max_ejected_share: f64,
 }
 
 /// One backend of a pool.

@@ -212,6 +212,12 @@ async fn run(
             ticket.preempted += 1;
             continue;
         };
+        if !result
+            .as_ref()
+            .is_ok_and(|r| r.as_ref().is_ok_and(|r| !r.status().is_server_error()))
+        {
+            backend_failed(gw, &ticket.backend_name, backend);
+        }
         match result {
             Err(_) => {
                 return Err(ApiError::UpstreamTimeout {
@@ -275,6 +281,20 @@ async fn run(
         (true, true) => Mode::SseStripUsage,
     };
     Ok((resp, mode))
+}
+
+/// Reports a failed request (5xx, connection error, header timeout) to
+/// outlier detection, and logs and counts the ejection it causes.
+fn backend_failed(gw: &Gateway, name: &str, backend: BackendId) {
+    let now = gw.clock.now();
+    let ejected = gw.core.lock().sched.on_backend_result(now, backend, false);
+    if let Some(e) = ejected {
+        let secs = (e.until - now).as_secs_f64();
+        tracing::warn!(backend = %name, ejected_for_s = secs, ejections = e.count, "backend ejected: its requests failed in a row");
+        gw.metrics.record_ejection(name);
+        // The deadline task wakes for the end of the ejection.
+        gw.wake.notify_one();
+    }
 }
 
 /// Waits for the scheduler to dispatch (or shed) the ticket's request.

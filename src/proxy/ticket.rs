@@ -259,6 +259,11 @@ impl Ticket {
         }
         // Served responses correct the fair-queue charge with real usage;
         // anything else ends like a cancel (queued: leaves the queue).
+        if let (Some(Outcome::Served), Some(backend)) = (self.outcome, self.backend) {
+            // A success for outlier detection (failures are reported as
+            // they happen, in the dispatch path).
+            let _ = core.sched.on_backend_result(now, backend, true);
+        }
         let (ended, decisions) = match (self.outcome, self.usage) {
             (Some(Outcome::Served), usage @ Some(_)) => {
                 match core.sched.on_completion(now, id, usage) {

@@ -57,18 +57,23 @@ pub struct SimBackendConfig {
 
 /// A scripted failure mode of a simulated backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum Fault {
     /// Serve normally.
     #[default]
     None,
     /// `/v1/*` answers 500 and `/health` 503.
     Error,
+    /// `/v1/*` answers 500 at once while `/health` still answers 200: a
+    /// backend that fails fast, which only outlier ejection catches.
+    #[serde(alias = "error_healthy")]
+    ErrorHealthy,
     /// Accept requests but never send response headers (`/health` and
     /// `/metrics` too); only `/admin/fault` still answers.
     Hang,
     /// Serve normally, except `/metrics`, which answers 500: the gateway's
     /// reading goes stale while the backend stays up.
+    #[serde(alias = "metrics_error")]
     MetricsError,
 }
 

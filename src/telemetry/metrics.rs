@@ -84,6 +84,7 @@ struct Registry {
     gpu_seconds: BTreeMap<String, f64>,
     overhead: Option<Histogram>,
     reloads: BTreeMap<&'static str, u64>,
+    ejections: BTreeMap<String, u64>,
 }
 
 impl EdgeCounters {
@@ -274,6 +275,16 @@ impl Metrics {
             .or_default() += 1;
     }
 
+    /// Counts an outlier ejection of `backend`.
+    pub fn record_ejection(&self, backend: &str) {
+        *self
+            .inner
+            .lock()
+            .ejections
+            .entry(backend.to_owned())
+            .or_default() += 1;
+    }
+
     /// Total requests counted with `outcome` (all tenants), for tests and `top`.
     pub fn requests_with_outcome(&self, outcome: &str) -> u64 {
         self.inner
@@ -398,6 +409,19 @@ impl Metrics {
                 w,
                 "fairway_config_reloads_total{{result=\"{r}\"}} {}",
                 g.reloads.get(r).copied().unwrap_or(0)
+            );
+        }
+        header(
+            w,
+            "fairway_backend_ejections_total",
+            "counter",
+            "Outlier ejections by backend: its requests failed in a row (5xx, connection errors, header timeouts).",
+        );
+        for (b, v) in &g.ejections {
+            let _ = writeln!(
+                w,
+                "fairway_backend_ejections_total{{backend=\"{}\"}} {v}",
+                esc(b)
             );
         }
         drop(g);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::reader::{Reader, Table, Value, Zero};
 use crate::config::policy::{
-    BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, PoolPolicy, Strategy,
+    BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, OutlierPolicy, PoolPolicy, Strategy,
 };
 use crate::sim::engine::EngineParams;
 
@@ -20,6 +20,10 @@ const POOL_KEYS: &[&str] = &[
     "timeout",
     "kv_high_watermark",
     "ttft_p99_threshold",
+    "eject_after_failures",
+    "ejection_time",
+    "max_ejection_time",
+    "max_ejected_share",
     "backends",
 ];
 const BACKEND_KEYS: &[&str] = &[
@@ -125,6 +129,29 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
             r.duration(v, p, Zero::Refused)
         })
         .unwrap_or(Duration::from_millis(150));
+    let outlier = OutlierPolicy {
+        eject_after_failures: r
+            .opt(t, "eject_after_failures", |r, v, p| {
+                let n = r.number(v, p)?;
+                if n < 0.0 || n.fract() != 0.0 || n > f64::from(u32::MAX) {
+                    r.error(v.span(), p, "expected a whole number, 0 (off) or more");
+                    return None;
+                }
+                Some(n as u32)
+            })
+            .unwrap_or(5),
+        ejection_time: r
+            .opt(t, "ejection_time", |r, v, p| {
+                r.duration(v, p, Zero::Refused)
+            })
+            .unwrap_or(Duration::from_secs(10)),
+        max_ejection_time: r
+            .opt(t, "max_ejection_time", |r, v, p| {
+                r.duration(v, p, Zero::Refused)
+            })
+            .unwrap_or(Duration::from_secs(300)),
+        max_ejected_share: r.opt(t, "max_ejected_share", read_fraction).unwrap_or(0.5),
+    };
     let model_name = model.clone().unwrap_or_default();
     let backends = match t.get("backends") {
         None => {
@@ -156,6 +183,7 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
         timeout,
         kv_high_watermark,
         ttft_p99_threshold,
+        outlier,
         backends,
     })
 }

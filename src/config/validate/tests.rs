@@ -818,6 +818,12 @@ fn minimal_file_gets_every_default() {
             timeout: Duration::from_secs(60),
             kv_high_watermark: 0.8,
             ttft_p99_threshold: Duration::from_millis(150),
+            outlier: OutlierPolicy {
+                eject_after_failures: 5,
+                ejection_time: Duration::from_secs(10),
+                max_ejection_time: Duration::from_secs(300),
+                max_ejected_share: 0.5,
+            },
             backends: vec![BackendPolicy {
                 name: "10.0.0.5:8000".into(),
                 target: BackendTarget::Url {

@@ -11,7 +11,7 @@ use super::state::{BackendState, PoolState};
 
 impl Scheduler {
     /// Fills `scratch` with the pool's backends that may take a request now:
-    /// healthy, window not full, and with headroom. Headroom comes from a
+    /// healthy and not ejected, window not full, and with headroom. Headroom comes from a
     /// fresh reading (KV usage below the watermark, TTFT p99 within the
     /// threshold); without one, from the gateway's own observed TTFT, and a
     /// backend with nothing of ours in flight then always has headroom, so
@@ -22,7 +22,7 @@ impl Scheduler {
         for &bid in &ps.backends {
             let b = &self.backends[bid.0 as usize];
             if b.retired
-                || !b.healthy
+                || !b.is_available(now)
                 || b.in_flight >= b.window
                 || !has_headroom(b, ps, now, self.stale_after)
             {

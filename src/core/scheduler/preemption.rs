@@ -71,7 +71,7 @@ impl Scheduler {
                 v.priority == Priority::Batch
                     && !v.retired
                     && f64::from(ps.in_flight(r.tenant)) / v.weight > head_share
-                    && b.healthy
+                    && b.is_available(now)
                     && !b.retired
                     && b.in_flight <= b.window
                     && has_headroom(b, ps, now, self.stale_after)

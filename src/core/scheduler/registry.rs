@@ -68,6 +68,7 @@ impl Scheduler {
                         strategy: pp.strategy,
                         kv_high_watermark: pp.kv_high_watermark,
                         ttft_p99_threshold: pp.ttft_p99_threshold,
+                        outlier: pp.outlier.clone(),
                         queue: FairQueue::new(spec.queue.discipline),
                         backends: Vec::new(),
                         rr_cursor: 0,
@@ -97,6 +98,9 @@ impl Scheduler {
                             observed_ttft: None,
                             clock: GpuClock::new(bp.gpus, now),
                             retired: false,
+                            failures: 0,
+                            ejected_until: None,
+                            ejections: 0,
                         });
                         BackendId((self.backends.len() - 1) as u32)
                     });
@@ -119,6 +123,7 @@ impl Scheduler {
             p.strategy = pp.strategy;
             p.kv_high_watermark = pp.kv_high_watermark;
             p.ttft_p99_threshold = pp.ttft_p99_threshold;
+            p.outlier = pp.outlier.clone();
             p.backends = members;
         }
 

@@ -10,7 +10,7 @@ use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::queue::FairQueue;
 use crate::core::queue::cost::PoolCapacity;
 use crate::core::reading::Reading;
-use crate::core::spec::{Priority, Strategy};
+use crate::core::spec::{OutlierSpec, Priority, Strategy};
 use crate::core::time::Instant;
 
 #[derive(Debug)]
@@ -35,6 +35,7 @@ pub(super) struct PoolState {
     pub(super) strategy: Strategy,
     pub(super) kv_high_watermark: f64,
     pub(super) ttft_p99_threshold: Duration,
+    pub(super) outlier: OutlierSpec,
     pub(super) queue: FairQueue,
     pub(super) backends: Vec<BackendId>,
     pub(super) rr_cursor: usize,
@@ -77,6 +78,19 @@ pub(super) struct BackendState {
     pub(super) observed_ttft: Option<Duration>,
     pub(super) clock: GpuClock,
     pub(super) retired: bool,
+    /// Failed requests in a row (outlier detection).
+    pub(super) failures: u32,
+    /// Ejected by outlier detection until then.
+    pub(super) ejected_until: Option<Instant>,
+    /// Times ejected so far; the next ejection lasts this many times longer.
+    pub(super) ejections: u32,
+}
+
+impl BackendState {
+    /// Healthy by its probe and not ejected by outlier detection at `now`.
+    pub(super) fn is_available(&self, now: Instant) -> bool {
+        self.healthy && self.ejected_until.is_none_or(|t| t <= now)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

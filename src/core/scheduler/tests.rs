@@ -1,8 +1,8 @@
 use super::*;
 use crate::core::admission::LimitKind;
 use crate::core::spec::{
-    BackendSpec, Discipline, PoolSpec, PreemptionSpec, Priority, QueueSpec, SchedulerSpec,
-    Strategy, TenantSpec,
+    BackendSpec, Discipline, OutlierSpec, PoolSpec, PreemptionSpec, Priority, QueueSpec,
+    SchedulerSpec, Strategy, TenantSpec,
 };
 use proptest::prelude::{Strategy as PropStrategy, *};
 
@@ -43,6 +43,12 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             strategy: Strategy::LeastOutstanding,
             kv_high_watermark: 0.8,
             ttft_p99_threshold: Duration::from_millis(150),
+            outlier: OutlierSpec {
+                consecutive_failures: 3,
+                ejection_time: Duration::from_secs(10),
+                max_ejection_time: Duration::from_secs(25),
+                max_ejected_share: 0.5,
+            },
             backends: (0..backends)
                 .map(|i| BackendSpec {
                     name: format!("b{i}"),
@@ -633,4 +639,67 @@ fn a_reload_that_makes_the_tenant_interactive_or_removes_it_protects_its_work() 
     s.apply_policy(&p, t(15));
     let (_, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
     assert!(preempted(&ds).is_empty(), "{ds:?}");
+}
+
+#[test]
+fn consecutive_failures_eject_a_backend_for_a_growing_time_within_the_cap() {
+    let mut s = Scheduler::new(&spec(4, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    let b = |i: u32| BackendId(i);
+    // Two failures, a success, two more: never three in a row.
+    for ok in [false, false, true, false, false] {
+        assert_eq!(s.on_backend_result(t(0), b(0), ok), None);
+    }
+    // The third in a row ejects it for 10 s.
+    let e = s.on_backend_result(t(1), b(0), false).unwrap();
+    assert_eq!((e.backend, e.until, e.count), (b(0), t(10_001), 1));
+    assert!(s.is_ejected(t(5_000), b(0)));
+    assert_eq!(s.next_wakeup(), Some(t(10_001)));
+    // No request goes to it while ejected.
+    for _ in 0..6 {
+        let (_, d) = s.on_arrival(t(2), arrival(&s, "a")).unwrap();
+        assert!(
+            d.iter()
+                .all(|d| !matches!(d, Decision::Dispatch { backend, .. } if *backend == b(0)))
+        );
+    }
+    // Half of four may be ejected: a second, not a third.
+    for _ in 0..3 {
+        s.on_backend_result(t(3), b(1), false);
+    }
+    assert!(s.is_ejected(t(4), b(1)));
+    for _ in 0..3 {
+        assert_eq!(s.on_backend_result(t(3), b(2), false), None);
+    }
+    assert!(!s.is_ejected(t(4), b(2)));
+    // It returns when the time is up; the next ejection lasts 20 s, then
+    // the cap of 25 s.
+    s.on_tick(t(10_001));
+    assert!(!s.is_ejected(t(10_001), b(0)));
+    let e = (0..3)
+        .find_map(|_| s.on_backend_result(t(20_000), b(0), false))
+        .unwrap();
+    assert_eq!((e.until, e.count), (t(40_000), 2));
+    s.on_tick(t(40_000));
+    let e = (0..3)
+        .find_map(|_| s.on_backend_result(t(50_000), b(0), false))
+        .unwrap();
+    assert_eq!((e.until, e.count), (t(75_000), 3));
+}
+
+#[test]
+fn the_last_available_backend_is_never_ejected() {
+    let mut s = Scheduler::new(&spec(2, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    // One of two may be ejected (share 0.5)...
+    assert!(
+        (0..3)
+            .find_map(|_| s.on_backend_result(t(0), BackendId(0), false))
+            .is_some()
+    );
+    // ...but not the other, now the last one available.
+    assert!((0..6).all(|_| s.on_backend_result(t(0), BackendId(1), false).is_none()));
+    // With ejection off nothing is ejected.
+    let mut off = spec(2, 8, vec![tenant("a", 1.0)]);
+    off.pools[0].outlier.consecutive_failures = 0;
+    let mut s = Scheduler::new(&off, t(0), 1);
+    assert!((0..10).all(|_| s.on_backend_result(t(0), BackendId(0), false).is_none()));
 }

@@ -113,10 +113,10 @@ pub(super) async fn handle(
                 Bytes::new(),
             ));
         }
-        Fault::Error if path.starts_with("/v1/") => {
+        Fault::Error | Fault::ErrorHealthy if path.starts_with("/v1/") => {
             return Ok(error(&ApiError::internal("simulated backend fault")));
         }
-        Fault::Error => {}
+        Fault::Error | Fault::ErrorHealthy => {}
         Fault::MetricsError if path == "/metrics" => {
             return Ok(full(
                 StatusCode::INTERNAL_SERVER_ERROR,
