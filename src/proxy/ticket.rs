@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
+use opentelemetry::trace::TraceId;
 
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::time::Instant;
@@ -19,9 +20,6 @@ use crate::proxy::gateway::{Gateway, Live};
 use crate::proxy::layers::request_id::X_REQUEST_ID;
 use crate::telemetry::metrics::RequestRecord;
 use crate::telemetry::otel;
-
-const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// How a relayed body ended.
 #[derive(Debug)]
@@ -37,9 +35,9 @@ pub struct Ticket {
     pub(crate) start: Instant,
     /// The request's `x-request-id` (the edge sets one on every request).
     request_id: Option<HeaderValue>,
-    /// The caller's `traceparent`/`tracestate`, kept for the access log's
-    /// trace id when traces are off.
-    caller_trace: Option<HeaderMap>,
+    /// The caller's trace id from `traceparent`, for the access log when
+    /// traces are off (when on, the request span carries it).
+    caller_trace: Option<TraceId>,
     pub(crate) tenant: Option<TenantId>,
     pub(crate) pool: Option<(PoolId, usize)>,
     /// Set once admitted: the scheduler knows the request.
@@ -184,15 +182,10 @@ impl Ticket {
     ) -> Self {
         let request_id = headers.get(&X_REQUEST_ID).cloned();
         let spans = Spans::new(&gw, headers, request_id.as_ref());
-        let caller_trace = (gw.traces.is_none() && headers.contains_key(&TRACEPARENT)).then(|| {
-            let mut h = HeaderMap::new();
-            for name in [TRACEPARENT, TRACESTATE] {
-                if let Some(v) = headers.get(&name) {
-                    h.insert(name, v.clone());
-                }
-            }
-            h
-        });
+        let caller_trace = match gw.traces {
+            None => otel::caller_trace_id(headers),
+            Some(_) => None,
+        };
         Ticket {
             gw,
             live,
@@ -362,7 +355,7 @@ impl Drop for Ticket {
             overhead,
         });
         self.close_spans(tenant, model, outcome);
-        let trace_id = otel::trace_id(&self.spans.request, self.caller_trace.as_ref());
+        let trace_id = otel::trace_id(&self.spans.request).or(self.caller_trace);
         // Inside the request span, when traces are on: the log line and
         // the trace are one tree.
         tracing::info!(

@@ -150,17 +150,23 @@ pub fn inject(span: &tracing::Span, headers: &mut HeaderMap) {
     TraceContextPropagator::new().inject_context(&span.context(), &mut HeaderInjector(headers));
 }
 
-/// The trace id for the access log: `span`'s when traces are on, else the
-/// caller's from `traceparent`, if any.
-pub fn trace_id(span: &tracing::Span, headers: Option<&HeaderMap>) -> Option<TraceId> {
-    let own = span.context().span().span_context().trace_id();
-    if own != TraceId::INVALID {
-        return Some(own);
-    }
-    let cx = TraceContextPropagator::new().extract(&HeaderExtractor(headers?));
-    let theirs = cx.span().span_context().trace_id();
-    (theirs != TraceId::INVALID).then_some(theirs)
+/// `span`'s trace id (traces on), if it has one.
+pub fn trace_id(span: &tracing::Span) -> Option<TraceId> {
+    let id = span.context().span().span_context().trace_id();
+    (id != TraceId::INVALID).then_some(id)
 }
+
+/// The trace id of the caller's `traceparent`, if it sent a valid one.
+pub fn caller_trace_id(headers: &HeaderMap) -> Option<TraceId> {
+    if !headers.contains_key(TRACEPARENT) {
+        return None;
+    }
+    let cx = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    let id = cx.span().span_context().trace_id();
+    (id != TraceId::INVALID).then_some(id)
+}
+
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
 /// The OTLP exporter's HTTP client: the gateway's hyper client, run on the
 /// gateway's runtime (the SDK's export thread has none).

@@ -131,14 +131,7 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
         .unwrap_or(Duration::from_millis(150));
     let outlier = OutlierPolicy {
         eject_after_failures: r
-            .opt(t, "eject_after_failures", |r, v, p| {
-                let n = r.number(v, p)?;
-                if n < 0.0 || n.fract() != 0.0 || n > f64::from(u32::MAX) {
-                    r.error(v.span(), p, "expected a whole number, 0 (off) or more");
-                    return None;
-                }
-                Some(n as u32)
-            })
+            .opt(t, "eject_after_failures", Reader::non_negative_int)
             .unwrap_or(5),
         ejection_time: r
             .opt(t, "ejection_time", |r, v, p| {

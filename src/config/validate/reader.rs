@@ -280,17 +280,36 @@ impl<'s> Reader<'s> {
 
     /// A positive integer that fits `T`.
     pub fn positive_int<T: TryFrom<u64>>(&mut self, value: &Value<'_>, path: &str) -> Option<T> {
+        self.int_at_least(value, path, 1)
+    }
+
+    /// An integer of at least 0 that fits `T`.
+    pub fn non_negative_int<T: TryFrom<u64>>(
+        &mut self,
+        value: &Value<'_>,
+        path: &str,
+    ) -> Option<T> {
+        self.int_at_least(value, path, 0)
+    }
+
+    fn int_at_least<T: TryFrom<u64>>(
+        &mut self,
+        value: &Value<'_>,
+        path: &str,
+        min: i128,
+    ) -> Option<T> {
+        let expected = if min > 0 {
+            "a positive integer"
+        } else {
+            "an integer, 0 or more"
+        };
         let DeValue::Integer(int) = value.get_ref() else {
-            self.wrong_type(value, path, "a positive integer");
+            self.wrong_type(value, path, expected);
             return None;
         };
         match i128::from_str_radix(int.as_str(), int.radix()) {
-            Ok(n) if n <= 0 => {
-                self.error(
-                    value.span(),
-                    path,
-                    format!("must be a positive integer, found {n}"),
-                );
+            Ok(n) if n < min => {
+                self.error(value.span(), path, format!("must be {expected}, found {n}"));
                 None
             }
             Ok(n) => match u64::try_from(n).ok().and_then(|n| T::try_from(n).ok()) {

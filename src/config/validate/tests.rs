@@ -1314,3 +1314,31 @@ fn the_admin_token_is_read_from_the_environment_and_kept_as_a_digest() {
     let shown = serde_json::to_string(&parse(POOL).unwrap()).unwrap();
     assert!(!shown.contains("admin_token\""), "{shown}");
 }
+
+#[test]
+fn eject_after_failures_is_a_whole_number_and_zero_turns_it_off() {
+    let pool = |v: &str| {
+        format!(
+            "[[pools]]\nmodel = \"m\"\neject_after_failures = {v}\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n"
+        )
+    };
+    assert_eq!(
+        parse(&pool("0")).unwrap().pools[0]
+            .outlier
+            .eject_after_failures,
+        0
+    );
+    assert_eq!(
+        parse(&pool("7")).unwrap().pools[0]
+            .outlier
+            .eject_after_failures,
+        7
+    );
+    for bad in ["-1", "2.5"] {
+        let errs = parse(&pool(bad)).unwrap_err();
+        assert_eq!(
+            errs[0].path, "pools[0].eject_after_failures",
+            "{bad}: {errs:#?}"
+        );
+    }
+}
