@@ -18,7 +18,14 @@ trap 'kill $(jobs -p) 2>/dev/null || true; [ -f $WORK/nginx.pid ] && kill $(cat 
 
 cargo build --release --quiet
 BIN=target/release/fairway
+# Gateways run as users run them: the access log on (JSON lines, one per
+# request, written to a file). ACCESS_LOG=off measures without it.
 export RUST_LOG=warn
+if [ "${ACCESS_LOG:-on}" = on ]; then
+  GW_LOG="fairway::access=info,warn"
+else
+  GW_LOG="warn"
+fi
 
 # Backends: zero delay (1 token, 1 µs steps) and 20 ms (2 tokens: one 20 ms decode step).
 $BIN sim-backend --listen 127.0.0.1:18001 --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
@@ -48,16 +55,16 @@ CONF
 }
 gateway_conf 18011 18021 18001 > $WORK/g0.toml
 gateway_conf 18012 18022 18002 > $WORK/g20.toml
-$BIN serve --config $WORK/g0.toml --watch-interval 0s >/dev/null &
+RUST_LOG=$GW_LOG $BIN --log-json serve --config $WORK/g0.toml --watch-interval 0s >/dev/null 2>$WORK/g0.log &
 G0=$!
-$BIN serve --config $WORK/g20.toml --watch-interval 0s >/dev/null &
+RUST_LOG=$GW_LOG $BIN --log-json serve --config $WORK/g20.toml --watch-interval 0s >/dev/null 2>$WORK/g20.log &
 G20=$!
 if [ -n "${BASE:-}" ]; then
   gateway_conf 18013 18023 18001 > $WORK/b0.toml
   gateway_conf 18014 18024 18002 > $WORK/b20.toml
-  $BASE serve --config $WORK/b0.toml --watch-interval 0s >/dev/null &
+  RUST_LOG=$GW_LOG $BASE --log-json serve --config $WORK/b0.toml --watch-interval 0s >/dev/null 2>$WORK/b0.log &
   B0=$!
-  $BASE serve --config $WORK/b20.toml --watch-interval 0s >/dev/null &
+  RUST_LOG=$GW_LOG $BASE --log-json serve --config $WORK/b20.toml --watch-interval 0s >/dev/null 2>$WORK/b20.log &
   B20=$!
 fi
 
