@@ -21,6 +21,8 @@ pub mod agent;
 pub mod clock;
 pub mod config;
 pub mod core;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod poller;
 pub mod proxy;
 pub mod replay;

@@ -4,6 +4,10 @@
 # (CI=true makes a missing tool a failure instead of a skip).
 #
 #   tests/run.sh [cargo test arguments]
+#
+# With no arguments it also runs each fuzz target for a few seconds under
+# libFuzzer (fuzz/run.sh; `cargo test` alone replays the fuzz seeds and
+# regressions and a short mutation run, but not the coverage-guided one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +15,7 @@ cd "$(dirname "$0")/.."
 declare -A need_pkg=(
   [promtool]=prometheus   # checks our exposition format; a real Prometheus scrapes the gateway
   [prlimit]=util-linux    # runs the gateway at a low fd limit (accept back-off test)
+  [c++]=g++               # builds libFuzzer for fuzz/run.sh
 )
 missing=()
 for tool in "${!need_pkg[@]}"; do
@@ -25,4 +30,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-CI=true exec cargo test "$@"
+CI=true cargo test "$@"
+if [ $# -eq 0 ]; then
+  fuzz/run.sh --seconds "${FAIRWAY_FUZZ_SECONDS:-10}"
+fi

@@ -82,6 +82,11 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<Box
             let mut out =
                 Response::from_parts(parts, RelayBody::new(body, mode, ticket).boxed_unsync());
             upstream::strip_response_headers(out.headers_mut());
+            if mode != Mode::Json {
+                // The relay may drop the usage chunk or end a cut stream
+                // with an error event: the backend's length no longer holds.
+                out.headers_mut().remove(header::CONTENT_LENGTH);
+            }
             out
         }
         Err(e) => {
@@ -216,7 +221,7 @@ async fn run(
             .as_ref()
             .is_ok_and(|r| r.as_ref().is_ok_and(|r| !r.status().is_server_error()))
         {
-            backend_failed(gw, &ticket.backend_name, backend);
+            gw.backend_failed(&ticket.backend_name, backend);
         }
         match result {
             Err(_) => {
@@ -281,20 +286,6 @@ async fn run(
         (true, true) => Mode::SseStripUsage,
     };
     Ok((resp, mode))
-}
-
-/// Reports a failed request (5xx, connection error, header timeout) to
-/// outlier detection, and logs and counts the ejection it causes.
-fn backend_failed(gw: &Gateway, name: &str, backend: BackendId) {
-    let now = gw.clock.now();
-    let ejected = gw.core.lock().sched.on_backend_result(now, backend, false);
-    if let Some(e) = ejected {
-        let secs = (e.until - now).as_secs_f64();
-        tracing::warn!(backend = %name, ejected_for_s = secs, ejections = e.count, "backend ejected: its requests failed in a row");
-        gw.metrics.record_ejection(name);
-        // The deadline task wakes for the end of the ejection.
-        gw.wake.notify_one();
-    }
 }
 
 /// Waits for the scheduler to dispatch (or shed) the ticket's request.

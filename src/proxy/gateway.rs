@@ -274,6 +274,25 @@ pub fn hex(bytes: &[u8]) -> String {
 
 impl Gateway {
     /// Whether shutdown has begun.
+    /// Reports a failed request (5xx, connection error, header timeout, a
+    /// stream cut) to outlier detection, and logs and counts the ejection
+    /// it causes.
+    pub fn backend_failed(&self, name: &str, backend: BackendId) {
+        let now = self.clock.now();
+        let ejected = self
+            .core
+            .lock()
+            .sched
+            .on_backend_result(now, backend, false);
+        if let Some(e) = ejected {
+            let secs = (e.until - now).as_secs_f64();
+            tracing::warn!(backend = %name, ejected_for_s = secs, ejections = e.count, "backend ejected: its requests failed in a row");
+            self.metrics.record_ejection(name);
+            // The deadline task wakes for the end of the ejection.
+            self.wake.notify_one();
+        }
+    }
+
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }

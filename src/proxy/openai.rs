@@ -5,6 +5,7 @@
 use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
 
 use crate::proxy::error::ApiError;
 
@@ -93,7 +94,17 @@ const TOKENS_PER_MESSAGE: u32 = 4;
 /// Parses the fields Fairway needs. Malformed JSON or a missing/non-string
 /// `model` is a 400.
 pub fn parse(body: &[u8]) -> Result<RequestInfo, ApiError> {
-    let lite: Lite = serde_json::from_slice(body)
+    // JSON is UTF-8 (RFC 8259), also in the fields Fairway skips over,
+    // which the JSON parser alone would not check.
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::InvalidRequest(format!("Request body is not valid UTF-8: {e}")))?;
+    // A struct also deserialises from an array (by position): refuse that.
+    if text.trim_start().starts_with('[') {
+        return Err(ApiError::InvalidRequest(
+            "Request body must be a JSON object.".into(),
+        ));
+    }
+    let lite: Lite = serde_json::from_str(text)
         .map_err(|e| ApiError::InvalidRequest(format!("Request body is not valid JSON: {e}")))?;
     let model = match lite.model {
         Some(serde_json::Value::String(m)) if !m.is_empty() => m,
@@ -154,21 +165,26 @@ pub fn with_usage_requested(body: &Bytes) -> Bytes {
         out.extend_from_slice(rest);
         return Bytes::from(out);
     }
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(serde_json::Value::Object(mut map)) => {
-            let opts = map
-                .entry("stream_options")
-                .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
-            if !opts.is_object() {
-                *opts = serde_json::Value::Object(serde_json::Map::new());
-            }
-            if let Some(o) = opts.as_object_mut() {
-                o.insert("include_usage".into(), serde_json::Value::Bool(true));
-            }
-            Bytes::from(serde_json::Value::Object(map).to_string())
-        }
-        _ => body.clone(),
-    }
+    // Re-serialised field by field: every value but `stream_options` keeps
+    // its bytes (the raw text; a parse into values would also refuse what
+    // the backend may accept, such as a lone surrogate escape).
+    type Fields = std::collections::BTreeMap<String, Box<RawValue>>;
+    let Ok(mut fields) = serde_json::from_slice::<Fields>(body) else {
+        return body.clone();
+    };
+    let mut options = fields
+        .get("stream_options")
+        .and_then(|o| serde_json::from_str::<Fields>(o.get()).ok())
+        .unwrap_or_default();
+    let Ok(yes) = RawValue::from_string("true".to_owned()) else {
+        return body.clone();
+    };
+    options.insert("include_usage".to_owned(), yes);
+    let Ok(options) = serde_json::value::to_raw_value(&options) else {
+        return body.clone();
+    };
+    fields.insert("stream_options".to_owned(), options);
+    serde_json::to_vec(&fields).map_or_else(|_| body.clone(), Bytes::from)
 }
 
 /// Whether `needle` occurs in `hay`.
@@ -229,6 +245,21 @@ mod tests {
         );
         let info = parse(br#"{"model":"m","messages":[{"content":[{"type":"text","text":"abcd"},{"type":"image_url","image_url":{}}]}]}"#).unwrap();
         assert_eq!(info.prompt_tokens, 5);
+    }
+
+    #[test]
+    fn only_a_utf8_json_object_is_a_request() {
+        // Found by fuzzing: a struct also deserialises from an array, and
+        // skipped fields are not checked for UTF-8 by the JSON parser.
+        assert!(parse(br#"["m"]"#).is_err());
+        assert!(parse(b"{\"model\":\"m\",\"x\":\"\x9e\"}").is_err());
+        // A lone surrogate escape in a skipped field is the backend's to
+        // judge; the usage splice keeps it as it is.
+        let body = Bytes::from_static(br#"{"model":"m","x":"\udddd","stream_options":{"a":1}}"#);
+        assert!(parse(&body).is_ok());
+        let spliced = with_usage_requested(&body);
+        assert!(parse(&spliced).unwrap().include_usage);
+        assert!(memfind(&spliced, br#""x":"\udddd""#), "{spliced:?}");
     }
 
     #[test]

@@ -56,9 +56,16 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: hyper::body::Incoming,
         mode: Mode,
+        // JSON: the body so far (up to `MAX_SCAN`), for its usage. SSE: the
+        // start of an event not yet complete, held back (up to `MAX_HOLD`)
+        // so that a stream cut by the backend ends on an event boundary.
         carry: BytesMut,
+        // Passing on the rest of an event too long to hold.
+        passing: bool,
         usage: Option<Usage>,
         ticket: Option<Ticket>,
+        // Ended early by an error event: nothing more to send.
+        ended: bool,
     }
 }
 
@@ -69,11 +76,17 @@ impl RelayBody {
             inner,
             mode,
             carry: BytesMut::new(),
+            passing: false,
             usage: None,
             ticket: Some(ticket),
+            ended: false,
         }
     }
 }
+
+/// Longest part of an SSE event held back while waiting for its end; past
+/// it the event is passed on as it comes (no usage chunk is that long).
+const MAX_HOLD: usize = 64 << 10;
 
 /// End of the next SSE event in `buf` (just past its blank line).
 fn event_end(buf: &[u8]) -> Option<usize> {
@@ -110,6 +123,21 @@ fn inspect_event(event: &[u8]) -> (Option<Usage>, bool) {
     (usage, usage_only)
 }
 
+/// The SSE event that ends a stream the backend cut, in OpenAI's shape
+/// (the `openai` SDKs raise an `APIError` with this message; vLLM reports
+/// its own errors mid-stream the same way).
+pub fn error_event(cause: &str) -> Bytes {
+    let body = serde_json::json!({
+        "error": {
+            "message": format!("The backend's stream broke before it ended: {cause}"),
+            "type": "upstream_error",
+            "param": null,
+            "code": "upstream_stream_broken",
+        }
+    });
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
 impl Body for RelayBody {
     type Data = Bytes;
     type Error = BodyError;
@@ -119,6 +147,9 @@ impl Body for RelayBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let mut this = self.project();
+        if *this.ended {
+            return Poll::Ready(None);
+        }
         loop {
             let frame = match this.inner.as_mut().poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -130,7 +161,17 @@ impl Body for RelayBody {
                     if let Some(t) = this.ticket.take() {
                         t.end(BodyEnd::UpstreamError(e.to_string()));
                     }
-                    return Poll::Ready(Some(Err(Box::new(e))));
+                    if *this.mode == Mode::Json {
+                        // Nothing can be added to a JSON body: the client
+                        // sees the connection cut.
+                        return Poll::Ready(Some(Err(Box::new(e))));
+                    }
+                    // An SSE stream ends with an error event instead, after
+                    // the last complete event (an incomplete one is dropped,
+                    // as an SSE client would drop it at the end).
+                    *this.ended = true;
+                    this.carry.clear();
+                    return Poll::Ready(Some(Ok(Frame::data(error_event(&e.to_string())))));
                 }
                 Poll::Ready(Some(Ok(frame))) => frame,
             };
@@ -144,7 +185,7 @@ impl Body for RelayBody {
             if let Some(t) = this.ticket.as_mut() {
                 t.first_byte();
             }
-            let out = scan(*this.mode, this.carry, this.usage, data);
+            let out = scan(*this.mode, this.carry, this.passing, this.usage, data);
             // A body of known length may be dropped by hyper as soon as its
             // last byte is written, without another poll: end the ticket as
             // soon as the backend's body says it is complete.
@@ -163,7 +204,7 @@ impl Body for RelayBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ticket.is_none() && self.inner.is_end_stream()
+        self.ended || (self.ticket.is_none() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -174,8 +215,8 @@ impl Body for RelayBody {
     }
 }
 
-/// Ends the ticket once: reads the usage of a JSON body, and returns what a
-/// stripping relay still held (a stream cut inside an event).
+/// Ends the ticket once: reads the usage of a JSON body, and returns what
+/// an SSE relay still held (a stream that ended inside an event).
 fn finish(
     mode: Mode,
     carry: &mut BytesMut,
@@ -183,63 +224,113 @@ fn finish(
     ticket: &mut Option<Ticket>,
 ) -> Option<Bytes> {
     let t = ticket.take()?;
-    if mode == Mode::Json
-        && usage.is_none()
-        && let Ok(c) = serde_json::from_slice::<ChunkLite>(carry)
-    {
-        *usage = c.usage.map(|u| Usage {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-        });
-    }
-    let tail = (mode == Mode::SseStripUsage && !carry.is_empty()).then(|| carry.split().freeze());
+    let tail = tail(mode, carry, usage);
     t.end(BodyEnd::Complete { usage: *usage });
     tail
 }
 
-/// Peeks at one data frame; returns the bytes to send on: all of them, or
-/// for a stripping relay the complete events other than the usage chunk.
-fn scan(mode: Mode, carry: &mut BytesMut, usage: &mut Option<Usage>, data: Bytes) -> Option<Bytes> {
+/// At the end of a body: reads the usage of a JSON body, and returns what
+/// an SSE relay still held.
+fn tail(mode: Mode, carry: &mut BytesMut, usage: &mut Option<Usage>) -> Option<Bytes> {
     match mode {
         Mode::Json => {
-            if carry.len() + data.len() <= MAX_SCAN {
-                carry.extend_from_slice(&data);
+            if usage.is_none()
+                && let Ok(c) = serde_json::from_slice::<ChunkLite>(carry)
+            {
+                *usage = c.usage.map(|u| Usage {
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                });
             }
-            Some(data)
+            None
         }
-        Mode::Sse => {
-            carry.extend_from_slice(&data);
-            while let Some(end) = event_end(carry) {
-                let event = carry.split_to(end);
-                if let (Some(u), _) = inspect_event(&event) {
-                    *usage = Some(u);
-                }
-            }
-            if carry.len() > MAX_SCAN {
-                carry.clear();
-            }
-            Some(data)
-        }
-        Mode::SseStripUsage => {
-            carry.extend_from_slice(&data);
-            let mut out = BytesMut::new();
-            while let Some(end) = event_end(carry) {
-                let event = carry.split_to(end);
-                let (u, usage_only) = inspect_event(&event);
-                if let Some(u) = u {
-                    *usage = Some(u);
-                }
-                if !usage_only {
-                    out.extend_from_slice(&event);
-                }
-            }
-            if carry.len() > MAX_SCAN {
-                // Not SSE as we know it: stop holding bytes back.
-                out.extend_from_slice(&carry.split());
-            }
-            (!out.is_empty()).then(|| out.freeze())
+        Mode::Sse | Mode::SseStripUsage => (!carry.is_empty()).then(|| carry.split().freeze()),
+    }
+}
+
+/// Relays a whole body given as `frames`, as [`RelayBody`] would: what the
+/// client receives, and the usage read. For the fuzz targets and tests.
+pub fn relay_frames(mode: Mode, frames: &[Bytes]) -> (Vec<u8>, Option<Usage>) {
+    let (mut carry, mut passing, mut usage) = (BytesMut::new(), false, None);
+    let mut out = Vec::new();
+    for f in frames.iter().filter(|f| !f.is_empty()) {
+        if let Some(b) = scan(mode, &mut carry, &mut passing, &mut usage, f.clone()) {
+            out.extend_from_slice(&b);
         }
     }
+    if let Some(b) = tail(mode, &mut carry, &mut usage) {
+        out.extend_from_slice(&b);
+    }
+    (out, usage)
+}
+
+/// Peeks at one data frame; returns the bytes to send on now. A JSON body
+/// is sent on as it comes. An SSE body is sent on in complete events (less
+/// the usage-only chunk when stripping); the start of the next event waits
+/// in `carry`.
+fn scan(
+    mode: Mode,
+    carry: &mut BytesMut,
+    passing: &mut bool,
+    usage: &mut Option<Usage>,
+    data: Bytes,
+) -> Option<Bytes> {
+    if mode == Mode::Json {
+        if carry.len() + data.len() <= MAX_SCAN {
+            carry.extend_from_slice(&data);
+        }
+        return Some(data);
+    }
+    // Without a partial event waiting, the frame is read where it lies and
+    // its complete events are sent on without a copy.
+    let mut buf = if carry.is_empty() {
+        data
+    } else {
+        carry.extend_from_slice(&data);
+        carry.split().freeze()
+    };
+    let mut out = BytesMut::new();
+    let mut sent = 0; // `buf[..sent]` is decided
+    let mut pass_whole = true; // every event so far is sent on
+    if *passing {
+        // The rest of an event too long to hold: pass it on unread.
+        match event_end(&buf) {
+            Some(end) => {
+                sent = end;
+                *passing = false;
+            }
+            None => return Some(buf),
+        }
+    }
+    while let Some(end) = event_end(&buf[sent..]) {
+        let event = &buf[sent..sent + end];
+        let (u, usage_only) = inspect_event(event);
+        if let Some(u) = u {
+            *usage = Some(u);
+        }
+        if usage_only && mode == Mode::SseStripUsage {
+            if pass_whole {
+                out.extend_from_slice(&buf[..sent]);
+                pass_whole = false;
+            }
+        } else if !pass_whole {
+            out.extend_from_slice(event);
+        }
+        sent += end;
+    }
+    let rest = &buf[sent..];
+    if rest.len() > MAX_HOLD {
+        // Not an event we need to read: stop holding it back.
+        *passing = true;
+        if !pass_whole {
+            out.extend_from_slice(rest);
+        }
+    } else {
+        carry.extend_from_slice(rest);
+        buf.truncate(sent);
+    }
+    let out = if pass_whole { buf } else { out.freeze() };
+    (!out.is_empty()).then_some(out)
 }
 
 #[cfg(test)]

@@ -234,6 +234,9 @@ impl Ticket {
             BodyEnd::UpstreamError(cause) => {
                 tracing::warn!(backend = %self.backend_name, %cause, "stream from backend broke");
                 self.outcome = Some(Outcome::FailedUpstream);
+                if let Some(b) = self.backend {
+                    self.gw.backend_failed(&self.backend_name, b);
+                }
             }
         }
         // Drop records.

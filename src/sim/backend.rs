@@ -17,7 +17,6 @@ mod openai;
 mod routes;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,7 +41,8 @@ use crate::sim::engine::{Engine, EngineError, EngineEvent, EngineParams, EngineS
 const MAX_BODY_BYTES: usize = 16 << 20;
 
 /// The response body type of every endpoint.
-type Body = BoxBody<Bytes, Infallible>;
+/// Response bodies; an error cuts the connection (the `cut-stream` fault).
+type Body = BoxBody<Bytes, std::io::Error>;
 
 /// What a simulated backend serves.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,6 +75,14 @@ pub enum Fault {
     /// reading goes stale while the backend stays up.
     #[serde(alias = "metrics_error")]
     MetricsError,
+    /// Streams break after their first two events: the connection is cut
+    /// with no end to the chunked body, as when an engine dies mid-stream.
+    #[serde(alias = "cut_stream")]
+    CutStream,
+    /// Streams are sent whole at the end, with a `Content-Length`, as some
+    /// servers and proxies in front of engines do.
+    #[serde(alias = "sse_content_length")]
+    SseContentLength,
 }
 
 /// Entry point for starting an in-process simulated backend.

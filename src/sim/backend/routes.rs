@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt as _};
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -36,7 +36,7 @@ struct TokenStream {
 }
 
 impl Stream for TokenStream {
-    type Item = Result<Frame<Bytes>, Infallible>;
+    type Item = Result<Frame<Bytes>, std::io::Error>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -69,7 +69,7 @@ impl Stream for TokenStream {
 }
 
 fn full(status: StatusCode, content_type: &str, body: Bytes) -> Response<Body> {
-    let mut resp = Response::new(Full::new(body).boxed());
+    let mut resp = Response::new(Full::new(body).map_err(|n| match n {}).boxed());
     *resp.status_mut() = status;
     if let Ok(v) = header::HeaderValue::from_str(content_type) {
         resp.headers_mut().insert(header::CONTENT_TYPE, v);
@@ -124,7 +124,7 @@ pub(super) async fn handle(
                 Bytes::from_static(b"simulated metrics fault\n"),
             ));
         }
-        Fault::MetricsError => {}
+        Fault::MetricsError | Fault::CutStream | Fault::SseContentLength => {}
     }
     let resp = match (method, path.as_str()) {
         (Method::GET, "/health") => full(StatusCode::OK, "text/plain", Bytes::new()),
@@ -137,10 +137,10 @@ pub(super) async fn handle(
             StatusCode::OK,
             openai::models_response(&shared.model, shared.max_model_len, 0),
         ),
-        (Method::POST, "/v1/chat/completions") => generate(&shared, Endpoint::Chat, req)
+        (Method::POST, "/v1/chat/completions") => generate(&shared, Endpoint::Chat, req, fault)
             .await
             .unwrap_or_else(|e| error(&e)),
-        (Method::POST, "/v1/completions") => generate(&shared, Endpoint::Completions, req)
+        (Method::POST, "/v1/completions") => generate(&shared, Endpoint::Completions, req, fault)
             .await
             .unwrap_or_else(|e| error(&e)),
         (Method::POST, "/v1/embeddings") => {
@@ -202,6 +202,7 @@ async fn generate(
     shared: &Arc<Shared>,
     endpoint: Endpoint,
     req: Request<Incoming>,
+    fault: Fault,
 ) -> Result<Response<Body>, ApiError> {
     let body = read_body(req).await?;
     let g = openai::parse_generation(endpoint, &body)?;
@@ -237,7 +238,22 @@ async fn generate(
             is_done: false,
             _guard: guard,
         };
-        let mut resp = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+        let body = match fault {
+            Fault::CutStream => BodyExt::boxed(StreamBody::new(stream.take(2).chain(
+                futures_util::stream::once(async {
+                    Err(std::io::Error::other("simulated stream cut"))
+                }),
+            ))),
+            Fault::SseContentLength => {
+                // Sent whole: hyper gives a body of known size a length.
+                let all = BodyExt::collect(StreamBody::new(stream))
+                    .await
+                    .map_err(|_| ApiError::internal("stream failed"))?;
+                Full::new(all.to_bytes()).map_err(|n| match n {}).boxed()
+            }
+            _ => BodyExt::boxed(StreamBody::new(stream)),
+        };
+        let mut resp = Response::new(body);
         let headers = resp.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,

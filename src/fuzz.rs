@@ -1,0 +1,187 @@
+//! Fuzz targets: every parser that reads outside input, each with the
+//! properties it must keep on any input (not only "does not panic").
+//!
+//! They are driven two ways: by libFuzzer through `cargo fuzz` (the
+//! `fuzz/` crate, coverage-guided, stable Rust with `--sanitizer none`;
+//! `fuzz/run.sh` runs a million inputs per target), and by `tests/fuzz.rs`
+//! in every test run, which replays the corpus and every input a fuzzer
+//! ever found (`fuzz/regressions/`), then a short seeded mutation run.
+//!
+//! Each target takes raw bytes and panics when a property breaks.
+
+use bytes::{Bytes, BytesMut};
+
+use crate::config::MetricsDialect;
+use crate::core::time::Instant;
+use crate::proxy::openai;
+use crate::proxy::relay::{self, Mode};
+
+/// A fuzz target: panics when a property breaks on `data`.
+pub type Target = fn(&[u8]);
+
+/// The targets, by name (the names of `fuzz/fuzz_targets/*.rs` and of the
+/// corpus folders).
+pub const TARGETS: &[(&str, Target)] = &[
+    ("request_body", request_body),
+    ("sse_relay", sse_relay),
+    ("metrics", metrics),
+    ("policy", policy),
+];
+
+/// The request body peek: never panics, and the splice that asks the
+/// backend for usage keeps every field Fairway read and leaves a body the
+/// peek (and so a backend) still accepts.
+pub fn request_body(data: &[u8]) {
+    let Ok(info) = openai::parse(data) else {
+        return;
+    };
+    let spliced = openai::with_usage_requested(&Bytes::copy_from_slice(data));
+    let again = openai::parse(&spliced).unwrap_or_else(|e| {
+        panic!(
+            "the usage splice broke a valid body: {e:?}\n  in:  {:?}\n  out: {:?}",
+            String::from_utf8_lossy(data),
+            String::from_utf8_lossy(&spliced)
+        )
+    });
+    assert!(again.include_usage, "usage not requested: {spliced:?}");
+    assert_eq!(
+        (
+            again.model,
+            again.stream,
+            again.max_tokens,
+            again.prompt_tokens
+        ),
+        (info.model, info.stream, info.max_tokens, info.prompt_tokens),
+        "the splice changed what was read: {spliced:?}"
+    );
+}
+
+/// The SSE relay and its usage peek: the first two bytes pick where the
+/// rest is cut into frames. Whatever the cuts, a plain relay passes the
+/// stream on byte for byte, a JSON relay too, and a stripping relay passes
+/// exactly the stream less its usage-only events and finds the same usage.
+pub fn sse_relay(data: &[u8]) {
+    let (cuts, stream) = match data {
+        [a, b, rest @ ..] => (u16::from_le_bytes([*a, *b]), rest),
+        _ => return,
+    };
+    let frames = split(stream, cuts);
+    let (plain, plain_usage) = relay::relay_frames(Mode::Sse, &frames);
+    assert_eq!(plain, stream, "plain relay changed the stream");
+    let (json, _) = relay::relay_frames(Mode::Json, &frames);
+    assert_eq!(json, stream, "JSON relay changed the body");
+    let (stripped, usage) = relay::relay_frames(Mode::SseStripUsage, &frames);
+    let whole = [Bytes::copy_from_slice(stream)];
+    let (expected, whole_usage) = relay::relay_frames(Mode::SseStripUsage, &whole);
+    assert_eq!(
+        stripped, expected,
+        "stripping depends on where the frames were cut"
+    );
+    assert_eq!(usage, whole_usage, "usage depends on the cuts");
+    assert_eq!(
+        plain_usage, usage,
+        "plain and stripping relays read different usage"
+    );
+    assert!(stripped.len() <= stream.len());
+}
+
+/// Cuts `data` into frames: each bit of `cuts` says whether to cut after
+/// the next 1, 2, 3… bytes (a cheap way to try many shapes).
+fn split(data: &[u8], cuts: u16) -> Vec<Bytes> {
+    let mut frames = Vec::new();
+    let mut at = 0;
+    let mut step = 1;
+    let mut bit = 0;
+    let mut frame = BytesMut::new();
+    while at < data.len() {
+        let end = (at + step).min(data.len());
+        frame.extend_from_slice(&data[at..end]);
+        if cuts & (1 << (bit % 16)) != 0 {
+            frames.push(frame.split().freeze());
+        }
+        at = end;
+        step = step % 7 + 1;
+        bit += 1;
+    }
+    if !frame.is_empty() {
+        frames.push(frame.freeze());
+    }
+    frames
+}
+
+/// A backend's metrics scrape in every dialect, twice (the second decode
+/// reads the histograms' change since the first): never panics, and a
+/// reading's KV usage is a fraction in 0..=1 (out-of-range values are
+/// clamped or dropped, never passed to routing).
+pub fn metrics(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    for dialect in [
+        MetricsDialect::Vllm,
+        MetricsDialect::Triton,
+        MetricsDialect::Sglang,
+        MetricsDialect::Llamacpp,
+        MetricsDialect::Agent,
+    ] {
+        let mut d = crate::poller::dialect::Decoder::new(dialect);
+        let t0 = Instant::ZERO;
+        for at in [t0, t0 + std::time::Duration::from_secs(1)] {
+            if let Ok(r) = d.decode(text, at)
+                && let Some(kv) = r.kv_usage
+            {
+                assert!((0.0..=1.0).contains(&kv), "{dialect:?}: kv_usage {kv}");
+            }
+        }
+    }
+}
+
+/// The policy file: never panics; a file that validates serialises (as
+/// `GET /admin/policy` shows it) with no API key in it.
+pub fn policy(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let env = |_: &str| Some("sk-fuzz-secret-from-env".to_owned());
+    match crate::config::parse_policy_with_env(text, "fuzz.toml", &env) {
+        Ok(p) => {
+            let shown = serde_json::to_string(&p);
+            assert!(
+                shown.is_ok(),
+                "a valid policy does not serialise: {shown:?}"
+            );
+            let shown = shown.unwrap_or_default();
+            assert!(
+                !shown.contains("sk-fuzz-secret-from-env"),
+                "a key from the environment is shown"
+            );
+            for key in inline_keys(text) {
+                assert!(!shown.contains(&key), "API key {key:?} is shown");
+            }
+        }
+        Err(errors) => {
+            assert!(!errors.is_empty(), "refused without a reason");
+            for e in errors {
+                let _ = e.to_string();
+            }
+        }
+    }
+}
+
+/// The `api_keys` written in a policy file's tenants (long enough not to
+/// occur in it by chance).
+fn inline_keys(text: &str) -> Vec<String> {
+    let Ok(doc) = toml::from_str::<toml::Table>(text) else {
+        return Vec::new();
+    };
+    let tenants = doc.get("tenants").and_then(toml::Value::as_array);
+    tenants
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.get("api_keys")?.as_array())
+        .flatten()
+        .filter_map(toml::Value::as_str)
+        .filter(|k| k.len() >= 8)
+        .map(str::to_owned)
+        .collect()
+}
