@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use fairway::sim::backend::SimBackend;
 use http_body_util::BodyExt;
 use support::*;
 
@@ -341,7 +342,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 #[tokio::test]
-async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
+async fn at_the_fd_limit_idle_connections_cannot_take_the_gateway_down() {
     if Command::new("prlimit").arg("--version").output().is_err() {
         assert!(std::env::var_os("CI").is_none(), "CI must have prlimit");
         eprintln!("prlimit not installed; skipping");
@@ -350,51 +351,229 @@ async fn at_the_fd_limit_the_accept_loop_backs_off_instead_of_spinning() {
     let b = sim(M, 8).await;
     let path = temp_policy(
         "fd-limit",
-        &policy("max_connections = 10000", &b.addr().to_string()),
+        &policy(
+            "max_connections = 10000\nheader_read_timeout = \"2s\"",
+            &b.addr().to_string(),
+        ),
     );
+    // The reproduction: 256 descriptors, a few hundred idle
+    // connections that never send a byte, no API key.
     let gw = ServeProcess::start(
-        &["prlimit", "--nofile=64:64"],
+        &["prlimit", "--nofile=256:256"],
         &[],
         &path,
         "error",
         Stdio::inherit(),
     );
     let (addr, admin, pid) = (gw.addr, gw.admin, gw.pid());
-    let outcome = tokio::task::spawn_blocking(move || {
-        // More idle connections than the gateway has descriptors: the
-        // kernel completes them all, the gateway cannot accept the rest.
-        let idle: Vec<_> = (0..100)
+    let during = tokio::task::spawn_blocking(move || {
+        let idle: Vec<_> = (0..400)
             .filter_map(|_| std::net::TcpStream::connect(addr).ok())
             .collect();
         std::thread::sleep(Duration::from_millis(500));
         let before = cpu_seconds(pid);
-        std::thread::sleep(Duration::from_secs(2));
+        std::thread::sleep(Duration::from_secs(1));
         let used = cpu_seconds(pid) - before;
+        // While they are held: the admin listener answers and the backend
+        // is still healthy (its checks and scrapes have descriptors).
+        let metrics = blocking_get(admin, "/metrics");
+        let ready = blocking_get(admin, "/readyz");
         drop(idle);
-        used
+        (used, metrics, ready)
     })
     .await
     .unwrap();
-    // Without back-off this is ~2 s (a core spinning on accept4).
+    let (used, m, ready) = during;
+    // Without back-off and the reserve this was ~1 s (a core spinning on
+    // accept4) with both listeners unreachable.
     assert!(
-        outcome < 0.4,
-        "gateway used {outcome:.2} CPU-s in 2 s at the fd limit"
+        used < 0.3,
+        "gateway used {used:.2} CPU-s in 1 s at the fd limit"
     );
-    // Once descriptors free up, it serves again and has counted the errors.
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(m.starts_with("HTTP/1.1 200"), "{m}");
+    let healthy = format!(
+        "fairway_backend_healthy{{backend=\"{}\",model=\"{M}\"}} 1",
+        b.addr()
+    );
+    assert!(m.contains(&healthy), "{m}");
+    assert!(
+        m.lines().any(
+            |l| l.starts_with("fairway_listener_refusals_total{limit=\"connections\"}")
+                && !l.ends_with(" 0")
+        ),
+        "{m}"
+    );
+    // Once they are gone, it serves again.
     assert!(
         eventually(Duration::from_secs(5), async || {
             models_status(addr).await == Some(200)
         })
         .await
     );
-    let m = get(&client(), format!("http://{admin}/metrics"))
+    drop(gw);
+}
+
+/// `GET path` over a fresh blocking connection: the raw response.
+fn blocking_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return "connect failed".into();
+    };
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    );
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_but_never_one_with_a_stream_in_flight() {
+    let b = SimBackend::builder(M)
+        .decode_step(Duration::from_millis(40), Duration::ZERO)
+        .start()
         .await
-        .text();
+        .unwrap();
+    let gw = gateway(&policy("idle_timeout = \"1s\"", &b.addr().to_string()), &[]).await;
+    let addr = gw.addr();
+    // A preface and SETTINGS, then nothing: GOAWAY and close at ~1 s.
+    let waited = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .unwrap();
+        let start = std::time::Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        start.elapsed()
+    })
+    .await
+    .unwrap();
     assert!(
-        metric(&m, "fairway_accept_errors_total").unwrap() >= 1.0,
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    // A stream lasting ~2.5 s on an h2 connection outlives the idle
+    // timeout: it completes, then the connection closes.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = h2.send_request(req, false).unwrap();
+    send.send_data(chat(M, 60, true).into(), true).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    let mut text = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        text.extend_from_slice(&chunk);
+    }
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    drop(h2);
+    let ended = tokio::time::timeout(Duration::from_secs(4), conn).await;
+    assert!(ended.is_ok(), "the idle h2 connection was not closed");
+    let m = scrape(&gw).await;
+    assert!(
+        metric(&m, "fairway_connections_closed_total{reason=\"idle\"}").unwrap() >= 2.0,
         "{m}"
     );
-    drop(gw);
+}
+
+#[tokio::test]
+async fn the_per_client_cap_refuses_one_address_beyond_its_share() {
+    let b = sim(M, 8).await;
+    let gw = gateway(
+        &policy("max_connections_per_client = 2", &b.addr().to_string()),
+        &[],
+    )
+    .await;
+    let addr = gw.addr();
+    tokio::task::spawn_blocking(move || {
+        let held: Vec<_> = (0..2)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(b"GET /v1/models HTTP/1.1\r\n").unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut third = std::net::TcpStream::connect(addr).unwrap();
+        let _ = third.write_all(RAW_REQUEST);
+        assert!(closed_without_answer(&mut third));
+        drop(held);
+    })
+    .await
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            models_status(addr).await == Some(200)
+        })
+        .await
+    );
+    let m = scrape(&gw).await;
+    assert_eq!(
+        metric(
+            &m,
+            "fairway_listener_refusals_total{limit=\"connections_per_client\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn rapid_reset_attackers_are_cut_off_with_one_log_line_a_minute() {
+    let b = sim(M, 8).await;
+    let path = temp_policy("rapid-reset", &policy("", &b.addr().to_string()));
+    // The default log level: what an operator's log would show.
+    let mut gw = ServeProcess::start(&[], &[], &path, "info", Stdio::piped());
+    let addr = gw.addr;
+    for _ in 0..5 {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut h2, conn) = h2::client::handshake(tcp).await.unwrap();
+        let conn = tokio::spawn(conn);
+        for _ in 0..200 {
+            let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+                .body(())
+                .unwrap();
+            let Ok((_, mut send)) = h2.send_request(req, false) else {
+                break;
+            };
+            send.send_reset(h2::Reason::CANCEL);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    }
+    // Still serving.
+    assert_eq!(models_status(addr).await, Some(200));
+    let m = get(&client(), format!("http://{}/metrics", gw.admin))
+        .await
+        .text();
+    assert_eq!(
+        metric(
+            &m,
+            "fairway_connections_closed_total{reason=\"protocol_error\"}"
+        ),
+        Some(5.0),
+        "{m}"
+    );
+    let _ = gw.child.kill();
+    let mut err = String::new();
+    gw.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("protocol error"), "{err}");
 }
 
 /// Serves one traced chat request on the real binary with `--log-json`

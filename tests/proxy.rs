@@ -324,10 +324,25 @@ async fn graceful_drain_finishes_an_in_flight_stream() {
     let c = client();
     let resp = open(
         &c,
-        post(addr, "/v1/chat/completions", None, chat(M, 100, true)),
+        post(addr, "/v1/chat/completions", None, chat(M, 1000, true)),
     )
     .await;
+    let admin = gw.admin_addr();
     let stop = tokio::spawn(gw.shutdown());
+    // While the stream drains, the client listener is closed and the admin
+    // listener answers: /readyz says draining, /metrics still scrapes.
+    assert!(
+        eventually(Duration::from_secs(2), async || {
+            tokio::net::TcpStream::connect(addr).await.is_err()
+        })
+        .await,
+        "still accepting while draining"
+    );
+    let ready = get(&client(), format!("http://{admin}/readyz")).await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.text(), "draining\n");
+    let m = get(&client(), format!("http://{admin}/metrics")).await;
+    assert_eq!(m.status, 200);
     let body = resp
         .into_body()
         .collect()
@@ -336,6 +351,10 @@ async fn graceful_drain_finishes_an_in_flight_stream() {
         .to_bytes();
     assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
     stop.await.unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(admin).await.is_err(),
+        "admin listener closed after the drain"
+    );
     assert!(
         tokio::net::TcpStream::connect(addr).await.is_err(),
         "no longer accepting"

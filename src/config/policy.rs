@@ -71,6 +71,10 @@ pub struct ServerPolicy {
     /// Most client connections open at once; a connection beyond it is
     /// closed as soon as it is accepted (default 4096). Restart-only.
     pub max_connections: usize,
+    /// Most client connections open at once from one IP address; `None`:
+    /// no per-address cap (the default: behind a load balancer every
+    /// client has its address). Restart-only.
+    pub max_connections_per_client: Option<usize>,
     /// Most client requests in flight at once, on all connections (a
     /// streamed response counts until its last byte); beyond it, 503
     /// (default 4096). Restart-only.
@@ -79,6 +83,10 @@ pub struct ServerPolicy {
     /// 10 s). Restart-only.
     #[serde(with = "humantime_serde_compat")]
     pub header_read_timeout: Duration,
+    /// A client connection with no request in flight for this long is
+    /// closed (HTTP/2: GOAWAY; default 60 s). Restart-only.
+    #[serde(with = "humantime_serde_compat")]
+    pub idle_timeout: Duration,
     /// Time a client has to send a request's whole body, from its headers
     /// (default 30 s); then 408. Reloadable.
     #[serde(with = "humantime_serde_compat")]

@@ -127,8 +127,10 @@ const SERVER_KEYS: &[&str] = &[
     "trust_tenant_header",
     "tls",
     "max_connections",
+    "max_connections_per_client",
     "max_requests",
     "header_read_timeout",
+    "idle_timeout",
     "body_read_timeout",
     "admin_token_env",
     "admin_token_for_metrics",
@@ -284,6 +286,7 @@ fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> Ser
         max_connections: r
             .opt(t, "max_connections", Reader::positive_int)
             .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        max_connections_per_client: r.opt(t, "max_connections_per_client", Reader::positive_int),
         max_requests: r
             .opt(t, "max_requests", Reader::positive_int)
             .unwrap_or(DEFAULT_MAX_REQUESTS),
@@ -292,6 +295,9 @@ fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> Ser
                 r.duration(v, p, Zero::Refused)
             })
             .unwrap_or(Duration::from_secs(10)),
+        idle_timeout: r
+            .opt(t, "idle_timeout", |r, v, p| r.duration(v, p, Zero::Refused))
+            .unwrap_or(Duration::from_secs(60)),
         body_read_timeout: r
             .opt(t, "body_read_timeout", |r, v, p| {
                 r.duration(v, p, Zero::Refused)

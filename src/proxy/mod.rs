@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod conn;
 pub mod dispatch;
 pub mod error;
 pub mod gateway;

@@ -64,6 +64,12 @@ pub fn restart_only_changes(old: &Policy, new: &Policy) -> Vec<String> {
     if old.server.header_read_timeout != new.server.header_read_timeout {
         out.push("server.header_read_timeout".to_owned());
     }
+    if old.server.max_connections_per_client != new.server.max_connections_per_client {
+        out.push("server.max_connections_per_client".to_owned());
+    }
+    if old.server.idle_timeout != new.server.idle_timeout {
+        out.push("server.idle_timeout".to_owned());
+    }
     out
 }
 

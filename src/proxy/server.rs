@@ -26,16 +26,14 @@ use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder};
@@ -53,7 +51,7 @@ use crate::proxy::gateway::{CoreState, Gateway, PolicySource, derive_live, start
 use crate::proxy::layers::{
     BodyLimitLayer, DrainLayer, PanicResponse, RequestIdLayer, RequestLimitLayer, SensitiveLayer,
 };
-use crate::proxy::{admin, dispatch, reload, tls};
+use crate::proxy::{admin, conn, dispatch, reload, tls};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otel::Traces;
 
@@ -319,23 +317,6 @@ pub fn edge(
         })
 }
 
-/// A client connection's hold on one of `[server] max_connections`; kept
-/// for as long as the connection is open.
-struct ConnSlot {
-    _permit: OwnedSemaphorePermit,
-    gw: Arc<Gateway>,
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        self.gw
-            .metrics
-            .edge
-            .open_connections
-            .fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 async fn run(
     gw: Arc<Gateway>,
     listeners: Listeners,
@@ -343,7 +324,6 @@ async fn run(
     mut tasks: JoinSet<()>,
 ) {
     let server_policy = gw.live.load().policy.server.clone();
-    let graceful = GracefulShutdown::new();
     tasks.spawn(deadline_task(gw.clone(), shutdown.clone()));
     let window = gw.live.load().policy.telemetry.fairness_window;
     tasks.spawn(fairness_task(gw.clone(), shutdown.clone(), window));
@@ -353,9 +333,26 @@ async fn run(
         .timer(TokioTimer::new())
         .header_read_timeout(server_policy.header_read_timeout);
     builder.http2().timer(TokioTimer::new());
-    let edge = TowerToHyperService::new(edge(gw.clone(), server_policy.max_requests));
-    let conn_slots = Arc::new(Semaphore::new(server_policy.max_connections));
+    let edge = edge(gw.clone(), server_policy.max_requests);
+    let max_connections = match conn::fd_connection_limit() {
+        Some(fd_cap) if fd_cap < server_policy.max_connections => {
+            tracing::warn!(
+                max_connections = fd_cap,
+                configured = server_policy.max_connections,
+                reserve = conn::FD_RESERVE,
+                "the file-descriptor limit lowers max_connections (raise it with `ulimit -n`)"
+            );
+            fd_cap.max(1)
+        }
+        _ => server_policy.max_connections,
+    };
+    let caps = conn::Caps::new(max_connections, server_policy.max_connections_per_client);
     let header_read_timeout = server_policy.header_read_timeout;
+    let idle_timeout = server_policy.idle_timeout;
+    // Cancelled when the drain starts (client connections) and when it
+    // ends (admin connections, which serve `/readyz` meanwhile).
+    let drain_clients = CancellationToken::new();
+    let stop_admin = CancellationToken::new();
     let mut api_conns = JoinSet::new();
     let mut admin_conns = JoinSet::new();
     let accept_error = || {
@@ -364,38 +361,47 @@ async fn run(
             .accept_errors
             .fetch_add(1, Ordering::Relaxed);
     };
-    let api = accept_loop(
-        &listeners.api,
+    let Listeners {
+        api: api_listener,
+        admin: admin_listener,
+    } = listeners;
+    // The client listener stops at shutdown, then drains; the admin
+    // listener serves on (`/readyz` answers "draining") until the drain
+    // ends.
+    let clients = async {
+        accept_loop(
+        &api_listener,
         shutdown.cancelled(),
         "client listener",
         accept_error,
         |stream: TcpStream, peer| {
-            let Ok(permit) = conn_slots.clone().try_acquire_owned() else {
-                // At the cap: close at once; the client sees a reset.
-                gw.metrics
-                    .edge
-                    .refused_connections
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%peer, "connection refused: max_connections reached");
-                return;
+            let slot = match caps.acquire(peer.ip(), &gw) {
+                Ok(slot) => slot,
+                Err(refusal) => {
+                    // At a cap: close at once; the client sees a reset.
+                    let edge = &gw.metrics.edge;
+                    let counter = match refusal {
+                        conn::Refusal::Total => &edge.refused_connections,
+                        conn::Refusal::PerClient => &edge.refused_per_client,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    if let Some(left_out) = REFUSALS_LOG.allow() {
+                        tracing::warn!(%peer, ?refusal, left_out, "connection refused at a cap");
+                    }
+                    return;
+                }
             };
-            gw.metrics
-                .edge
-                .open_connections
-                .fetch_add(1, Ordering::Relaxed);
-            let slot = ConnSlot {
-                _permit: permit,
-                gw: gw.clone(),
-            };
+            let activity = conn::Activity::new();
+            let svc = TowerToHyperService::new(conn::Tracked::new(edge.clone(), activity.clone()));
             let builder = builder.clone();
-            let svc = edge.clone();
-            let watcher = graceful.watcher();
+            let stop = drain_clients.clone();
             let tls = gw.tls.load_full();
             let dispatch = gw.traces.as_ref().map(|t| t.dispatch().clone());
+            let conn_gw = gw.clone();
             while api_conns.try_join_next().is_some() {}
             let serve = async move {
                 let _slot = slot;
-                match tls {
+                let ended = match tls {
                     None => {
                         // hyper's header-read timeout starts once it knows
                         // the protocol, which it learns from the first
@@ -408,7 +414,7 @@ async fn run(
                             return;
                         }
                         let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        let _ = watcher.watch(conn.into_owned()).await;
+                        conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
                     }
                     Some(config) => {
                         // The handshake runs in the connection's own task, so a
@@ -417,15 +423,21 @@ async fn run(
                         match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, accept).await {
                             Ok(Ok(tls_stream)) => {
                                 let conn = builder.serve_connection(TokioIo::new(tls_stream), svc);
-                                let _ = watcher.watch(conn.into_owned()).await;
+                                conn::drive(conn.into_owned(), &activity, idle_timeout, &stop)
+                                    .await
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                return;
                             }
-                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
                         }
                     }
-                }
+                };
+                connection_ended(&conn_gw, peer, ended);
             };
             // With traces on, the connection runs under the gateway's
             // dispatch: its requests' spans and log lines are one tree.
@@ -434,41 +446,50 @@ async fn run(
                 Some(d) => api_conns.spawn(serve.with_subscriber(d)),
             };
         },
-    );
+    )
+    .await;
+        gw.draining.store(true, Ordering::Relaxed);
+        drop(api_listener);
+        let drain = gw.live.load().policy.server.drain_timeout;
+        tracing::info!(?drain, "draining");
+        drain_clients.cancel();
+        let all_ended = async { while api_conns.join_next().await.is_some() {} };
+        if tokio::time::timeout(drain, all_ended).await.is_err() {
+            tracing::warn!("drain timeout passed with requests still in flight");
+        }
+        // Whatever the drain left is cut.
+        api_conns.abort_all();
+        while api_conns.join_next().await.is_some() {}
+        stop_admin.cancel();
+    };
     let admin = accept_loop(
-        &listeners.admin,
-        shutdown.cancelled(),
+        &admin_listener,
+        stop_admin.cancelled(),
         "admin listener",
         accept_error,
         |stream: TcpStream, _| {
             let gw = gw.clone();
-            let svc = service_fn(move |req| {
+            let svc = tower::service_fn(move |req| {
                 let gw = gw.clone();
                 async move { Ok::<_, Infallible>(admin::route(gw, req).await) }
             });
-            let conn = builder.serve_connection(TokioIo::new(stream), svc);
-            let conn = graceful.watch(conn.into_owned());
+            let activity = conn::Activity::new();
+            let svc = TowerToHyperService::new(conn::Tracked::new(svc, activity.clone()));
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), svc)
+                .into_owned();
+            let stop = stop_admin.clone();
             while admin_conns.try_join_next().is_some() {}
             admin_conns.spawn(async move {
-                let _ = conn.await;
+                conn::drive(conn, &activity, idle_timeout, &stop).await;
             });
         },
     );
-    tokio::join!(api, admin);
-    gw.draining.store(true, Ordering::Relaxed);
-    drop(listeners);
-    let drain = gw.live.load().policy.server.drain_timeout;
-    tracing::info!(?drain, "draining");
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain timeout passed with requests still in flight");
-    }
-    // Whatever the drain left is cut; every task is joined before return.
-    api_conns.abort_all();
+    tokio::join!(clients, admin);
+    // Admin connections get a moment to finish their answers.
+    let admin_ended = async { while admin_conns.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), admin_ended).await;
     admin_conns.abort_all();
-    while api_conns.join_next().await.is_some() {}
     while admin_conns.join_next().await.is_some() {}
     while tasks.join_next().await.is_some() {}
     let pollers = gw.pollers.lock().stop_all();
@@ -485,6 +506,31 @@ async fn run(
         }
     })
     .await;
+}
+
+/// Connections refused at a cap, logged at most once a minute (a flood
+/// would otherwise flood the log too).
+static REFUSALS_LOG: conn::Throttled = conn::Throttled::new(Duration::from_secs(60));
+/// Connections ended by a client's protocol error, likewise.
+static PROTOCOL_ERRORS_LOG: conn::Throttled = conn::Throttled::new(Duration::from_secs(60));
+
+/// Counts and logs how a client connection ended.
+fn connection_ended(gw: &Gateway, peer: SocketAddr, ended: conn::Ended) {
+    let edge = &gw.metrics.edge;
+    match ended {
+        conn::Ended::Closed => {}
+        conn::Ended::Idle => {
+            edge.closed_idle.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, "closed an idle connection");
+        }
+        conn::Ended::Error(e) if conn::is_protocol_error(&*e) => {
+            edge.closed_protocol_error.fetch_add(1, Ordering::Relaxed);
+            if let Some(left_out) = PROTOCOL_ERRORS_LOG.allow() {
+                tracing::warn!(%peer, error = %e, left_out, "client connection ended by a protocol error");
+            }
+        }
+        conn::Ended::Error(e) => tracing::debug!(%peer, error = %e, "client connection error"),
+    }
 }
 
 /// Samples the tenants' weighted service and backlog ten times per

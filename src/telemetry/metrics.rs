@@ -94,7 +94,7 @@ impl EdgeCounters {
             w,
             "fairway_listener_refusals_total",
             "counter",
-            "Connections and requests the client listener refused at its caps ([server] max_connections, max_requests).",
+            "Connections and requests the client listener refused at its caps ([server] max_connections, max_connections_per_client, max_requests).",
         );
         let _ = writeln!(
             w,
@@ -103,8 +103,29 @@ impl EdgeCounters {
         );
         let _ = writeln!(
             w,
+            "fairway_listener_refusals_total{{limit=\"connections_per_client\"}} {}",
+            get(&self.refused_per_client)
+        );
+        let _ = writeln!(
+            w,
             "fairway_listener_refusals_total{{limit=\"requests\"}} {}",
             get(&self.refused_requests)
+        );
+        header(
+            w,
+            "fairway_connections_closed_total",
+            "counter",
+            "Client connections Fairway closed: idle for [server] idle_timeout, or ended by the client's protocol error (malformed requests, HTTP/2 floods).",
+        );
+        let _ = writeln!(
+            w,
+            "fairway_connections_closed_total{{reason=\"idle\"}} {}",
+            get(&self.closed_idle)
+        );
+        let _ = writeln!(
+            w,
+            "fairway_connections_closed_total{{reason=\"protocol_error\"}} {}",
+            get(&self.closed_protocol_error)
         );
         header(
             w,
@@ -194,6 +215,13 @@ pub struct Metrics {
 pub struct EdgeCounters {
     /// Connections closed at accept: `[server] max_connections` reached.
     pub refused_connections: AtomicU64,
+    /// Connections closed at accept: `[server] max_connections_per_client`
+    /// reached for their address.
+    pub refused_per_client: AtomicU64,
+    /// Connections closed after `[server] idle_timeout` with no request.
+    pub closed_idle: AtomicU64,
+    /// Connections ended by the client's protocol error.
+    pub closed_protocol_error: AtomicU64,
     /// Requests answered 503: `[server] max_requests` reached.
     pub refused_requests: AtomicU64,
     /// Client connections open now.

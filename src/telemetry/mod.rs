@@ -17,12 +17,22 @@ pub enum LogFormat {
 
 /// The log layer: `RUST_LOG` (default `info`) as its own filter, so that
 /// it never hides spans from a trace layer beside it.
+///
+/// The `h2` crate's warnings are left out unless `RUST_LOG` names `h2`:
+/// it writes one per misbehaving client connection (an HTTP/2 flood would
+/// flood the log too); the gateway counts those connections and logs them
+/// at most once a minute instead.
 pub fn log_layer<S>(format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned());
+    let spec = if spec.contains("h2") {
+        spec
+    } else {
+        format!("{spec},h2=error")
+    };
+    let filter = tracing_subscriber::EnvFilter::new(spec);
     let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     match format {
         LogFormat::Text => layer.with_filter(filter).boxed(),
