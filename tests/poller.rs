@@ -296,3 +296,39 @@ async fn stale_readings_fall_back_to_the_gateways_own_counts() {
     );
     assert_eq!(filler.await.unwrap(), 200);
 }
+
+#[tokio::test]
+async fn a_scrape_too_large_or_too_slow_never_ejects_a_healthy_backend() {
+    for fault in [Fault::MetricsHuge, Fault::MetricsTrickle] {
+        let a = sim(M, 8).await;
+        let b = sim(M, 8).await;
+        a.set_fault(fault);
+        let text = two_backends().replace(
+            "interval = \"50ms\"",
+            "interval = \"100ms\"\ntimeout = \"300ms\"",
+        );
+        let gw = gateway(&text, &[&a, &b]).await;
+        let errors = series("a", "fairway_backend_scrape_errors_total");
+        assert!(
+            eventually(Duration::from_secs(5), async || {
+                metric(&gateway_metrics(&gw).await, &errors).is_some_and(|n| n >= 3.0)
+            })
+            .await,
+            "{fault:?}: {}",
+            gateway_metrics(&gw).await
+        );
+        // Failed scrapes, yet still healthy and still served.
+        let m = gateway_metrics(&gw).await;
+        assert_eq!(
+            metric(&m, &series("a", "fairway_backend_healthy")),
+            Some(1.0),
+            "{fault:?}: {m}"
+        );
+        let statuses = burst(&gw, 8).await;
+        assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+        assert!(
+            a.stats().prompt_tokens_total > 0,
+            "{fault:?}: a got no requests"
+        );
+    }
+}

@@ -9,7 +9,8 @@
 //!   the dispatch path also ejects one whose connection fails. An ejected
 //!   backend returns at the first tick whose probe answers 2xx.
 //! - A scrape that is answered but unusable (an error status, a body with
-//!   none of the dialect's metrics) does not eject: the engine is up and
+//!   none of the dialect's metrics, a body over 8 MiB or one that does not
+//!   arrive within the timeout) does not eject: the engine is up and
 //!   serving, so the reading just goes stale and routing falls back to the
 //!   gateway's own counts. It is counted in `scrape_errors`.
 //!
@@ -145,13 +146,23 @@ impl Pollers {
     }
 }
 
-/// Why a scrape gave no reading.
+/// Why a `GET` (a health probe or a scrape) gave no usable answer.
 #[derive(Debug)]
 enum ScrapeError {
-    /// No HTTP answer: connection failed, reset, or timed out.
+    /// No HTTP answer: connection failed, reset, or no response head
+    /// within the timeout.
     Unreachable(String),
-    /// Answered, but not with a usable reading.
+    /// Answered, but not with a usable reading (an error status, a body
+    /// that is too large, broken or late, or one that does not decode).
     Unusable(String),
+}
+
+impl std::fmt::Display for ScrapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScrapeError::Unreachable(c) | ScrapeError::Unusable(c) => f.write_str(c),
+        }
+    }
 }
 
 /// One backend's loop; ends when cancelled or the gateway is gone.
@@ -229,9 +240,12 @@ async fn poll(
     }
 }
 
-/// `GET` the health URL: `Ok` on a 2xx answer within the timeout.
+/// `GET` the health URL: `Ok` on a 2xx answer, body included, within the
+/// timeout.
 async fn probe(gw: &Gateway, target: &Target) -> Result<(), String> {
-    let (status, _) = get(gw, &target.health, target.timeout, 64 << 10).await?;
+    let (status, _) = get(gw, &target.health, target.timeout, 64 << 10)
+        .await
+        .map_err(|e| e.to_string())?;
     if status.is_success() {
         Ok(())
     } else {
@@ -248,7 +262,7 @@ async fn scrape(
     let url = target.metrics.as_deref()?;
     let (status, body) = match get(gw, url, target.timeout, MAX_SCRAPE_BYTES).await {
         Ok(answer) => answer,
-        Err(cause) => return Some(Err(ScrapeError::Unreachable(cause))),
+        Err(e) => return Some(Err(e)),
     };
     if !status.is_success() {
         return Some(Err(ScrapeError::Unusable(format!("answered {status}"))));
@@ -261,35 +275,40 @@ async fn scrape(
     )
 }
 
-/// One `GET` with a deadline over the whole exchange, body included.
-/// `Err` means no complete answer arrived.
+/// One `GET` with a deadline over the whole exchange, body included. No
+/// response head in time is `Unreachable`; a head followed by a body that
+/// is too large, broken or not complete in time is `Unusable`.
 async fn get(
     gw: &Gateway,
     url: &str,
     timeout: Duration,
     limit: usize,
-) -> Result<(http::StatusCode, Bytes), String> {
+) -> Result<(http::StatusCode, Bytes), ScrapeError> {
     let req = Request::get(url)
         .header(header::ACCEPT, "text/plain, application/json")
         .body(Full::new(Bytes::new()))
-        .map_err(|e| e.to_string())?;
-    let exchange = async {
-        let resp = gw.client.request(req).await.map_err(|e| {
-            std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string())
-        })?;
-        let status = resp.status();
-        let body = Limited::new(resp.into_body(), limit)
-            .collect()
-            .await
-            .map_err(|e| format!("reading the body: {e}"))?
-            .to_bytes();
-        Ok((status, body))
+        .map_err(|e| ScrapeError::Unreachable(e.to_string()))?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let late = || format!("no answer within {}", humantime::format_duration(timeout));
+    let resp = match tokio::time::timeout_at(deadline, gw.client.request(req)).await {
+        Err(_) => return Err(ScrapeError::Unreachable(late())),
+        Ok(Err(e)) => {
+            let cause =
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+            return Err(ScrapeError::Unreachable(cause));
+        }
+        Ok(Ok(resp)) => resp,
     };
-    match tokio::time::timeout(timeout, exchange).await {
-        Ok(r) => r,
-        Err(_) => Err(format!(
-            "no answer within {}",
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), limit).collect();
+    match tokio::time::timeout_at(deadline, body).await {
+        Err(_) => Err(ScrapeError::Unusable(format!(
+            "answered {status} but the body did not arrive within {}",
             humantime::format_duration(timeout)
-        )),
+        ))),
+        Ok(Err(e)) => Err(ScrapeError::Unusable(format!(
+            "answered {status} but reading the body failed: {e}"
+        ))),
+        Ok(Ok(b)) => Ok((status, b.to_bytes())),
     }
 }

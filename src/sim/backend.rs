@@ -79,6 +79,14 @@ pub enum Fault {
     /// with no end to the chunked body, as when an engine dies mid-stream.
     #[serde(alias = "cut_stream")]
     CutStream,
+    /// Serve normally, except `/metrics`, which answers a 9 MiB body (past
+    /// the gateway's 8 MiB scrape limit).
+    #[serde(alias = "metrics_huge")]
+    MetricsHuge,
+    /// Serve normally, except `/metrics`, which sends its body a few bytes
+    /// every 100 ms, never finishing within a scrape timeout.
+    #[serde(alias = "metrics_trickle")]
+    MetricsTrickle,
     /// Streams are sent whole at the end, with a `Content-Length`, as some
     /// servers and proxies in front of engines do.
     #[serde(alias = "sse_content_length")]

@@ -124,7 +124,39 @@ pub(super) async fn handle(
                 Bytes::from_static(b"simulated metrics fault\n"),
             ));
         }
-        Fault::MetricsError | Fault::CutStream | Fault::SseContentLength => {}
+        Fault::MetricsHuge if path == "/metrics" => {
+            let mut text = shared.metrics_text();
+            let pad = "# padding to pass the gateway's scrape limit\n";
+            while text.len() < 9 << 20 {
+                text.push_str(pad);
+            }
+            return Ok(full(StatusCode::OK, "text/plain", Bytes::from(text)));
+        }
+        Fault::MetricsTrickle if path == "/metrics" => {
+            let text = Bytes::from(shared.metrics_text());
+            let pieces = futures_util::stream::unfold(0usize, move |at| {
+                let text = text.clone();
+                async move {
+                    if at >= text.len() {
+                        return None;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    let end = (at + 8).min(text.len());
+                    Some((Ok(Frame::data(text.slice(at..end))), end))
+                }
+            });
+            let mut resp = Response::new(BodyExt::boxed(StreamBody::new(pieces)));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("text/plain"),
+            );
+            return Ok(resp);
+        }
+        Fault::MetricsError
+        | Fault::CutStream
+        | Fault::SseContentLength
+        | Fault::MetricsHuge
+        | Fault::MetricsTrickle => {}
     }
     let resp = match (method, path.as_str()) {
         (Method::GET, "/health") => full(StatusCode::OK, "text/plain", Bytes::new()),
