@@ -799,3 +799,41 @@ async fn a_backend_that_fails_fast_with_a_healthy_probe_is_ejected() {
     // Every request still ended in exactly one outcome.
     assert_eq!(metric_sum(&m, "fairway_requests_total{"), 60.0, "{m}");
 }
+
+#[tokio::test]
+async fn a_backend_failing_one_request_in_three_is_ejected_on_its_success_rate() {
+    let good: Vec<_> = [sim(M, 64).await, sim(M, 64).await].into();
+    let flaky = sim(M, 64).await;
+    flaky.set_fault(fairway::sim::backend::Fault::Flaky);
+    let text = format!(
+        "{SERVER}\n[[pools]]\nmodel = \"{M}\"\nsuccess_rate_interval = \"1s\"\nsuccess_rate_min_requests = 10\n\
+         ejection_time = \"60s\"\n[[pools.backends]]\nurl = \"http://{}\"\n[[pools.backends]]\nurl = \"http://{}\"\n\
+         [[pools.backends]]\nurl = \"http://{}\"\n[[tenants]]\nname = \"a\"\napi_keys = [\"{KEY}\"]\n",
+        good[0].addr(),
+        good[1].addr(),
+        flaky.addr()
+    );
+    let gw = gateway(&text, &[]).await;
+    let c = client();
+    // It never fails twice in a row, so consecutive-failure ejection
+    // (5 in a row) never fires; its success rate (2/3 against 1) does,
+    // at the end of the first 1 s interval.
+    let mut failed_before = 0;
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(1100) {
+        failed_before += usize::from(chat_once(&c, gw.addr()).await.status != 200);
+    }
+    let _ = chat_once(&c, gw.addr()).await; // the result that ends the interval
+    assert!(failed_before >= 3, "{failed_before}");
+    let mut failed_after = 0;
+    for _ in 0..60 {
+        failed_after += usize::from(chat_once(&c, gw.addr()).await.status != 200);
+    }
+    assert_eq!(failed_after, 0);
+    let m = scrape(&gw).await;
+    let ejections = format!(
+        "fairway_backend_ejections_total{{backend=\"{}\"}}",
+        flaky.addr()
+    );
+    assert_eq!(metric(&m, &ejections), Some(1.0), "{m}");
+}

@@ -183,6 +183,15 @@ pub struct OutlierPolicy {
     /// Largest share of the pool's backends ejected at once (default 0.5;
     /// one backend always may be, but never the last available one).
     pub max_ejected_share: f64,
+    /// Eject a backend whose success rate over `success_rate_interval` is
+    /// this far below the rest of its pool's (default 0.3; 0 = off).
+    pub success_rate_gap: f64,
+    /// Requests a backend (and the rest of its pool) must have had in the
+    /// interval for its success rate to count (default 20).
+    pub success_rate_min_requests: u32,
+    /// The window success rates are measured over (default 10 s).
+    #[serde(with = "humantime_serde_compat")]
+    pub success_rate_interval: Duration,
 }
 
 /// `[[pools.backends]]`.
@@ -310,6 +319,9 @@ impl Policy {
                         ejection_time: p.outlier.ejection_time,
                         max_ejection_time: p.outlier.max_ejection_time,
                         max_ejected_share: p.outlier.max_ejected_share,
+                        success_rate_gap: p.outlier.success_rate_gap,
+                        success_rate_min_requests: p.outlier.success_rate_min_requests,
+                        success_rate_interval: p.outlier.success_rate_interval,
                     },
                     backends: p
                         .backends

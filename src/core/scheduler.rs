@@ -52,7 +52,7 @@ use crate::core::routing::Candidate;
 use crate::core::spec::{Discipline, PreemptionSpec, SchedulerSpec};
 use crate::core::time::Instant;
 
-pub use outlier::Ejection;
+pub use outlier::{EjectReason, Ejection};
 use state::{BackendState, Phase, PoolState, Req, Slab, TenantState, pool_capacity};
 pub use views::{BackendView, TenantView};
 

@@ -162,15 +162,23 @@ pub struct PoolSpec {
 /// times in a row (5xx answers, connection errors, header timeouts) gets
 /// no new requests for `ejection_time` × the number of times it has been
 /// ejected (capped at `max_ejection_time`), whatever its health probe says.
-/// At most `max_ejected_share` of a pool's backends are ejected at once,
-/// and never its last available one.
+/// A backend is ejected the same way when, over a `success_rate_interval`
+/// in which it and the rest of its pool each had at least
+/// `success_rate_min_requests` requests, its success rate is more than
+/// `success_rate_gap` below the rest's (a backend failing one request in
+/// three never fails five in a row). At most `max_ejected_share` of a
+/// pool's backends are ejected at once, and never its last available one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OutlierSpec {
-    /// 0 turns ejection off.
+    /// 0 turns ejection on consecutive failures off.
     pub consecutive_failures: u32,
     pub ejection_time: Duration,
     pub max_ejection_time: Duration,
     pub max_ejected_share: f64,
+    /// 0 turns ejection on success rate off.
+    pub success_rate_gap: f64,
+    pub success_rate_min_requests: u32,
+    pub success_rate_interval: Duration,
 }
 
 /// One backend of a pool.

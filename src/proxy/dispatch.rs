@@ -221,7 +221,7 @@ async fn run(
             .as_ref()
             .is_ok_and(|r| r.as_ref().is_ok_and(|r| !r.status().is_server_error()))
         {
-            gw.backend_failed(&ticket.backend_name, backend);
+            gw.backend_failed(backend);
         }
         match result {
             Err(_) => {

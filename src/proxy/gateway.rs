@@ -19,7 +19,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use crate::clock::Clock;
 use crate::config::{BackendTarget, Policy};
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
-use crate::core::scheduler::{Decision, Scheduler};
+use crate::core::scheduler::{Decision, EjectReason, Ejection, Scheduler};
 use crate::sim::backend::{SimBackend, SimHandle};
 use crate::telemetry::metrics::Metrics;
 
@@ -273,11 +273,10 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 impl Gateway {
-    /// Whether shutdown has begun.
     /// Reports a failed request (5xx, connection error, header timeout, a
     /// stream cut) to outlier detection, and logs and counts the ejection
     /// it causes.
-    pub fn backend_failed(&self, name: &str, backend: BackendId) {
+    pub fn backend_failed(&self, backend: BackendId) {
         let now = self.clock.now();
         let ejected = self
             .core
@@ -285,14 +284,31 @@ impl Gateway {
             .sched
             .on_backend_result(now, backend, false);
         if let Some(e) = ejected {
-            let secs = (e.until - now).as_secs_f64();
-            tracing::warn!(backend = %name, ejected_for_s = secs, ejections = e.count, "backend ejected: its requests failed in a row");
-            self.metrics.record_ejection(name);
-            // The deadline task wakes for the end of the ejection.
-            self.wake.notify_one();
+            self.report_ejection(now, e);
         }
     }
 
+    /// Logs and counts an outlier ejection, and wakes the deadline task for
+    /// its end.
+    pub fn report_ejection(&self, now: crate::core::time::Instant, e: Ejection) {
+        let name = self.core.lock().sched.backend_name(e.backend).to_owned();
+        let secs = (e.until - now).as_secs_f64();
+        match e.reason {
+            EjectReason::ConsecutiveFailures(n) => tracing::warn!(
+                backend = %name, ejected_for_s = secs, ejections = e.count, failures_in_a_row = n,
+                "backend ejected: its requests failed in a row"
+            ),
+            EjectReason::SuccessRate { rate, rest } => tracing::warn!(
+                backend = %name, ejected_for_s = secs, ejections = e.count,
+                success_rate = rate, pool_success_rate = rest,
+                "backend ejected: its success rate is far below the rest of its pool's"
+            ),
+        }
+        self.metrics.record_ejection(&name);
+        self.wake.notify_one();
+    }
+
+    /// Whether shutdown has begun.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }

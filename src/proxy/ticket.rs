@@ -235,7 +235,7 @@ impl Ticket {
                 tracing::warn!(backend = %self.backend_name, %cause, "stream from backend broke");
                 self.outcome = Some(Outcome::FailedUpstream);
                 if let Some(b) = self.backend {
-                    self.gw.backend_failed(&self.backend_name, b);
+                    self.gw.backend_failed(b);
                 }
             }
         }
@@ -255,10 +255,11 @@ impl Ticket {
         }
         // Served responses correct the fair-queue charge with real usage;
         // anything else ends like a cancel (queued: leaves the queue).
+        let mut ejected = None;
         if let (Some(Outcome::Served), Some(backend)) = (self.outcome, self.backend) {
             // A success for outlier detection (failures are reported as
             // they happen, in the dispatch path).
-            let _ = core.sched.on_backend_result(now, backend, true);
+            ejected = core.sched.on_backend_result(now, backend, true);
         }
         let (ended, decisions) = match (self.outcome, self.usage) {
             (Some(Outcome::Served), usage @ Some(_)) => {
@@ -280,6 +281,10 @@ impl Ticket {
             core.service[i] += f64::from(u.prompt_tokens) + f64::from(u.completion_tokens);
         }
         core.deliver(decisions, None);
+        drop(core);
+        if let Some(e) = ejected {
+            self.gw.report_ejection(now, e);
+        }
     }
 
     /// Sets the request span's closing fields.

@@ -68,6 +68,10 @@ pub enum Fault {
     /// backend that fails fast, which only outlier ejection catches.
     #[serde(alias = "error_healthy")]
     ErrorHealthy,
+    /// Every third `/v1/*` request answers 500 (never two failures in a
+    /// row) while `/health` answers 200: only success-rate outlier
+    /// detection catches it.
+    Flaky,
     /// Accept requests but never send response headers (`/health` and
     /// `/metrics` too); only `/admin/fault` still answers.
     Hang,
@@ -327,6 +331,8 @@ struct Shared {
     /// Wakes the driver after a submit or cancel changed the schedule.
     wake: Notify,
     fault: Mutex<Fault>,
+    /// `/v1/*` requests seen under the `flaky` fault.
+    flaky_seen: std::sync::atomic::AtomicU64,
     /// Cancelled when the server drains.
     stop: CancellationToken,
 }
@@ -352,6 +358,7 @@ impl Shared {
             }),
             wake: Notify::new(),
             fault: Mutex::new(cfg.fault),
+            flaky_seen: Default::default(),
             stop: CancellationToken::new(),
         })
     }

@@ -24,6 +24,9 @@ const POOL_KEYS: &[&str] = &[
     "ejection_time",
     "max_ejection_time",
     "max_ejected_share",
+    "success_rate_gap",
+    "success_rate_min_requests",
+    "success_rate_interval",
     "backends",
 ];
 const BACKEND_KEYS: &[&str] = &[
@@ -144,6 +147,15 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
             })
             .unwrap_or(Duration::from_secs(300)),
         max_ejected_share: r.opt(t, "max_ejected_share", read_fraction).unwrap_or(0.5),
+        success_rate_gap: r.opt(t, "success_rate_gap", read_fraction).unwrap_or(0.3),
+        success_rate_min_requests: r
+            .opt(t, "success_rate_min_requests", Reader::positive_int)
+            .unwrap_or(20),
+        success_rate_interval: r
+            .opt(t, "success_rate_interval", |r, v, p| {
+                r.duration(v, p, Zero::Refused)
+            })
+            .unwrap_or(Duration::from_secs(10)),
     };
     let model_name = model.clone().unwrap_or_default();
     let backends = match t.get("backends") {

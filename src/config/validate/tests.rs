@@ -825,6 +825,9 @@ fn minimal_file_gets_every_default() {
                 ejection_time: Duration::from_secs(10),
                 max_ejection_time: Duration::from_secs(300),
                 max_ejected_share: 0.5,
+                success_rate_gap: 0.3,
+                success_rate_min_requests: 20,
+                success_rate_interval: Duration::from_secs(10),
             },
             backends: vec![BackendPolicy {
                 name: "10.0.0.5:8000".into(),

@@ -75,6 +75,7 @@ impl Scheduler {
                         gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
                         in_flight: Vec::new(),
                         preemptible: BTreeSet::new(),
+                        rate_window_start: None,
                         retired: false,
                     });
                     PoolId((self.pools.len() - 1) as u32)
@@ -101,6 +102,8 @@ impl Scheduler {
                             failures: 0,
                             ejected_until: None,
                             ejections: 0,
+                            window_ok: 0,
+                            window_failed: 0,
                         });
                         BackendId((self.backends.len() - 1) as u32)
                     });

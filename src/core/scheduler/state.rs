@@ -45,6 +45,8 @@ pub(super) struct PoolState {
     pub(super) in_flight: Vec<u32>,
     /// In-flight requests that may be preempted, by dispatch time.
     pub(super) preemptible: BTreeSet<(Instant, RequestId)>,
+    /// When the current success-rate interval started.
+    pub(super) rate_window_start: Option<Instant>,
     pub(super) retired: bool,
 }
 
@@ -84,6 +86,10 @@ pub(super) struct BackendState {
     pub(super) ejected_until: Option<Instant>,
     /// Times ejected so far; the next ejection lasts this many times longer.
     pub(super) ejections: u32,
+    /// Requests that succeeded and failed in the pool's current
+    /// success-rate interval.
+    pub(super) window_ok: u32,
+    pub(super) window_failed: u32,
 }
 
 impl BackendState {

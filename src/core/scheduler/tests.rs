@@ -44,6 +44,9 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             kv_high_watermark: 0.8,
             ttft_p99_threshold: Duration::from_millis(150),
             outlier: OutlierSpec {
+                success_rate_gap: 0.3,
+                success_rate_min_requests: 20,
+                success_rate_interval: Duration::from_secs(10),
                 consecutive_failures: 3,
                 ejection_time: Duration::from_secs(10),
                 max_ejection_time: Duration::from_secs(25),
@@ -702,4 +705,53 @@ fn the_last_available_backend_is_never_ejected() {
     off.pools[0].outlier.consecutive_failures = 0;
     let mut s = Scheduler::new(&off, t(0), 1);
     assert!((0..10).all(|_| s.on_backend_result(t(0), BackendId(0), false).is_none()));
+}
+
+#[test]
+fn a_backend_failing_a_third_of_its_requests_is_ejected_on_success_rate() {
+    let mut s = Scheduler::new(&spec(3, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    let b = |i: u32| BackendId(i);
+    // Over one 10 s interval: backend 0 fails every third request (never
+    // three in a row), 1 and 2 never fail.
+    for i in 0..30u64 {
+        assert_eq!(s.on_backend_result(t(i * 300), b(0), i % 3 != 2), None);
+        assert_eq!(s.on_backend_result(t(i * 300), b(1), true), None);
+        assert_eq!(s.on_backend_result(t(i * 300), b(2), true), None);
+    }
+    // The first result after the interval ends it: 0.67 against 1.0.
+    let e = s.on_backend_result(t(10_000), b(1), true).unwrap();
+    assert_eq!((e.backend, e.until, e.count), (b(0), t(20_000), 1));
+    let EjectReason::SuccessRate { rate, rest } = e.reason else {
+        panic!("{e:?}");
+    };
+    assert!(
+        (rate - 2.0 / 3.0).abs() < 1e-9 && rest == 1.0,
+        "{rate} {rest}"
+    );
+    // A pool that fails everywhere alike ejects nothing (the backends are
+    // not outliers), nor does a backend with too few requests.
+    let mut s = Scheduler::new(&spec(3, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    for i in 0..30u64 {
+        for k in 0..3 {
+            assert_eq!(s.on_backend_result(t(i * 300), b(k), i % 2 == 0), None);
+        }
+    }
+    assert_eq!(s.on_backend_result(t(10_000), b(0), true), None);
+    let mut s = Scheduler::new(&spec(3, 8, vec![tenant("a", 1.0)]), t(0), 1);
+    for i in 0..19u64 {
+        s.on_backend_result(t(i), b(0), i % 2 == 0);
+    }
+    for i in 0..40u64 {
+        s.on_backend_result(t(i), b(1), true);
+    }
+    assert_eq!(s.on_backend_result(t(10_000), b(1), true), None);
+    // Off with a gap of 0.
+    let mut off = spec(3, 8, vec![tenant("a", 1.0)]);
+    off.pools[0].outlier.success_rate_gap = 0.0;
+    let mut s = Scheduler::new(&off, t(0), 1);
+    for i in 0..30u64 {
+        s.on_backend_result(t(i * 300), b(0), i % 3 != 2);
+        s.on_backend_result(t(i * 300), b(1), true);
+    }
+    assert_eq!(s.on_backend_result(t(10_000), b(1), true), None);
 }

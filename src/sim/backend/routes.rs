@@ -117,6 +117,15 @@ pub(super) async fn handle(
             return Ok(error(&ApiError::internal("simulated backend fault")));
         }
         Fault::Error | Fault::ErrorHealthy => {}
+        Fault::Flaky if path.starts_with("/v1/") => {
+            let n = shared
+                .flaky_seen
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n % 3 == 2 {
+                return Ok(error(&ApiError::internal("simulated flaky backend")));
+            }
+        }
+        Fault::Flaky => {}
         Fault::MetricsError if path == "/metrics" => {
             return Ok(full(
                 StatusCode::INTERNAL_SERVER_ERROR,
