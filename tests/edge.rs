@@ -837,3 +837,66 @@ async fn a_backend_failing_one_request_in_three_is_ejected_on_its_success_rate()
     );
     assert_eq!(metric(&m, &ejections), Some(1.0), "{m}");
 }
+
+#[tokio::test]
+async fn no_secret_reaches_any_output_even_at_trace_level() {
+    let b = sim(M, 8).await;
+    const TENANT_KEY: &str = "sk-tenant-secret-9f8e7d";
+    const WRONG_KEY: &str = "sk-wrong-secret-1a2b3c";
+    const ADMIN_TOKEN: &str = "admin-secret-5d6e7f";
+    const WRONG_TOKEN: &str = "admin-wrong-secret-0000";
+    let path = temp_policy(
+        "secrets",
+        &policy("admin_token_file = \"token\"", &b.addr().to_string()).replace(KEY, TENANT_KEY),
+    );
+    std::fs::write(path.parent().unwrap().join("token"), ADMIN_TOKEN).unwrap();
+    let mut gw = ServeProcess::start(&[], &[], &path, "trace", Stdio::piped());
+    let (addr, admin) = (gw.addr, gw.admin);
+    let c = client();
+    let mut outputs = Vec::new();
+    for key in [TENANT_KEY, WRONG_KEY] {
+        for stream in [false, true] {
+            let r = send(
+                &c,
+                post(addr, "/v1/chat/completions", Some(key), chat(M, 3, stream)),
+            )
+            .await;
+            outputs.push(format!("{:?} {}", r.headers, r.text()));
+        }
+    }
+    for token in [ADMIN_TOKEN, WRONG_TOKEN] {
+        for path in ["/admin/policy", "/metrics", "/admin/reload"] {
+            let method = if path == "/admin/reload" {
+                "POST"
+            } else {
+                "GET"
+            };
+            let req = http::Request::builder()
+                .method(method)
+                .uri(format!("http://{admin}{path}"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let r = send(&c, req).await;
+            outputs.push(format!("{path} {:?} {}", r.headers, r.text()));
+        }
+    }
+    let _ = gw.child.kill();
+    let mut out = String::new();
+    gw.stdout.read_to_string(&mut out).unwrap();
+    let mut err = String::new();
+    gw.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(err.contains("TRACE"), "trace logging is on: {err}");
+    outputs.push(out);
+    outputs.push(err);
+    for text in &outputs {
+        for secret in [TENANT_KEY, WRONG_KEY, ADMIN_TOKEN, WRONG_TOKEN] {
+            assert!(!text.contains(secret), "{secret} in:\n{text}");
+        }
+    }
+}

@@ -133,6 +133,7 @@ const SERVER_KEYS: &[&str] = &[
     "idle_timeout",
     "body_read_timeout",
     "admin_token_env",
+    "admin_token_file",
     "admin_token_for_metrics",
 ];
 /// Default `[server] max_connections`: open client connections.
@@ -303,20 +304,7 @@ fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> Ser
                 r.duration(v, p, Zero::Refused)
             })
             .unwrap_or(Duration::from_secs(30)),
-        admin_token: r.opt(t, "admin_token_env", |r, v, p| {
-            let var = r.non_empty(v, p)?;
-            match env(&var).map(|k| k.trim().to_owned()) {
-                Some(token) if !token.is_empty() => Some(tenants::sha256(&token)),
-                _ => {
-                    r.error(
-                        v.span(),
-                        p,
-                        format!("environment variable `{var}` is not set or empty"),
-                    );
-                    None
-                }
-            }
-        }),
+        admin_token: read_admin_token(r, t, env),
         admin_token_for_metrics: r
             .opt(t, "admin_token_for_metrics", Reader::boolean)
             .unwrap_or(false),
@@ -349,6 +337,65 @@ fn read_header_name(r: &mut Reader<'_>, v: &reader::Value<'_>, path: &str) -> Op
         return None;
     }
     Some(name)
+}
+
+/// The admin token's SHA-256, from `admin_token_env` (a variable's name)
+/// or `admin_token_file` (a file holding the token; relative to the policy
+/// file's directory; read again at each reload, so replacing the file and
+/// reloading rotates the token).
+fn read_admin_token(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> Option<[u8; 32]> {
+    let from_env = r.opt(t, "admin_token_env", |r, v, p| {
+        let var = r.non_empty(v, p)?;
+        match env(&var).map(|k| k.trim().to_owned()) {
+            Some(token) if !token.is_empty() => Some(tenants::sha256(&token)),
+            _ => {
+                r.error(
+                    v.span(),
+                    p,
+                    format!("environment variable `{var}` is not set or empty"),
+                );
+                None
+            }
+        }
+    });
+    let from_file = r.opt(t, "admin_token_file", |r, v, p| {
+        let name = r.non_empty(v, p)?;
+        let file = std::path::Path::new(&name);
+        let file = match std::path::Path::new(r.file()).parent() {
+            Some(dir) if file.is_relative() => dir.join(file),
+            _ => file.to_path_buf(),
+        };
+        // At most 4 KiB: a token, not whatever the path points at.
+        let mut text = String::new();
+        let read = std::fs::File::open(&file).and_then(|f| {
+            std::io::Read::read_to_string(&mut std::io::Read::take(f, 4096), &mut text)
+        });
+        match read {
+            Ok(_) if !text.trim().is_empty() => Some(tenants::sha256(text.trim())),
+            Ok(_) => {
+                r.error(v.span(), p, format!("`{}` is empty", file.display()));
+                None
+            }
+            Err(e) => {
+                r.error(
+                    v.span(),
+                    p,
+                    format!("cannot read `{}`: {e}", file.display()),
+                );
+                None
+            }
+        }
+    });
+    if from_env.is_some()
+        && let Some((v, p)) = t.get("admin_token_file")
+    {
+        r.error(
+            v.span(),
+            &p,
+            "set `admin_token_env` or `admin_token_file`, not both",
+        );
+    }
+    from_env.or(from_file)
 }
 
 fn read_tls(r: &mut Reader<'_>, v: &reader::Value<'_>, path: &str) -> Option<TlsPolicy> {

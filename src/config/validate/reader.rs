@@ -64,6 +64,11 @@ pub(super) struct Reader<'s> {
 }
 
 impl<'s> Reader<'s> {
+    /// The policy file's name, as given.
+    pub fn file(&self) -> &'s str {
+        self.file
+    }
+
     /// A reader for `source`, naming `file` in its errors.
     pub fn new(source: &'s str, file: &'s str) -> Self {
         Reader {

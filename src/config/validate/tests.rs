@@ -1321,6 +1321,37 @@ fn the_admin_token_is_read_from_the_environment_and_kept_as_a_digest() {
 }
 
 #[test]
+fn the_admin_token_may_come_from_a_file_beside_the_policy() {
+    let dir = std::env::temp_dir().join(format!("fairway-admin-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("token"), "t0ken-from-file\n").unwrap();
+    std::fs::write(dir.join("empty"), "\n").unwrap();
+    let policy_file = dir.join("fairway.toml");
+    let policy_file = policy_file.to_str().unwrap();
+    let no_env = |_: &str| None;
+    let with = |extra: &str| format!("[server]\n{extra}\n{POOL}");
+    // Relative to the policy file's directory.
+    let p =
+        parse_policy_with_env(&with("admin_token_file = \"token\""), policy_file, &no_env).unwrap();
+    assert_eq!(
+        p.server.admin_token,
+        Some(super::tenants::sha256("t0ken-from-file"))
+    );
+    for (extra, says) in [
+        ("admin_token_file = \"empty\"", "is empty"),
+        ("admin_token_file = \"missing\"", "cannot read"),
+    ] {
+        let errs = parse_policy_with_env(&with(extra), policy_file, &no_env).unwrap_err();
+        assert_eq!(errs[0].path, "server.admin_token_file", "{errs:#?}");
+        assert!(errs[0].message.contains(says), "{}", errs[0]);
+    }
+    let env = |k: &str| (k == "T").then(|| "x".to_owned());
+    let both = with("admin_token_env = \"T\"\nadmin_token_file = \"token\"");
+    let errs = parse_policy_with_env(&both, policy_file, &env).unwrap_err();
+    assert!(errs[0].message.contains("not both"), "{errs:#?}");
+}
+
+#[test]
 fn eject_after_failures_is_a_whole_number_and_zero_turns_it_off() {
     let pool = |v: &str| {
         format!(
