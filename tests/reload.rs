@@ -286,3 +286,26 @@ async fn admin_endpoints_need_the_admin_token_when_one_is_set() {
         401
     );
 }
+
+#[tokio::test]
+async fn replacing_the_admin_token_file_and_reloading_rotates_the_token() {
+    let b = sim(M, 8).await;
+    let text = policy(&b.addr().to_string(), &["k0"])
+        .replace("[server]\n", "[server]\nadmin_token_file = \"token\"\n");
+    let path = temp_policy("token-file", &text);
+    let token_file = path.parent().unwrap().join("token");
+    write_atomically(&token_file, "old-token\n");
+    let gw = start(&path).await;
+    let reload_with = async |token: &str| {
+        let req = http::Request::post(format!("http://{}/admin/reload", gw.admin_addr()))
+            .header("authorization", format!("Bearer {token}"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        send(&client(), req).await.status
+    };
+    write_atomically(&token_file, "new-token\n");
+    // The policy file did not change; the token did.
+    assert_eq!(reload_with("old-token").await, 200);
+    assert_eq!(reload_with("old-token").await, 401);
+    assert_eq!(reload_with("new-token").await, 200);
+}
