@@ -19,6 +19,7 @@
 mod accept;
 pub mod agent;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod core;
 #[doc(hidden)]

@@ -16,6 +16,7 @@ declare -A need_pkg=(
   [promtool]=prometheus   # checks our exposition format; a real Prometheus scrapes the gateway
   [prlimit]=util-linux    # runs the gateway at a low fd limit (accept back-off test)
   [c++]=g++               # builds libFuzzer for fuzz/run.sh
+  [redis-server]=redis-server  # the shared store of the cluster tests
 )
 missing=()
 for tool in "${!need_pkg[@]}"; do

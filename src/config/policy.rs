@@ -31,6 +31,50 @@ pub struct Policy {
     pub pools: Vec<PoolPolicy>,
     pub tenants: Vec<TenantPolicy>,
     pub telemetry: TelemetryPolicy,
+    /// `[cluster]`: the shared store of several replicas; `None`: this
+    /// gateway is alone. Restart-only.
+    pub cluster: Option<ClusterPolicy>,
+}
+
+/// `[cluster]`: several gateway replicas sharing one policy through a
+/// Redis store.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClusterPolicy {
+    /// `redis://host:port[/db]` or `rediss://…` (TLS).
+    pub store: String,
+    /// From the variable `password_env` names; never shown.
+    #[serde(skip)]
+    pub password: Option<Secret>,
+    /// This replica's name; `None`: hostname-pid, chosen at start.
+    pub replica: Option<String>,
+    /// Prefix of every key in the store, so clusters can share one.
+    pub key_prefix: String,
+    /// How often the replica renews its membership and reads the cluster.
+    #[serde(with = "humantime_serde_compat")]
+    pub sync_interval: Duration,
+    /// A replica not heard from for this long is no longer counted.
+    #[serde(with = "humantime_serde_compat")]
+    pub replica_ttl: Duration,
+    pub on_store_failure: StoreFailure,
+}
+
+/// What a replica does while the store is unreachable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreFailure {
+    /// Keep serving, enforcing its share of the limits for the last known
+    /// number of replicas.
+    Local,
+}
+
+/// A secret from the environment: compared, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// `[telemetry]`: OpenTelemetry traces. Restart-only.

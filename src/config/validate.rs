@@ -7,6 +7,7 @@
 //! Invariant: a `Policy` comes out only when no error was recorded, and it
 //! never holds a clear-text API key (only SHA-256 digests).
 
+mod cluster;
 mod pools;
 mod reader;
 mod tenants;
@@ -111,6 +112,7 @@ const ROOT_KEYS: &[&str] = &[
     "pools",
     "tenants",
     "telemetry",
+    "cluster",
 ];
 const PREEMPTION_KEYS: &[&str] = &["enabled", "min_wait", "migration_threshold"];
 const TELEMETRY_KEYS: &[&str] = &[
@@ -172,6 +174,7 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
         pools: pools::read_pools(r, root),
         tenants: tenants::read_tenants(r, root, trusts_header, env),
         telemetry: read_telemetry(r, &telemetry, env),
+        cluster: cluster::read_cluster(r, root, env),
         server,
     }
 }

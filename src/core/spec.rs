@@ -106,6 +106,37 @@ pub struct SchedulerSpec {
     pub pools: Vec<PoolSpec>,
 }
 
+impl SchedulerSpec {
+    /// This replica's share of a cluster of `replicas` gateways: each
+    /// tenant's request rate, burst, GPU-seconds budget and concurrency
+    /// cap, and each backend's dispatch window, divided among them, so
+    /// that with even ingress the cluster holds the policy's limits.
+    ///
+    /// Rounding keeps at least what one request needs: a burst of at least
+    /// 1, a concurrency cap and a window rounded up. Over all replicas that
+    /// admits at most `max(burst, replicas)` at once (then `rate` per
+    /// second), `max_concurrency + replicas - 1` requests and
+    /// `max_inflight + replicas - 1` at a backend.
+    #[must_use]
+    pub fn shared(mut self, replicas: u32) -> Self {
+        if replicas <= 1 {
+            return self;
+        }
+        let n = f64::from(replicas);
+        for t in &mut self.tenants {
+            let rate = t.rate.map(|r| r / n);
+            t.burst = t.rate.map(|r| (t.burst.unwrap_or(r) / n).max(1.0));
+            t.rate = rate;
+            t.gpu_seconds_per_hour = t.gpu_seconds_per_hour.map(|g| g / n);
+            t.max_concurrency = t.max_concurrency.map(|c| c.div_ceil(replicas));
+        }
+        for b in self.pools.iter_mut().flat_map(|p| &mut p.backends) {
+            b.max_inflight = b.max_inflight.div_ceil(replicas).max(1);
+        }
+        self
+    }
+}
+
 /// The fair queue.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueSpec {
@@ -192,4 +223,74 @@ pub struct BackendSpec {
     pub max_inflight: u32,
     /// KV capacity in tokens, for DRF cost, until a reading reports it.
     pub kv_tokens: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> SchedulerSpec {
+        SchedulerSpec {
+            queue: QueueSpec {
+                discipline: Discipline::Drf,
+                max_wait: Duration::from_secs(30),
+                max_queued_per_tenant: 100,
+                output_token_weight: 1.0,
+            },
+            preemption: PreemptionSpec {
+                enabled: false,
+                min_wait: Duration::from_secs(1),
+                migration_threshold: Duration::from_secs(300),
+            },
+            stale_after: Duration::from_secs(1),
+            tenants: vec![TenantSpec {
+                name: "a".into(),
+                weight: 1.0,
+                priority: Priority::Interactive,
+                rate: Some(10.0),
+                burst: None,
+                max_concurrency: Some(4),
+                gpu_seconds_per_hour: Some(360.0),
+            }],
+            pools: vec![PoolSpec {
+                model: "m".into(),
+                strategy: Strategy::LeastOutstanding,
+                kv_high_watermark: 0.8,
+                ttft_p99_threshold: Duration::from_millis(150),
+                outlier: OutlierSpec {
+                    consecutive_failures: 5,
+                    ejection_time: Duration::from_secs(10),
+                    max_ejection_time: Duration::from_secs(300),
+                    max_ejected_share: 0.5,
+                    success_rate_gap: 0.3,
+                    success_rate_min_requests: 20,
+                    success_rate_interval: Duration::from_secs(10),
+                },
+                backends: vec![BackendSpec {
+                    name: "b".into(),
+                    gpus: 1,
+                    max_inflight: 7,
+                    kv_tokens: 1000,
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn a_replica_gets_its_share_of_every_limit_rounded_to_what_one_request_needs() {
+        assert_eq!(spec().shared(1), spec());
+        let s = spec().shared(3);
+        let t = &s.tenants[0];
+        assert!((t.rate.unwrap() - 10.0 / 3.0).abs() < 1e-9);
+        // The burst was the rate (10): a third of it.
+        assert!((t.burst.unwrap() - 10.0 / 3.0).abs() < 1e-9);
+        assert!((t.gpu_seconds_per_hour.unwrap() - 120.0).abs() < 1e-9);
+        assert_eq!(t.max_concurrency, Some(2)); // ceil(4/3): 6 over 3, within 4 + 3 - 1
+        assert_eq!(s.pools[0].backends[0].max_inflight, 3); // ceil(7/3)
+        // Never below one request's worth.
+        let s = spec().shared(20);
+        assert_eq!(s.tenants[0].burst, Some(1.0));
+        assert_eq!(s.tenants[0].max_concurrency, Some(1));
+        assert_eq!(s.pools[0].backends[0].max_inflight, 1);
+    }
 }

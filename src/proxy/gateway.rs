@@ -202,6 +202,8 @@ pub struct Gateway {
     /// The OTLP exporter, when traces are on.
     /// Traces, when `[telemetry] otlp_endpoint` names a collector.
     pub traces: Option<crate::telemetry::otel::Traces>,
+    /// This replica's membership of a `[cluster]`; `None`: alone.
+    pub cluster: Option<Arc<crate::cluster::Member>>,
 }
 
 /// Builds the derived view of a policy against the scheduler's ids.
@@ -306,6 +308,22 @@ impl Gateway {
         }
         self.metrics.record_ejection(&name);
         self.wake.notify_one();
+    }
+
+    /// Replicas sharing the policy's limits (1 without `[cluster]`).
+    pub fn replicas(&self) -> u32 {
+        self.cluster.as_ref().map_or(1, |c| c.replicas())
+    }
+
+    /// Hands the scheduler this replica's share of the live policy (after
+    /// the cluster's membership changed).
+    pub fn apply_cluster_share(&self) {
+        let live = self.live.load();
+        let spec = live.policy.scheduler_spec().shared(self.replicas());
+        let now = self.clock.now();
+        let mut core = self.core.lock();
+        let decisions = core.sched.apply_policy(&spec, now);
+        core.deliver(decisions, None);
     }
 
     /// Whether shutdown has begun.

@@ -70,6 +70,9 @@ pub fn restart_only_changes(old: &Policy, new: &Policy) -> Vec<String> {
     if old.server.idle_timeout != new.server.idle_timeout {
         out.push("server.idle_timeout".to_owned());
     }
+    if old.cluster != new.cluster {
+        out.push("cluster".to_owned());
+    }
     out
 }
 
@@ -129,7 +132,8 @@ async fn reload_inner(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
     {
         let now = gw.clock.now();
         let mut core = gw.core.lock();
-        let decisions = core.sched.apply_policy(&policy.scheduler_spec(), now);
+        let spec = policy.scheduler_spec().shared(gw.replicas());
+        let decisions = core.sched.apply_policy(&spec, now);
         let live = derive_live(policy.clone(), &core.sched, &sims, &text, unix_seconds());
         gw.live.store(Arc::new(live));
         core.deliver(decisions, None);

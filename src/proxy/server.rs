@@ -147,7 +147,18 @@ impl Server {
             .iter()
             .map(|(n, h)| (n.clone(), h.addr().to_string()))
             .collect();
-        let sched = Scheduler::new(&policy.scheduler_spec(), clock.now(), rand::random());
+        let (cluster, store) = match &policy.cluster {
+            Some(c) => {
+                let (store, member) = crate::cluster::join(c)
+                    .await
+                    .map_err(std::io::Error::other)?;
+                (Some(Arc::new(member)), Some((store, c.sync_interval)))
+            }
+            None => (None, None),
+        };
+        let replicas = cluster.as_ref().map_or(1, |c| c.replicas());
+        let spec = policy.scheduler_spec().shared(replicas);
+        let sched = Scheduler::new(&spec, clock.now(), rand::random());
         let fairness = FairnessMeter::new(policy.telemetry.fairness_window);
         let policy_telemetry = policy.telemetry.clone();
         let live = derive_live(
@@ -188,6 +199,7 @@ impl Server {
             tls: arc_swap::ArcSwapOption::new(tls),
             pollers: Mutex::new(Default::default()),
             traces,
+            cluster,
         });
         {
             let sims = gateway.sim_authorities.lock().clone();
@@ -198,6 +210,14 @@ impl Server {
         let mut tasks = JoinSet::new();
         if let Some(period) = watch {
             tasks.spawn(reload::watch(gateway.clone(), period, shutdown.clone()));
+        }
+        if let Some((store, interval)) = store {
+            tasks.spawn(crate::cluster::sync_task(
+                gateway.clone(),
+                store,
+                interval,
+                shutdown.clone(),
+            ));
         }
         if let Some(signal) = reload_signal {
             tasks.spawn(reload_on_signal(gateway.clone(), signal, shutdown.clone()));

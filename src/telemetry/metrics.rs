@@ -167,6 +167,8 @@ pub struct Snapshot {
     /// Jain's fairness index over backlogged tenants' weighted service in
     /// the recent window, if at least one tenant was backlogged.
     pub jain_index: Option<f64>,
+    /// This replica's view of its `[cluster]`, when it has one.
+    pub cluster: Option<crate::cluster::View>,
 }
 
 /// Per-tenant gauges.
@@ -230,6 +232,55 @@ pub struct EdgeCounters {
     pub panics: AtomicU64,
     /// Failed `accept` calls (out of file descriptors and the like).
     pub accept_errors: AtomicU64,
+}
+
+/// This replica's view of its cluster.
+fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
+    let replica = esc(&c.replica);
+    header(
+        w,
+        "fairway_cluster_replicas",
+        "gauge",
+        "Gateway replicas sharing the policy's limits, as this replica last read them from the store.",
+    );
+    let _ = writeln!(
+        w,
+        "fairway_cluster_replicas{{replica=\"{replica}\"}} {}",
+        c.replicas
+    );
+    header(
+        w,
+        "fairway_cluster_store_up",
+        "gauge",
+        "1 if the last sync with the cluster store succeeded.",
+    );
+    let _ = writeln!(
+        w,
+        "fairway_cluster_store_up{{replica=\"{replica}\"}} {}",
+        u8::from(c.store_up)
+    );
+    header(
+        w,
+        "fairway_cluster_store_rtt_seconds",
+        "gauge",
+        "Round trip of the last successful sync with the cluster store.",
+    );
+    let _ = writeln!(
+        w,
+        "fairway_cluster_store_rtt_seconds{{replica=\"{replica}\"}} {}",
+        c.store_rtt_seconds
+    );
+    header(
+        w,
+        "fairway_cluster_store_errors_total",
+        "counter",
+        "Syncs with the cluster store that failed (unreachable, timed out, refused).",
+    );
+    let _ = writeln!(
+        w,
+        "fairway_cluster_store_errors_total{{replica=\"{replica}\"}} {}",
+        c.store_errors
+    );
 }
 
 fn key(tenant: &str, model: &str) -> TM {
@@ -516,6 +567,9 @@ impl Metrics {
         );
         if let Some(j) = snap.jain_index {
             let _ = writeln!(w, "fairway_jain_fairness_index {j}");
+        }
+        if let Some(c) = &snap.cluster {
+            encode_cluster(w, c);
         }
         let b = &snap.backends;
         backend_gauge(

@@ -1,6 +1,7 @@
 //! Test support: a gateway on port 0 in front of simulated backends on port
 //! 0, and a small HTTP client over real TCP.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::disallowed_methods)] // waits for child processes on the wall clock
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -334,4 +335,72 @@ pub fn write_atomically(path: &std::path::Path, text: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A real `redis-server` on a free port, stopped when dropped.
+pub struct RedisServer {
+    child: Option<std::process::Child>,
+    pub port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(format!("fairway-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut r = RedisServer {
+            child: None,
+            port,
+            dir,
+        };
+        r.restart();
+        r
+    }
+
+    /// `redis://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (as a crash would: no save, no goodbye).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it (again) on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server runs (tests/run.sh installs it)");
+        self.child = Some(child);
+        let start = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

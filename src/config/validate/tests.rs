@@ -797,6 +797,7 @@ fn minimal_file_gets_every_default() {
             interval: Duration::from_millis(250),
             timeout: Duration::from_secs(1),
         },
+        cluster: None,
         telemetry: TelemetryPolicy {
             otlp_endpoint: None,
             service_name: "fairway".into(),
@@ -1376,5 +1377,47 @@ fn eject_after_failures_is_a_whole_number_and_zero_turns_it_off() {
             errs[0].path, "pools[0].eject_after_failures",
             "{bad}: {errs:#?}"
         );
+    }
+}
+
+#[test]
+fn the_cluster_section_is_checked_and_its_password_never_shown() {
+    let env = |k: &str| (k == "REDIS_PW").then(|| "pw-secret".to_owned());
+    let src = format!(
+        "{POOL}[cluster]\nstore = \"rediss://cache:6380/1\"\npassword_env = \"REDIS_PW\"\nreplica = \"gw-a\"\nsync_interval = \"500ms\"\n"
+    );
+    let p = parse_policy_with_env(&src, "p.toml", &env).unwrap();
+    let c = p.cluster.as_ref().unwrap();
+    assert_eq!(c.store, "rediss://cache:6380/1");
+    assert_eq!(c.replica.as_deref(), Some("gw-a"));
+    assert_eq!(c.replica_ttl, Duration::from_millis(1500));
+    assert_eq!(c.key_prefix, "fairway");
+    let shown = serde_json::to_string(&p).unwrap();
+    assert!(
+        !shown.contains("pw-secret") && shown.contains("gw-a"),
+        "{shown}"
+    );
+    assert!(!format!("{p:?}").contains("pw-secret"));
+    for (cluster, path) in [
+        ("store = \"redis://u:pw@h:1\"", "cluster.store"),
+        ("store = \"http://h:1\"", "cluster.store"),
+        ("replica = \"x\"", "cluster.store"),
+        (
+            "store = \"redis://h:1\"\npassword_env = \"UNSET\"",
+            "cluster.password_env",
+        ),
+        (
+            "store = \"redis://h:1\"\nsync_interval = \"1s\"\nreplica_ttl = \"1s\"",
+            "cluster.replica_ttl",
+        ),
+        (
+            "store = \"redis://h:1\"\non_store_failure = \"maybe\"",
+            "cluster.on_store_failure",
+        ),
+        ("store = \"redis://h:1\"\nlease = 3", "cluster.lease"),
+    ] {
+        let errs = parse_policy_with_env(&format!("{POOL}[cluster]\n{cluster}\n"), "p.toml", &env)
+            .unwrap_err();
+        assert_eq!(errs[0].path, path, "{cluster}: {errs:#?}");
     }
 }

@@ -1,0 +1,145 @@
+//! `[cluster]`: the shared store that several gateway replicas use.
+
+use std::time::Duration;
+
+use super::EnvLookup;
+use super::reader::{Reader, Table, Zero};
+use crate::config::policy::{ClusterPolicy, Secret, StoreFailure};
+
+const CLUSTER_KEYS: &[&str] = &[
+    "store",
+    "password_env",
+    "replica",
+    "key_prefix",
+    "sync_interval",
+    "replica_ttl",
+    "on_store_failure",
+];
+const FAILURE_MODES: &[(&str, StoreFailure)] = &[("local", StoreFailure::Local)];
+
+/// Reads `[cluster]`; `None` when the section is absent.
+pub(super) fn read_cluster(
+    r: &mut Reader<'_>,
+    root: &Table<'_, '_>,
+    env: EnvLookup<'_>,
+) -> Option<ClusterPolicy> {
+    let t = r.opt(root, "cluster", Reader::table)?;
+    r.check_keys(&t, CLUSTER_KEYS);
+    let store = r.req(
+        &t,
+        "store",
+        "the store's URL, redis://host:port or rediss://host:port",
+        |r, v, p| {
+            let url = r.non_empty(v, p)?;
+            match check_store_url(&url) {
+                Ok(()) => Some(url),
+                Err(e) => {
+                    r.error(v.span(), p, e);
+                    None
+                }
+            }
+        },
+    );
+    let password = r.opt(&t, "password_env", |r, v, p| {
+        let var = r.non_empty(v, p)?;
+        match env(&var) {
+            Some(pw) if !pw.is_empty() => Some(Secret(pw)),
+            _ => {
+                r.error(
+                    v.span(),
+                    p,
+                    format!("environment variable `{var}` is not set or empty"),
+                );
+                None
+            }
+        }
+    });
+    let replica = r.opt(&t, "replica", |r, v, p| {
+        let name = r.non_empty(v, p)?;
+        if name.chars().all(|c| c.is_ascii_graphic()) {
+            Some(name)
+        } else {
+            r.error(v.span(), p, "a replica name is visible ASCII, no spaces");
+            None
+        }
+    });
+    let key_prefix = r
+        .opt(&t, "key_prefix", Reader::non_empty)
+        .unwrap_or_else(|| "fairway".to_owned());
+    let sync_interval = r
+        .opt(&t, "sync_interval", |r, v, p| {
+            r.duration(v, p, Zero::Refused)
+        })
+        .unwrap_or(Duration::from_secs(1));
+    let replica_ttl = r
+        .opt(&t, "replica_ttl", |r, v, p| {
+            let ttl = r.duration(v, p, Zero::Refused)?;
+            if ttl <= sync_interval {
+                r.error(
+                    v.span(),
+                    p,
+                    "must be longer than `sync_interval` (a live replica renews once per interval)",
+                );
+                return None;
+            }
+            Some(ttl)
+        })
+        .unwrap_or(sync_interval * 3);
+    let on_store_failure = r
+        .opt(&t, "on_store_failure", |r, v, p| {
+            r.choice(v, p, FAILURE_MODES)
+        })
+        .unwrap_or(StoreFailure::Local);
+    Some(ClusterPolicy {
+        store: store?,
+        password,
+        replica,
+        key_prefix,
+        sync_interval,
+        replica_ttl,
+        on_store_failure,
+    })
+}
+
+/// `redis://host[:port][/db]` or `rediss://…`, with no password in it (it
+/// would show in `/admin/policy`; `password_env` holds it).
+fn check_store_url(url: &str) -> Result<(), String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!(
+            "\"{url}\" is not a URL; expected redis://host:port"
+        ));
+    };
+    if scheme != "redis" && scheme != "rediss" {
+        return Err(format!(
+            "scheme `{scheme}` is not supported; use redis:// or rediss:// (TLS)"
+        ));
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && userinfo.contains(':')
+    {
+        return Err("put the password in the variable `password_env` names, not in the URL".into());
+    }
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.is_empty() || host.starts_with(':') {
+        return Err(format!("\"{url}\" has no host"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_store_url;
+
+    #[test]
+    fn store_urls() {
+        assert!(check_store_url("redis://127.0.0.1:6379").is_ok());
+        assert!(check_store_url("rediss://cache.internal:6380/2").is_ok());
+        assert!(check_store_url("redis://user@h:1").is_ok());
+        assert!(check_store_url("redis://:pw@h:1").is_err());
+        assert!(check_store_url("redis://u:pw@h:1").is_err());
+        assert!(check_store_url("http://h:1").is_err());
+        assert!(check_store_url("h:1").is_err());
+        assert!(check_store_url("redis://:6379").is_err());
+    }
+}

@@ -1,0 +1,175 @@
+//! Several replicas, one policy: three real gateways sharing a real
+//! `redis-server` (started on a free port) in front of a simulated
+//! backend. Membership, each replica's share of a rate limit, a replica
+//! leaving or dying, and the store going away and coming back.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use fairway::proxy::server::Server;
+use support::*;
+
+const M: &str = "m";
+const KEY: &str = "sk-cluster";
+
+fn policy(redis: &str, replica: &str, backend: std::net::SocketAddr, tenant: &str) -> String {
+    format!(
+        "{SERVER}\n[cluster]\nstore = \"{redis}\"\nreplica = \"{replica}\"\nsync_interval = \"100ms\"\nreplica_ttl = \"600ms\"\n\
+         [[pools]]\nmodel = \"{M}\"\n[[pools.backends]]\nurl = \"http://{backend}\"\n\
+         [[tenants]]\nname = \"a\"\napi_keys = [\"{KEY}\"]\n{tenant}\n"
+    )
+}
+
+async fn replicas_seen(gw: &Server) -> Option<f64> {
+    let m = get(&client(), format!("http://{}/metrics", gw.admin_addr()))
+        .await
+        .text();
+    metric(&m, "fairway_cluster_replicas{")
+}
+
+async fn all_see(gws: &[&Server], n: f64) -> bool {
+    eventually(Duration::from_secs(5), async || {
+        for gw in gws {
+            if replicas_seen(gw).await != Some(n) {
+                return false;
+            }
+        }
+        true
+    })
+    .await
+}
+
+/// Sends requests round-robin over `gws` for `secs`; how many were served.
+async fn round_robin(gws: &[&Server], secs: f64) -> (usize, usize) {
+    let c = client();
+    let (mut served, mut sent) = (0, 0);
+    let start = tokio::time::Instant::now();
+    while start.elapsed().as_secs_f64() < secs {
+        let gw = gws[sent % gws.len()];
+        let r = send(
+            &c,
+            post(
+                gw.addr(),
+                "/v1/chat/completions",
+                Some(KEY),
+                chat(M, 2, false),
+            ),
+        )
+        .await;
+        assert!(
+            r.status == 200 || r.status == 429,
+            "{} {}",
+            r.status,
+            r.text()
+        );
+        served += usize::from(r.status == 200);
+        sent += 1;
+    }
+    (served, sent)
+}
+
+#[tokio::test]
+async fn three_replicas_hold_one_rate_limit_and_follow_membership() {
+    let mut redis = RedisServer::start();
+    let b = sim(M, 64).await;
+    let tenant = "rate = 5.0\nburst = 6";
+    let url = redis.url();
+    let start = async |name: &str| gateway(&policy(&url, name, b.addr(), tenant), &[]).await;
+    let (r1, r2, r3) = (start("r1").await, start("r2").await, start("r3").await);
+    assert!(all_see(&[&r1, &r2, &r3], 3.0).await, "membership not seen");
+
+    // 6 burst + 5/s: over 2 s about 16 for the cluster (each replica
+    // enforces a third); without the cluster it would be three times that.
+    let (served, sent) = round_robin(&[&r1, &r2, &r3], 2.0).await;
+    assert!(sent > 60, "only {sent} sent");
+    eprintln!("served {served} of {sent}");
+    assert!((10..=20).contains(&served), "served {served} of {sent}");
+
+    // The store's view: three members, each renewing.
+    let policy_view = get(
+        &client(),
+        format!("http://{}/admin/policy", r1.admin_addr()),
+    )
+    .await
+    .json();
+    assert_eq!(policy_view["cluster"]["replicas"], 3, "{policy_view}");
+    assert_eq!(policy_view["cluster"]["replica"], "r1");
+
+    // A replica that leaves cleanly is gone from the count at once.
+    r3.shutdown().await;
+    assert!(all_see(&[&r1, &r2], 2.0).await);
+
+    // One that dies without leaving expires after replica_ttl: a member
+    // written straight into the store, never renewed.
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+    let expires = secs * 1000 + micros / 1000 + 400;
+    let _: () = redis::cmd("ZADD")
+        .arg("fairway:replicas")
+        .arg(expires)
+        .arg("ghost")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        all_see(&[&r1, &r2], 3.0).await,
+        "the ghost was never counted"
+    );
+    assert!(all_see(&[&r1, &r2], 2.0).await, "the ghost never expired");
+
+    // The store goes away: serving goes on with the last count, and the
+    // change is visible; when it returns, both register again.
+    redis.kill();
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            let m = get(&client(), format!("http://{}/metrics", r1.admin_addr()))
+                .await
+                .text();
+            metric(&m, "fairway_cluster_store_up{") == Some(0.0)
+        })
+        .await
+    );
+    assert_eq!(replicas_seen(&r1).await, Some(2.0));
+    let r = send(
+        &client(),
+        post(
+            r1.addr(),
+            "/v1/chat/completions",
+            Some(KEY),
+            chat(M, 2, false),
+        ),
+    )
+    .await;
+    assert!(r.status == 200 || r.status == 429, "{}", r.status);
+    redis.restart();
+    assert!(all_see(&[&r1, &r2], 2.0).await);
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            let m = get(&client(), format!("http://{}/metrics", r2.admin_addr()))
+                .await
+                .text();
+            metric(&m, "fairway_cluster_store_up{") == Some(1.0)
+        })
+        .await
+    );
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg("fairway:replicas")
+        .arg(0)
+        .arg(-1)
+        .query_async(
+            &mut redis::Client::open(redis.url())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(members, ["r1", "r2"]);
+}
