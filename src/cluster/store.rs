@@ -7,20 +7,42 @@ use redis::{IntoConnectionInfo, Script};
 
 use crate::config::ClusterPolicy;
 
-/// Renews `ARGV[1]` until now + `ARGV[2]` ms, drops the expired, counts.
+/// Renews replica `ARGV[1]` until now + `ARGV[2]` ms, drops the expired,
+/// stores the replica's demand (`ARGV[4..]`: tenant, requests per second,
+/// …) under `ARGV[3]` + replica, and returns every live replica's: name,
+/// number of pairs, pairs.
 const HEARTBEAT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
-return redis.call('ZCARD', KEYS[1])
+redis.call('PEXPIRE', KEYS[1], ttl * 2)
+local mine = ARGV[3] .. ARGV[1]
+redis.call('DEL', mine)
+if #ARGV > 3 then
+  redis.call('HSET', mine, unpack(ARGV, 4))
+  redis.call('PEXPIRE', mine, ttl)
+end
+local out = {}
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local d = redis.call('HGETALL', ARGV[3] .. m)
+  table.insert(out, m)
+  table.insert(out, tostring(#d / 2))
+  for _, x in ipairs(d) do table.insert(out, x) end
+end
+return out
 ";
+
+/// Every live replica's demand: by replica name, tenant → requests per
+/// second arriving there.
+pub type Demands = Vec<(String, Vec<(String, f64)>)>;
 
 /// A connection to the cluster's store (reconnecting on its own).
 pub struct Store {
     con: ConnectionManager,
     replicas_key: String,
+    demand_prefix: String,
     replica: String,
     ttl_ms: u64,
     heartbeat: Script,
@@ -59,20 +81,25 @@ impl Store {
         Ok(Store {
             con,
             replicas_key: format!("{}:replicas", policy.key_prefix),
+            demand_prefix: format!("{}:demand:", policy.key_prefix),
             replica: replica.to_owned(),
             ttl_ms: u64::try_from(policy.replica_ttl.as_millis()).unwrap_or(u64::MAX),
             heartbeat: Script::new(HEARTBEAT),
         })
     }
 
-    /// Renews this replica's membership; the number of replicas alive.
-    pub async fn heartbeat(&mut self) -> redis::RedisResult<u32> {
-        self.heartbeat
-            .key(&self.replicas_key)
-            .arg(&self.replica)
+    /// Renews this replica's membership and publishes its `demand`;
+    /// every live replica's demand (this one's included).
+    pub async fn heartbeat(&mut self, demand: &[(String, f64)]) -> redis::RedisResult<Demands> {
+        let mut call = self.heartbeat.key(&self.replicas_key);
+        call.arg(&self.replica)
             .arg(self.ttl_ms)
-            .invoke_async(&mut self.con)
-            .await
+            .arg(&self.demand_prefix);
+        for (tenant, d) in demand {
+            call.arg(tenant).arg(d.to_string());
+        }
+        let flat: Vec<String> = call.invoke_async(&mut self.con).await?;
+        Ok(parse_demands(&flat))
     }
 
     /// Leaves the cluster.
@@ -82,5 +109,46 @@ impl Store {
             .arg(&self.replica)
             .query_async(&mut self.con)
             .await
+    }
+}
+
+/// Reads the heartbeat's answer: name, n, n pairs, name, …
+fn parse_demands(flat: &[String]) -> Demands {
+    let mut out = Vec::new();
+    let mut it = flat.iter();
+    while let (Some(name), Some(n)) = (it.next(), it.next()) {
+        let n: usize = n.parse().unwrap_or(0);
+        let mut pairs = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (Some(t), Some(d)) = (it.next(), it.next()) else {
+                break;
+            };
+            pairs.push((t.clone(), d.parse().unwrap_or(0.0)));
+        }
+        out.push((name.clone(), pairs));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demands_are_read_back() {
+        let flat: Vec<String> = ["r1", "2", "a", "1.5", "b", "0", "r2", "0"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        assert_eq!(
+            parse_demands(&flat),
+            vec![
+                (
+                    "r1".to_owned(),
+                    vec![("a".to_owned(), 1.5), ("b".to_owned(), 0.0)]
+                ),
+                ("r2".to_owned(), vec![]),
+            ]
+        );
     }
 }

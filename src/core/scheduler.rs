@@ -175,6 +175,9 @@ impl Scheduler {
         a: Arrival,
     ) -> Result<(RequestId, Vec<Decision>), Refusal> {
         let output_estimate = a.max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE);
+        if let Some(t) = self.tenants.get_mut(a.tenant.0 as usize) {
+            t.arrivals_total += 1;
+        }
         let gpu_reserved = self.admit(now, &a, output_estimate)?;
 
         let wait = a.deadline.map_or(self.max_wait, |d| d.min(self.max_wait));

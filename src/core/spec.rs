@@ -118,17 +118,35 @@ impl SchedulerSpec {
     /// second), `max_concurrency + replicas - 1` requests and
     /// `max_inflight + replicas - 1` at a backend.
     #[must_use]
-    pub fn shared(mut self, replicas: u32) -> Self {
+    pub fn shared(self, replicas: u32) -> Self {
+        let even = 1.0 / f64::from(replicas.max(1));
+        self.shared_by(replicas, |_| even)
+    }
+
+    /// [`Self::shared`], with each tenant's limits divided by its own share
+    /// on this replica (`share(name)`, in (0, 1]; the shares of one tenant
+    /// over all replicas add up to 1), so a replica that receives most of a
+    /// tenant's requests holds most of its limits. Backend windows are
+    /// divided evenly.
+    #[must_use]
+    pub fn shared_by(mut self, replicas: u32, share: impl Fn(&str) -> f64) -> Self {
         if replicas <= 1 {
             return self;
         }
-        let n = f64::from(replicas);
         for t in &mut self.tenants {
-            let rate = t.rate.map(|r| r / n);
-            t.burst = t.rate.map(|r| (t.burst.unwrap_or(r) / n).max(1.0));
+            let s = share(&t.name);
+            let s = if s.is_finite() {
+                s.clamp(1e-6, 1.0)
+            } else {
+                1.0
+            };
+            let rate = t.rate.map(|r| r * s);
+            t.burst = t.rate.map(|r| (t.burst.unwrap_or(r) * s).max(1.0));
             t.rate = rate;
-            t.gpu_seconds_per_hour = t.gpu_seconds_per_hour.map(|g| g / n);
-            t.max_concurrency = t.max_concurrency.map(|c| c.div_ceil(replicas));
+            t.gpu_seconds_per_hour = t.gpu_seconds_per_hour.map(|g| g * s);
+            t.max_concurrency = t
+                .max_concurrency
+                .map(|c| ((f64::from(c) * s - 1e-9).ceil() as u32).max(1));
         }
         for b in self.pools.iter_mut().flat_map(|p| &mut p.backends) {
             b.max_inflight = b.max_inflight.div_ceil(replicas).max(1);

@@ -310,16 +310,17 @@ impl Gateway {
         self.wake.notify_one();
     }
 
-    /// Replicas sharing the policy's limits (1 without `[cluster]`).
-    pub fn replicas(&self) -> u32 {
-        self.cluster.as_ref().map_or(1, |c| c.replicas())
+    /// The scheduler's spec for `policy` on this replica: the whole of it
+    /// when alone, this replica's shares in a `[cluster]`.
+    pub fn replica_spec(&self, policy: &Policy) -> crate::core::spec::SchedulerSpec {
+        cluster_spec(policy, self.cluster.as_deref())
     }
 
-    /// Hands the scheduler this replica's share of the live policy (after
-    /// the cluster's membership changed).
+    /// Hands the scheduler this replica's shares of the live policy (after
+    /// the cluster's membership or demand changed).
     pub fn apply_cluster_share(&self) {
         let live = self.live.load();
-        let spec = live.policy.scheduler_spec().shared(self.replicas());
+        let spec = self.replica_spec(&live.policy);
         let now = self.clock.now();
         let mut core = self.core.lock();
         let decisions = core.sched.apply_policy(&spec, now);
@@ -364,4 +365,16 @@ pub async fn start_sims(
         }
     }
     Ok(out)
+}
+
+/// [`Gateway::replica_spec`], for a gateway being built.
+pub fn cluster_spec(
+    policy: &Policy,
+    cluster: Option<&crate::cluster::Member>,
+) -> crate::core::spec::SchedulerSpec {
+    let spec = policy.scheduler_spec();
+    match cluster {
+        None => spec,
+        Some(m) => spec.shared_by(m.replicas(), |t| m.share(t)),
+    }
 }

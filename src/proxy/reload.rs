@@ -132,7 +132,7 @@ async fn reload_inner(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
     {
         let now = gw.clock.now();
         let mut core = gw.core.lock();
-        let spec = policy.scheduler_spec().shared(gw.replicas());
+        let spec = gw.replica_spec(&policy);
         let decisions = core.sched.apply_policy(&spec, now);
         let live = derive_live(policy.clone(), &core.sched, &sims, &text, unix_seconds());
         gw.live.store(Arc::new(live));

@@ -156,8 +156,7 @@ impl Server {
             }
             None => (None, None),
         };
-        let replicas = cluster.as_ref().map_or(1, |c| c.replicas());
-        let spec = policy.scheduler_spec().shared(replicas);
+        let spec = crate::proxy::gateway::cluster_spec(&policy, cluster.as_deref());
         let sched = Scheduler::new(&spec, clock.now(), rand::random());
         let fairness = FairnessMeter::new(policy.telemetry.fairness_window);
         let policy_telemetry = policy.telemetry.clone();

@@ -281,6 +281,35 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
         "fairway_cluster_store_errors_total{{replica=\"{replica}\"}} {}",
         c.store_errors
     );
+    header(
+        w,
+        "fairway_cluster_tenant_share",
+        "gauge",
+        "This replica's share of a tenant's limits (its part of the cluster's demand for the tenant).",
+    );
+    for (t, s) in &c.tenants {
+        let _ = writeln!(
+            w,
+            "fairway_cluster_tenant_share{{replica=\"{replica}\",tenant=\"{}\"}} {}",
+            esc(t),
+            s.share
+        );
+    }
+    header(
+        w,
+        "fairway_cluster_tenant_demand",
+        "gauge",
+        "A tenant's requests per second arriving at this replica and at the whole cluster (smoothed).",
+    );
+    for (t, s) in &c.tenants {
+        for (scope, v) in [("replica", s.demand_here), ("cluster", s.demand_cluster)] {
+            let _ = writeln!(
+                w,
+                "fairway_cluster_tenant_demand{{replica=\"{replica}\",tenant=\"{}\",scope=\"{scope}\"}} {v}",
+                esc(t)
+            );
+        }
+    }
 }
 
 fn key(tenant: &str, model: &str) -> TM {

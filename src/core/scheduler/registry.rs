@@ -178,6 +178,7 @@ impl Scheduler {
             gpu: None,
             gpu_seconds_total: 0.0,
             preempted_total: 0,
+            arrivals_total: 0,
             retired: false,
         });
         self.tenant_by_name.insert(name.to_owned(), id);

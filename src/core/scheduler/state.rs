@@ -26,6 +26,8 @@ pub(super) struct TenantState {
     pub(super) gpu: Option<Bucket>,
     pub(super) gpu_seconds_total: f64,
     pub(super) preempted_total: u64,
+    /// Requests that arrived, admitted or not: the tenant's demand here.
+    pub(super) arrivals_total: u64,
     pub(super) retired: bool,
 }
 

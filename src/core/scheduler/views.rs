@@ -66,6 +66,15 @@ impl Scheduler {
     }
 
     /// Live tenants.
+    /// Requests of each live tenant that arrived so far (admitted or
+    /// not), by name: the demand a cluster divides limits by.
+    pub fn arrivals(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.tenants
+            .iter()
+            .filter(|t| !t.retired)
+            .map(|t| (t.name.as_str(), t.arrivals_total))
+    }
+
     pub fn tenants(&self) -> impl Iterator<Item = TenantId> + '_ {
         (0..self.tenants.len())
             .filter(|i| !self.tenants[*i].retired)
