@@ -12,6 +12,9 @@ use fairway::proxy::server::Server;
 use support::*;
 
 const M: &str = "m";
+
+/// The tests here measure rates and ratios on two cores: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const KEY: &str = "sk-cluster";
 
 fn policy(redis: &str, replica: &str, backend: std::net::SocketAddr, tenant: &str) -> String {
@@ -72,6 +75,7 @@ async fn round_robin(gws: &[&Server], secs: f64) -> (usize, usize) {
 
 #[tokio::test]
 async fn three_replicas_hold_one_rate_limit_and_follow_membership() {
+    let _serial = SERIAL.lock().await;
     let mut redis = RedisServer::start();
     let b = sim(M, 64).await;
     let tenant = "rate = 5.0\nburst = 6";
@@ -201,5 +205,71 @@ async fn three_replicas_hold_one_rate_limit_and_follow_membership() {
         .await,
         "{:?}",
         members().await
+    );
+}
+
+#[tokio::test]
+async fn weights_hold_across_replicas_when_each_tenant_arrives_at_its_own() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let b = fairway::sim::backend::SimBackend::builder(M)
+        .max_num_seqs(8)
+        .decode_step(Duration::from_millis(4), Duration::ZERO)
+        .start()
+        .await
+        .unwrap();
+    let text = |replica: &str| {
+        format!(
+            "{SERVER}\n[cluster]\nstore = \"{}\"\nreplica = \"{replica}\"\nsync_interval = \"100ms\"\n\
+             [[pools]]\nmodel = \"{M}\"\n[[pools.backends]]\nurl = \"http://{}\"\nmax_inflight = 8\n\
+             [[tenants]]\nname = \"a\"\napi_keys = [\"sk-a\"]\nweight = 3\n\
+             [[tenants]]\nname = \"b\"\napi_keys = [\"sk-b\"]\nweight = 1\n",
+            redis.url(),
+            b.addr()
+        )
+    };
+    let r1 = gateway(&text("r1"), &[]).await;
+    let r2 = gateway(&text("r2"), &[]).await;
+    assert!(all_see(&[&r1, &r2], 2.0).await);
+    // Tenant a only at r1, tenant b only at r2, both saturating the one
+    // backend. Alone, each replica would take half the window: 1:1.
+    let stop = tokio::time::Instant::now() + Duration::from_secs(6);
+    let measure_from = tokio::time::Instant::now() + Duration::from_secs(1);
+    let load = |addr: std::net::SocketAddr, key: &'static str| {
+        tokio::spawn(async move {
+            let c = client();
+            let mut served = 0u32;
+            while tokio::time::Instant::now() < stop {
+                let r = send(
+                    &c,
+                    post(addr, "/v1/chat/completions", Some(key), chat(M, 10, false)),
+                )
+                .await;
+                assert_eq!(r.status, 200, "{}", r.text());
+                served += u32::from(tokio::time::Instant::now() >= measure_from);
+            }
+            served
+        })
+    };
+    let tasks: Vec<_> = (0..12)
+        .flat_map(|_| [load(r1.addr(), "sk-a"), load(r2.addr(), "sk-b")])
+        .collect();
+    // Mid-run, r1 holds about three quarters of the backend's window.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let m = get(&client(), format!("http://{}/metrics", r1.admin_addr()))
+        .await
+        .text();
+    let share = metric(&m, "fairway_cluster_pool_share{replica=\"r1\",model=\"m\"}").unwrap();
+    assert!((0.65..=0.85).contains(&share), "{m}");
+    let (mut a, mut b_served) = (0, 0);
+    for (i, t) in tasks.into_iter().enumerate() {
+        let n = t.await.unwrap();
+        if i % 2 == 0 { a += n } else { b_served += n }
+    }
+    let ratio = f64::from(a) / f64::from(b_served.max(1));
+    eprintln!("weighted 3:1 across replicas: a {a}, b {b_served}, ratio {ratio:.2}");
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "a {a}, b {b_served}: {ratio:.2}"
     );
 }

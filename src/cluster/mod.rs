@@ -43,6 +43,24 @@ pub struct Member {
     /// Per tenant: this replica's share of its limits, its demand here and
     /// in the whole cluster (requests per second), as last read.
     tenants: Mutex<HashMap<String, TenantShare>>,
+    /// Per pool (by model): this replica's share of its backends' windows.
+    pools: Mutex<HashMap<String, PoolShare>>,
+}
+
+/// One pool's share of its backends' windows on this replica.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct PoolShare {
+    pub share: f64,
+    /// Requests queued or in flight here, and at all replicas.
+    pub backlog_here: f64,
+    pub backlog_cluster: f64,
+}
+
+/// Both kinds of share, as computed from one reading of the store.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Shares {
+    pub tenants: HashMap<String, TenantShare>,
+    pub pools: HashMap<String, PoolShare>,
 }
 
 /// One tenant's share of its limits on this replica.
@@ -64,6 +82,7 @@ pub struct View {
     pub store_rtt_seconds: f64,
     pub store_errors: u64,
     pub tenants: std::collections::BTreeMap<String, TenantShare>,
+    pub pools: std::collections::BTreeMap<String, PoolShare>,
 }
 
 impl Member {
@@ -75,7 +94,16 @@ impl Member {
             rtt_micros: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
             tenants: Mutex::new(HashMap::new()),
+            pools: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// This replica's share of the windows of `model`'s backends.
+    pub fn pool_share(&self, model: &str) -> f64 {
+        self.pools
+            .lock()
+            .get(model)
+            .map_or(1.0 / f64::from(self.replicas()), |p| p.share)
     }
 
     /// This replica's share of `tenant`'s limits: its part of the
@@ -101,6 +129,12 @@ impl Member {
             store_errors: self.store_errors.load(Ordering::Relaxed),
             tenants: self
                 .tenants
+                .lock()
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            pools: self
+                .pools
                 .lock()
                 .iter()
                 .map(|(k, v)| (k.clone(), *v))
@@ -133,7 +167,14 @@ pub async fn join(policy: &ClusterPolicy) -> Result<(Store, Member), String> {
     let replica = policy.replica.clone().unwrap_or_else(default_replica_name);
     let mut store = Store::connect(policy, &replica)?;
     let member = Member::new(replica);
-    sync_once(&mut store, &member, policy.sync_interval, &[]).await;
+    sync_once(
+        &mut store,
+        &member,
+        policy.sync_interval,
+        &[],
+        &Shape::default(),
+    )
+    .await;
     Ok((store, member))
 }
 
@@ -144,6 +185,7 @@ async fn sync_once(
     member: &Member,
     timeout: Duration,
     demand: &[(String, f64)],
+    shape: &Shape,
 ) -> bool {
     let start = tokio::time::Instant::now();
     let result = tokio::time::timeout(timeout, store.heartbeat(demand)).await;
@@ -158,15 +200,23 @@ async fn sync_once(
                 tracing::info!(replica = %member.replica, replicas = n, "cluster store reachable");
             }
             let old_n = member.replicas.swap(n, Ordering::Relaxed);
-            let shares = shares(&member.replica, &demands);
-            let mut held = member.tenants.lock();
-            let moved = shares.iter().any(|(t, new)| {
-                held.get(t).is_none_or(|old| {
-                    (old.share - new.share).abs() > 0.01 * old.share.max(new.share)
-                })
-            }) || shares.len() != held.len();
-            *held = shares;
-            old_n != n || moved
+            let new = shares(&member.replica, &demands, shape);
+            let moved = |old: f64, new: f64| (old - new).abs() > 0.01 * old.max(new);
+            let mut tenants = member.tenants.lock();
+            let mut pools = member.pools.lock();
+            let changed = new.tenants.len() != tenants.len()
+                || new.pools.len() != pools.len()
+                || new
+                    .tenants
+                    .iter()
+                    .any(|(t, s)| tenants.get(t).is_none_or(|old| moved(old.share, s.share)))
+                || new
+                    .pools
+                    .iter()
+                    .any(|(m, s)| pools.get(m).is_none_or(|old| moved(old.share, s.share)));
+            *tenants = new.tenants;
+            *pools = new.pools;
+            old_n != n || changed
         }
         failed => {
             member.store_errors.fetch_add(1, Ordering::Relaxed);
@@ -190,43 +240,160 @@ async fn sync_once(
 
 /// Part of the cluster's demand that a replica with no demand of its own
 /// keeps (of an even share), so that a tenant's first requests there are
-/// not all refused.
+/// not all refused and a pool's first requests find a window.
 const IDLE_FLOOR: f64 = 0.05;
 
-/// Each tenant's share on replica `me`: (demand here + ε) / (demand in the
-/// cluster + n·ε), ε = 5 % of the cluster's demand over n. The shares of a
-/// tenant over all replicas add up to 1 when they read the same demands.
-pub fn shares(me: &str, demands: &Demands) -> HashMap<String, TenantShare> {
-    let n = demands.len().max(1) as f64;
-    let mut total: HashMap<&str, f64> = HashMap::new();
-    for (_, ds) in demands {
-        for (t, d) in ds {
-            *total.entry(t.as_str()).or_default() += d.max(0.0);
+/// Field-name prefixes in a replica's demand hash: a tenant's arrivals per
+/// second, and a pool's backlog of one tenant (`b␟model␟tenant`).
+const TENANT_FIELD: &str = "t\u{1f}";
+const BACKLOG_FIELD: &str = "b\u{1f}";
+
+/// What the policy says that the shares depend on: tenants' weights and
+/// each pool's total window (the sum of its backends' `max_inflight`).
+#[derive(Clone, Debug, Default)]
+pub struct Shape {
+    pub weights: HashMap<String, f64>,
+    pub capacity: HashMap<String, f64>,
+}
+
+impl Shape {
+    pub fn of(policy: &crate::config::Policy) -> Shape {
+        Shape {
+            weights: policy
+                .tenants
+                .iter()
+                .map(|t| (t.name.clone(), t.weight))
+                .collect(),
+            capacity: policy
+                .pools
+                .iter()
+                .map(|p| {
+                    let c: u32 = p.backends.iter().map(|b| b.max_inflight).sum();
+                    (p.model.clone(), f64::from(c))
+                })
+                .collect(),
         }
     }
-    let mine: HashMap<&str, f64> = demands
-        .iter()
-        .filter(|(r, _)| r == me)
-        .flat_map(|(_, ds)| ds.iter().map(|(t, d)| (t.as_str(), d.max(0.0))))
-        .collect();
-    total
+}
+
+/// A replica's part: `here / all`; a replica with nothing here keeps
+/// [`IDLE_FLOOR`] of an even share; an even share when there is nothing
+/// anywhere. Over the replicas these add up to at most 1 + `IDLE_FLOOR`.
+fn part(here: f64, all: f64, n: f64) -> f64 {
+    if all <= 0.0 {
+        1.0 / n
+    } else if here <= 0.0 {
+        IDLE_FLOOR / n
+    } else {
+        here / all
+    }
+}
+
+/// Weighted max-min fair split of `capacity` among claims `(weight, cap)`:
+/// each gets at most its cap, and the rest is shared in proportion to
+/// weight (water-filling).
+pub fn water_fill(claims: &[(f64, f64)], capacity: f64) -> Vec<f64> {
+    let mut alloc = vec![0.0; claims.len()];
+    let mut open: Vec<usize> = (0..claims.len()).filter(|&i| claims[i].1 > 0.0).collect();
+    let mut left = capacity.max(0.0);
+    while !open.is_empty() && left > 1e-12 {
+        let w: f64 = open.iter().map(|&i| claims[i].0.max(1e-9)).sum();
+        let per_weight = left / w;
+        // Claims that this round would fill are capped and leave.
+        let (full, rest): (Vec<usize>, Vec<usize>) = open
+            .iter()
+            .partition(|&&i| claims[i].1 - alloc[i] <= per_weight * claims[i].0.max(1e-9));
+        if full.is_empty() {
+            for &i in &rest {
+                alloc[i] += per_weight * claims[i].0.max(1e-9);
+            }
+            break;
+        }
+        for &i in &full {
+            left -= claims[i].1 - alloc[i];
+            alloc[i] = claims[i].1;
+        }
+        open = rest;
+    }
+    alloc
+}
+
+/// The shares of replica `me`, from every live replica's demand.
+///
+/// A tenant's limits: its part of the cluster's arrivals of that tenant.
+/// A pool's windows: the cluster's window capacity is split among the
+/// tenants with a backlog (queued or in flight) by weight, capped at each
+/// one's backlog (water-filling); this replica's share is its part of what
+/// its tenants' backlogs were given. So with tenant A (weight 3) arriving
+/// only at one replica and B (weight 1) only at another, both saturating,
+/// the first gets 3/4 of every window and the second 1/4.
+pub fn shares(me: &str, demands: &Demands, shape: &Shape) -> Shares {
+    let n = demands.len().max(1) as f64;
+    // tenant → (here, all)
+    let mut tenants: HashMap<&str, (f64, f64)> = HashMap::new();
+    // model → tenant → (here, all)
+    let mut backlog: HashMap<&str, HashMap<&str, (f64, f64)>> = HashMap::new();
+    for (replica, fields) in demands {
+        let mine = replica == me;
+        for (field, v) in fields {
+            let v = v.max(0.0);
+            if let Some(t) = field.strip_prefix(TENANT_FIELD) {
+                let e = tenants.entry(t).or_default();
+                e.1 += v;
+                if mine {
+                    e.0 += v;
+                }
+            } else if let Some((model, t)) = field
+                .strip_prefix(BACKLOG_FIELD)
+                .and_then(|rest| rest.split_once('\u{1f}'))
+            {
+                let e = backlog.entry(model).or_default().entry(t).or_default();
+                e.1 += v;
+                if mine {
+                    e.0 += v;
+                }
+            }
+        }
+    }
+    let tenants = tenants
         .into_iter()
-        .map(|(t, all)| {
-            let here = mine.get(t).copied().unwrap_or(0.0);
-            let share = if all <= 0.0 {
-                1.0 / n
-            } else {
-                let eps = IDLE_FLOOR * all / n;
-                (here + eps) / (all + n * eps)
-            };
+        .map(|(t, (here, all))| {
             let s = TenantShare {
-                share,
+                share: part(here, all, n),
                 demand_here: here,
                 demand_cluster: all,
             };
             (t.to_owned(), s)
         })
-        .collect()
+        .collect();
+    let pools = backlog
+        .into_iter()
+        .map(|(model, by_tenant)| {
+            let rows: Vec<(&str, f64, f64)> = by_tenant
+                .iter()
+                .map(|(t, (here, all))| (*t, *here, *all))
+                .collect();
+            let claims: Vec<(f64, f64)> = rows
+                .iter()
+                .map(|(t, _, all)| (shape.weights.get(*t).copied().unwrap_or(1.0), *all))
+                .collect();
+            let capacity = shape.capacity.get(model).copied().unwrap_or(f64::INFINITY);
+            let alloc = water_fill(&claims, capacity);
+            let given: f64 = alloc.iter().sum();
+            let mine: f64 = rows
+                .iter()
+                .zip(&alloc)
+                .map(|((_, here, all), a)| if *all > 0.0 { a * here / all } else { 0.0 })
+                .sum();
+            let s = PoolShare {
+                share: part(mine, given, n),
+                backlog_here: rows.iter().map(|r| r.1).sum(),
+                backlog_cluster: rows.iter().map(|r| r.2).sum(),
+            };
+            (model.to_owned(), s)
+        })
+        .collect();
+    Shares { tenants, pools }
 }
 
 /// Requests per second of each tenant at this replica, smoothed over sync
@@ -235,6 +402,7 @@ pub fn shares(me: &str, demands: &Demands) -> HashMap<String, TenantShare> {
 struct DemandMeter {
     last: HashMap<String, u64>,
     rate: HashMap<String, f64>,
+    backlog: HashMap<String, f64>,
     at: Option<tokio::time::Instant>,
 }
 
@@ -255,6 +423,19 @@ impl DemandMeter {
             out.push((t, *r));
         }
         out
+    }
+
+    /// Backlogs, smoothed the same way; a backlog that ended decays.
+    fn smooth_backlogs(&mut self, now: Vec<(String, f64)>) -> Vec<(String, f64)> {
+        let mut seen: HashMap<String, f64> = now.into_iter().collect();
+        self.backlog.retain(|k, v| {
+            *v = 0.5 * *v + 0.5 * seen.remove(k).unwrap_or(0.0);
+            *v > 0.01
+        });
+        for (k, v) in seen {
+            self.backlog.insert(k, v);
+        }
+        self.backlog.iter().map(|(k, v)| (k.clone(), *v)).collect()
     }
 }
 
@@ -280,15 +461,28 @@ pub async fn sync_task(
             () = stop.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let arrivals: Vec<(String, u64)> = {
+        let (arrivals, backlogs) = {
             let core = gw.core.lock();
-            core.sched
+            let arrivals: Vec<(String, u64)> = core
+                .sched
                 .arrivals()
                 .map(|(t, n)| (t.to_owned(), n))
-                .collect()
+                .collect();
+            let backlogs: Vec<(String, f64)> = core
+                .sched
+                .backlogs()
+                .map(|(m, t, n)| (format!("{BACKLOG_FIELD}{m}\u{1f}{t}"), f64::from(n)))
+                .collect();
+            (arrivals, backlogs)
         };
-        let demand = meter.sample(arrivals);
-        if sync_once(&mut store, &member, interval, &demand).await {
+        let mut demand: Vec<(String, f64)> = meter
+            .sample(arrivals)
+            .into_iter()
+            .map(|(t, d)| (format!("{TENANT_FIELD}{t}"), d))
+            .collect();
+        demand.extend(meter.smooth_backlogs(backlogs));
+        let shape = Shape::of(&gw.live.load().policy);
+        if sync_once(&mut store, &member, interval, &demand, &shape).await {
             let n = member.replicas();
             if n != replicas {
                 tracing::info!(replica = %member.replica, replicas = n, "cluster membership changed");
@@ -309,7 +503,10 @@ mod tests {
     fn demands(rows: &[(&str, &[(&str, f64)])]) -> Demands {
         rows.iter()
             .map(|(r, ds)| {
-                let ds = ds.iter().map(|(t, d)| ((*t).to_owned(), *d)).collect();
+                let ds = ds
+                    .iter()
+                    .map(|(t, d)| (format!("{TENANT_FIELD}{t}"), *d))
+                    .collect();
                 ((*r).to_owned(), ds)
             })
             .collect()
@@ -322,9 +519,14 @@ mod tests {
             ("r2", &[("a", 10.0), ("b", 0.0)]),
             ("r3", &[]),
         ]);
-        let all: Vec<_> = ["r1", "r2", "r3"].iter().map(|r| shares(r, &d)).collect();
+        let shape = Shape::default();
+        let all: Vec<_> = ["r1", "r2", "r3"]
+            .iter()
+            .map(|r| shares(r, &d, &shape).tenants)
+            .collect();
         let a: Vec<f64> = all.iter().map(|s| s["a"].share).collect();
-        assert!((a.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{a:?}");
+        let sum = a.iter().sum::<f64>();
+        assert!((1.0..=1.0 + IDLE_FLOOR).contains(&sum), "{a:?}");
         assert!(
             a[0] > 0.7 && a[1] > 0.2 && a[2] > 0.0 && a[2] < 0.02,
             "{a:?}"
@@ -332,5 +534,44 @@ mod tests {
         assert_eq!(all[0]["a"].demand_cluster, 40.0);
         // No demand anywhere: even shares.
         assert!(all.iter().all(|s| (s["b"].share - 1.0 / 3.0).abs() < 1e-9));
+    }
+
+    #[test]
+    fn water_filling_caps_each_claim_and_splits_the_rest_by_weight() {
+        let a = water_fill(&[(3.0, 100.0), (1.0, 100.0)], 8.0);
+        assert!(
+            (a[0] - 6.0).abs() < 1e-9 && (a[1] - 2.0).abs() < 1e-9,
+            "{a:?}"
+        );
+        // A small claim is met; the rest goes to the other.
+        let a = water_fill(&[(3.0, 1.0), (1.0, 100.0)], 8.0);
+        assert!(
+            (a[0] - 1.0).abs() < 1e-9 && (a[1] - 7.0).abs() < 1e-9,
+            "{a:?}"
+        );
+        // Enough for everyone.
+        let a = water_fill(&[(3.0, 1.0), (1.0, 2.0)], 8.0);
+        assert_eq!(a, vec![1.0, 2.0]);
+        assert_eq!(water_fill(&[], 8.0), Vec::<f64>::new());
+    }
+
+    #[test]
+    fn windows_follow_weighted_backlog_across_replicas() {
+        // A (weight 3) backlogged only at r1, B (weight 1) only at r2.
+        let field = |m: &str, t: &str| format!("{BACKLOG_FIELD}{m}\u{1f}{t}");
+        let d: Demands = vec![
+            ("r1".into(), vec![(field("m", "a"), 40.0)]),
+            ("r2".into(), vec![(field("m", "b"), 40.0)]),
+        ];
+        let shape = Shape {
+            weights: [("a".to_owned(), 3.0), ("b".to_owned(), 1.0)].into(),
+            capacity: [("m".to_owned(), 8.0)].into(),
+        };
+        let r1 = shares("r1", &d, &shape).pools["m"].share;
+        let r2 = shares("r2", &d, &shape).pools["m"].share;
+        assert!(
+            (r1 - 0.75).abs() < 1e-9 && (r2 - 0.25).abs() < 1e-9,
+            "{r1} {r2}"
+        );
     }
 }

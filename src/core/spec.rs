@@ -120,26 +120,34 @@ impl SchedulerSpec {
     #[must_use]
     pub fn shared(self, replicas: u32) -> Self {
         let even = 1.0 / f64::from(replicas.max(1));
-        self.shared_by(replicas, |_| even)
+        self.shared_by(replicas, |_| even, |_| even)
     }
 
     /// [`Self::shared`], with each tenant's limits divided by its own share
     /// on this replica (`share(name)`, in (0, 1]; the shares of one tenant
     /// over all replicas add up to 1), so a replica that receives most of a
-    /// tenant's requests holds most of its limits. Backend windows are
-    /// divided evenly.
+    /// tenant's requests holds most of its limits. Each backend's window is
+    /// multiplied by its pool's share here (`pool_share(model)`), rounded
+    /// up.
     #[must_use]
-    pub fn shared_by(mut self, replicas: u32, share: impl Fn(&str) -> f64) -> Self {
+    pub fn shared_by(
+        mut self,
+        replicas: u32,
+        share: impl Fn(&str) -> f64,
+        pool_share: impl Fn(&str) -> f64,
+    ) -> Self {
         if replicas <= 1 {
             return self;
         }
-        for t in &mut self.tenants {
-            let s = share(&t.name);
-            let s = if s.is_finite() {
+        let fraction = |s: f64| {
+            if s.is_finite() {
                 s.clamp(1e-6, 1.0)
             } else {
                 1.0
-            };
+            }
+        };
+        for t in &mut self.tenants {
+            let s = fraction(share(&t.name));
             let rate = t.rate.map(|r| r * s);
             t.burst = t.rate.map(|r| (t.burst.unwrap_or(r) * s).max(1.0));
             t.rate = rate;
@@ -148,8 +156,11 @@ impl SchedulerSpec {
                 .max_concurrency
                 .map(|c| ((f64::from(c) * s - 1e-9).ceil() as u32).max(1));
         }
-        for b in self.pools.iter_mut().flat_map(|p| &mut p.backends) {
-            b.max_inflight = b.max_inflight.div_ceil(replicas).max(1);
+        for p in &mut self.pools {
+            let s = fraction(pool_share(&p.model));
+            for b in &mut p.backends {
+                b.max_inflight = ((f64::from(b.max_inflight) * s - 1e-9).ceil() as u32).max(1);
+            }
         }
         self
     }

@@ -375,6 +375,6 @@ pub fn cluster_spec(
     let spec = policy.scheduler_spec();
     match cluster {
         None => spec,
-        Some(m) => spec.shared_by(m.replicas(), |t| m.share(t)),
+        Some(m) => spec.shared_by(m.replicas(), |t| m.share(t), |p| m.pool_share(p)),
     }
 }

@@ -297,6 +297,20 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     }
     header(
         w,
+        "fairway_cluster_pool_share",
+        "gauge",
+        "This replica's share of a pool's backend windows (its part of the weighted fair split of the cluster's backlog).",
+    );
+    for (model, s) in &c.pools {
+        let _ = writeln!(
+            w,
+            "fairway_cluster_pool_share{{replica=\"{replica}\",model=\"{}\"}} {}",
+            esc(model),
+            s.share
+        );
+    }
+    header(
+        w,
         "fairway_cluster_tenant_demand",
         "gauge",
         "A tenant's requests per second arriving at this replica and at the whole cluster (smoothed).",

@@ -75,6 +75,19 @@ impl Scheduler {
             .map(|t| (t.name.as_str(), t.arrivals_total))
     }
 
+    /// Each live pool's backlog by tenant: requests queued plus in flight,
+    /// as (model, tenant, count), counts above zero only. What a cluster
+    /// divides backend windows by.
+    pub fn backlogs(&self) -> impl Iterator<Item = (&str, &str, u32)> + '_ {
+        self.pools.iter().filter(|p| !p.retired).flat_map(move |p| {
+            self.tenants.iter().enumerate().filter_map(move |(i, t)| {
+                let id = TenantId(i as u32);
+                let n = p.queue.tenant_len(id) + p.in_flight(id);
+                (n > 0 && !t.retired).then_some((p.model.as_str(), t.name.as_str(), n))
+            })
+        })
+    }
+
     pub fn tenants(&self) -> impl Iterator<Item = TenantId> + '_ {
         (0..self.tenants.len())
             .filter(|i| !self.tenants[*i].retired)
