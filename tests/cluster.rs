@@ -273,3 +273,63 @@ async fn weights_hold_across_replicas_when_each_tenant_arrives_at_its_own() {
         "a {a}, b {b_served}: {ratio:.2}"
     );
 }
+
+#[tokio::test]
+async fn closed_mode_refuses_limited_tenants_while_the_store_is_down() {
+    let _serial = SERIAL.lock().await;
+    let mut redis = RedisServer::start();
+    let b = sim(M, 8).await;
+    let text = format!(
+        "{SERVER}\n[cluster]\nstore = \"{}\"\nreplica = \"c1\"\nsync_interval = \"100ms\"\non_store_failure = \"closed\"\n\
+         [[pools]]\nmodel = \"{M}\"\n[[pools.backends]]\nurl = \"http://{}\"\n\
+         [[tenants]]\nname = \"a\"\napi_keys = [\"sk-a\"]\nrate = 100.0\n\
+         [[tenants]]\nname = \"free\"\napi_keys = [\"sk-free\"]\n",
+        redis.url(),
+        b.addr()
+    );
+    let gw = gateway(&text, &[]).await;
+    let c = client();
+    let status = async |key: &str| {
+        send(
+            &c,
+            post(
+                gw.addr(),
+                "/v1/chat/completions",
+                Some(key),
+                chat(M, 2, false),
+            ),
+        )
+        .await
+    };
+    assert_eq!(status("sk-a").await.status, 200);
+    redis.kill();
+    assert!(
+        eventually(Duration::from_secs(5), async || status("sk-a").await.status
+            == 503)
+        .await
+    );
+    let r = status("sk-a").await;
+    assert_eq!(
+        r.json()["error"]["code"],
+        "store_unavailable",
+        "{}",
+        r.text()
+    );
+    assert!(r.headers.contains_key("retry-after"));
+    // A tenant without limits has nothing to hold: still served.
+    assert_eq!(status("sk-free").await.status, 200);
+    redis.restart();
+    assert!(
+        eventually(Duration::from_secs(5), async || status("sk-a").await.status
+            == 200)
+        .await
+    );
+    let m = get(&client(), format!("http://{}/metrics", gw.admin_addr()))
+        .await
+        .text();
+    assert!(
+        metric(&m, "fairway_requests_total{tenant=\"a\",model=\"m\",outcome=\"refused\",reason=\"store_unavailable\"}")
+            .is_some_and(|n| n >= 2.0),
+        "{m}"
+    );
+}

@@ -115,6 +115,11 @@ impl Member {
             .map_or(1.0 / f64::from(self.replicas()), |t| t.share)
     }
 
+    /// Whether the last sync with the store succeeded.
+    pub fn store_up(&self) -> bool {
+        self.store_up.load(Ordering::Relaxed)
+    }
+
     /// Replicas alive as last read (at least 1).
     pub fn replicas(&self) -> u32 {
         self.replicas.load(Ordering::Relaxed).max(1)

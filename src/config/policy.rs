@@ -65,6 +65,9 @@ pub enum StoreFailure {
     /// Keep serving, enforcing its share of the limits for the last known
     /// number of replicas.
     Local,
+    /// Refuse the requests of tenants with limits (503, reason
+    /// `store_unavailable`); tenants without limits are served.
+    Closed,
 }
 
 /// A secret from the environment: compared, never printed.

@@ -121,6 +121,7 @@ async fn run(
         .get(&info.model)
         .ok_or_else(|| ApiError::UnknownModel(info.model.clone()))?;
     ticket.pool = Some((pool, pool_index));
+    closed_while_store_down(gw, live, tenant)?;
     ticket.prompt_estimate = info.prompt_tokens;
     ticket.max_tokens = info.max_tokens;
     ticket.stream_requested = info.stream;
@@ -286,6 +287,38 @@ async fn run(
         (true, true) => Mode::SseStripUsage,
     };
     Ok((resp, mode))
+}
+
+/// With `[cluster] on_store_failure = "closed"` and the store unreachable,
+/// a tenant with limits is refused: its limits cannot be held for the
+/// cluster.
+fn closed_while_store_down(
+    gw: &Gateway,
+    live: &Live,
+    tenant: crate::core::ids::TenantId,
+) -> Result<(), ApiError> {
+    let (Some(cluster), Some(member)) = (&live.policy.cluster, &gw.cluster) else {
+        return Ok(());
+    };
+    if cluster.on_store_failure != crate::config::StoreFailure::Closed || member.store_up() {
+        return Ok(());
+    }
+    let Some(t) = live
+        .tenant_policy
+        .get(&tenant)
+        .map(|&i| &live.policy.tenants[i])
+    else {
+        return Ok(());
+    };
+    let limited =
+        t.rate.is_some() || t.gpu_seconds_per_hour.is_some() || t.max_concurrency.is_some();
+    if limited {
+        return Err(ApiError::StoreUnavailable(
+            t.name.clone(),
+            cluster.sync_interval,
+        ));
+    }
+    Ok(())
 }
 
 /// Waits for the scheduler to dispatch (or shed) the ticket's request.

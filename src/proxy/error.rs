@@ -35,6 +35,9 @@ pub enum RefusedBy {
     BodyTimeout,
     /// The backend answered 4xx (passed through).
     Backend,
+    /// A tenant with limits, while the cluster store is unreachable and
+    /// `[cluster] on_store_failure = "closed"`.
+    StoreUnavailable,
 }
 
 impl Outcome {
@@ -60,6 +63,7 @@ impl Outcome {
             Outcome::Refused(RefusedBy::BodyTooLarge) => "body_too_large",
             Outcome::Refused(RefusedBy::BodyTimeout) => "body_timeout",
             Outcome::Refused(RefusedBy::Backend) => "backend",
+            Outcome::Refused(RefusedBy::StoreUnavailable) => "store_unavailable",
             Outcome::Served
             | Outcome::Shed
             | Outcome::FailedUpstream
@@ -100,6 +104,10 @@ pub enum ApiError {
     Overloaded(usize),
     #[error("Not found.")]
     NotFound,
+    #[error(
+        "The gateway cannot reach its cluster store to enforce tenant `{0}`'s limits; retry shortly."
+    )]
+    StoreUnavailable(String, Duration),
     #[error("Internal error: {0}")]
     Internal(String),
 }
@@ -198,6 +206,12 @@ impl ApiError {
                 Some("overloaded"),
                 O::Shed,
             ),
+            ApiError::StoreUnavailable(..) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("store_unavailable"),
+                O::Refused(R::StoreUnavailable),
+            ),
             ApiError::NotFound => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
@@ -243,6 +257,7 @@ impl ApiError {
         let retry_after = match &self {
             ApiError::Refused { refusal, .. } => Some(refusal.retry_after),
             ApiError::Shed { retry_after } => Some(*retry_after),
+            ApiError::StoreUnavailable(_, retry_after) => Some(*retry_after),
             ApiError::Draining | ApiError::NoBackend(_) | ApiError::Overloaded(_) => {
                 Some(Duration::from_secs(1))
             }

@@ -15,7 +15,10 @@ const CLUSTER_KEYS: &[&str] = &[
     "replica_ttl",
     "on_store_failure",
 ];
-const FAILURE_MODES: &[(&str, StoreFailure)] = &[("local", StoreFailure::Local)];
+const FAILURE_MODES: &[(&str, StoreFailure)] = &[
+    ("local", StoreFailure::Local),
+    ("closed", StoreFailure::Closed),
+];
 
 /// Reads `[cluster]`; `None` when the section is absent.
 pub(super) fn read_cluster(
