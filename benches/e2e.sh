@@ -9,6 +9,9 @@
 #
 # BASE=path/to/an/older/fairway adds that build as a fourth target
 # ("base"), run in the same rounds, for a before/after in one session.
+# CLUSTER=on instead adds this build with a [cluster] section (a local
+# redis-server on :18040, started here) as the fourth target ("cluster"):
+# the cost of cluster mode, side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-5}
@@ -53,6 +56,15 @@ burst = 1000000
 gpu_seconds_per_hour = 1000000000
 CONF
 }
+BASE_NAME=base
+CLUSTER_CONF=""
+if [ "${CLUSTER:-off}" = on ]; then
+  redis-server --port 18040 --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
+  BASE=$BIN
+  BASE_NAME=cluster
+  CLUSTER_CONF=$'[cluster]\nstore = "redis://127.0.0.1:18040"\n'
+  sleep 0.5
+fi
 gateway_conf 18011 18021 18001 > $WORK/g0.toml
 gateway_conf 18012 18022 18002 > $WORK/g20.toml
 RUST_LOG=$GW_LOG $BIN --log-json serve --config $WORK/g0.toml --watch-interval 0s >/dev/null 2>$WORK/g0.log &
@@ -60,8 +72,8 @@ G0=$!
 RUST_LOG=$GW_LOG $BIN --log-json serve --config $WORK/g20.toml --watch-interval 0s >/dev/null 2>$WORK/g20.log &
 G20=$!
 if [ -n "${BASE:-}" ]; then
-  gateway_conf 18013 18023 18001 > $WORK/b0.toml
-  gateway_conf 18014 18024 18002 > $WORK/b20.toml
+  { gateway_conf 18013 18023 18001; printf '%s' "$CLUSTER_CONF"; } > $WORK/b0.toml
+  { gateway_conf 18014 18024 18002; printf '%s' "$CLUSTER_CONF"; } > $WORK/b20.toml
   RUST_LOG=$GW_LOG $BASE --log-json serve --config $WORK/b0.toml --watch-interval 0s >/dev/null 2>$WORK/b0.log &
   B0=$!
   RUST_LOG=$GW_LOG $BASE --log-json serve --config $WORK/b20.toml --watch-interval 0s >/dev/null 2>$WORK/b20.log &
@@ -139,7 +151,7 @@ echo -e "target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx"
 for r in $(seq $ROUNDS); do
   run direct http://127.0.0.1:18001 64
   run fairway http://127.0.0.1:18011 64 $G0
-  [ -n "${BASE:-}" ] && run base http://127.0.0.1:18013 64 $B0
+  [ -n "${BASE:-}" ] && run $BASE_NAME http://127.0.0.1:18013 64 $B0
   run nginx http://127.0.0.1:18031 64 $(nginx_pids)
 done
 echo
@@ -148,7 +160,7 @@ echo -e "target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx"
 for r in $(seq $ROUNDS); do
   run direct http://127.0.0.1:18002 10
   run fairway http://127.0.0.1:18012 10 $G20
-  [ -n "${BASE:-}" ] && run base http://127.0.0.1:18014 10 $B20
+  [ -n "${BASE:-}" ] && run $BASE_NAME http://127.0.0.1:18014 10 $B20
   run nginx http://127.0.0.1:18032 10 $(nginx_pids)
 done
 echo
