@@ -73,6 +73,29 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
         None => head.push_str("  (rates from the next scrape)"),
     }
     push_line(&mut out, &head, width);
+    if let Some(c) = &cur.cluster {
+        let num = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
+        let store = match c.store_up {
+            Some(u) if u >= 1.0 => "up",
+            Some(_) => "DOWN",
+            None => "-",
+        };
+        let mut line = format!(
+            "cluster  replica {} of {}  store {store}",
+            c.replica,
+            num(c.replicas)
+        );
+        if let Some(rtt) = c.rtt_seconds.filter(|_| store == "up") {
+            let _ = write!(line, " (rtt {})", fmt_duration(rtt));
+        }
+        if !c.shares.is_empty() {
+            line.push_str("  shares");
+            for (t, s) in &c.shares {
+                let _ = write!(line, " {t} {:.0}%", s * 100.0);
+            }
+        }
+        push_line(&mut out, &line, width);
+    }
     out.push('\n');
 
     let mut rows = Vec::new();
@@ -316,5 +339,32 @@ mod tests {
         let ok = row(&text, "ok");
         assert_eq!(ok[4], "99ms", "{text}");
         assert!(!text.contains("-!"));
+    }
+
+    #[test]
+    fn a_replica_shows_its_cluster_view() {
+        let text = "fairway_build_info{version=\"0\"} 1\n\
+            fairway_cluster_replicas{replica=\"r1\"} 3\n\
+            fairway_cluster_store_up{replica=\"r1\"} 1\n\
+            fairway_cluster_store_rtt_seconds{replica=\"r1\"} 0.0004\n\
+            fairway_cluster_tenant_share{replica=\"r1\",tenant=\"api\"} 0.5\n";
+        let snap = Snapshot::from_text(text, 0.0).unwrap();
+        let out = render(None, &snap, 0);
+        let line = out.lines().nth(1).unwrap();
+        assert!(
+            line.starts_with("cluster  replica r1 of 3  store up"),
+            "{out}"
+        );
+        assert!(line.contains("shares api 50%"), "{out}");
+        let down = text.replace("store_up{replica=\"r1\"} 1", "store_up{replica=\"r1\"} 0");
+        let out = render(None, &Snapshot::from_text(&down, 0.0).unwrap(), 0);
+        assert!(out.contains("store DOWN"), "{out}");
+        // Without a cluster, no line.
+        let alone = render(
+            None,
+            &Snapshot::from_text("fairway_build_info 1\n", 0.0).unwrap(),
+            0,
+        );
+        assert!(!alone.contains("cluster"), "{alone}");
     }
 }

@@ -63,6 +63,19 @@ pub struct Snapshot {
     pub(super) jain: Option<f64>,
     /// `fairway_overhead_seconds` cumulative buckets.
     pub(super) overhead: Vec<Bucket>,
+    /// The replica's view of its `[cluster]`, when it has one.
+    pub(super) cluster: Option<ClusterFigures>,
+}
+
+/// `fairway_cluster_*`: this replica's view of its cluster.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct ClusterFigures {
+    pub(super) replica: String,
+    pub(super) replicas: Option<f64>,
+    pub(super) store_up: Option<f64>,
+    pub(super) rtt_seconds: Option<f64>,
+    /// Each tenant's share of its limits here.
+    pub(super) shares: BTreeMap<String, f64>,
 }
 
 impl Snapshot {
@@ -90,6 +103,13 @@ impl Snapshot {
         Ok(snap)
     }
 
+    fn cluster(&mut self, s: &Sample) -> &mut ClusterFigures {
+        self.cluster.get_or_insert_with(|| ClusterFigures {
+            replica: label(s, "replica"),
+            ..ClusterFigures::default()
+        })
+    }
+
     /// When the body was read, as passed to [`Snapshot::from_text`].
     pub fn at_secs(&self) -> f64 {
         self.at_secs
@@ -100,6 +120,13 @@ impl Snapshot {
         let v = s.value;
         match s.name.as_str() {
             "fairway_jain_fairness_index" => self.jain = Some(v),
+            "fairway_cluster_replicas" => self.cluster(s).replicas = Some(v),
+            "fairway_cluster_store_up" => self.cluster(s).store_up = Some(v),
+            "fairway_cluster_store_rtt_seconds" => self.cluster(s).rtt_seconds = Some(v),
+            "fairway_cluster_tenant_share" => {
+                let tenant = label(s, "tenant");
+                self.cluster(s).shares.insert(tenant, v);
+            }
             "fairway_overhead_seconds_bucket" => add_bucket(&mut self.overhead, s),
             "fairway_requests_total" => {
                 if let Some(t) = self.tenant(s) {
