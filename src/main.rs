@@ -482,6 +482,14 @@ struct ReplayArgs {
     /// Draw per-tenant TTFT and queue depth over time, one SVG a run, here.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Gateway replicas sharing the policy, as with `[cluster]`: each a
+    /// scheduler of its own, syncing demand and shares every
+    /// `[cluster] sync_interval` (1 s without the section).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    replicas: u32,
+    /// How requests are spread over the replicas.
+    #[arg(long, value_enum, default_value_t = fairway::replay::sim::Ingress::Even)]
+    ingress: fairway::replay::sim::Ingress,
 }
 
 /// Loads a policy for offline use, with every error listed.
@@ -591,6 +599,8 @@ fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         let opts = RunOptions {
             seed: a.source.seed,
             progress: Some(format!("replay {label}")),
+            replicas: a.replicas,
+            ingress: a.ingress,
         };
         let (run, trace) = run_variant(&policy, &work, discipline, strategy, &opts);
         if let Some(dir) = &a.svg {

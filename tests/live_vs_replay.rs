@@ -147,6 +147,8 @@ async fn live_p50_and_p99_are_within_25_percent_of_the_replay() {
         &RunOptions {
             seed: 5,
             progress: None,
+            replicas: 1,
+            ingress: Default::default(),
         },
     );
     let replayed = summarise(policy.queue.discipline, policy.pools[0].routing, &trace);

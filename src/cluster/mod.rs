@@ -401,20 +401,41 @@ pub fn shares(me: &str, demands: &Demands, shape: &Shape) -> Shares {
     Shares { tenants, pools }
 }
 
-/// Requests per second of each tenant at this replica, smoothed over sync
-/// intervals (half the weight on the last one).
-#[derive(Default)]
-struct DemandMeter {
+/// What a replica publishes: each tenant's arrivals per second and each
+/// pool's backlog by tenant, smoothed over sync intervals (half the weight
+/// on the last one). Sans-IO: the caller reads the scheduler and the clock
+/// (the live sync task, and the replay's simulated replicas).
+#[derive(Debug, Default)]
+pub struct DemandMeter {
     last: HashMap<String, u64>,
     rate: HashMap<String, f64>,
     backlog: HashMap<String, f64>,
-    at: Option<tokio::time::Instant>,
+    at: Option<f64>,
 }
 
 impl DemandMeter {
-    fn sample(&mut self, arrivals: Vec<(String, u64)>) -> Vec<(String, f64)> {
-        let now = tokio::time::Instant::now();
-        let secs = self.at.map_or(0.0, |t| (now - t).as_secs_f64());
+    /// The fields to publish, from the scheduler's state at `now_secs`.
+    pub fn fields(
+        &mut self,
+        now_secs: f64,
+        sched: &crate::core::scheduler::Scheduler,
+    ) -> Vec<(String, f64)> {
+        let arrivals = sched.arrivals().map(|(t, n)| (t.to_owned(), n)).collect();
+        let backlogs = sched
+            .backlogs()
+            .map(|(m, t, n)| (format!("{BACKLOG_FIELD}{m}\u{1f}{t}"), f64::from(n)))
+            .collect();
+        let mut out: Vec<(String, f64)> = self
+            .sample(now_secs, arrivals)
+            .into_iter()
+            .map(|(t, d)| (format!("{TENANT_FIELD}{t}"), d))
+            .collect();
+        out.extend(self.smooth_backlogs(backlogs));
+        out
+    }
+
+    fn sample(&mut self, now: f64, arrivals: Vec<(String, u64)>) -> Vec<(String, f64)> {
+        let secs = self.at.map_or(0.0, |t| now - t);
         self.at = Some(now);
         let mut out = Vec::with_capacity(arrivals.len());
         for (t, total) in arrivals {
@@ -466,26 +487,10 @@ pub async fn sync_task(
             () = stop.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let (arrivals, backlogs) = {
+        let demand = {
             let core = gw.core.lock();
-            let arrivals: Vec<(String, u64)> = core
-                .sched
-                .arrivals()
-                .map(|(t, n)| (t.to_owned(), n))
-                .collect();
-            let backlogs: Vec<(String, f64)> = core
-                .sched
-                .backlogs()
-                .map(|(m, t, n)| (format!("{BACKLOG_FIELD}{m}\u{1f}{t}"), f64::from(n)))
-                .collect();
-            (arrivals, backlogs)
+            meter.fields(gw.clock.now().as_secs_f64(), &core.sched)
         };
-        let mut demand: Vec<(String, f64)> = meter
-            .sample(arrivals)
-            .into_iter()
-            .map(|(t, d)| (format!("{TENANT_FIELD}{t}"), d))
-            .collect();
-        demand.extend(meter.smooth_backlogs(backlogs));
         let shape = Shape::of(&gw.live.load().policy);
         if sync_once(&mut store, &member, interval, &demand, &shape).await {
             let n = member.replicas();

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
+use crate::cluster::{DemandMeter, Shape};
 use crate::config::{BackendTarget, MetricsDialect, Policy};
 use crate::core::fairness::BackloggedService;
 use crate::core::ids::{BackendId, RequestId, TenantId, Usage};
@@ -91,6 +92,37 @@ pub struct RunOptions {
     pub seed: u64,
     /// Draw a progress line on a terminal's stderr.
     pub progress: Option<String>,
+    /// Gateway replicas sharing the policy (1: one gateway, as before),
+    /// and how requests are spread over them.
+    pub replicas: u32,
+    pub ingress: Ingress,
+}
+
+/// How a load balancer spreads requests over the replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Ingress {
+    /// Request by request, in turn.
+    #[default]
+    Even,
+    /// Three quarters to the first replica, the rest in turn to the others.
+    Skewed,
+    /// Each tenant's requests all to one replica (tenants in turn).
+    PerTenant,
+}
+
+impl Ingress {
+    /// The replica of the `i`th request, of tenant number `tenant`.
+    fn replica(self, i: usize, tenant: usize, n: usize) -> usize {
+        if n <= 1 {
+            return 0;
+        }
+        match self {
+            Ingress::Even => i % n,
+            Ingress::Skewed if i % 4 != 3 => 0,
+            Ingress::Skewed => 1 + (i / 4) % (n - 1),
+            Ingress::PerTenant => tenant % n,
+        }
+    }
 }
 
 struct Backend {
@@ -102,6 +134,7 @@ struct Backend {
 }
 
 struct InFlight {
+    replica: usize,
     req: RequestId,
     prompt: u32,
     backend: BackendId,
@@ -120,10 +153,16 @@ pub fn run(policy: &Policy, workload: &[WorkRequest], opts: &RunOptions) -> Trac
 
 struct Sim<'p> {
     policy: &'p Policy,
-    sched: Scheduler,
+    /// One scheduler per gateway replica (one without a cluster).
+    scheds: Vec<Scheduler>,
+    /// The replica each request of the workload arrives at.
+    replica_of: Vec<usize>,
+    /// What each replica publishes to the (simulated) store, and how often.
+    meters: Vec<DemandMeter>,
+    sync_every: Duration,
     backends: Vec<Backend>,
-    /// Scheduler request → workload index.
-    by_req: HashMap<RequestId, usize>,
+    /// (Replica, scheduler request) → workload index.
+    by_req: HashMap<(usize, RequestId), usize>,
     /// Workload index → in-flight state.
     flying: HashMap<usize, InFlight>,
     results: Vec<Option<RequestResult>>,
@@ -137,7 +176,7 @@ struct Sim<'p> {
     weights: Vec<f64>,
     fairness: BackloggedService,
     queue: Vec<QueueSample>,
-    pending: Vec<Decision>,
+    pending: Vec<(usize, Decision)>,
     events: Vec<EngineEvent>,
     output_tokens: u64,
     preempted: u64,
@@ -147,7 +186,12 @@ struct Sim<'p> {
 
 impl<'p> Sim<'p> {
     fn new(policy: &'p Policy, workload: &[WorkRequest], opts: &RunOptions) -> Self {
-        let sched = Scheduler::new(&policy.scheduler_spec(), Instant::ZERO, opts.seed);
+        let n = opts.replicas.max(1);
+        let spec = policy.scheduler_spec().shared(n);
+        let scheds: Vec<Scheduler> = (0..u64::from(n))
+            .map(|r| Scheduler::new(&spec, Instant::ZERO, opts.seed.wrapping_add(r)))
+            .collect();
+        let sched = &scheds[0];
         let mut backends = Vec::new();
         for b in sched.backends() {
             let name = sched.backend_name(b);
@@ -190,9 +234,27 @@ impl<'p> Sim<'p> {
                 }
             })
             .collect();
+        let tenant_index = |w: &WorkRequest| {
+            policy
+                .tenants
+                .iter()
+                .position(|t| t.name == w.tenant)
+                .unwrap_or(0)
+        };
+        let replica_of = workload
+            .iter()
+            .enumerate()
+            .map(|(i, w)| opts.ingress.replica(i, tenant_index(w), n as usize))
+            .collect();
         Sim {
             policy,
-            sched,
+            meters: (0..n).map(|_| DemandMeter::default()).collect(),
+            sync_every: policy
+                .cluster
+                .as_ref()
+                .map_or(Duration::from_secs(1), |c| c.sync_interval),
+            replica_of,
+            scheds,
             backends,
             by_req: HashMap::new(),
             flying: HashMap::new(),
@@ -221,12 +283,14 @@ impl<'p> Sim<'p> {
         let interval = self.policy.poller.interval;
         let mut next_arrival = 0;
         let mut next_poll = Instant::ZERO + interval;
+        let replicated = self.scheds.len() > 1;
+        let mut next_sync = replicated.then(|| Instant::ZERO + self.sync_every);
         let mut shown = usize::MAX;
         loop {
             let arrival_at = workload
                 .get(next_arrival)
                 .map(|w| Instant::from_secs_f64(w.t));
-            let busy = arrival_at.is_some() || self.sched.live_requests() > 0;
+            let busy = arrival_at.is_some() || self.scheds.iter().any(|s| s.live_requests() > 0);
             if !busy {
                 break;
             }
@@ -235,16 +299,12 @@ impl<'p> Sim<'p> {
                 .iter()
                 .filter_map(|b| b.engine.next_event_at().map(|e| to_gateway(e, b.scale)))
                 .min();
-            let now = [
-                arrival_at,
-                engine_at,
-                self.sched.next_wakeup(),
-                Some(next_poll),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(next_poll);
+            let wakeup = self.scheds.iter().filter_map(Scheduler::next_wakeup).min();
+            let now = [arrival_at, engine_at, wakeup, Some(next_poll), next_sync]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(next_poll);
 
             // 1. Engines, in backend order.
             for i in 0..self.backends.len() {
@@ -265,9 +325,16 @@ impl<'p> Sim<'p> {
                 next_arrival += 1;
             }
             // 3. Deadlines.
-            if self.sched.next_wakeup().is_some_and(|t| t <= now) {
-                let d = self.sched.on_tick(now);
-                self.pending.extend(d);
+            for r in 0..self.scheds.len() {
+                if self.scheds[r].next_wakeup().is_some_and(|t| t <= now) {
+                    let d = self.scheds[r].on_tick(now);
+                    self.pending.extend(d.into_iter().map(|d| (r, d)));
+                }
+            }
+            // 3b. The replicas' sync with the cluster store.
+            if next_sync.is_some_and(|t| t <= now) {
+                self.sync(now);
+                next_sync = Some(now + self.sync_every);
             }
             // 4. Readings.
             if next_poll <= now {
@@ -297,7 +364,8 @@ impl<'p> Sim<'p> {
             self.end(i, Outcome::Refused("auth"), now, None, None);
             return;
         };
-        let Some(pool) = self.sched.pool(&w.model) else {
+        let r = self.replica_of[i];
+        let Some(pool) = self.scheds[r].pool(&w.model) else {
             self.end(i, Outcome::Refused("model_not_found"), now, None, None);
             return;
         };
@@ -308,10 +376,10 @@ impl<'p> Sim<'p> {
             max_tokens: w.max_tokens,
             deadline: None,
         };
-        match self.sched.on_arrival(now, arrival) {
+        match self.scheds[r].on_arrival(now, arrival) {
             Ok((id, decisions)) => {
-                self.by_req.insert(id, i);
-                self.pending.extend(decisions);
+                self.by_req.insert((r, id), i);
+                self.pending.extend(decisions.into_iter().map(|d| (r, d)));
             }
             Err(refusal) => self.end(i, Outcome::Refused(refusal.limit.as_str()), now, None, None),
         }
@@ -322,11 +390,11 @@ impl<'p> Sim<'p> {
         // In order: a preemption and the dispatch that takes its slot (or
         // the victim's own later dispatch) come in that order.
         let mut k = 0;
-        while let Some(d) = self.pending.get(k).cloned() {
+        while let Some((r, d)) = self.pending.get(k).cloned() {
             k += 1;
             match d {
                 Decision::Dispatch { id, backend } => {
-                    let Some(&i) = self.by_req.get(&id) else {
+                    let Some(&i) = self.by_req.get(&(r, id)) else {
                         continue;
                     };
                     let w = &workload[i];
@@ -339,15 +407,16 @@ impl<'p> Sim<'p> {
                     if b.engine.submit(to_engine(now, b.scale), seq).is_err() {
                         // The engine refuses it (context too long): the
                         // backend's 400, a failed request as live.
-                        let (_, d) = self.sched.on_cancel(now, id);
-                        self.pending.extend(d);
-                        self.by_req.remove(&id);
+                        let (_, d) = self.scheds[r].on_cancel(now, id);
+                        self.pending.extend(d.into_iter().map(|d| (r, d)));
+                        self.by_req.remove(&(r, id));
                         self.end(i, Outcome::FailedUpstream, now, Some(now), None);
                         continue;
                     }
                     self.flying.insert(
                         i,
                         InFlight {
+                            replica: r,
                             req: id,
                             prompt: w.prompt_tokens,
                             backend,
@@ -359,11 +428,11 @@ impl<'p> Sim<'p> {
                     if w.stream {
                         // A streamed response starts at once (its headers),
                         // and is never preempted after that, as live.
-                        self.sched.on_response_started(id);
+                        self.scheds[r].on_response_started(id);
                     }
                 }
                 Decision::Preempt { id, backend } => {
-                    let Some(&i) = self.by_req.get(&id) else {
+                    let Some(&i) = self.by_req.get(&(r, id)) else {
                         continue;
                     };
                     self.backends[backend.0 as usize].engine.cancel(i as u64);
@@ -376,7 +445,7 @@ impl<'p> Sim<'p> {
                     self.preempted += 1;
                 }
                 Decision::Shed { id, .. } => {
-                    if let Some(i) = self.by_req.remove(&id) {
+                    if let Some(i) = self.by_req.remove(&(r, id)) {
                         self.end(i, Outcome::Shed, now, None, None);
                     }
                 }
@@ -434,16 +503,17 @@ impl<'p> Sim<'p> {
                         .push((end - f.dispatched).as_secs_f64());
                     if let Some(first) = f.first {
                         // The proxy measures this on streamed responses.
-                        self.sched.observe_ttft(f.backend, first - f.dispatched);
+                        self.scheds[f.replica].observe_ttft(f.backend, first - f.dispatched);
                     }
                     let usage = Usage {
                         prompt_tokens,
                         completion_tokens,
                     };
-                    if let Some((_, d)) = self.sched.on_completion(end, f.req, Some(usage)) {
-                        self.pending.extend(d);
+                    let r = f.replica;
+                    if let Some((_, d)) = self.scheds[r].on_completion(end, f.req, Some(usage)) {
+                        self.pending.extend(d.into_iter().map(|d| (r, d)));
                     }
-                    self.by_req.remove(&f.req);
+                    self.by_req.remove(&(r, f.req));
                     self.end(i, Outcome::Served, end, Some(f.dispatched), f.first);
                     self.last_end = self.last_end.max(end);
                 }
@@ -471,7 +541,7 @@ impl<'p> Sim<'p> {
         });
         let slo = self.tenant_of[i]
             .and_then(|t| {
-                let name = self.sched.tenant_name(t);
+                let name = self.scheds[0].tenant_name(t);
                 self.policy.tenants.iter().find(|p| p.name == name)
             })
             .map(|p| &p.slo);
@@ -488,6 +558,31 @@ impl<'p> Sim<'p> {
             good,
         });
         self.finished += 1;
+    }
+
+    /// Every replica publishes its demand and reads the others', as the
+    /// live sync task does through the store, and gets its new shares.
+    fn sync(&mut self, now: Instant) {
+        let secs = now.as_secs_f64();
+        let names: Vec<String> = (0..self.scheds.len()).map(|r| format!("r{r}")).collect();
+        let demands: crate::cluster::Demands = names
+            .iter()
+            .zip(self.meters.iter_mut().zip(&self.scheds))
+            .map(|(name, (meter, sched))| (name.clone(), meter.fields(secs, sched)))
+            .collect();
+        let shape = Shape::of(self.policy);
+        let n = u32::try_from(self.scheds.len()).unwrap_or(u32::MAX);
+        for (r, name) in names.iter().enumerate() {
+            let shares = crate::cluster::shares(name, &demands, &shape);
+            let even = 1.0 / f64::from(n);
+            let spec = self.policy.scheduler_spec().shared_by(
+                n,
+                |t| shares.tenants.get(t).map_or(even, |s| s.share),
+                |p| shares.pools.get(p).map_or(even, |s| s.share),
+            );
+            let d = self.scheds[r].apply_policy(&spec, now);
+            self.pending.extend(d.into_iter().map(|d| (r, d)));
+        }
     }
 
     /// One reading per polled backend; a queue and fairness sample.
@@ -509,13 +604,20 @@ impl<'p> Sim<'p> {
                 gpu_memory_used: None,
                 gpu_memory_total: None,
             };
-            let d = self.sched.on_reading(now, BackendId(bi as u32), reading);
-            self.pending.extend(d);
+            for r in 0..self.scheds.len() {
+                let d = self.scheds[r].on_reading(now, BackendId(bi as u32), reading.clone());
+                self.pending.extend(d.into_iter().map(|d| (r, d)));
+            }
         }
-        let tenants: Vec<TenantId> = self.sched.tenants().collect();
+        let tenants: Vec<TenantId> = self.scheds[0].tenants().collect();
         let queued: Vec<u32> = tenants
             .iter()
-            .map(|&t| self.sched.tenant_view(now, t).queued)
+            .map(|&t| {
+                self.scheds
+                    .iter_mut()
+                    .map(|s| s.tenant_view(now, t).queued)
+                    .sum()
+            })
             .collect();
         let backlogged: Vec<bool> = queued.iter().map(|&q| q > 0).collect();
         self.fairness.sample(now, &self.service, &backlogged);
@@ -530,13 +632,23 @@ impl<'p> Sim<'p> {
         let first = workload.first().map_or(0.0, |w| w.t);
         let makespan = (end.as_secs_f64() - first).max(1e-9);
         let (mut busy, mut gpus) = (0.0, 0.0);
-        let mut sched = self.sched;
-        let ids: Vec<BackendId> = sched.backends().collect();
+        let mut scheds = self.scheds;
+        let ids: Vec<BackendId> = scheds[0].backends().collect();
         for b in ids {
-            let v = sched.backend_view(end, b);
-            busy += v.busy_gpu_seconds;
-            gpus += f64::from(v.gpus);
+            // Each replica counts a backend busy while it has a request
+            // there; their union is not known, so the sum is capped at
+            // the whole run (an upper bound with several replicas).
+            let mut backend_busy = 0.0;
+            let mut backend_gpus = 0.0;
+            for s in &mut scheds {
+                let v = s.backend_view(end, b);
+                backend_busy += v.busy_gpu_seconds;
+                backend_gpus = f64::from(v.gpus);
+            }
+            busy += f64::min(backend_busy, backend_gpus * end.as_secs_f64());
+            gpus += backend_gpus;
         }
+        let sched = &scheds[0];
         let tenants: Vec<String> = sched
             .tenants()
             .map(|t| sched.tenant_name(t).to_owned())
