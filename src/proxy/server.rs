@@ -389,84 +389,74 @@ async fn run(
     // ends.
     let clients = async {
         accept_loop(
-        &api_listener,
-        shutdown.cancelled(),
-        "client listener",
-        accept_error,
-        |stream: TcpStream, peer| {
-            let slot = match caps.acquire(peer.ip(), &gw) {
-                Ok(slot) => slot,
-                Err(refusal) => {
-                    // At a cap: close at once; the client sees a reset.
-                    let edge = &gw.metrics.edge;
-                    let counter = match refusal {
-                        conn::Refusal::Total => &edge.refused_connections,
-                        conn::Refusal::PerClient => &edge.refused_per_client,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    if let Some(left_out) = REFUSALS_LOG.allow() {
-                        tracing::warn!(%peer, ?refusal, left_out, "connection refused at a cap");
-                    }
-                    return;
-                }
-            };
-            let activity = conn::Activity::new();
-            let svc = TowerToHyperService::new(conn::Tracked::new(edge.clone(), activity.clone()));
-            let builder = builder.clone();
-            let stop = drain_clients.clone();
-            let tls = gw.tls.load_full();
-            let dispatch = gw.traces.as_ref().map(|t| t.dispatch().clone());
-            let conn_gw = gw.clone();
-            while api_conns.try_join_next().is_some() {}
-            let serve = async move {
-                let _slot = slot;
-                let ended = match tls {
-                    None => {
-                        // hyper's header-read timeout starts once it knows
-                        // the protocol, which it learns from the first
-                        // bytes: a client that sends none is closed here.
-                        let mut byte = [0u8; 1];
-                        let first =
-                            tokio::time::timeout(header_read_timeout, stream.peek(&mut byte));
-                        if !matches!(first.await, Ok(Ok(1..))) {
-                            tracing::debug!(%peer, "closed: no request within header_read_timeout");
-                            return;
-                        }
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
-                    }
-                    Some(config) => {
-                        // The handshake runs in the connection's own task, so a
-                        // slow client never holds up the accept loop.
-                        let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
-                        match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, accept).await {
-                            Ok(Ok(tls_stream)) => {
-                                let conn = builder.serve_connection(TokioIo::new(tls_stream), svc);
-                                conn::drive(conn.into_owned(), &activity, idle_timeout, &stop)
-                                    .await
-                            }
-                            Ok(Err(e)) => {
-                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => {
-                                tracing::debug!(%peer, "TLS handshake timed out");
-                                return;
-                            }
-                        }
-                    }
+            &api_listener,
+            shutdown.cancelled(),
+            "client listener",
+            accept_error,
+            |stream: TcpStream, peer| {
+                let slot = match caps.acquire(peer.ip(), &gw) {
+                    Ok(slot) => slot,
+                    Err(refusal) => return connection_refused(&gw, peer, refusal),
                 };
-                connection_ended(&conn_gw, peer, ended);
-            };
-            // With traces on, the connection runs under the gateway's
-            // dispatch: its requests' spans and log lines are one tree.
-            match dispatch {
-                None => api_conns.spawn(serve),
-                Some(d) => api_conns.spawn(serve.with_subscriber(d)),
-            };
-        },
-    )
-    .await;
+                let activity = conn::Activity::new();
+                let tracked = conn::Tracked::new(edge.clone(), activity.clone());
+                let svc = TowerToHyperService::new(tracked);
+                let builder = builder.clone();
+                let stop = drain_clients.clone();
+                let tls = gw.tls.load_full();
+                let dispatch = gw.traces.as_ref().map(|t| t.dispatch().clone());
+                let conn_gw = gw.clone();
+                while api_conns.try_join_next().is_some() {}
+                let serve = async move {
+                    let _slot = slot;
+                    let ended = match tls {
+                        None => {
+                            // hyper's header-read timeout starts once it knows
+                            // the protocol, which it learns from the first
+                            // bytes: a client that sends none is closed here.
+                            let mut byte = [0u8; 1];
+                            let first =
+                                tokio::time::timeout(header_read_timeout, stream.peek(&mut byte));
+                            if !matches!(first.await, Ok(Ok(1..))) {
+                                tracing::debug!(%peer, "closed: no request in time");
+                                return;
+                            }
+                            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                            conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
+                        }
+                        Some(config) => {
+                            // The handshake runs in the connection's own task, so a
+                            // slow client never holds up the accept loop.
+                            let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
+                            match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, accept).await {
+                                Ok(Ok(tls_stream)) => {
+                                    let io = TokioIo::new(tls_stream);
+                                    let conn = builder.serve_connection(io, svc);
+                                    conn::drive(conn.into_owned(), &activity, idle_timeout, &stop)
+                                        .await
+                                }
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "TLS handshake timed out");
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    connection_ended(&conn_gw, peer, ended);
+                };
+                // With traces on, the connection runs under the gateway's
+                // dispatch: its requests' spans and log lines are one tree.
+                match dispatch {
+                    None => api_conns.spawn(serve),
+                    Some(d) => api_conns.spawn(serve.with_subscriber(d)),
+                };
+            },
+        )
+        .await;
         gw.draining.store(true, Ordering::Relaxed);
         drop(api_listener);
         let drain = gw.live.load().policy.server.drain_timeout;
@@ -533,6 +523,20 @@ static REFUSALS_LOG: conn::Throttled = conn::Throttled::new(Duration::from_secs(
 /// Connections ended by a client's protocol error, likewise.
 static PROTOCOL_ERRORS_LOG: conn::Throttled = conn::Throttled::new(Duration::from_secs(60));
 
+/// A connection refused at a cap: closed at once (the client sees a
+/// reset), counted, and logged at most once a minute.
+fn connection_refused(gw: &Gateway, peer: SocketAddr, refusal: conn::Refusal) {
+    let edge = &gw.metrics.edge;
+    let counter = match refusal {
+        conn::Refusal::Total => &edge.refused_connections,
+        conn::Refusal::PerClient => &edge.refused_per_client,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    if let Some(left_out) = REFUSALS_LOG.allow() {
+        tracing::warn!(%peer, ?refusal, left_out, "connection refused at a cap");
+    }
+}
+
 /// Counts and logs how a client connection ended.
 fn connection_ended(gw: &Gateway, peer: SocketAddr, ended: conn::Ended) {
     let edge = &gw.metrics.edge;
@@ -545,7 +549,10 @@ fn connection_ended(gw: &Gateway, peer: SocketAddr, ended: conn::Ended) {
         conn::Ended::Error(e) if conn::is_protocol_error(&*e) => {
             edge.closed_protocol_error.fetch_add(1, Ordering::Relaxed);
             if let Some(left_out) = PROTOCOL_ERRORS_LOG.allow() {
-                tracing::warn!(%peer, error = %e, left_out, "client connection ended by a protocol error");
+                tracing::warn!(
+                    %peer, error = %e, left_out,
+                    "client connection ended by a protocol error"
+                );
             }
         }
         conn::Ended::Error(e) => tracing::debug!(%peer, error = %e, "client connection error"),
