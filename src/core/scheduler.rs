@@ -135,6 +135,8 @@ pub struct Scheduler {
     preempt_check: Option<Instant>,
     /// When the earliest outlier ejection ends.
     outlier_check: Option<Instant>,
+    /// Backends back from an outlier ejection, not yet taken.
+    ejections_ended: Vec<BackendId>,
     rng: SmallRng,
     scratch: Vec<Candidate>,
 }
@@ -160,6 +162,7 @@ impl Scheduler {
             preemption: spec.preemption.clone(),
             preempt_check: None,
             outlier_check: None,
+            ejections_ended: Vec::new(),
             rng: SmallRng::seed_from_u64(seed),
             scratch: Vec::new(),
         };

@@ -608,6 +608,10 @@ async fn deadline_task(gw: Arc<Gateway>, shutdown: CancellationToken) {
         let mut core = gw.core.lock();
         let decisions = core.sched.on_tick(now);
         core.deliver(decisions, None);
+        for b in core.sched.take_ejections_ended() {
+            let name = core.sched.backend_name(b);
+            tracing::info!(backend = %name, "backend back from outlier ejection");
+        }
     }
 }
 

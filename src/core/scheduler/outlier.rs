@@ -155,11 +155,12 @@ impl Scheduler {
     pub(super) fn end_ejections(&mut self, now: Instant, out: &mut Vec<Decision>) {
         let mut next: Option<Instant> = None;
         let mut returned = Vec::new();
-        for b in &mut self.backends {
+        for (i, b) in self.backends.iter_mut().enumerate() {
             match b.ejected_until {
                 Some(t) if t <= now => {
                     b.ejected_until = None;
                     returned.push(b.pool);
+                    self.ejections_ended.push(BackendId(i as u32));
                 }
                 Some(t) => next = Some(next.map_or(t, |n| n.min(t))),
                 None => {}
@@ -171,6 +172,12 @@ impl Scheduler {
         for pool in returned {
             self.try_dispatch(now, pool, out);
         }
+    }
+
+    /// The backends whose outlier ejection ended since the last call, for
+    /// the caller to log.
+    pub fn take_ejections_ended(&mut self) -> Vec<BackendId> {
+        std::mem::take(&mut self.ejections_ended)
     }
 
     /// Whether outlier detection has `backend` ejected at `now`.

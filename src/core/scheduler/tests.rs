@@ -678,6 +678,9 @@ fn consecutive_failures_eject_a_backend_for_a_growing_time_within_the_cap() {
     // the cap of 25 s.
     s.on_tick(t(10_001));
     assert!(!s.is_ejected(t(10_001), b(0)));
+    // The caller learns of the return once, to log it.
+    assert_eq!(s.take_ejections_ended(), vec![b(0)]);
+    assert!(s.take_ejections_ended().is_empty());
     let e = (0..3)
         .find_map(|_| s.on_backend_result(t(20_000), b(0), false))
         .unwrap();
