@@ -213,9 +213,7 @@ async fn weights_hold_across_replicas_when_each_tenant_arrives_at_its_own() {
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     // The engine has room for more than the window, so the window shares
-    // decide who runs. (Each replica's AIMD still halves its window on a
-    // reading with requests waiting at a step boundary, whoever sent them,
-    // which moves the ratio around 3; docs/cluster.md.)
+    // decide who runs.
     let b = fairway::sim::backend::SimBackend::builder(M)
         .max_num_seqs(16)
         .decode_step(Duration::from_millis(4), Duration::ZERO)
@@ -286,11 +284,9 @@ async fn weights_hold_across_replicas_when_each_tenant_arrives_at_its_own() {
     }
     let ratio = f64::from(a) / f64::from(b_served.max(1));
     eprintln!("weighted 3:1 across replicas: a {a}, b {b_served}, ratio {ratio:.2}");
-    // 3:1 is the split of the windows (asserted above through the share);
-    // the served ratio measures 2.45-3.16 over runs, against about 1.7
-    // with even windows.
+    // 3:1 within 10 % (measured 2.88-2.90; about 1.7 with even windows).
     assert!(
-        (2.2..=3.8).contains(&ratio),
+        (2.7..=3.3).contains(&ratio),
         "a {a}, b {b_served}: {ratio:.2}"
     );
 }

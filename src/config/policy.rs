@@ -377,6 +377,7 @@ impl Policy {
                             name: b.name.clone(),
                             gpus: b.gpus,
                             max_inflight: b.max_inflight,
+                            window_share: 1.0,
                             kv_tokens: b.kv_tokens,
                         })
                         .collect(),

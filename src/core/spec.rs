@@ -160,6 +160,7 @@ impl SchedulerSpec {
             let s = fraction(pool_share(&p.model));
             for b in &mut p.backends {
                 b.max_inflight = ((f64::from(b.max_inflight) * s - 1e-9).ceil() as u32).max(1);
+                b.window_share = s;
             }
         }
         self
@@ -250,6 +251,9 @@ pub struct BackendSpec {
     pub gpus: u32,
     /// The dispatch window's ceiling.
     pub max_inflight: u32,
+    /// This gateway's part of the engine's whole window: 1 alone, its
+    /// share in a cluster (the other replicas send the rest).
+    pub window_share: f64,
     /// KV capacity in tokens, for DRF cost, until a reading reports it.
     pub kv_tokens: u64,
 }
@@ -299,6 +303,7 @@ mod tests {
                     name: "b".into(),
                     gpus: 1,
                     max_inflight: 7,
+                    window_share: 1.0,
                     kv_tokens: 1000,
                 }],
             }],

@@ -92,6 +92,7 @@ impl Scheduler {
                             gpus: bp.gpus,
                             kv_tokens: bp.kv_tokens,
                             max_inflight: bp.max_inflight,
+                            window_share: bp.window_share,
                             window: bp.max_inflight,
                             in_flight: 0,
                             healthy: true,
@@ -118,6 +119,7 @@ impl Scheduler {
                 b.clock.set_gpus(now, bp.gpus);
                 b.kv_tokens = bp.kv_tokens;
                 b.max_inflight = bp.max_inflight;
+                b.window_share = bp.window_share;
                 b.window = b.window.clamp(1, bp.max_inflight);
                 members.push(bid);
             }

@@ -73,6 +73,8 @@ pub(super) struct BackendState {
     pub(super) gpus: u32,
     pub(super) kv_tokens: u64,
     pub(super) max_inflight: u32,
+    /// This gateway's part of the engine's whole window (1 alone).
+    pub(super) window_share: f64,
     pub(super) window: u32,
     pub(super) in_flight: u32,
     pub(super) healthy: bool,

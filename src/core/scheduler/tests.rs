@@ -57,6 +57,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
                     name: format!("b{i}"),
                     gpus: 1,
                     max_inflight: window,
+                    window_share: 1.0,
                     kv_tokens: 65_536,
                 })
                 .collect(),
@@ -529,6 +530,17 @@ fn the_window_halves_on_an_engine_backlog_not_on_a_step_boundary() {
     }
     s.on_reading(t(6), b0, reading(6, 1, 0));
     assert_eq!(window(&mut s, 6), 2);
+
+    // A replica holding 3/4 of a cluster's window of 16 (12 here): the
+    // engine running 14, some of them the other replica's, with one at the
+    // step boundary, is no backlog; running all 16 and queueing is.
+    let shared = spec(1, 16, vec![tenant("a", 1.0)]).shared_by(2, |_| 0.5, |_| 0.75);
+    let mut s = Scheduler::new(&shared, t(0), 1);
+    assert_eq!(window(&mut s, 0), 12);
+    s.on_reading(t(1), b0, reading(1, 14, 1));
+    assert_eq!(window(&mut s, 1), 12);
+    s.on_reading(t(2), b0, reading(2, 16, 2));
+    assert_eq!(window(&mut s, 2), 6);
 }
 
 fn batch(name: &str) -> TenantSpec {

@@ -16,8 +16,14 @@ impl BackendState {
         // Only the first is pressure: waiting counts while the engine runs
         // at least the whole window (or when the dialect does not say how
         // many run).
+        //
+        // In a cluster the engine also runs the other replicas' requests:
+        // the test is whether it runs at least the whole cluster's window,
+        // this replica's window over its share of it.
         let backlogged = reading.waiting.is_some_and(|w| w > 0)
-            && reading.running.is_none_or(|r| r >= self.window);
+            && reading
+                .running
+                .is_none_or(|r| f64::from(r) * self.window_share >= f64::from(self.window) - 1e-9);
         let pressured = backlogged || reading.kv_usage.is_some_and(|k| k >= watermark);
         if pressured {
             self.window = (self.window / 2).max(1);
