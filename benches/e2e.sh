@@ -173,3 +173,18 @@ for target in direct:18002 fairway:18012 nginx:18032; do
       -d '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}'
   done | sort -n | awk -v n=$name 'NR==10{a=$1} NR==11{printf "%s\t%.2f\n", n, (a+$1)/2*1000}'
 done
+if [ "${CLUSTER:-off}" = on ]; then
+  echo
+  echo "# cluster: store round trips per request (both cluster gateways, whole run)"
+  for admin in 18023 18024; do
+    curl -s http://127.0.0.1:$admin/metrics | python3 -c '
+import sys
+syncs = reqs = 0.0
+for line in sys.stdin:
+    if line.startswith("fairway_cluster_store_syncs_total{"):
+        syncs += float(line.split()[-1])
+    elif line.startswith("fairway_requests_total{"):
+        reqs += float(line.split()[-1])
+print(f"admin :'$admin'\tsyncs {syncs:.0f}\trequests {reqs:.0f}\tper request {syncs / max(reqs, 1):.6f}")'
+  done
+fi

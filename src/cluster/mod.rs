@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ClusterPolicy;
+use crate::core::admission::{LeaseAnswer, LeaseAsk};
 use crate::proxy::gateway::Gateway;
 pub use store::{Demands, Store};
 
@@ -40,6 +41,10 @@ pub struct Member {
     /// Last store round trip, microseconds.
     rtt_micros: AtomicU64,
     store_errors: AtomicU64,
+    /// Syncs that succeeded: the store round trips.
+    syncs: AtomicU64,
+    /// Woken when a request was refused for want of a lease.
+    starved: tokio::sync::Notify,
     /// Per tenant: this replica's share of its limits, its demand here and
     /// in the whole cluster (requests per second), as last read.
     tenants: Mutex<HashMap<String, TenantShare>>,
@@ -81,8 +86,23 @@ pub struct View {
     pub store_up: bool,
     pub store_rtt_seconds: f64,
     pub store_errors: u64,
+    /// Successful syncs (store round trips) so far.
+    pub syncs: u64,
+    /// Whether the limits are leased from the store (else shared locally).
+    pub leasing: bool,
     pub tenants: std::collections::BTreeMap<String, TenantShare>,
     pub pools: std::collections::BTreeMap<String, PoolShare>,
+    /// What this replica holds of each leased limit.
+    pub leases: Vec<LeaseHeld>,
+}
+
+/// One leased limit held here.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LeaseHeld {
+    pub tenant: String,
+    /// `rate` (requests), `gpu_seconds` or `concurrency` (slots).
+    pub limit: &'static str,
+    pub held: f64,
 }
 
 impl Member {
@@ -93,6 +113,8 @@ impl Member {
             store_up: AtomicBool::new(false),
             rtt_micros: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            starved: tokio::sync::Notify::new(),
             tenants: Mutex::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
         }
@@ -115,7 +137,13 @@ impl Member {
             .map_or(1.0 / f64::from(self.replicas()), |t| t.share)
     }
 
-    /// Whether the last sync with the store succeeded.
+    /// A request was refused for want of a lease: sync sooner.
+    pub fn starved(&self) {
+        self.starved.notify_one();
+    }
+
+    /// Whether the last sync with the store succeeded (then the tenants'
+    /// limits are leased from it).
     pub fn store_up(&self) -> bool {
         self.store_up.load(Ordering::Relaxed)
     }
@@ -125,13 +153,25 @@ impl Member {
         self.replicas.load(Ordering::Relaxed).max(1)
     }
 
-    pub fn view(&self) -> View {
+    /// The replica's view, with the leases `sched` holds.
+    pub fn view(&self, sched: &crate::core::scheduler::Scheduler) -> View {
         View {
+            leases: sched
+                .leases()
+                .into_iter()
+                .map(|(t, kind, held)| LeaseHeld {
+                    tenant: t.to_owned(),
+                    limit: kind.as_str(),
+                    held,
+                })
+                .collect(),
             replica: self.replica.clone(),
             replicas: self.replicas(),
             store_up: self.store_up.load(Ordering::Relaxed),
             store_rtt_seconds: self.rtt_micros.load(Ordering::Relaxed) as f64 / 1e6,
             store_errors: self.store_errors.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Relaxed),
+            leasing: self.store_up(),
             tenants: self
                 .tenants
                 .lock()
@@ -165,81 +205,166 @@ pub fn default_replica_name() -> String {
 }
 
 /// Connects (lazily) and makes the first contact, so that the replica
-/// starts with its share rather than the whole of every limit. A store that
-/// does not answer within one sync interval leaves the count at 1 (the
-/// sync task keeps trying).
-pub async fn join(policy: &ClusterPolicy) -> Result<(Store, Member), String> {
+/// starts with the cluster's count and the demand it has seen. A store
+/// that does not answer within one sync interval leaves the count at 1
+/// (the sync task keeps trying).
+pub async fn join(policy: &ClusterPolicy) -> Result<(Syncer, Member), String> {
     let replica = policy.replica.clone().unwrap_or_else(default_replica_name);
-    let mut store = Store::connect(policy, &replica)?;
+    let store = Store::connect(policy, &replica)?;
     let member = Member::new(replica);
-    sync_once(
-        &mut store,
-        &member,
-        policy.sync_interval,
-        &[],
-        &Shape::default(),
-    )
-    .await;
-    Ok((store, member))
+    let mut syncer = Syncer {
+        store,
+        interval: policy.sync_interval,
+        lease_ahead: policy.lease_ahead,
+        meter: DemandMeter::default(),
+    };
+    syncer.exchange(&member, &[], &[], &Shape::default()).await;
+    Ok((syncer, member))
 }
 
-/// One heartbeat, publishing this replica's `demand`; updates `member`.
-/// Returns true when the shares it holds changed enough to apply.
-async fn sync_once(
-    store: &mut Store,
-    member: &Member,
-    timeout: Duration,
-    demand: &[(String, f64)],
-    shape: &Shape,
-) -> bool {
-    let start = tokio::time::Instant::now();
-    let result = tokio::time::timeout(timeout, store.heartbeat(demand)).await;
-    let was_up = member.store_up.load(Ordering::Relaxed);
-    match result {
-        Ok(Ok(demands)) => {
-            let rtt = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-            member.rtt_micros.store(rtt, Ordering::Relaxed);
-            member.store_up.store(true, Ordering::Relaxed);
-            let n = u32::try_from(demands.len()).unwrap_or(u32::MAX).max(1);
-            if !was_up {
-                tracing::info!(replica = %member.replica, replicas = n, "cluster store reachable");
-            }
-            let old_n = member.replicas.swap(n, Ordering::Relaxed);
-            let new = shares(&member.replica, &demands, shape);
-            let moved = |old: f64, new: f64| (old - new).abs() > 0.01 * old.max(new);
-            let mut tenants = member.tenants.lock();
-            let mut pools = member.pools.lock();
-            let changed = new.tenants.len() != tenants.len()
-                || new.pools.len() != pools.len()
-                || new
-                    .tenants
-                    .iter()
-                    .any(|(t, s)| tenants.get(t).is_none_or(|old| moved(old.share, s.share)))
-                || new
-                    .pools
-                    .iter()
-                    .any(|(m, s)| pools.get(m).is_none_or(|old| moved(old.share, s.share)));
-            *tenants = new.tenants;
-            *pools = new.pools;
-            old_n != n || changed
+/// A replica's link to the store: its connection and what it measures
+/// between syncs.
+#[derive(Debug)]
+pub struct Syncer {
+    store: Store,
+    interval: Duration,
+    lease_ahead: Duration,
+    meter: DemandMeter,
+}
+
+impl Syncer {
+    /// One sync of the gateway with the store: publishes its demand,
+    /// settles its leases, and hands the scheduler new shares (or, when
+    /// the store came or went, the other way of enforcing the limits).
+    pub async fn sync(&mut self, gw: &Gateway) {
+        let Some(member) = gw.cluster.as_deref() else {
+            return;
+        };
+        let (demand, asks) = {
+            let mut core = gw.core.lock();
+            let now = gw.clock.now();
+            let demand = self.meter.fields(now.as_secs_f64(), &core.sched);
+            let asks = if member.store_up() {
+                core.sched.lease_asks(now, self.lease_ahead)
+            } else {
+                Vec::new()
+            };
+            (demand, asks)
+        };
+        let shape = Shape::of(&gw.live.load().policy);
+        let replicas = member.replicas();
+        let (answers, changed) = self.exchange(member, &demand, &asks, &shape).await;
+        if !answers.is_empty() {
+            gw.core.lock().sched.lease_granted(&asks, &answers);
+            gw.wake.notify_one();
         }
-        failed => {
-            member.store_errors.fetch_add(1, Ordering::Relaxed);
-            member.store_up.store(false, Ordering::Relaxed);
-            if was_up || member.store_errors.load(Ordering::Relaxed) == 1 {
-                let cause = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {}", humantime::format_duration(timeout)),
+        if changed {
+            let n = member.replicas();
+            if n != replicas {
+                tracing::info!(replica = %member.replica, replicas = n, "cluster membership changed");
+            }
+            gw.apply_cluster_share();
+        }
+    }
+
+    /// One round trip, publishing `demand` and settling `asks`; updates
+    /// `member`. Returns the store's answer to each ask (none if it did not
+    /// answer) and whether the replica must apply new shares: the count or
+    /// a share moved, or the store came or went.
+    async fn exchange(
+        &mut self,
+        member: &Member,
+        demand: &[(String, f64)],
+        asks: &[LeaseAsk],
+        shape: &Shape,
+    ) -> (Vec<LeaseAnswer>, bool) {
+        let timeout = self.interval;
+        let start = tokio::time::Instant::now();
+        let result = tokio::time::timeout(timeout, self.store.sync(demand, asks)).await;
+        let was_up = member.store_up.load(Ordering::Relaxed);
+        match result {
+            Ok(Ok((answers, demands))) => {
+                let rtt = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+                member.rtt_micros.store(rtt, Ordering::Relaxed);
+                member.syncs.fetch_add(1, Ordering::Relaxed);
+                member.store_up.store(true, Ordering::Relaxed);
+                let n = u32::try_from(demands.len()).unwrap_or(u32::MAX).max(1);
+                if !was_up {
+                    tracing::info!(
+                        replica = %member.replica, replicas = n,
+                        "cluster store reachable: limits leased from the store"
+                    );
+                }
+                let old_n = member.replicas.swap(n, Ordering::Relaxed);
+                let new = shares(&member.replica, &demands, shape);
+                let moved = |old: f64, new: f64| (old - new).abs() > 0.01 * old.max(new);
+                let mut tenants = member.tenants.lock();
+                let mut pools = member.pools.lock();
+                let changed = new.tenants.len() != tenants.len()
+                    || new.pools.len() != pools.len()
+                    || new
+                        .tenants
+                        .iter()
+                        .any(|(t, s)| tenants.get(t).is_none_or(|old| moved(old.share, s.share)))
+                    || new
+                        .pools
+                        .iter()
+                        .any(|(m, s)| pools.get(m).is_none_or(|old| moved(old.share, s.share)));
+                *tenants = new.tenants;
+                *pools = new.pools;
+                let answers = if answers.len() == asks.len() {
+                    answers
+                } else {
+                    Vec::new()
                 };
-                tracing::warn!(
-                    replica = %member.replica,
-                    replicas = member.replicas(),
-                    %cause,
-                    "cluster store unreachable: enforcing this replica's last shares"
-                );
+                (answers, !was_up || old_n != n || changed)
             }
-            false
+            failed => {
+                member.store_errors.fetch_add(1, Ordering::Relaxed);
+                member.store_up.store(false, Ordering::Relaxed);
+                if was_up || member.store_errors.load(Ordering::Relaxed) == 1 {
+                    let cause = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {}", humantime::format_duration(timeout)),
+                    };
+                    tracing::warn!(
+                        replica = %member.replica,
+                        replicas = member.replicas(),
+                        %cause,
+                        "cluster store unreachable: enforcing this replica's last shares"
+                    );
+                }
+                (Vec::new(), was_up)
+            }
         }
+    }
+
+    /// Syncs every `sync_interval`, and sooner (at most every eighth of
+    /// it) when a request was refused for want of a lease; leaves the
+    /// cluster on shutdown.
+    pub async fn run(mut self, gw: Arc<Gateway>, stop: CancellationToken) {
+        let Some(member) = gw.cluster.clone() else {
+            return;
+        };
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.reset(); // the server synced before it started serving
+        let min_gap = self.interval / 8;
+        let mut last = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = tick.tick() => {}
+                () = member.starved.notified() => {
+                    tokio::time::sleep_until(last + min_gap).await;
+                }
+            }
+            last = tokio::time::Instant::now();
+            self.sync(&gw).await;
+        }
+        // A clean leave frees this replica's share at once for the others
+        // (otherwise it expires after `replica_ttl`).
+        let _ = tokio::time::timeout(self.interval, self.store.leave()).await;
     }
 }
 
@@ -463,47 +588,6 @@ impl DemandMeter {
         }
         self.backlog.iter().map(|(k, v)| (k.clone(), *v)).collect()
     }
-}
-
-/// Renews this replica's membership every `sync_interval` and hands the
-/// scheduler its new share when the count changes; leaves the cluster on
-/// shutdown.
-pub async fn sync_task(
-    gw: Arc<Gateway>,
-    mut store: Store,
-    interval: Duration,
-    stop: CancellationToken,
-) {
-    let Some(member) = gw.cluster.clone() else {
-        return;
-    };
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.reset(); // `join` just synced
-    let mut meter = DemandMeter::default();
-    let mut replicas = member.replicas();
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => break,
-            _ = tick.tick() => {}
-        }
-        let demand = {
-            let core = gw.core.lock();
-            meter.fields(gw.clock.now().as_secs_f64(), &core.sched)
-        };
-        let shape = Shape::of(&gw.live.load().policy);
-        if sync_once(&mut store, &member, interval, &demand, &shape).await {
-            let n = member.replicas();
-            if n != replicas {
-                tracing::info!(replica = %member.replica, replicas = n, "cluster membership changed");
-                replicas = n;
-            }
-            gw.apply_cluster_share();
-        }
-    }
-    // A clean leave frees this replica's share at once for the others
-    // (otherwise it expires after `replica_ttl`).
-    let _ = tokio::time::timeout(interval, store.leave()).await;
 }
 
 #[cfg(test)]

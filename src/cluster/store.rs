@@ -1,31 +1,98 @@
 //! The Redis side: membership as a sorted set of replica names scored by
 //! when each expires, on the store's own clock (so the replicas' clocks do
-//! not matter), renewed and read in one script.
+//! not matter), renewed and read in one script, which also settles the
+//! replica's leases.
 
 use redis::aio::ConnectionManager;
 use redis::{IntoConnectionInfo, Script};
 
 use crate::config::ClusterPolicy;
+use crate::core::admission::{LeaseAnswer, LeaseAsk};
 
-/// Renews replica `ARGV[1]` until now + `ARGV[2]` ms, drops the expired,
-/// stores the replica's demand (`ARGV[4..]`: tenant, requests per second,
-/// …) under `ARGV[3]` + replica, and returns every live replica's: name,
-/// number of pairs, pairs.
-const HEARTBEAT: &str = r"
+/// One sync of replica `ARGV[1]`, on the store's clock (`TIME`): renews
+/// its membership until now + `ARGV[2]` ms and drops the expired; stores
+/// its demand (`ARGV[5]` pairs after it) under `ARGV[3]` + replica; then
+/// settles its leases (8 values each: tenant, limit, capacity, rate, level,
+/// open, returned, want) in the hashes `ARGV[4]` + tenant + `:` + limit,
+/// the steps of [`SharedLimit::sync`](crate::core::admission::SharedLimit::sync),
+/// dropping what expired replicas held. Returns the number of leases and
+/// for each what it gives and how short the others are, then every live
+/// replica's name, number of demand pairs and pairs.
+const SYNC: &str = r"
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local me = ARGV[1]
 local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now_ms + ttl, me)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 redis.call('PEXPIRE', KEYS[1], ttl * 2)
-local mine = ARGV[3] .. ARGV[1]
+local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+local live = {}
+for _, m in ipairs(members) do live[m] = true end
+
+local mine = ARGV[3] .. me
+local pairs_n = tonumber(ARGV[5])
 redis.call('DEL', mine)
-if #ARGV > 3 then
-  redis.call('HSET', mine, unpack(ARGV, 4))
+if pairs_n > 0 then
+  redis.call('HSET', mine, unpack(ARGV, 6, 5 + 2 * pairs_n))
   redis.call('PEXPIRE', mine, ttl)
 end
+
+local function lease(key, kind, cap, rate, level, open, ret, want)
+  local h = redis.call('HGETALL', key)
+  local others, short, started, lvl, upd = 0, 0, false, 0, 0
+  for i = 1, #h, 2 do
+    local f, v = h[i], tonumber(h[i + 1])
+    local tag, r = string.sub(f, 1, 2), string.sub(f, 3)
+    if f == 'level' then lvl = v; started = true
+    elseif f == 'updated' then upd = v
+    elseif (tag == 'h:' or tag == 'u:') and r ~= me then
+      if not live[r] then redis.call('HDEL', key, f)
+      elseif tag == 'h:' then others = others + v
+      else short = short + v end
+    end
+  end
+  local function room(held) return math.max(cap - others - held, 0) end
+  local give, held, expire = 0, 0, ttl * 2
+  if kind == 'concurrency' then
+    held = math.max(level, 0)
+    give = math.floor(math.max(0, math.min(want - held, room(held))))
+    held = held + give
+  else
+    local held_in = math.max(level, 0) + open
+    if not started then lvl = room(held_in + ret)
+    elseif now > upd then lvl = lvl + (now - upd) * rate end
+    lvl = math.min(lvl, room(held_in + ret))
+    upd = math.max(upd, now)
+    lvl = lvl + ret
+    if level < 0 then lvl = lvl + level; give = -level end
+    local grant = math.max(0, math.min(want - held_in, math.max(lvl, 0)))
+    lvl = lvl - grant
+    give = give + grant
+    held = held_in + grant
+    lvl = math.min(lvl, room(held))
+    redis.call('HSET', key, 'level', tostring(lvl), 'updated', tostring(upd))
+    if rate > 0 then expire = expire + math.ceil(cap / rate * 1000) end
+  end
+  redis.call('HSET', key, 'h:' .. me, tostring(held), 'u:' .. me, tostring(math.max(want - held, 0)))
+  redis.call('PEXPIRE', key, expire)
+  return give, short
+end
+
 local out = {}
-for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+local first = 6 + 2 * pairs_n
+local n = math.floor((#ARGV - first + 1) / 8)
+table.insert(out, tostring(n))
+for i = 0, n - 1 do
+  local a = first + i * 8
+  local give, short = lease(ARGV[4] .. ARGV[a] .. ':' .. ARGV[a + 1], ARGV[a + 1],
+    tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]),
+    tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]))
+  table.insert(out, tostring(give))
+  table.insert(out, tostring(short))
+end
+for _, m in ipairs(members) do
   local d = redis.call('HGETALL', ARGV[3] .. m)
   table.insert(out, m)
   table.insert(out, tostring(#d / 2))
@@ -43,9 +110,10 @@ pub struct Store {
     con: ConnectionManager,
     replicas_key: String,
     demand_prefix: String,
+    lease_prefix: String,
     replica: String,
     ttl_ms: u64,
-    heartbeat: Script,
+    sync: Script,
 }
 
 impl std::fmt::Debug for Store {
@@ -82,24 +150,42 @@ impl Store {
             con,
             replicas_key: format!("{}:replicas", policy.key_prefix),
             demand_prefix: format!("{}:demand:", policy.key_prefix),
+            lease_prefix: format!("{}:lease:", policy.key_prefix),
             replica: replica.to_owned(),
             ttl_ms: u64::try_from(policy.replica_ttl.as_millis()).unwrap_or(u64::MAX),
-            heartbeat: Script::new(HEARTBEAT),
+            sync: Script::new(SYNC),
         })
     }
 
-    /// Renews this replica's membership and publishes its `demand`;
+    /// Renews this replica's membership, publishes its `demand` and
+    /// settles its `leases`: the store's answer to each (in order), and
     /// every live replica's demand (this one's included).
-    pub async fn heartbeat(&mut self, demand: &[(String, f64)]) -> redis::RedisResult<Demands> {
-        let mut call = self.heartbeat.key(&self.replicas_key);
+    pub async fn sync(
+        &mut self,
+        demand: &[(String, f64)],
+        leases: &[LeaseAsk],
+    ) -> redis::RedisResult<(Vec<LeaseAnswer>, Demands)> {
+        let mut call = self.sync.key(&self.replicas_key);
         call.arg(&self.replica)
             .arg(self.ttl_ms)
-            .arg(&self.demand_prefix);
-        for (tenant, d) in demand {
-            call.arg(tenant).arg(d.to_string());
+            .arg(&self.demand_prefix)
+            .arg(&self.lease_prefix)
+            .arg(demand.len());
+        for (field, d) in demand {
+            call.arg(field).arg(d.to_string());
+        }
+        for l in leases {
+            call.arg(&l.tenant)
+                .arg(l.kind.as_str())
+                .arg(l.capacity.to_string())
+                .arg(l.rate.to_string())
+                .arg(l.level.to_string())
+                .arg(l.open.to_string())
+                .arg(l.returned.to_string())
+                .arg(l.want.to_string());
         }
         let flat: Vec<String> = call.invoke_async(&mut self.con).await?;
-        Ok(parse_demands(&flat))
+        Ok(parse_answer(&flat))
     }
 
     /// Leaves the cluster.
@@ -112,10 +198,19 @@ impl Store {
     }
 }
 
-/// Reads the heartbeat's answer: name, n, n pairs, name, …
-fn parse_demands(flat: &[String]) -> Demands {
-    let mut out = Vec::new();
+/// Reads the sync's answer: the number of leases, give and short for
+/// each, then name, n, n pairs, name, …
+fn parse_answer(flat: &[String]) -> (Vec<LeaseAnswer>, Demands) {
     let mut it = flat.iter();
+    let n: usize = it.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let mut num = || it.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let answers = (0..n)
+        .map(|_| LeaseAnswer {
+            give: num(),
+            short: num(),
+        })
+        .collect();
+    let mut out = Vec::new();
     while let (Some(name), Some(n)) = (it.next(), it.next()) {
         let n: usize = n.parse().unwrap_or(0);
         let mut pairs = Vec::with_capacity(n);
@@ -127,7 +222,7 @@ fn parse_demands(flat: &[String]) -> Demands {
         }
         out.push((name.clone(), pairs));
     }
-    out
+    (answers, out)
 }
 
 #[cfg(test)]
@@ -136,12 +231,28 @@ mod tests {
 
     #[test]
     fn demands_are_read_back() {
-        let flat: Vec<String> = ["r1", "2", "a", "1.5", "b", "0", "r2", "0"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
+        let flat: Vec<String> = [
+            "2", "3", "0", "0.5", "1", "r1", "2", "a", "1.5", "b", "0", "r2", "0",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let (answers, demands) = parse_answer(&flat);
         assert_eq!(
-            parse_demands(&flat),
+            answers,
+            vec![
+                LeaseAnswer {
+                    give: 3.0,
+                    short: 0.0
+                },
+                LeaseAnswer {
+                    give: 0.5,
+                    short: 1.0
+                }
+            ]
+        );
+        assert_eq!(
+            demands,
             vec![
                 (
                     "r1".to_owned(),

@@ -55,6 +55,10 @@ pub struct ClusterPolicy {
     /// A replica not heard from for this long is no longer counted.
     #[serde(with = "humantime_serde_compat")]
     pub replica_ttl: Duration,
+    /// A replica leases what its demand would use in this long (plus one
+    /// request's worth), at most the whole limit.
+    #[serde(with = "humantime_serde_compat")]
+    pub lease_ahead: Duration,
     pub on_store_failure: StoreFailure,
 }
 
@@ -351,6 +355,7 @@ impl Policy {
                     burst: t.burst,
                     max_concurrency: t.max_concurrency,
                     gpu_seconds_per_hour: t.gpu_seconds_per_hour,
+                    leased: false,
                 })
                 .collect(),
             pools: self

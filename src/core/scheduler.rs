@@ -31,6 +31,7 @@
 mod admission;
 mod candidates;
 mod dispatch;
+mod lease;
 mod outlier;
 mod preemption;
 mod registry;
@@ -248,6 +249,7 @@ impl Scheduler {
         pool.queue.settle(req.tenant, charged, actual);
         let t = &mut self.tenants[req.tenant.0 as usize];
         t.active = t.active.saturating_sub(1);
+        t.gpu_open = (t.gpu_open - req.gpu_reserved).max(0.0);
         t.gpu_seconds_total += gpu_seconds;
         if let Some(g) = &mut t.gpu {
             g.settle(now, req.gpu_reserved, gpu_seconds);

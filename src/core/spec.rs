@@ -139,13 +139,6 @@ impl SchedulerSpec {
         if replicas <= 1 {
             return self;
         }
-        let fraction = |s: f64| {
-            if s.is_finite() {
-                s.clamp(1e-6, 1.0)
-            } else {
-                1.0
-            }
-        };
         for t in &mut self.tenants {
             let s = fraction(share(&t.name));
             let rate = t.rate.map(|r| r * s);
@@ -156,6 +149,26 @@ impl SchedulerSpec {
                 .max_concurrency
                 .map(|c| ((f64::from(c) * s - 1e-9).ceil() as u32).max(1));
         }
+        self.share_windows(pool_share)
+    }
+
+    /// This replica's part of a cluster whose tenants' limits are leased
+    /// from a shared store: every tenant's limits stay whole but are
+    /// `leased` (the replica admits from what the store grants it, see
+    /// [`crate::core::admission::lease`]); each backend's window is
+    /// multiplied by its pool's share here, as in [`Self::shared_by`].
+    #[must_use]
+    pub fn leased(mut self, replicas: u32, pool_share: impl Fn(&str) -> f64) -> Self {
+        for t in &mut self.tenants {
+            t.leased = true;
+        }
+        if replicas <= 1 {
+            return self;
+        }
+        self.share_windows(pool_share)
+    }
+
+    fn share_windows(mut self, pool_share: impl Fn(&str) -> f64) -> Self {
         for p in &mut self.pools {
             let s = fraction(pool_share(&p.model));
             for b in &mut p.backends {
@@ -164,6 +177,15 @@ impl SchedulerSpec {
             }
         }
         self
+    }
+}
+
+/// A share as a usable fraction: in (0, 1], 1 when not finite.
+fn fraction(s: f64) -> f64 {
+    if s.is_finite() {
+        s.clamp(1e-6, 1.0)
+    } else {
+        1.0
     }
 }
 
@@ -203,6 +225,9 @@ pub struct TenantSpec {
     pub max_concurrency: Option<u32>,
     /// GPU-seconds budget per hour; `None` = unlimited.
     pub gpu_seconds_per_hour: Option<f64>,
+    /// The limits are held for a whole cluster in a shared store: this
+    /// replica admits only from the leases the store grants it.
+    pub leased: bool,
 }
 
 /// One pool: the backends serving one model, and how they are picked.
@@ -284,6 +309,7 @@ mod tests {
                 burst: None,
                 max_concurrency: Some(4),
                 gpu_seconds_per_hour: Some(360.0),
+                leased: false,
             }],
             pools: vec![PoolSpec {
                 model: "m".into(),

@@ -88,7 +88,7 @@ pub async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody
                 "policy": &*live.policy,
                 "source_sha256": live.source_hash,
                 "loaded_at_unix": live.loaded_at_unix,
-                "cluster": gw.cluster.as_ref().map(|c| c.view()),
+                "cluster": gw.cluster.as_ref().map(|c| c.view(&gw.core.lock().sched)),
             });
             json(StatusCode::OK, &v)
         }
@@ -184,7 +184,7 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
         tenants,
         backends,
         jain_index: core.fairness.last(),
-        cluster: gw.cluster.as_ref().map(|c| c.view()),
+        cluster: gw.cluster.as_ref().map(|c| c.view(&core.sched)),
     }
 }
 

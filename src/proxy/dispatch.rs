@@ -158,6 +158,13 @@ async fn run(
         }
         match core.sched.on_arrival(now, arrival) {
             Err(refusal) => {
+                if let Some(member) = &gw.cluster
+                    && refusal.limit != crate::core::admission::LimitKind::QueueFull
+                {
+                    // This replica's lease may be what ran out: ask the
+                    // store sooner than the next sync.
+                    member.starved();
+                }
                 return Err(ApiError::Refused {
                     tenant: core.sched.tenant_name(tenant).to_owned(),
                     refusal,

@@ -375,6 +375,9 @@ pub fn cluster_spec(
     let spec = policy.scheduler_spec();
     match cluster {
         None => spec,
+        // Limits leased from the store while it answers; shared out by
+        // demand from the last reading while it does not.
+        Some(m) if m.store_up() => spec.leased(m.replicas(), |p| m.pool_share(p)),
         Some(m) => spec.shared_by(m.replicas(), |t| m.share(t), |p| m.pool_share(p)),
     }
 }

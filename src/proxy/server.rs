@@ -147,12 +147,12 @@ impl Server {
             .iter()
             .map(|(n, h)| (n.clone(), h.addr().to_string()))
             .collect();
-        let (cluster, store) = match &policy.cluster {
+        let (cluster, syncer) = match &policy.cluster {
             Some(c) => {
-                let (store, member) = crate::cluster::join(c)
+                let (syncer, member) = crate::cluster::join(c)
                     .await
                     .map_err(std::io::Error::other)?;
-                (Some(Arc::new(member)), Some((store, c.sync_interval)))
+                (Some(Arc::new(member)), Some(syncer))
             }
             None => (None, None),
         };
@@ -210,13 +210,10 @@ impl Server {
         if let Some(period) = watch {
             tasks.spawn(reload::watch(gateway.clone(), period, shutdown.clone()));
         }
-        if let Some((store, interval)) = store {
-            tasks.spawn(crate::cluster::sync_task(
-                gateway.clone(),
-                store,
-                interval,
-                shutdown.clone(),
-            ));
+        if let Some(mut syncer) = syncer {
+            // The first leases, before the first request.
+            syncer.sync(&gateway).await;
+            tasks.spawn(syncer.run(gateway.clone(), shutdown.clone()));
         }
         if let Some(signal) = reload_signal {
             tasks.spawn(reload_on_signal(gateway.clone(), signal, shutdown.clone()));

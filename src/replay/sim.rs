@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use crate::cluster::{DemandMeter, Shape};
 use crate::config::{BackendTarget, MetricsDialect, Policy};
+use crate::core::admission::{LeaseKind, SharedLimit};
 use crate::core::fairness::BackloggedService;
 use crate::core::ids::{BackendId, RequestId, TenantId, Usage};
 use crate::core::reading::Reading;
@@ -160,6 +161,9 @@ struct Sim<'p> {
     /// What each replica publishes to the (simulated) store, and how often.
     meters: Vec<DemandMeter>,
     sync_every: Duration,
+    lease_ahead: Duration,
+    /// The store's side of every leased limit, by tenant and limit.
+    limits: HashMap<(String, LeaseKind), SharedLimit>,
     backends: Vec<Backend>,
     /// (Replica, scheduler request) → workload index.
     by_req: HashMap<(usize, RequestId), usize>,
@@ -187,7 +191,11 @@ struct Sim<'p> {
 impl<'p> Sim<'p> {
     fn new(policy: &'p Policy, workload: &[WorkRequest], opts: &RunOptions) -> Self {
         let n = opts.replicas.max(1);
-        let spec = policy.scheduler_spec().shared(n);
+        let spec = if n > 1 {
+            policy.scheduler_spec().leased(n, |_| 1.0 / f64::from(n))
+        } else {
+            policy.scheduler_spec()
+        };
         let scheds: Vec<Scheduler> = (0..u64::from(n))
             .map(|r| Scheduler::new(&spec, Instant::ZERO, opts.seed.wrapping_add(r)))
             .collect();
@@ -253,6 +261,11 @@ impl<'p> Sim<'p> {
                 .cluster
                 .as_ref()
                 .map_or(Duration::from_secs(1), |c| c.sync_interval),
+            lease_ahead: policy
+                .cluster
+                .as_ref()
+                .map_or(Duration::from_secs(2), |c| c.lease_ahead),
+            limits: HashMap::new(),
             replica_of,
             scheds,
             backends,
@@ -284,6 +297,10 @@ impl<'p> Sim<'p> {
         let mut next_arrival = 0;
         let mut next_poll = Instant::ZERO + interval;
         let replicated = self.scheds.len() > 1;
+        if replicated {
+            // The replicas' first leases, before the first request.
+            self.sync(Instant::ZERO);
+        }
         let mut next_sync = replicated.then(|| Instant::ZERO + self.sync_every);
         let mut shown = usize::MAX;
         loop {
@@ -560,8 +577,9 @@ impl<'p> Sim<'p> {
         self.finished += 1;
     }
 
-    /// Every replica publishes its demand and reads the others', as the
-    /// live sync task does through the store, and gets its new shares.
+    /// Every replica publishes its demand, reads the others' and settles
+    /// its leases, as the live sync does through the store (here the
+    /// store is [`SharedLimit`]s in memory), and gets its new window shares.
     fn sync(&mut self, now: Instant) {
         let secs = now.as_secs_f64();
         let names: Vec<String> = (0..self.scheds.len()).map(|r| format!("r{r}")).collect();
@@ -573,13 +591,23 @@ impl<'p> Sim<'p> {
         let shape = Shape::of(self.policy);
         let n = u32::try_from(self.scheds.len()).unwrap_or(u32::MAX);
         for (r, name) in names.iter().enumerate() {
+            let asks = self.scheds[r].lease_asks(now, self.lease_ahead);
+            let answers: Vec<_> = asks
+                .iter()
+                .map(|a| {
+                    self.limits
+                        .entry((a.tenant.clone(), a.kind))
+                        .or_default()
+                        .sync(secs, name, a)
+                })
+                .collect();
+            self.scheds[r].lease_granted(&asks, &answers);
             let shares = crate::cluster::shares(name, &demands, &shape);
             let even = 1.0 / f64::from(n);
-            let spec = self.policy.scheduler_spec().shared_by(
-                n,
-                |t| shares.tenants.get(t).map_or(even, |s| s.share),
-                |p| shares.pools.get(p).map_or(even, |s| s.share),
-            );
+            let spec = self
+                .policy
+                .scheduler_spec()
+                .leased(n, |p| shares.pools.get(p).map_or(even, |s| s.share));
             let d = self.scheds[r].apply_policy(&spec, now);
             self.pending.extend(d.into_iter().map(|d| (r, d)));
         }

@@ -283,9 +283,46 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     );
     header(
         w,
+        "fairway_cluster_store_syncs_total",
+        "counter",
+        "Syncs with the cluster store that succeeded: the store round trips this replica made.",
+    );
+    let _ = writeln!(
+        w,
+        "fairway_cluster_store_syncs_total{{replica=\"{replica}\"}} {}",
+        c.syncs
+    );
+    header(
+        w,
+        "fairway_cluster_leasing",
+        "gauge",
+        "1 while tenants' limits are leased from the store (exact for the cluster); 0 while this replica enforces its share locally (store unreachable).",
+    );
+    let _ = writeln!(
+        w,
+        "fairway_cluster_leasing{{replica=\"{replica}\"}} {}",
+        u8::from(c.leasing)
+    );
+    header(
+        w,
+        "fairway_cluster_lease",
+        "gauge",
+        "What this replica holds of a tenant's leased limit: requests (rate), GPU-seconds (gpu_seconds, negative in debt) or slots (concurrency).",
+    );
+    for l in &c.leases {
+        let _ = writeln!(
+            w,
+            "fairway_cluster_lease{{replica=\"{replica}\",tenant=\"{}\",limit=\"{}\"}} {}",
+            esc(&l.tenant),
+            l.limit,
+            l.held
+        );
+    }
+    header(
+        w,
         "fairway_cluster_tenant_share",
         "gauge",
-        "This replica's share of a tenant's limits (its part of the cluster's demand for the tenant).",
+        "This replica's share of a tenant's limits while the store is unreachable (its part of the cluster's demand for the tenant).",
     );
     for (t, s) in &c.tenants {
         let _ = writeln!(

@@ -88,7 +88,26 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
         if let Some(rtt) = c.rtt_seconds.filter(|_| store == "up") {
             let _ = write!(line, " (rtt {})", fmt_duration(rtt));
         }
-        if !c.shares.is_empty() {
+        if c.leasing.is_some_and(|l| l >= 1.0) {
+            let mut by_tenant: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+            for ((t, limit), held) in &c.leases {
+                let unit = match limit.as_str() {
+                    "rate" => "req",
+                    "gpu_seconds" => "GPU-s",
+                    _ => "slots",
+                };
+                by_tenant
+                    .entry(t)
+                    .or_default()
+                    .push(format!("{held:.1} {unit}"));
+            }
+            if !by_tenant.is_empty() {
+                line.push_str("  leases");
+                for (t, parts) in by_tenant {
+                    let _ = write!(line, " {t} {}", parts.join("/"));
+                }
+            }
+        } else if !c.shares.is_empty() {
             line.push_str("  shares");
             for (t, s) in &c.shares {
                 let _ = write!(line, " {t} {:.0}%", s * 100.0);
@@ -356,6 +375,16 @@ mod tests {
             "{out}"
         );
         assert!(line.contains("shares api 50%"), "{out}");
+        // Leasing: what is held here instead of the shares.
+        let leasing = format!(
+            "{text}fairway_cluster_leasing{{replica=\"r1\"}} 1\n\
+             fairway_cluster_lease{{replica=\"r1\",tenant=\"api\",limit=\"rate\"}} 2.5\n\
+             fairway_cluster_lease{{replica=\"r1\",tenant=\"api\",limit=\"concurrency\"}} 3\n"
+        );
+        let out = render(None, &Snapshot::from_text(&leasing, 0.0).unwrap(), 0);
+        let line = out.lines().nth(1).unwrap();
+        assert!(line.contains("leases api 3.0 slots/2.5 req"), "{out}");
+        assert!(!line.contains("shares"), "{out}");
         let down = text.replace("store_up{replica=\"r1\"} 1", "store_up{replica=\"r1\"} 0");
         let out = render(None, &Snapshot::from_text(&down, 0.0).unwrap(), 0);
         assert!(out.contains("store DOWN"), "{out}");

@@ -76,6 +76,10 @@ pub(super) struct ClusterFigures {
     pub(super) rtt_seconds: Option<f64>,
     /// Each tenant's share of its limits here.
     pub(super) shares: BTreeMap<String, f64>,
+    /// 1 while the limits are leased from the store.
+    pub(super) leasing: Option<f64>,
+    /// What is held here of each leased limit, by (tenant, limit).
+    pub(super) leases: BTreeMap<(String, String), f64>,
 }
 
 impl Snapshot {
@@ -126,6 +130,11 @@ impl Snapshot {
             "fairway_cluster_tenant_share" => {
                 let tenant = label(s, "tenant");
                 self.cluster(s).shares.insert(tenant, v);
+            }
+            "fairway_cluster_leasing" => self.cluster(s).leasing = Some(v),
+            "fairway_cluster_lease" => {
+                let key = (label(s, "tenant"), label(s, "limit"));
+                self.cluster(s).leases.insert(key, v);
             }
             "fairway_overhead_seconds_bucket" => add_bucket(&mut self.overhead, s),
             "fairway_requests_total" => {

@@ -13,6 +13,7 @@ const CLUSTER_KEYS: &[&str] = &[
     "key_prefix",
     "sync_interval",
     "replica_ttl",
+    "lease_ahead",
     "on_store_failure",
 ];
 const FAILURE_MODES: &[(&str, StoreFailure)] = &[
@@ -88,6 +89,20 @@ pub(super) fn read_cluster(
             Some(ttl)
         })
         .unwrap_or(sync_interval * 3);
+    let lease_ahead = r
+        .opt(&t, "lease_ahead", |r, v, p| {
+            let ahead = r.duration(v, p, Zero::Refused)?;
+            if ahead < sync_interval {
+                r.error(
+                    v.span(),
+                    p,
+                    "must be at least `sync_interval` (a lease lasts until the next sync)",
+                );
+                return None;
+            }
+            Some(ahead)
+        })
+        .unwrap_or(sync_interval * 2);
     let on_store_failure = r
         .opt(&t, "on_store_failure", |r, v, p| {
             r.choice(v, p, FAILURE_MODES)
@@ -100,6 +115,7 @@ pub(super) fn read_cluster(
         key_prefix,
         sync_interval,
         replica_ttl,
+        lease_ahead,
         on_store_failure,
     })
 }

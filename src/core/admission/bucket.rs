@@ -17,6 +17,9 @@ pub struct Bucket {
     capacity: f64,
     /// Refill per second.
     rate: f64,
+    /// The refill a refusal's wait is estimated from: `rate`, or for a
+    /// leased bucket (no refill of its own) the cluster's.
+    expected_rate: f64,
     level: f64,
     updated: Instant,
 }
@@ -28,9 +31,20 @@ impl Bucket {
         Bucket {
             capacity,
             rate: rate.max(0.0),
+            expected_rate: rate.max(0.0),
             level: capacity,
             updated: now,
         }
+    }
+
+    /// An empty bucket with no refill of its own, filled by the leases a
+    /// cluster store grants ([`Bucket::deposit`]); a refusal's wait is
+    /// estimated from the cluster's refill, `expected_rate`.
+    pub fn leased(capacity: f64, expected_rate: f64, now: Instant) -> Self {
+        let mut b = Bucket::new(capacity, 0.0, now);
+        b.level = 0.0;
+        b.expected_rate = expected_rate.max(0.0);
+        b
     }
 
     /// Changes capacity and rate, keeping the level (clamped) — a reload.
@@ -38,7 +52,20 @@ impl Bucket {
         self.refill(now);
         self.capacity = capacity.max(f64::MIN_POSITIVE);
         self.rate = rate.max(0.0);
+        self.expected_rate = self.rate;
         self.level = self.level.min(self.capacity);
+    }
+
+    /// Makes this a leased bucket (see [`Bucket::leased`]), keeping its
+    /// level, which the replica then holds as its lease.
+    pub fn reconfigure_leased(&mut self, now: Instant, capacity: f64, expected_rate: f64) {
+        self.reconfigure(now, capacity, 0.0);
+        self.expected_rate = expected_rate.max(0.0);
+    }
+
+    /// Adds a grant (negative: takes back); never overfills.
+    pub fn deposit(&mut self, amount: f64) {
+        self.level = (self.level + amount).min(self.capacity);
     }
 
     fn refill(&mut self, now: Instant) {
@@ -92,6 +119,11 @@ impl Bucket {
         self.level
     }
 
+    /// The refill a wait is estimated from (the cluster's, when leased).
+    pub fn expected_rate(&self) -> f64 {
+        self.expected_rate
+    }
+
     /// Capacity of the bucket.
     pub fn capacity(&self) -> f64 {
         self.capacity
@@ -106,12 +138,12 @@ impl Bucket {
         let missing = level - self.level;
         if missing <= 0.0 {
             Duration::ZERO
-        } else if self.rate <= 0.0 {
+        } else if self.expected_rate <= 0.0 {
             Duration::from_secs(3600)
         } else {
             // Round up to the next nanosecond, so that waiting exactly this
             // long is always enough despite rounding.
-            let nanos = ((missing / self.rate) * 1e9).min(1e18).ceil() as u64;
+            let nanos = ((missing / self.expected_rate) * 1e9).min(1e18).ceil() as u64;
             Duration::from_nanos(nanos)
         }
     }

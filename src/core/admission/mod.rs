@@ -3,10 +3,12 @@
 //! is a decision (429), not an error.
 
 pub mod bucket;
+pub mod lease;
 
 use std::time::Duration;
 
 pub use bucket::Bucket;
+pub use lease::{LeaseAnswer, LeaseAsk, LeaseKind, SharedLimit};
 
 /// Which limit refused a request; becomes the `limit` metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

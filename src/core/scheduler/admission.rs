@@ -48,7 +48,14 @@ impl Scheduler {
             }
         };
 
-        if t.max_concurrency.is_some_and(|m| t.active >= m) {
+        t.gpu_asked_total += est_gpu;
+        if let Some(l) = &mut t.lease {
+            l.last_estimate = est_gpu;
+        }
+        if t.concurrency_cap().is_some_and(|m| t.active >= m) {
+            if let Some(l) = &mut t.lease {
+                l.slots_refused = l.slots_refused.saturating_add(1);
+            }
             return Err(refuse(LimitKind::Concurrency, SHED_RETRY_AFTER, &t.rate));
         }
         if let Some(b) = &mut t.rate
@@ -74,6 +81,7 @@ impl Scheduler {
             0.0
         };
         t.active += 1;
+        t.gpu_open += gpu_reserved;
         Ok(gpu_reserved)
     }
 }

@@ -153,6 +153,7 @@ impl Scheduler {
             .forget(req.tenant, |r| is_queued(requests, r));
         let t = &mut self.tenants[req.tenant.0 as usize];
         t.active = t.active.saturating_sub(1);
+        t.gpu_open = (t.gpu_open - req.gpu_reserved).max(0.0);
         if let Some(g) = &mut t.gpu {
             g.settle(now, req.gpu_reserved, 0.0);
         }

@@ -9,7 +9,7 @@ use crate::core::queue::FairQueue;
 use crate::core::spec::{Priority, SchedulerSpec};
 use crate::core::time::Instant;
 
-use super::state::{BackendState, PoolState, TenantState, is_queued};
+use super::state::{BackendState, PoolState, TenantLease, TenantState, is_queued};
 use super::{Decision, Scheduler};
 
 /// Initial estimate of GPU-seconds per token, until completions measure it.
@@ -38,13 +38,26 @@ impl Scheduler {
             t.weight = tp.weight;
             t.priority = tp.priority;
             t.max_concurrency = tp.max_concurrency;
+            let leased = tp.leased;
             t.rate = tp.rate.map(|rate| {
                 let burst = tp.burst.unwrap_or(rate).max(1.0);
-                reconfigured(t.rate.take(), now, burst, rate)
+                reconfigured(t.rate.take(), now, burst, rate, leased)
             });
-            t.gpu = tp
-                .gpu_seconds_per_hour
-                .map(|per_hour| reconfigured(t.gpu.take(), now, per_hour, per_hour / 3600.0));
+            t.gpu = tp.gpu_seconds_per_hour.map(|per_hour| {
+                reconfigured(t.gpu.take(), now, per_hour, per_hour / 3600.0, leased)
+            });
+            match (&mut t.lease, leased) {
+                (None, true) => {
+                    // The slots in use are held: the store is told so at
+                    // the next sync.
+                    t.lease = Some(TenantLease {
+                        slots: t.active,
+                        ..TenantLease::default()
+                    });
+                }
+                (Some(_), false) => t.lease = None,
+                _ => {}
+            }
         }
         if spec.tenants.is_empty() {
             // No tenants declared: auth is off and everyone is "default".
@@ -181,6 +194,9 @@ impl Scheduler {
             gpu_seconds_total: 0.0,
             preempted_total: 0,
             arrivals_total: 0,
+            gpu_asked_total: 0.0,
+            gpu_open: 0.0,
+            lease: None,
             retired: false,
         });
         self.tenant_by_name.insert(name.to_owned(), id);
@@ -227,12 +243,25 @@ impl Scheduler {
     }
 }
 
-fn reconfigured(old: Option<Bucket>, now: Instant, capacity: f64, rate: f64) -> Bucket {
-    match old {
-        Some(mut b) => {
+/// The bucket for a new spec, keeping the old one's level. A leased bucket
+/// has no refill of its own (the store grants it leases) and starts empty.
+fn reconfigured(
+    old: Option<Bucket>,
+    now: Instant,
+    capacity: f64,
+    rate: f64,
+    leased: bool,
+) -> Bucket {
+    match (old, leased) {
+        (Some(mut b), false) => {
             b.reconfigure(now, capacity, rate);
             b
         }
-        None => Bucket::new(capacity, rate, now),
+        (Some(mut b), true) => {
+            b.reconfigure_leased(now, capacity, rate);
+            b
+        }
+        (None, false) => Bucket::new(capacity, rate, now),
+        (None, true) => Bucket::leased(capacity, rate, now),
     }
 }

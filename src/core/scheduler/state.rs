@@ -28,7 +28,44 @@ pub(super) struct TenantState {
     pub(super) preempted_total: u64,
     /// Requests that arrived, admitted or not: the tenant's demand here.
     pub(super) arrivals_total: u64,
+    /// Estimated GPU-seconds of the requests that arrived, admitted or not.
+    pub(super) gpu_asked_total: f64,
+    /// GPU-seconds reserved by admitted requests that have not ended.
+    pub(super) gpu_open: f64,
+    /// `Some` while the tenant's limits are leased from a cluster store.
+    pub(super) lease: Option<TenantLease>,
     pub(super) retired: bool,
+}
+
+/// A replica's side of a tenant's leases (see `Scheduler::lease_asks`).
+#[derive(Debug, Default)]
+pub(super) struct TenantLease {
+    /// Slots of `max_concurrency` held.
+    pub(super) slots: u32,
+    /// Arrivals refused for want of a slot since the last ask.
+    pub(super) slots_refused: u32,
+    /// The last ask: when, and the demand counters then.
+    pub(super) asked_at: Option<Instant>,
+    pub(super) asked_arrivals: u64,
+    pub(super) asked_gpu: f64,
+    /// Demand per second (smoothed): requests, and estimated GPU-seconds.
+    pub(super) requests_per_s: f64,
+    pub(super) gpu_per_s: f64,
+    /// The last arrival's GPU-seconds estimate (the least worth asking for).
+    pub(super) last_estimate: f64,
+    /// By limit (`LeaseKind::index`): other replicas were short at the
+    /// last sync, so this one keeps no spare request's worth.
+    pub(super) others_short: [bool; 3],
+}
+
+impl TenantState {
+    /// The concurrency cap in force here: the slots leased, or the policy's.
+    pub(super) fn concurrency_cap(&self) -> Option<u32> {
+        match &self.lease {
+            Some(l) => self.max_concurrency.map(|_| l.slots),
+            None => self.max_concurrency,
+        }
+    }
 }
 
 #[derive(Debug)]
