@@ -245,7 +245,8 @@ impl Syncer {
             let now = gw.clock.now();
             let demand = self.meter.fields(now.as_secs_f64(), &core.sched);
             let asks = if member.store_up() {
-                core.sched.lease_asks(now, self.lease_ahead)
+                core.sched
+                    .lease_asks(now, self.lease_ahead, member.replicas())
             } else {
                 Vec::new()
             };

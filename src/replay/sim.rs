@@ -591,7 +591,7 @@ impl<'p> Sim<'p> {
         let shape = Shape::of(self.policy);
         let n = u32::try_from(self.scheds.len()).unwrap_or(u32::MAX);
         for (r, name) in names.iter().enumerate() {
-            let asks = self.scheds[r].lease_asks(now, self.lease_ahead);
+            let asks = self.scheds[r].lease_asks(now, self.lease_ahead, n);
             let answers: Vec<_> = asks
                 .iter()
                 .map(|a| {

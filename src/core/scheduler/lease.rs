@@ -14,20 +14,23 @@ use super::state::TenantLease;
 const FIRST_GPU_ASK: f64 = 0.01;
 
 impl Scheduler {
-    /// What to tell the store about every leased limit at a sync at `now`.
+    /// What to tell the store about every leased limit at a sync at `now`,
+    /// in a cluster of `replicas`.
     ///
     /// Each limit's lease is sized to the tenant's demand here (arrivals,
     /// admitted or not, smoothed with half the weight on the last
-    /// interval): what it would use in `ahead`, plus one request's worth
-    /// so that a quiet replica's next request needs no round trip, at most
-    /// the whole limit. Concurrency slots: the requests active here, plus
-    /// those refused since the last sync, or one spare. The spare is not
-    /// kept while other replicas are short. What is held beyond that is
-    /// taken out of the lease now and reported as `returned`. Call [`Scheduler::lease_granted`] with the
-    /// store's answer; if none comes, what was given back stays given back
-    /// (the cluster admits less, never more).
-    pub fn lease_asks(&mut self, now: Instant, ahead: Duration) -> Vec<LeaseAsk> {
+    /// interval): what it would use in `ahead`, plus one request's worth,
+    /// at most the whole limit; concurrency: the requests active here plus
+    /// those refused since the last sync. While no other replica is short
+    /// of the limit, a replica keeps at least an even part of it (the
+    /// limit over `replicas`), so a burst at a quiet replica is admitted
+    /// as one gateway would admit it, with no round trip; when another is
+    /// short, it keeps only what its demand needs, and the rest flows to
+    /// the short one within two syncs. What is held beyond the lease is
+    /// taken out of it now and reported as `returned`.
+    pub fn lease_asks(&mut self, now: Instant, ahead: Duration, replicas: u32) -> Vec<LeaseAsk> {
         let ahead = ahead.as_secs_f64();
+        let n = f64::from(replicas.max(1));
         let mut out = Vec::new();
         for t in self.tenants.iter_mut().filter(|t| !t.retired) {
             let Some(l) = &mut t.lease else { continue };
@@ -44,8 +47,8 @@ impl Scheduler {
 
             if let Some(b) = &mut t.rate {
                 let capacity = b.capacity();
-                let spare = spare(l, LeaseKind::Requests, 1.0);
-                let want = (l.requests_per_s * ahead + spare).min(capacity);
+                let need = l.requests_per_s * ahead + 1.0;
+                let want = floor(l, LeaseKind::Requests, need, capacity / n).min(capacity);
                 let level = b.level(now);
                 let returned = (level - want).max(0.0);
                 b.take(returned);
@@ -63,8 +66,8 @@ impl Scheduler {
             if let Some(g) = &mut t.gpu {
                 let capacity = g.capacity();
                 let one = l.last_estimate.max(FIRST_GPU_ASK * capacity);
-                let spare = spare(l, LeaseKind::GpuSeconds, one);
-                let want = (l.gpu_per_s * ahead + spare).min(capacity);
+                let need = l.gpu_per_s * ahead + one;
+                let want = floor(l, LeaseKind::GpuSeconds, need, capacity / n).min(capacity);
                 let level = g.level(now);
                 // The open reservations count as held: the lease is what is
                 // left beyond them.
@@ -83,8 +86,9 @@ impl Scheduler {
                 });
             }
             if let Some(cap) = t.max_concurrency {
-                let spare = spare(l, LeaseKind::Concurrency, 1.0) as u32;
-                let need = t.active.saturating_add(l.slots_refused.max(spare)).min(cap);
+                let need = f64::from(t.active.saturating_add(l.slots_refused));
+                let even = (f64::from(cap) / n).floor();
+                let need = (floor(l, LeaseKind::Concurrency, need, even) as u32).min(cap);
                 let returned = l.slots.saturating_sub(need.max(t.active));
                 l.slots -= returned;
                 l.slots_refused = 0;
@@ -157,12 +161,12 @@ impl Scheduler {
     }
 }
 
-/// The spare to keep beyond the demand: `one`, or none while the other
-/// replicas are short of this limit.
-fn spare(l: &TenantLease, kind: LeaseKind, one: f64) -> f64 {
+/// The lease to keep: what the demand `need`s, and at least `even` while
+/// no other replica is short of this limit.
+fn floor(l: &TenantLease, kind: LeaseKind, need: f64, even: f64) -> f64 {
     if l.others_short[kind.index()] {
-        0.0
+        need
     } else {
-        one
+        need.max(even)
     }
 }
