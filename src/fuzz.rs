@@ -120,6 +120,7 @@ pub fn metrics(data: &[u8]) {
     for dialect in [
         MetricsDialect::Vllm,
         MetricsDialect::Triton,
+        MetricsDialect::Trtllm,
         MetricsDialect::Sglang,
         MetricsDialect::Llamacpp,
         MetricsDialect::Agent,

@@ -136,6 +136,11 @@ enum Command {
         /// `POST /admin/fault {"mode": "none"}`).
         #[arg(long, value_enum, default_value = "none")]
         fault: fairway::sim::backend::Fault,
+        /// The server it imitates: vLLM's OpenAI server (`/v1/*`, `vllm:*`
+        /// metrics) or Triton (`/v2/*` generate routes and Triton's
+        /// metrics) running the model on TensorRT-LLM or on its vLLM backend.
+        #[arg(long, value_enum, default_value = "vllm")]
+        flavour: fairway::sim::backend::Flavour,
     },
 }
 
@@ -217,6 +222,7 @@ fn main() -> ExitCode {
             decode_step_per_seq,
             time_scale,
             fault,
+            flavour,
         } => {
             let engine = EngineParams {
                 max_num_seqs,
@@ -236,6 +242,7 @@ fn main() -> ExitCode {
                         model,
                         engine,
                         fault,
+                        flavour,
                     },
                 ))
             }))
@@ -406,6 +413,7 @@ async fn sim_backend(listen: SocketAddr, cfg: SimBackendConfig) -> anyhow::Resul
 enum EngineDialect {
     Vllm,
     Triton,
+    Trtllm,
     Sglang,
     Llamacpp,
 }
@@ -415,6 +423,7 @@ impl From<EngineDialect> for MetricsDialect {
         match d {
             EngineDialect::Vllm => MetricsDialect::Vllm,
             EngineDialect::Triton => MetricsDialect::Triton,
+            EngineDialect::Trtllm => MetricsDialect::Trtllm,
             EngineDialect::Sglang => MetricsDialect::Sglang,
             EngineDialect::Llamacpp => MetricsDialect::Llamacpp,
         }

@@ -291,6 +291,8 @@ pub enum BackendTarget {
 pub enum MetricsDialect {
     Vllm,
     Triton,
+    /// `trtllm-serve`, TensorRT-LLM's own OpenAI server (`trtllm_*` names).
+    Trtllm,
     Sglang,
     Llamacpp,
     Agent,

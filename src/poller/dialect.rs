@@ -22,16 +22,26 @@
 //!   `vllm:time_to_first_token_seconds` and `vllm:e2e_request_latency_seconds`;
 //!   KV capacity from `vllm:cache_config_info{block_size,num_gpu_blocks}`.
 //! - `triton`: KV usage from the TensorRT-LLM backend's
-//!   `nv_trt_llm_kv_cache_block_metrics`, `kv_cache_block_type="fraction"`
-//!   when present, else `used`/`max`; KV capacity `max` × `tokens_per`;
+//!   `nv_trt_llm_kv_cache_block_metrics` as `used`/`max`, checked against
+//!   `free` and `fraction` (see [`kv_from_blocks`]: the reporter can shift
+//!   values onto the wrong labels); KV capacity `max` × `tokens_per`;
 //!   running `nv_trt_llm_request_metrics{request_type="scheduled"}` (else
 //!   `"active"`); waiting `request_type="waiting"`, else the generic
-//!   `nv_inference_pending_request_count`; GPU memory from
+//!   `nv_inference_pending_request_count`, except for a decoupled model
+//!   (the vLLM backend's `vllm:` series present), where it reads about 0
+//!   under load and is not used; GPU memory from
 //!   `nv_gpu_memory_used_bytes` / `nv_gpu_memory_total_bytes`; TTFT from the
 //!   opt-in `nv_inference_first_response_histogram_ms` (milliseconds; bucket
 //!   lines with or without `_bucket`), else from the vLLM backend's
 //!   `vllm:time_to_first_token_seconds`; end-to-end only from the vLLM
 //!   backend's `vllm:e2e_request_latency_seconds`.
+//! - `trtllm` (`trtllm-serve`): `trtllm_kv_cache_used_blocks` /
+//!   `trtllm_kv_cache_max_blocks` checked against `_free_blocks` and
+//!   `trtllm_kv_cache_utilization` as for `triton`; capacity ×
+//!   `trtllm_kv_cache_tokens_per_block`; `trtllm_num_requests_running`,
+//!   `trtllm_num_requests_waiting`; histograms
+//!   `trtllm_time_to_first_token_seconds`,
+//!   `trtllm_e2e_request_latency_seconds`.
 //! - `sglang`: `sglang:token_usage`, `sglang:num_running_reqs`,
 //!   `sglang:num_queue_reqs`, histograms `sglang:time_to_first_token_seconds`
 //!   and `sglang:e2e_request_latency_seconds`, KV capacity from
@@ -44,6 +54,9 @@
 //! - `none`: there is nothing to decode; [`Decoder::decode`] returns
 //!   [`DecodeError::NoDialect`]. The poller should not scrape such a
 //!   backend at all.
+//!
+//! Each reading's load signals carry their source ([`Sources`]: the series
+//! read, or why none was), which `/metrics` shows per backend.
 //!
 //! A scrape that parses but holds none of the dialect's metrics is an error
 //! ([`DecodeError::NoKnownMetrics`]), since it almost always means a wrong
@@ -317,6 +330,7 @@ pub struct Decoder {
     dialect: MetricsDialect,
     ttft: HistogramWindow,
     e2e: HistogramWindow,
+    sources: Sources,
 }
 
 impl Decoder {
@@ -325,7 +339,13 @@ impl Decoder {
             dialect,
             ttft: HistogramWindow::new(),
             e2e: HistogramWindow::new(),
+            sources: Sources::default(),
         }
+    }
+
+    /// Where the last good reading's load signals came from.
+    pub fn sources(&self) -> Sources {
+        self.sources
     }
 
     pub fn dialect(&self) -> MetricsDialect {
@@ -352,6 +372,7 @@ impl Decoder {
                     .collect();
                 let signals = match dialect {
                     MetricsDialect::Triton => triton(&samples),
+                    MetricsDialect::Trtllm => trtllm(&samples),
                     MetricsDialect::Sglang => sglang(&samples),
                     MetricsDialect::Llamacpp => llamacpp(&samples),
                     _ => vllm(&samples),
@@ -362,6 +383,7 @@ impl Decoder {
                 signals
             }
         };
+        self.sources = signals.sources;
         let ttft = self.ttft.observe(&signals.ttft);
         let e2e = self.e2e.observe(&signals.e2e);
         Ok(Reading {
@@ -392,6 +414,29 @@ struct Signals {
     ttft_scale: f64,
     e2e: Vec<Bucket>,
     e2e_scale: f64,
+    sources: Sources,
+}
+
+/// Which series each of a reading's load signals came from, for the
+/// operator (`fairway_backend_reading_source`). `None`: not read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sources {
+    pub kv_usage: Option<&'static str>,
+    pub running: Option<&'static str>,
+    pub waiting: Option<&'static str>,
+}
+
+impl Sources {
+    /// (signal, source) pairs, for metrics.
+    pub fn pairs(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
+        [
+            ("kv_usage", self.kv_usage),
+            ("running", self.running),
+            ("waiting", self.waiting),
+        ]
+        .into_iter()
+        .filter_map(|(signal, source)| source.map(|s| (signal, s)))
+    }
 }
 
 impl Signals {
@@ -417,10 +462,13 @@ impl Signals {
 
 fn vllm(samples: &[&Sample]) -> Signals {
     let mut s = Signals::new();
-    s.kv_usage = mean(samples, "vllm:kv_cache_usage_perc", None)
-        .or_else(|| mean(samples, "vllm:gpu_cache_usage_perc", None));
-    s.running = sum(samples, "vllm:num_requests_running", None);
-    s.waiting = sum(samples, "vllm:num_requests_waiting", None);
+    (s.kv_usage, s.sources.kv_usage) = first(
+        samples,
+        &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        mean,
+    );
+    (s.running, s.sources.running) = first(samples, &["vllm:num_requests_running"], sum);
+    (s.waiting, s.sources.waiting) = first(samples, &["vllm:num_requests_waiting"], sum);
     s.kv_tokens = capacity(
         samples,
         "vllm:cache_config_info",
@@ -440,9 +488,53 @@ fn vllm(samples: &[&Sample]) -> Signals {
     s
 }
 
+/// How far a reported KV fraction may be from `used`/`max` and still agree.
+const KV_AGREEMENT: f64 = 0.02;
+
+/// KV usage from block counts (`used`, `free`, `max`) and a reported
+/// fraction. TensorRT-LLM's reporter skips keys missing from the
+/// executor's stats and assigns the rest to labels by position, so one
+/// missing key shifts values onto the wrong labels. The counts are used
+/// when they hold together (`used + free = max`, within a block or 1 %) or
+/// agree with the fraction; the fraction alone when there are no counts;
+/// nothing when the figures contradict each other (the gateway then
+/// routes on its own in-flight counts). Values outside 0..1 are rejected,
+/// not clamped. Returns the usage and its source, named by `names`
+/// (the counts, the fraction, the rejection).
+fn kv_from_blocks(
+    counts: (Option<f64>, Option<f64>, Option<f64>),
+    fraction: Option<f64>,
+    names: [&'static str; 3],
+) -> (Option<f64>, Option<&'static str>) {
+    let (used, free, max) = counts;
+    let in_range = |v: f64| (0.0..=1.0).contains(&v).then_some(v);
+    let ratio = match (used, max) {
+        (Some(u), Some(m)) if m > 0.0 => in_range(u / m),
+        _ => None,
+    };
+    let consistent = match (used, free, max) {
+        (Some(u), Some(f), Some(m)) => Some((u + f - m).abs() <= (0.01 * m).max(1.0)),
+        _ => None,
+    };
+    let fraction = fraction.and_then(in_range);
+    if max == Some(0.0) {
+        // No cache (yet): nothing to read.
+        return (None, None);
+    }
+    match (ratio, fraction, consistent) {
+        (Some(r), _, Some(true)) => (Some(r), Some(names[0])),
+        (Some(r), Some(f), _) if (r - f).abs() <= KV_AGREEMENT => (Some(r), Some(names[0])),
+        (Some(r), None, None) => (Some(r), Some(names[0])),
+        (None, Some(f), None) if used.is_none() || max.is_none() => (Some(f), Some(names[1])),
+        (None, None, None) if used.is_none() && max.is_none() => (None, None),
+        _ => (None, Some(names[2])),
+    }
+}
+
 fn triton(samples: &[&Sample]) -> Signals {
     const KV: &str = "nv_trt_llm_kv_cache_block_metrics";
     const REQ: &str = "nv_trt_llm_request_metrics";
+    const PENDING: &str = "nv_inference_pending_request_count";
     fn kv(ty: &str) -> Option<(&str, &str)> {
         Some(("kv_cache_block_type", ty))
     }
@@ -450,11 +542,19 @@ fn triton(samples: &[&Sample]) -> Signals {
         Some(("request_type", ty))
     }
     let mut s = Signals::new();
-    s.kv_usage = mean(samples, KV, kv("fraction")).or_else(|| {
-        let used = sum(samples, KV, kv("used"))?;
-        let max = sum(samples, KV, kv("max"))?;
-        (max > 0.0).then(|| used / max)
-    });
+    (s.kv_usage, s.sources.kv_usage) = kv_from_blocks(
+        (
+            sum(samples, KV, kv("used")),
+            sum(samples, KV, kv("free")),
+            sum(samples, KV, kv("max")),
+        ),
+        mean(samples, KV, kv("fraction")),
+        [
+            "nv_trt_llm_kv_cache_block_metrics used/max",
+            "nv_trt_llm_kv_cache_block_metrics fraction",
+            "none: nv_trt_llm_kv_cache_block_metrics contradicts itself",
+        ],
+    );
     s.kv_tokens = match (
         sum(samples, KV, kv("max")),
         mean(samples, KV, kv("tokens_per")),
@@ -462,9 +562,28 @@ fn triton(samples: &[&Sample]) -> Signals {
         (Some(blocks), Some(per)) => bytes(blocks * per),
         _ => None,
     };
-    s.running = sum(samples, REQ, req("scheduled")).or_else(|| sum(samples, REQ, req("active")));
-    s.waiting = sum(samples, REQ, req("waiting"))
-        .or_else(|| sum(samples, "nv_inference_pending_request_count", None));
+    if let Some(n) = sum(samples, REQ, req("scheduled")) {
+        s.running = Some(n);
+        s.sources.running = Some("nv_trt_llm_request_metrics scheduled");
+    } else if let Some(n) = sum(samples, REQ, req("active")) {
+        s.running = Some(n);
+        s.sources.running = Some("nv_trt_llm_request_metrics active");
+    }
+    // The generic pending count is decremented when the backend's execute()
+    // is entered; decoupled LLM backends (Triton's vLLM backend, the
+    // TensorRT-LLM LLM-API model) return from it at once, so it reads about
+    // 0 under load. It is a queue only for classic models: with the vLLM
+    // backend's series present, the gateway's own in-flight count stands in.
+    let decoupled_vllm = samples.iter().any(|x| x.name.starts_with("vllm:"));
+    if let Some(n) = sum(samples, REQ, req("waiting")) {
+        s.waiting = Some(n);
+        s.sources.waiting = Some("nv_trt_llm_request_metrics waiting");
+    } else if decoupled_vllm {
+        s.sources.waiting = Some("none: decoupled model, the gateway's in-flight count is used");
+    } else if let Some(n) = sum(samples, PENDING, None) {
+        s.waiting = Some(n);
+        s.sources.waiting = Some(PENDING);
+    }
     s.gpu_used = sum(samples, "nv_gpu_memory_used_bytes", None);
     s.gpu_total = sum(samples, "nv_gpu_memory_total_bytes", None);
     s.ttft = collect_buckets(
@@ -489,11 +608,51 @@ fn triton(samples: &[&Sample]) -> Signals {
     s
 }
 
+/// `trtllm-serve` (TensorRT-LLM's own OpenAI server): `trtllm_*` names.
+fn trtllm(samples: &[&Sample]) -> Signals {
+    let mut s = Signals::new();
+    (s.kv_usage, s.sources.kv_usage) = kv_from_blocks(
+        (
+            sum(samples, "trtllm_kv_cache_used_blocks", None),
+            sum(samples, "trtllm_kv_cache_free_blocks", None),
+            sum(samples, "trtllm_kv_cache_max_blocks", None),
+        ),
+        mean(samples, "trtllm_kv_cache_utilization", None),
+        [
+            "trtllm_kv_cache_used_blocks/trtllm_kv_cache_max_blocks",
+            "trtllm_kv_cache_utilization",
+            "none: trtllm_kv_cache_* blocks and utilization disagree",
+        ],
+    );
+    s.kv_tokens = match (
+        sum(samples, "trtllm_kv_cache_max_blocks", None),
+        mean(samples, "trtllm_kv_cache_tokens_per_block", None),
+    ) {
+        (Some(blocks), Some(per)) => bytes(blocks * per),
+        _ => None,
+    };
+    s.running = sum(samples, "trtllm_num_requests_running", None);
+    s.waiting = sum(samples, "trtllm_num_requests_waiting", None);
+    s.sources.running = s.running.map(|_| "trtllm_num_requests_running");
+    s.sources.waiting = s.waiting.map(|_| "trtllm_num_requests_waiting");
+    s.ttft = collect_buckets(
+        samples.iter().copied(),
+        "trtllm_time_to_first_token_seconds",
+        false,
+    );
+    s.e2e = collect_buckets(
+        samples.iter().copied(),
+        "trtllm_e2e_request_latency_seconds",
+        false,
+    );
+    s
+}
+
 fn sglang(samples: &[&Sample]) -> Signals {
     let mut s = Signals::new();
-    s.kv_usage = mean(samples, "sglang:token_usage", None);
-    s.running = sum(samples, "sglang:num_running_reqs", None);
-    s.waiting = sum(samples, "sglang:num_queue_reqs", None);
+    (s.kv_usage, s.sources.kv_usage) = first(samples, &["sglang:token_usage"], mean);
+    (s.running, s.sources.running) = first(samples, &["sglang:num_running_reqs"], sum);
+    (s.waiting, s.sources.waiting) = first(samples, &["sglang:num_queue_reqs"], sum);
     s.kv_tokens = capacity(
         samples,
         "sglang:cache_config_info",
@@ -515,10 +674,24 @@ fn sglang(samples: &[&Sample]) -> Signals {
 
 fn llamacpp(samples: &[&Sample]) -> Signals {
     let mut s = Signals::new();
-    s.kv_usage = mean(samples, "llamacpp:kv_cache_usage_ratio", None);
-    s.running = sum(samples, "llamacpp:requests_processing", None);
-    s.waiting = sum(samples, "llamacpp:requests_deferred", None);
+    (s.kv_usage, s.sources.kv_usage) = first(samples, &["llamacpp:kv_cache_usage_ratio"], mean);
+    (s.running, s.sources.running) = first(samples, &["llamacpp:requests_processing"], sum);
+    (s.waiting, s.sources.waiting) = first(samples, &["llamacpp:requests_deferred"], sum);
     s
+}
+
+type Reduce = fn(&[&Sample], &str, Option<(&str, &str)>) -> Option<f64>;
+
+/// The first of `names` present, reduced over its series, and its name.
+fn first(
+    samples: &[&Sample],
+    names: &[&'static str],
+    reduce: Reduce,
+) -> (Option<f64>, Option<&'static str>) {
+    names
+        .iter()
+        .find_map(|n| reduce(samples, n, None).map(|v| (Some(v), Some(*n))))
+        .unwrap_or((None, None))
 }
 
 /// The finite values of series `name`, optionally only those with label

@@ -35,6 +35,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{BackendTarget, MetricsDialect, Policy};
 use crate::core::reading::Reading;
 use crate::poller::Decoder;
+use crate::poller::dialect::Sources;
 use crate::proxy::gateway::Gateway;
 
 /// Largest scrape body read; a larger one fails the scrape.
@@ -57,6 +58,8 @@ struct Target {
 pub struct PollStats {
     /// Scrapes that failed: unreachable, error status, or undecodable.
     pub scrape_errors: AtomicU64,
+    /// Where the last good reading's load signals came from.
+    pub sources: parking_lot::Mutex<Sources>,
 }
 
 /// The running poller tasks, by backend name.
@@ -135,6 +138,13 @@ impl Pollers {
             .map_or(0, |s| s.scrape_errors.load(Ordering::Relaxed))
     }
 
+    /// Where a backend's last good reading came from.
+    pub fn sources(&self, backend: &str) -> Sources {
+        self.stats
+            .get(backend)
+            .map_or_else(Sources::default, |s| *s.sources.lock())
+    }
+
     /// Stops every task (shutdown); await the result to join them.
     pub fn stop_all(&mut self) -> impl std::future::Future<Output = ()> + use<> {
         for (_, (_, stop)) in self.running.drain() {
@@ -201,8 +211,12 @@ async fn poll(
             )),
             _ => None,
         };
-        if matches!(scrape, Some(Err(_))) {
-            stats.scrape_errors.fetch_add(1, Ordering::Relaxed);
+        match &scrape {
+            Some(Err(_)) => {
+                stats.scrape_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(Ok(_)) => *stats.sources.lock() = decoder.sources(),
+            None => {}
         }
         let up = probe.is_ok() && unreachable.is_none();
         let now = gw.clock.now();

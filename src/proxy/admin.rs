@@ -165,6 +165,7 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
             BackendGauges {
                 model: s.pool_model(v.pool).to_owned(),
                 scrape_errors: pollers.scrape_errors(&v.name),
+                sources: pollers.sources(&v.name).pairs().collect(),
                 backend: v.name,
                 in_flight: v.in_flight,
                 window: v.window,

@@ -15,6 +15,7 @@
 pub(crate) mod metrics;
 mod openai;
 mod routes;
+mod triton;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -53,6 +54,22 @@ pub struct SimBackendConfig {
     pub engine: EngineParams,
     /// The failure mode at start (switch later with `POST /admin/fault`).
     pub fault: Fault,
+    /// The server it imitates.
+    pub flavour: Flavour,
+}
+
+/// The server a simulated backend imitates, wire format and metric names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Flavour {
+    /// vLLM's OpenAI-compatible server: `/v1/*`, `/health`, `vllm:*`.
+    #[default]
+    Vllm,
+    /// Triton with the TensorRT-LLM backend: `/v2/*` (KServe v2 and the
+    /// generate extension), `nv_inference_*` and `nv_trt_llm_*` metrics.
+    TritonTrtllm,
+    /// Triton with its vLLM backend: `/v2/*`, `nv_inference_*` and the
+    /// backend's `vllm:*` histograms (no KV gauges).
+    TritonVllm,
 }
 
 /// A scripted failure mode of a simulated backend.
@@ -110,6 +127,7 @@ impl SimBackend {
                 model: model.into(),
                 engine: EngineParams::default(),
                 fault: Fault::None,
+                flavour: Flavour::Vllm,
             },
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
@@ -166,6 +184,12 @@ impl SimBackendBuilder {
     /// Replaces all engine parameters.
     pub fn engine(mut self, params: EngineParams) -> Self {
         self.cfg.engine = params;
+        self
+    }
+
+    /// The server it imitates.
+    pub fn flavour(mut self, flavour: Flavour) -> Self {
+        self.cfg.flavour = flavour;
         self
     }
 
@@ -324,6 +348,7 @@ struct State {
 #[derive(Debug)]
 struct Shared {
     model: String,
+    flavour: Flavour,
     max_model_len: u32,
     time_scale: f64,
     clock: Clock,
@@ -346,6 +371,7 @@ impl Shared {
         };
         Arc::new(Shared {
             model: cfg.model,
+            flavour: cfg.flavour,
             max_model_len: cfg.engine.max_model_len,
             time_scale,
             clock: Clock::new(),
@@ -478,7 +504,20 @@ impl Shared {
         let mut st = self.state.lock();
         self.advance(&mut st, now);
         let stats = st.engine.stats();
-        metrics::render(&self.model, &stats, st.engine.kv_usage(), &st.metrics)
+        match self.flavour {
+            Flavour::Vllm => {
+                metrics::render(&self.model, &stats, st.engine.kv_usage(), &st.metrics)
+            }
+            Flavour::TritonTrtllm => triton::render_metrics(
+                &self.model,
+                triton::Backend::TensorRtLlm,
+                &stats,
+                &st.metrics,
+            ),
+            Flavour::TritonVllm => {
+                triton::render_metrics(&self.model, triton::Backend::Vllm, &stats, &st.metrics)
+            }
+        }
     }
 }
 

@@ -200,6 +200,8 @@ pub struct BackendGauges {
     pub ttft_p99: Option<f64>,
     pub reading_age: Option<f64>,
     pub scrape_errors: u64,
+    /// Where the last reading's load signals came from: (signal, source).
+    pub sources: Vec<(&'static str, &'static str)>,
 }
 
 /// The metrics handle, built once at startup and shared.
@@ -722,6 +724,23 @@ impl Metrics {
                 esc(&x.model),
                 x.scrape_errors
             );
+        }
+        header(
+            w,
+            "fairway_backend_reading_source",
+            "gauge",
+            "Which of the backend's series each load signal of its latest reading came from (1 per signal).",
+        );
+        for x in b {
+            for (signal, source) in &x.sources {
+                let _ = writeln!(
+                    w,
+                    "fairway_backend_reading_source{{backend=\"{}\",model=\"{}\",signal=\"{signal}\",source=\"{}\"}} 1",
+                    esc(&x.backend),
+                    esc(&x.model),
+                    esc(source)
+                );
+            }
         }
         out
     }

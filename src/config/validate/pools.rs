@@ -61,6 +61,7 @@ const STRATEGIES: &[(&str, Strategy)] = &[
 const DIALECTS: &[(&str, MetricsDialect)] = &[
     ("vllm", MetricsDialect::Vllm),
     ("triton", MetricsDialect::Triton),
+    ("trtllm", MetricsDialect::Trtllm),
     ("sglang", MetricsDialect::Sglang),
     ("llamacpp", MetricsDialect::Llamacpp),
     ("agent", MetricsDialect::Agent),

@@ -297,10 +297,19 @@ nv_gpu_memory_used_bytes{gpu_uuid="GPU-3c1f0c2e-bbbb"} 7.0e+10
 
 #[test]
 fn triton_trt_llm_metrics() {
-    let r = Decoder::new(MetricsDialect::Triton)
-        .decode(TRITON, AT)
-        .unwrap();
-    assert!(approx(r.kv_usage.unwrap(), 0.4875));
+    let mut d = Decoder::new(MetricsDialect::Triton);
+    let r = d.decode(TRITON, AT).unwrap();
+    // used + free = max: the counts hold together, and win over a
+    // fraction that disagrees (0.4875, as in TensorRT-LLM's README).
+    assert!(approx(r.kv_usage.unwrap(), 0.25));
+    assert_eq!(
+        d.sources().kv_usage,
+        Some("nv_trt_llm_kv_cache_block_metrics used/max")
+    );
+    assert_eq!(
+        d.sources().waiting,
+        Some("nv_trt_llm_request_metrics waiting")
+    );
     assert_eq!(r.running, Some(9));
     assert_eq!(r.waiting, Some(2));
     assert_eq!(r.kv_tokens, Some(6000 * 64));
@@ -355,10 +364,144 @@ fn triton_vllm_backend_histograms() {
     let mut d = Decoder::new(MetricsDialect::Triton);
     d.decode(&scrape(1), AT).unwrap();
     let r = d.decode(&scrape(101), AT).unwrap();
-    assert_eq!(r.waiting, Some(3));
+    // The vLLM backend is decoupled: its pending count is not a queue.
+    assert_eq!(r.waiting, None);
+    assert!(d.sources().waiting.unwrap().starts_with("none: decoupled"));
     assert_eq!(r.kv_usage, None);
     assert!(dur_approx(r.ttft_p99, 0.2475));
     assert!(dur_approx(r.e2e_p99, 1.98));
+}
+
+/// TRITON with the `kv_cache_block_type` lines replaced.
+fn triton_kv(lines: &[(&str, f64)]) -> String {
+    let mut out: String = TRITON
+        .lines()
+        .filter(|l| !l.contains("kv_cache_block_type"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for (ty, v) in lines {
+        out.push_str(&format!(
+            "nv_trt_llm_kv_cache_block_metrics{{kv_cache_block_type=\"{ty}\",model=\"tensorrt_llm\",version=\"1\"}} {v}\n"
+        ));
+    }
+    out
+}
+
+#[test]
+fn triton_kv_shifted_by_a_missing_stats_key_is_rejected() {
+    // The executor's stats lack "free": the reporter assigns the values
+    // that follow one label early, so `free` holds the used blocks, `used`
+    // the tokens per block, `tokens_per` the fraction and `fraction` the
+    // reused blocks.
+    let body = triton_kv(&[
+        ("max", 6000.0),
+        ("free", 1500.0),
+        ("used", 64.0),
+        ("tokens_per", 0.25),
+        ("fraction", 12.0),
+    ]);
+    let mut d = Decoder::new(MetricsDialect::Triton);
+    let r = d.decode(&body, AT).unwrap();
+    assert_eq!(r.kv_usage, None, "a shifted reading is no reading");
+    assert!(d.sources().kv_usage.unwrap().starts_with("none:"));
+    // The rest of the scrape is still read.
+    assert_eq!(r.running, Some(9));
+}
+
+#[test]
+fn triton_kv_cross_checks_counts_and_fraction() {
+    let kv = |lines: &[(&str, f64)]| {
+        Decoder::new(MetricsDialect::Triton)
+            .decode(&triton_kv(lines), AT)
+            .unwrap()
+            .kv_usage
+    };
+    // No `free`: the counts are used when the fraction agrees...
+    assert!(approx(
+        kv(&[("max", 6000.0), ("used", 1500.0), ("fraction", 0.251)]).unwrap(),
+        0.25
+    ));
+    // ...and neither when it does not.
+    assert_eq!(
+        kv(&[("max", 6000.0), ("used", 1500.0), ("fraction", 0.4875)]),
+        None
+    );
+    // Out of range is rejected, not clamped to 1.
+    assert_eq!(
+        kv(&[("max", 6000.0), ("used", 7000.0), ("fraction", 1.2)]),
+        None
+    );
+    // An older build with only the fraction.
+    assert!(approx(kv(&[("fraction", 0.3)]).unwrap(), 0.3));
+    // Only the counts.
+    assert!(approx(kv(&[("max", 100.0), ("used", 40.0)]).unwrap(), 0.4));
+    // No cache yet.
+    assert_eq!(kv(&[("max", 0.0), ("used", 0.0), ("free", 0.0)]), None);
+}
+
+#[test]
+fn triton_classic_model_queue_is_the_pending_count() {
+    let body = "nv_inference_pending_request_count{model=\"resnet50\",version=\"1\"} 4\n\
+                nv_inference_pending_request_count{model=\"bert\",version=\"1\"} 3\n";
+    let mut d = Decoder::new(MetricsDialect::Triton);
+    let r = d.decode(body, AT).unwrap();
+    assert_eq!(r.waiting, Some(7));
+    assert_eq!(
+        d.sources().waiting,
+        Some("nv_inference_pending_request_count")
+    );
+    assert_eq!(d.sources().kv_usage, None);
+}
+
+// ------------------------------------------------------------- trtllm-serve
+
+/// `trtllm-serve`'s names (TensorRT-LLM `tensorrt_llm/metrics/collector.py`).
+const TRTLLM: &str = r#"# HELP trtllm_num_requests_running Number of requests running.
+# TYPE trtllm_num_requests_running gauge
+trtllm_num_requests_running{model_name="llama",engine_type="pytorch"} 12
+# TYPE trtllm_num_requests_waiting gauge
+trtllm_num_requests_waiting{model_name="llama",engine_type="pytorch"} 3
+# TYPE trtllm_kv_cache_utilization gauge
+trtllm_kv_cache_utilization{model_name="llama",engine_type="pytorch"} 0.6
+# TYPE trtllm_kv_cache_max_blocks gauge
+trtllm_kv_cache_max_blocks{model_name="llama",engine_type="pytorch"} 1000
+# TYPE trtllm_kv_cache_free_blocks gauge
+trtllm_kv_cache_free_blocks{model_name="llama",engine_type="pytorch"} 400
+# TYPE trtllm_kv_cache_used_blocks gauge
+trtllm_kv_cache_used_blocks{model_name="llama",engine_type="pytorch"} 600
+# TYPE trtllm_kv_cache_tokens_per_block gauge
+trtllm_kv_cache_tokens_per_block{model_name="llama",engine_type="pytorch"} 32
+# TYPE trtllm_time_to_first_token_seconds histogram
+trtllm_time_to_first_token_seconds_bucket{model_name="llama",engine_type="pytorch",le="0.1"} 0
+trtllm_time_to_first_token_seconds_bucket{model_name="llama",engine_type="pytorch",le="0.5"} 10
+trtllm_time_to_first_token_seconds_bucket{model_name="llama",engine_type="pytorch",le="+Inf"} 10
+trtllm_time_to_first_token_seconds_sum{model_name="llama",engine_type="pytorch"} 3.0
+trtllm_time_to_first_token_seconds_count{model_name="llama",engine_type="pytorch"} 10
+"#;
+
+#[test]
+fn trtllm_serve_metrics() {
+    let mut d = Decoder::new(MetricsDialect::Trtllm);
+    let empty = TRTLLM
+        .replace("le=\"0.5\"} 10", "le=\"0.5\"} 0")
+        .replace("le=\"+Inf\"} 10", "le=\"+Inf\"} 0");
+    d.decode(&empty, AT).unwrap();
+    let r = d.decode(TRTLLM, AT).unwrap();
+    assert!(approx(r.kv_usage.unwrap(), 0.6));
+    assert_eq!(r.running, Some(12));
+    assert_eq!(r.waiting, Some(3));
+    assert_eq!(r.kv_tokens, Some(32_000));
+    // 10 new, all in (0.1, 0.5]: 0.1 + 0.4 * 0.99.
+    assert!(dur_approx(r.ttft_p99, 0.496));
+    assert_eq!(
+        d.sources().kv_usage,
+        Some("trtllm_kv_cache_used_blocks/trtllm_kv_cache_max_blocks")
+    );
+    // vLLM names are not trtllm-serve's.
+    assert!(matches!(
+        Decoder::new(MetricsDialect::Trtllm).decode("vllm:num_requests_running 3\n", AT),
+        Err(DecodeError::NoKnownMetrics { .. })
+    ));
 }
 
 // ------------------------------------------------------------------ SGLang

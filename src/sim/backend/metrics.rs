@@ -91,6 +91,34 @@ impl RequestMetrics {
         self.ttft.observe(secs);
     }
 
+    /// Requests finished (stop or length) and aborted so far.
+    pub(super) fn outcomes(&self) -> (u64, u64) {
+        (
+            self.finished[FinishReason::Stop as usize]
+                + self.finished[FinishReason::Length as usize],
+            self.finished[FinishReason::Abort as usize],
+        )
+    }
+
+    /// The TTFT and end-to-end histograms under vLLM's names with other
+    /// `labels` (Triton's vLLM backend exports them so).
+    pub(super) fn render_vllm_histograms(&self, s: &mut String, labels: &str) {
+        histogram(
+            s,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels,
+            &self.ttft,
+        );
+        histogram(
+            s,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            labels,
+            &self.e2e,
+        );
+    }
+
     /// Records a finished request, `secs` wall seconds after arrival.
     pub(super) fn on_finished(&mut self, reason: FinishReason, secs: f64) {
         self.finished[reason as usize] += 1;

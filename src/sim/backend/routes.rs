@@ -21,7 +21,8 @@ use tokio::sync::mpsc;
 
 use super::metrics::FinishReason;
 use super::openai::{self, ApiError, Endpoint, StreamHead};
-use super::{Body, Delivery, Fault, MAX_BODY_BYTES, SeqGuard, Shared};
+use super::triton::{self, TritonError};
+use super::{Body, Delivery, Fault, Flavour, MAX_BODY_BYTES, SeqGuard, Shared};
 use crate::sim::engine::EngineError;
 
 /// A body of SSE frames, one per engine event for this request.
@@ -106,23 +107,23 @@ pub(super) async fn handle(
                 Bytes::new(),
             ));
         }
-        Fault::Error if path == "/health" => {
+        Fault::Error if path == "/health" || path.starts_with("/v2/health") => {
             return Ok(full(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "text/plain",
                 Bytes::new(),
             ));
         }
-        Fault::Error | Fault::ErrorHealthy if path.starts_with("/v1/") => {
-            return Ok(error(&ApiError::internal("simulated backend fault")));
+        Fault::Error | Fault::ErrorHealthy if is_inference(&method, &path) => {
+            return Ok(fault_error(&shared, "simulated backend fault"));
         }
         Fault::Error | Fault::ErrorHealthy => {}
-        Fault::Flaky if path.starts_with("/v1/") => {
+        Fault::Flaky if is_inference(&method, &path) => {
             let n = shared
                 .flaky_seen
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if n % 3 == 2 {
-                return Ok(error(&ApiError::internal("simulated flaky backend")));
+                return Ok(fault_error(&shared, "simulated flaky backend"));
             }
         }
         Fault::Flaky => {}
@@ -166,6 +167,9 @@ pub(super) async fn handle(
         | Fault::SseContentLength
         | Fault::MetricsHuge
         | Fault::MetricsTrickle => {}
+    }
+    if shared.flavour != Flavour::Vllm {
+        return Ok(triton_routes(&shared, &method, &path, req, fault).await);
     }
     let resp = match (method, path.as_str()) {
         (Method::GET, "/health") => full(StatusCode::OK, "text/plain", Bytes::new()),
@@ -351,4 +355,179 @@ async fn embeddings(
         }
     }
     Err(ApiError::internal("engine dropped the request"))
+}
+
+/// A generation request: `/v1/*`, or a `POST` under `/v2/models/`.
+fn is_inference(method: &Method, path: &str) -> bool {
+    path.starts_with("/v1/") || (method == Method::POST && path.starts_with("/v2/models/"))
+}
+
+/// A 500 in the flavour's error shape.
+fn fault_error(shared: &Shared, message: &str) -> Response<Body> {
+    match shared.flavour {
+        Flavour::Vllm => error(&ApiError::internal(message)),
+        _ => triton_error(&TritonError {
+            status: 500,
+            message: message.to_owned(),
+        }),
+    }
+}
+
+fn triton_error(e: &TritonError) -> Response<Body> {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json(status, e.body())
+}
+
+/// `/v2/models/{name}[/versions/{v}][/{action}]`: the model's name and the
+/// action (empty for the metadata route).
+fn model_route(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/v2/models/")?;
+    let (name, rest) = rest.split_once('/').unwrap_or((rest, ""));
+    let rest = match rest.strip_prefix("versions/") {
+        Some(v) => v.split_once('/').map_or("", |(_, action)| action),
+        None => rest,
+    };
+    (!name.is_empty()).then_some((name, rest))
+}
+
+/// Triton's routes: KServe v2 health, server and model metadata, and the
+/// generate extension; `/infer` on this decoupled model is refused as
+/// Triton refuses it over HTTP.
+async fn triton_routes(
+    shared: &Arc<Shared>,
+    method: &Method,
+    path: &str,
+    req: Request<Incoming>,
+    fault: Fault,
+) -> Response<Body> {
+    let backend = if shared.flavour == Flavour::TritonVllm {
+        triton::Backend::Vllm
+    } else {
+        triton::Backend::TensorRtLlm
+    };
+    let empty = || full(StatusCode::OK, "text/plain", Bytes::new());
+    match (method, path) {
+        (&Method::GET, "/v2/health/live" | "/v2/health/ready") => return empty(),
+        (&Method::GET, "/v2") => return json(StatusCode::OK, triton::server_metadata()),
+        (&Method::GET, "/metrics") => {
+            return full(
+                StatusCode::OK,
+                "text/plain; charset=utf-8; version=0.0.4",
+                Bytes::from(shared.metrics_text()),
+            );
+        }
+        _ => {}
+    }
+    let Some((model, action)) = model_route(path) else {
+        return triton_error(&TritonError {
+            status: 404,
+            message: "Not Found".to_owned(),
+        });
+    };
+    if model != shared.model {
+        return triton_error(&TritonError::unknown_model(model));
+    }
+    match (method, action) {
+        (&Method::GET, "") => json(StatusCode::OK, triton::model_metadata(model, backend)),
+        (&Method::GET, "ready") => empty(),
+        (&Method::POST, "infer") => triton_error(&TritonError {
+            status: 501,
+            message: "HTTP end point doesn't support models with decoupled transaction policy"
+                .to_owned(),
+        }),
+        (&Method::POST, "generate" | "generate_stream") => {
+            triton_generate(shared, req, action == "generate_stream", fault)
+                .await
+                .unwrap_or_else(|e| triton_error(&e))
+        }
+        _ => triton_error(&TritonError {
+            status: 404,
+            message: "Not Found".to_owned(),
+        }),
+    }
+}
+
+/// A body of `generate_stream` events, one per token; it closes after the
+/// last (Triton sends no `[DONE]`).
+struct TritonStream {
+    rx: mpsc::UnboundedReceiver<Delivery>,
+    model: String,
+    _guard: SeqGuard,
+}
+
+impl Stream for TritonStream {
+    type Item = Result<Frame<Bytes>, std::io::Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match this.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None | Some(Delivery::Finished { .. })) => Poll::Ready(None),
+            Poll::Ready(Some(Delivery::Token { .. })) => {
+                Poll::Ready(Some(Ok(Frame::data(triton::stream_event(&this.model)))))
+            }
+        }
+    }
+}
+
+async fn triton_generate(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    stream: bool,
+    fault: Fault,
+) -> Result<Response<Body>, TritonError> {
+    let body = read_body(req)
+        .await
+        .map_err(|e| TritonError::invalid(e.message))?;
+    let g = triton::parse_generate(&body)?;
+    if u64::from(g.prompt_tokens) + u64::from(g.max_tokens) > u64::from(shared.max_model_len) {
+        return Err(TritonError::invalid(format!(
+            "The prompt ({} tokens) plus max_tokens ({}) exceed the model's maximum length ({})",
+            g.prompt_tokens, g.max_tokens, shared.max_model_len
+        )));
+    }
+    let reason = if g.output_tokens < g.max_tokens {
+        FinishReason::Stop
+    } else {
+        FinishReason::Length
+    };
+    let (guard, mut rx) = shared
+        .submit(g.prompt_tokens, g.output_tokens, reason)
+        .map_err(|e| TritonError::invalid(e.to_string()))?;
+    if stream {
+        let events = TritonStream {
+            rx,
+            model: shared.model.clone(),
+            _guard: guard,
+        };
+        let body = match fault {
+            Fault::CutStream => BodyExt::boxed(StreamBody::new(events.take(2).chain(
+                futures_util::stream::once(async {
+                    Err(std::io::Error::other("simulated stream cut"))
+                }),
+            ))),
+            _ => BodyExt::boxed(StreamBody::new(events)),
+        };
+        let mut resp = Response::new(body);
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        );
+        return Ok(resp);
+    }
+    // The guard lives across the wait, so a dropped connection cancels.
+    let _guard = guard;
+    while let Some(d) = rx.recv().await {
+        if let Delivery::Finished {
+            completion_tokens, ..
+        } = d
+        {
+            let text = triton::text(completion_tokens);
+            return Ok(json(StatusCode::OK, triton::response(&shared.model, &text)));
+        }
+    }
+    Err(TritonError {
+        status: 500,
+        message: "engine dropped the request".to_owned(),
+    })
 }

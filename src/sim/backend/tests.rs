@@ -498,6 +498,7 @@ async fn serve_stops_on_its_shutdown_future() {
         model: "m".to_owned(),
         engine: EngineParams::default(),
         fault: Fault::None,
+        flavour: Flavour::Vllm,
     };
     let server = tokio::spawn(serve(listener, cfg, async move {
         let _ = rx.await;
@@ -528,4 +529,179 @@ async fn dropping_a_non_streaming_request_cancels_its_sequence() {
     scrape_until(&c, &h, |t| running(t) == 1.0).await;
     waiter.abort();
     scrape_until(&c, &h, |t| running(t) == 0.0).await;
+}
+
+// ------------------------------------------------------------------ Triton
+
+async fn triton(flavour: Flavour) -> SimHandle {
+    SimBackend::builder("tensorrt_llm")
+        .flavour(flavour)
+        .decode_step(Duration::from_millis(5), Duration::ZERO)
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn triton_flavour_serves_kserve_v2_and_the_generate_extension() {
+    let h = triton(Flavour::TritonTrtllm).await;
+    let c = client();
+    let base = h.url();
+    assert_eq!(
+        get(&c, format!("{base}/v2/health/ready")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&c, format!("{base}/v2/health/live")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&c, format!("{base}/v2/models/tensorrt_llm/ready"))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let (status, meta) = get(&c, format!("{base}/v2/models/tensorrt_llm")).await;
+    assert_eq!(status, StatusCode::OK);
+    let meta: Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(meta["name"], "tensorrt_llm");
+    assert_eq!(meta["platform"], "tensorrt_llm");
+    // No OpenAI routes on Triton's HTTP port.
+    let (status, _) = get(&c, format!("{base}/v1/models")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // generate: one JSON object; every shape of max tokens.
+    for body in [
+        json!({"text_input": "What is ML?", "max_tokens": 4}),
+        json!({"text_input": "What is ML?", "parameters": {"max_tokens": 4}}),
+        json!({"text_input": "What is ML?", "sampling_param_max_tokens": 4}),
+    ] {
+        let (status, v) = post(&c, format!("{base}/v2/models/tensorrt_llm/generate"), body).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["model_name"], "tensorrt_llm");
+        assert_eq!(v["model_version"], "1");
+        assert_eq!(v["text_output"], " tok".repeat(4));
+    }
+    // With a version in the path.
+    let (status, _) = post(
+        &c,
+        format!("{base}/v2/models/tensorrt_llm/versions/1/generate"),
+        json!({"text_input": "x", "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    // generate_stream: one `data:` event per token, then the stream closes.
+    let resp = send(
+        &c,
+        Method::POST,
+        format!("{base}/v2/models/tensorrt_llm/generate_stream"),
+        Some(json!({"text_input": "What is ML?", "max_tokens": 3, "stream": true})),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
+    let text = String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 3, "{text}");
+    for e in &events {
+        let v: Value = serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(v["text_output"], " tok");
+    }
+    assert!(!text.contains("[DONE]"));
+
+    // Errors: Triton's shape, a plain string under "error".
+    let (status, v) = post(
+        &c,
+        format!("{base}/v2/models/other/generate"),
+        json!({"text_input": "x"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        v["error"],
+        "Request for unknown model: 'other' is not found"
+    );
+    let (status, v) = post(
+        &c,
+        format!("{base}/v2/models/tensorrt_llm/generate"),
+        json!({"max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(v["error"].is_string(), "{v}");
+    let (status, v) = post(
+        &c,
+        format!("{base}/v2/models/tensorrt_llm/infer"),
+        json!({"inputs": []}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED);
+    assert!(v["error"].as_str().unwrap().contains("decoupled"), "{v}");
+}
+
+#[tokio::test]
+async fn triton_metrics_read_back_through_the_triton_dialect() {
+    use crate::config::MetricsDialect;
+    use crate::poller::Decoder;
+    let h = triton(Flavour::TritonTrtllm).await;
+    let c = client();
+    // Two long requests in flight.
+    let url = format!("{}/v2/models/tensorrt_llm/generate", h.url());
+    let pending: Vec<_> = (0..2)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                post(&c, url, json!({"text_input": "x", "max_tokens": 200})).await
+            })
+        })
+        .collect();
+    let text = scrape_until(&c, &h, |t| t.contains("request_type=\"scheduled\"} 2")).await;
+    assert!(
+        text.contains("nv_inference_pending_request_count{model=\"tensorrt_llm\",version=\"1\"} 0")
+    );
+    let mut d = Decoder::new(MetricsDialect::Triton);
+    let r = d.decode(&text, crate::core::time::Instant::ZERO).unwrap();
+    assert_eq!(r.running, Some(2));
+    assert_eq!(r.waiting, Some(0));
+    assert!(r.kv_usage.is_some_and(|k| k > 0.0), "{r:?}");
+    assert_eq!(
+        d.sources().kv_usage,
+        Some("nv_trt_llm_kv_cache_block_metrics used/max")
+    );
+    for p in pending {
+        assert_eq!(p.await.unwrap().0, StatusCode::OK);
+    }
+    let text = scrape(&c, &h).await;
+    assert_eq!(sample(&text, "nv_inference_request_success{"), 2.0);
+
+    // The vLLM-backend flavour: histograms, no KV, a pending count that is
+    // not a queue.
+    let h = triton(Flavour::TritonVllm).await;
+    let (status, _) = post(
+        &c,
+        format!("{}/v2/models/tensorrt_llm/generate", h.url()),
+        json!({"text_input": "x", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = scrape(&c, &h).await;
+    assert!(text.contains(
+        "vllm:time_to_first_token_seconds_bucket{model=\"tensorrt_llm\",version=\"1\",le="
+    ));
+    assert!(!text.contains("nv_trt_llm"));
+    let mut d = Decoder::new(MetricsDialect::Triton);
+    let r = d.decode(&text, crate::core::time::Instant::ZERO).unwrap();
+    assert_eq!((r.kv_usage, r.waiting), (None, None));
 }
