@@ -58,7 +58,8 @@ pub fn request_body(data: &[u8]) {
 
 /// The SSE relay and its usage peek: the first two bytes pick where the
 /// rest is cut into frames. Whatever the cuts, a plain relay passes the
-/// stream on byte for byte, a JSON relay too, and a stripping relay passes
+/// stream on byte for byte, a JSON relay and the Triton relays too (the
+/// Triton stream's token count the same as uncut), and a stripping relay passes
 /// exactly the stream less its usage-only events and finds the same usage.
 pub fn sse_relay(data: &[u8]) {
     let (cuts, stream) = match data {
@@ -70,6 +71,15 @@ pub fn sse_relay(data: &[u8]) {
     assert_eq!(plain, stream, "plain relay changed the stream");
     let (json, _) = relay::relay_frames(Mode::Json, &frames);
     assert_eq!(json, stream, "JSON relay changed the body");
+    let (triton, triton_usage) = relay::relay_frames(Mode::TritonSse, &frames);
+    assert_eq!(triton, stream, "Triton relay changed the stream");
+    let (_, whole_triton) = relay::relay_frames(Mode::TritonSse, &[Bytes::copy_from_slice(stream)]);
+    assert_eq!(
+        triton_usage, whole_triton,
+        "Triton token count depends on the cuts"
+    );
+    let (triton_json, _) = relay::relay_frames(Mode::TritonJson, &frames);
+    assert_eq!(triton_json, stream, "Triton JSON relay changed the body");
     let (stripped, usage) = relay::relay_frames(Mode::SseStripUsage, &frames);
     let whole = [Bytes::copy_from_slice(stream)];
     let (expected, whole_usage) = relay::relay_frames(Mode::SseStripUsage, &whole);

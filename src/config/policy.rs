@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::core::spec::{
-    BackendSpec, OutlierSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
+    Api, BackendSpec, OutlierSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
 };
 pub use crate::core::spec::{Discipline, Priority, Strategy};
 use crate::sim::engine::EngineParams;
@@ -256,6 +256,12 @@ pub struct BackendPolicy {
     /// Most requests Fairway sends at once (the dispatch window's ceiling).
     pub max_inflight: u32,
     pub metrics: MetricsDialect,
+    /// The protocol it speaks: OpenAI-compatible, or Triton's `/v2` API.
+    #[serde(serialize_with = "as_display")]
+    pub protocol: Api,
+    /// The model's name on the backend, when it is not the pool's (a
+    /// Triton model such as `ensemble` or `tensorrt_llm_bls`).
+    pub served_model: Option<String>,
     /// Where the poller scrapes: `host:port` and path (default: the
     /// backend's own `host:port` and `/metrics`).
     pub metrics_url: Option<HttpEndpoint>,
@@ -363,31 +369,48 @@ impl Policy {
             pools: self
                 .pools
                 .iter()
-                .map(|p| PoolSpec {
-                    model: p.model.clone(),
-                    strategy: p.routing,
-                    kv_high_watermark: p.kv_high_watermark,
-                    ttft_p99_threshold: p.ttft_p99_threshold,
-                    outlier: OutlierSpec {
-                        consecutive_failures: p.outlier.eject_after_failures,
-                        ejection_time: p.outlier.ejection_time,
-                        max_ejection_time: p.outlier.max_ejection_time,
-                        max_ejected_share: p.outlier.max_ejected_share,
-                        success_rate_gap: p.outlier.success_rate_gap,
-                        success_rate_min_requests: p.outlier.success_rate_min_requests,
-                        success_rate_interval: p.outlier.success_rate_interval,
-                    },
-                    backends: p
-                        .backends
-                        .iter()
-                        .map(|b| BackendSpec {
-                            name: b.name.clone(),
-                            gpus: b.gpus,
-                            max_inflight: b.max_inflight,
-                            window_share: 1.0,
-                            kv_tokens: b.kv_tokens,
-                        })
-                        .collect(),
+                .flat_map(|p| {
+                    // One scheduler pool per protocol the model's backends
+                    // speak (a pool without backends keeps its OpenAI one).
+                    let has = |api| p.backends.iter().any(|b| b.protocol == api);
+                    [Api::OpenAi, Api::Triton]
+                        .into_iter()
+                        .filter(move |&api| has(api) || (api == Api::OpenAi && !has(Api::Triton)))
+                        .map(move |api| p.scheduler_pool(api))
+                })
+                .collect(),
+        }
+    }
+}
+
+impl PoolPolicy {
+    /// The scheduler's pool of this model's backends that speak `api`.
+    fn scheduler_pool(&self, api: Api) -> PoolSpec {
+        PoolSpec {
+            model: self.model.clone(),
+            api,
+            strategy: self.routing,
+            kv_high_watermark: self.kv_high_watermark,
+            ttft_p99_threshold: self.ttft_p99_threshold,
+            outlier: OutlierSpec {
+                consecutive_failures: self.outlier.eject_after_failures,
+                ejection_time: self.outlier.ejection_time,
+                max_ejection_time: self.outlier.max_ejection_time,
+                max_ejected_share: self.outlier.max_ejected_share,
+                success_rate_gap: self.outlier.success_rate_gap,
+                success_rate_min_requests: self.outlier.success_rate_min_requests,
+                success_rate_interval: self.outlier.success_rate_interval,
+            },
+            backends: self
+                .backends
+                .iter()
+                .filter(|b| b.protocol == api)
+                .map(|b| BackendSpec {
+                    name: b.name.clone(),
+                    gpus: b.gpus,
+                    max_inflight: b.max_inflight,
+                    window_share: 1.0,
+                    kv_tokens: b.kv_tokens,
                 })
                 .collect(),
         }

@@ -50,7 +50,7 @@ use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::queue::cost::{Work, cost};
 use crate::core::reading::Reading;
 use crate::core::routing::Candidate;
-use crate::core::spec::{Discipline, PreemptionSpec, SchedulerSpec};
+use crate::core::spec::{Api, Discipline, PreemptionSpec, SchedulerSpec};
 use crate::core::time::Instant;
 
 pub use outlier::{EjectReason, Ejection};
@@ -120,7 +120,7 @@ pub struct Scheduler {
     tenants: Vec<TenantState>,
     tenant_by_name: HashMap<String, TenantId>,
     pools: Vec<PoolState>,
-    pool_by_model: HashMap<String, PoolId>,
+    pool_by_model: HashMap<(String, Api), PoolId>,
     backends: Vec<BackendState>,
     backend_by_name: HashMap<String, BackendId>,
     requests: Slab,

@@ -230,10 +230,39 @@ pub struct TenantSpec {
     pub leased: bool,
 }
 
-/// One pool: the backends serving one model, and how they are picked.
+/// The protocol a pool's backends speak, and so the requests they take.
+/// A model served by backends of both kinds is two pools, one per
+/// protocol, each with its own fair queue and windows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Api {
+    /// OpenAI-compatible (`/v1/*`): vLLM, SGLang, Triton's OpenAI frontend…
+    #[default]
+    OpenAi,
+    /// Triton's KServe v2 HTTP API and its generate extension (`/v2/*`).
+    Triton,
+}
+
+impl Api {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::OpenAi => "openai",
+            Api::Triton => "triton",
+        }
+    }
+}
+
+impl fmt::Display for Api {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One pool: the backends serving one model over one protocol, and how
+/// they are picked.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolSpec {
     pub model: String,
+    pub api: Api,
     pub strategy: Strategy,
     /// Skip a backend whose KV usage is at or above this.
     pub kv_high_watermark: f64,
@@ -313,6 +342,7 @@ mod tests {
             }],
             pools: vec![PoolSpec {
                 model: "m".into(),
+                api: Api::OpenAi,
                 strategy: Strategy::LeastOutstanding,
                 kv_high_watermark: 0.8,
                 ttft_p99_threshold: Duration::from_millis(150),

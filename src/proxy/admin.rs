@@ -109,13 +109,19 @@ pub async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody
     }
 }
 
-/// `GET /v1/models`: the union of the pools' models, OpenAI list format.
+/// `GET /v1/models`: the models with OpenAI-compatible backends, OpenAI
+/// list format.
 pub fn models(gw: &Gateway) -> Response<BoxBody> {
     let live = gw.live.load();
     let data: Vec<_> = live
         .policy
         .pools
         .iter()
+        .filter(|p| {
+            p.backends
+                .iter()
+                .any(|b| b.protocol == crate::core::spec::Api::OpenAi)
+        })
         .map(|p| serde_json::json!({"id": p.model, "object": "model", "created": 0, "owned_by": "fairway"}))
         .collect();
     json(

@@ -14,13 +14,14 @@ use http_body_util::BodyExt;
 
 use crate::core::ids::BackendId;
 use crate::core::scheduler::{Arrival, Decision};
+use crate::core::spec::Api;
 use crate::proxy::body::{BoxBody, RequestBody};
 use crate::proxy::error::{ApiError, Outcome, RefusedBy, close_if_body_unread};
 use crate::proxy::gateway::{Gateway, Live, Pending};
 use crate::proxy::relay::{Mode, RelayBody};
 use crate::proxy::tenant::authenticate;
 use crate::proxy::ticket::{Phase, Ticket};
-use crate::proxy::{openai, upstream};
+use crate::proxy::{openai, triton, upstream};
 
 /// Reads the whole body within `timeout` (408 after it); the edge's body
 /// limit caps it at `limit`. A client that hangs up mid-body is
@@ -61,28 +62,37 @@ fn client_went_away(e: &(dyn std::error::Error + 'static)) -> bool {
     eof || h.is_incomplete_message() || h.is_canceled() || h.is_closed()
 }
 
-/// Serves one inference request (`/v1/chat/completions`, `/v1/completions`,
-/// `/v1/embeddings`).
-pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
+/// The kind of inference call, by its route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
+    OpenAi,
+    /// `/v2/models/{model}[/versions/{v}]/generate` and `/generate_stream`.
+    Triton,
+}
+
+/// Serves one inference request.
+pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>, call: Call) -> Response<BoxBody> {
     let start = gw.clock.now();
     let live = gw.live.load_full();
     let mut ticket = Ticket::new(gw.clone(), live.clone(), start, req.headers());
     let version = req.version();
     let has_body = !http_body::Body::is_end_stream(req.body());
-    match run(&gw, &live, req, &mut ticket).await {
+    match run(&gw, &live, req, call, &mut ticket).await {
         Ok((resp, mode)) => {
             let (parts, body) = resp.into_parts();
             ticket.status = parts.status.as_u16();
-            ticket.streaming = !matches!(mode, Mode::Json);
+            ticket.streaming = !matches!(mode, Mode::Json | Mode::TritonJson);
             if parts.status.is_client_error() {
                 ticket.outcome = Some(Outcome::Refused(RefusedBy::Backend));
             } else if parts.status.is_server_error() {
                 ticket.outcome = Some(Outcome::FailedUpstream);
             }
+            let streaming = ticket.streaming;
             let mut out =
                 Response::from_parts(parts, RelayBody::new(body, mode, ticket).boxed_unsync());
             upstream::strip_response_headers(out.headers_mut());
-            if mode != Mode::Json {
+            if streaming {
                 // The relay may drop the usage chunk or end a cut stream
                 // with an error event: the backend's length no longer holds.
                 out.headers_mut().remove(header::CONTENT_LENGTH);
@@ -96,7 +106,10 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<Box
             }
             ticket.outcome = Some(e.outcome());
             ticket.status = status.as_u16();
-            let mut resp = e.into_response();
+            let mut resp = match call {
+                Call::OpenAi => e.into_response(),
+                Call::Triton => e.into_triton_response(),
+            };
             close_if_body_unread(&mut resp, version, has_body && !ticket.body_read);
             resp
         }
@@ -107,6 +120,7 @@ async fn run(
     gw: &Arc<Gateway>,
     live: &Arc<Live>,
     req: Request<RequestBody>,
+    call: Call,
     ticket: &mut Ticket,
 ) -> Result<(Response<hyper::body::Incoming>, Mode), ApiError> {
     let tenant = authenticate(live, req.headers())?;
@@ -115,11 +129,22 @@ async fn run(
     let server = &live.policy.server;
     let (parts, body) = read_body(req, server.max_body_bytes, server.body_read_timeout).await?;
     ticket.body_read = true;
-    let info = openai::parse(&body)?;
-    let &(pool, pool_index) = live
+    let (info, api, triton_path) = match call {
+        Call::OpenAi => (openai::parse(&body)?, Api::OpenAi, None),
+        Call::Triton => {
+            let p = triton::model_path(&path).ok_or(ApiError::NotFound)?;
+            let info = triton::parse_generate(&body, p.model, p.action == "generate_stream")?;
+            (info, Api::Triton, Some(p))
+        }
+    };
+    let models = live
         .pools
         .get(&info.model)
         .ok_or_else(|| ApiError::UnknownModel(info.model.clone()))?;
+    let pool = models
+        .get(api)
+        .ok_or_else(|| ApiError::NotServedOver(info.model.clone(), api))?;
+    let pool_index = models.index;
     ticket.pool = Some((pool, pool_index));
     closed_while_store_down(gw, live, tenant)?;
     ticket.prompt_estimate = info.prompt_tokens;
@@ -178,7 +203,7 @@ async fn run(
             }
         }
     }
-    let strip_usage = info.stream && !info.include_usage && !is_embedding;
+    let strip_usage = info.stream && !info.include_usage && !is_embedding && api == Api::OpenAi;
     let body = if strip_usage {
         openai::with_usage_requested(&body)
     } else {
@@ -199,7 +224,16 @@ async fn run(
         let Some(authority) = authority else {
             return Err(ApiError::NoBackend(info.model.clone()));
         };
-        let mut up = upstream::request(live, &parts, &path, &authority, body.clone())?;
+        let up_path = match &triton_path {
+            // The backend may know the model by another name.
+            Some(p) => p.upstream(
+                live.served_models
+                    .get(&backend)
+                    .map_or(p.model, String::as_str),
+            ),
+            None => path.clone(),
+        };
+        let mut up = upstream::request(live, &parts, &up_path, &authority, body.clone())?;
         ticket.sent = Some(gw.clock.now());
         ticket.backend = Some(backend);
         ticket.backend_name = gw.core.lock().sched.backend_name(backend).to_owned();
@@ -288,10 +322,12 @@ async fn run(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let mode = match (is_sse, strip_usage && resp.status() == StatusCode::OK) {
-        (false, _) => Mode::Json,
-        (true, false) => Mode::Sse,
-        (true, true) => Mode::SseStripUsage,
+    let mode = match (api, is_sse, strip_usage && resp.status() == StatusCode::OK) {
+        (Api::Triton, false, _) => Mode::TritonJson,
+        (Api::Triton, true, _) => Mode::TritonSse,
+        (Api::OpenAi, false, _) => Mode::Json,
+        (Api::OpenAi, true, false) => Mode::Sse,
+        (Api::OpenAi, true, true) => Mode::SseStripUsage,
     };
     Ok((resp, mode))
 }

@@ -82,6 +82,9 @@ pub enum ApiError {
     Auth(&'static str),
     #[error("The model `{0}` does not exist.")]
     UnknownModel(String),
+    /// The model exists, but no backend of it speaks the call's protocol.
+    #[error("The model `{0}` is not served over the {1} API here.")]
+    NotServedOver(String, crate::core::spec::Api),
     #[error("Request body exceeds the limit of {0} bytes.")]
     BodyTooLarge(usize),
     #[error("The request body did not arrive within {0:?}.")]
@@ -139,7 +142,7 @@ impl ApiError {
                 Some("invalid_api_key"),
                 O::Refused(R::Auth),
             ),
-            ApiError::UnknownModel(_) => (
+            ApiError::UnknownModel(_) | ApiError::NotServedOver(..) => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 Some("model_not_found"),
@@ -238,6 +241,17 @@ impl ApiError {
     }
 
     /// The response: OpenAI error body plus `retry-after` / `x-ratelimit-*`.
+    /// The same response in the shape of Triton's errors on `/v2` routes:
+    /// `{"error": "<message>"}`, with the same status and headers.
+    pub fn into_triton_response(self) -> Response<BoxBody> {
+        let message = self.to_string();
+        let mut resp = self.into_response();
+        *resp.body_mut() = body::full(Bytes::from(
+            serde_json::json!({ "error": message }).to_string(),
+        ));
+        resp
+    }
+
     pub fn into_response(self) -> Response<BoxBody> {
         let (status, kind, code, _) = self.parts();
         let param = match &self {

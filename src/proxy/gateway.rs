@@ -20,6 +20,7 @@ use crate::clock::Clock;
 use crate::config::{BackendTarget, Policy};
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::scheduler::{Decision, EjectReason, Ejection, Scheduler};
+use crate::core::spec::Api;
 use crate::sim::backend::{SimBackend, SimHandle};
 use crate::telemetry::metrics::Metrics;
 
@@ -33,15 +34,36 @@ pub struct Live {
     pub tenant_names: HashMap<String, TenantId>,
     /// Per tenant id: index into `policy.tenants` (None for "default").
     pub tenant_policy: HashMap<TenantId, usize>,
-    /// Model → pool id and index into `policy.pools`.
-    pub pools: HashMap<String, (PoolId, usize)>,
+    /// Model → its scheduler pools and index into `policy.pools`.
+    pub pools: HashMap<String, ModelPools>,
     /// Backend id → `host:port` to connect to.
     pub authorities: HashMap<BackendId, String>,
+    /// Backend id → the model's name on it, where it is not the pool's.
+    pub served_models: HashMap<BackendId, String>,
     /// The tenant of every request when no tenants are declared.
     pub default_tenant: Option<TenantId>,
     /// Hex SHA-256 of the policy file text, and when it was loaded (unix seconds).
     pub source_hash: String,
     pub loaded_at_unix: u64,
+}
+
+/// A model's scheduler pools, one per protocol its backends speak.
+#[derive(Clone, Copy, Debug)]
+pub struct ModelPools {
+    /// Index into `policy.pools`.
+    pub index: usize,
+    pub openai: Option<PoolId>,
+    pub triton: Option<PoolId>,
+}
+
+impl ModelPools {
+    /// The pool of the backends that speak `api`.
+    pub fn get(&self, api: Api) -> Option<PoolId> {
+        match api {
+            Api::OpenAi => self.openai,
+            Api::Triton => self.triton,
+        }
+    }
 }
 
 /// Scheduler plus the decision channel of every waiting request, under one
@@ -228,10 +250,16 @@ pub fn derive_live(
     }
     let mut pools = HashMap::new();
     let mut authorities = HashMap::new();
+    let mut served_models = HashMap::new();
     for (i, p) in policy.pools.iter().enumerate() {
-        if let Some(id) = sched.pool(&p.model) {
-            pools.insert(p.model.clone(), (id, i));
-        }
+        pools.insert(
+            p.model.clone(),
+            ModelPools {
+                index: i,
+                openai: sched.pool_for(&p.model, Api::OpenAi),
+                triton: sched.pool_for(&p.model, Api::Triton),
+            },
+        );
         for b in &p.backends {
             let Some(bid) = sched.backend(&b.name) else {
                 continue;
@@ -242,6 +270,9 @@ pub fn derive_live(
             };
             if let Some(a) = authority {
                 authorities.insert(bid, a);
+            }
+            if let Some(m) = &b.served_model {
+                served_models.insert(bid, m.clone());
             }
         }
     }
@@ -257,6 +288,7 @@ pub fn derive_live(
         tenant_policy,
         pools,
         authorities,
+        served_models,
         default_tenant,
         source_hash: hex(&Sha256::digest(source.as_bytes())),
         loaded_at_unix,
@@ -327,6 +359,24 @@ impl Gateway {
         core.deliver(decisions, None);
     }
 
+    /// Triton's readiness: `model`'s Triton pool (or every Triton pool)
+    /// has a backend that may take requests, and the gateway is not
+    /// draining.
+    pub fn triton_ready(&self, model: Option<&str>) -> bool {
+        let live = self.live.load();
+        let pools: Vec<PoolId> = live
+            .pools
+            .iter()
+            .filter(|(m, _)| model.is_none_or(|want| want == m.as_str()))
+            .filter_map(|(_, p)| p.triton)
+            .collect();
+        if self.is_draining() || (model.is_some() && pools.is_empty()) {
+            return false;
+        }
+        let core = self.core.lock();
+        pools.iter().all(|p| core.sched.pool_is_ready(*p))
+    }
+
     /// Whether shutdown has begun.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
@@ -355,8 +405,16 @@ pub async fn start_sims(
                 if running.contains_key(&b.name) {
                     continue;
                 }
-                let h = SimBackend::builder(pool.model.clone())
+                // A Triton backend is simulated as Triton (TensorRT-LLM),
+                // serving the model under its name there.
+                let flavour = match b.protocol {
+                    Api::Triton => crate::sim::backend::Flavour::TritonTrtllm,
+                    Api::OpenAi => crate::sim::backend::Flavour::Vllm,
+                };
+                let name = b.served_model.clone().unwrap_or_else(|| pool.model.clone());
+                let h = SimBackend::builder(name)
                     .engine(params.clone())
+                    .flavour(flavour)
                     .start()
                     .await?;
                 tracing::info!(backend = %b.name, addr = %h.addr(), "started simulated backend");

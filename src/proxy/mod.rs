@@ -16,4 +16,5 @@ pub mod server;
 pub mod tenant;
 pub mod ticket;
 pub mod tls;
+pub mod triton;
 pub mod upstream;

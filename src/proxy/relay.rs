@@ -48,6 +48,71 @@ pub enum Mode {
     Sse,
     /// Server-sent events; drop the usage-only chunk Fairway asked for.
     SseStripUsage,
+    /// Triton's generate response: the usage is its `num_output_tokens`
+    /// (the vLLM backend's optional output) or the estimated tokens of its
+    /// `text_output`.
+    TritonJson,
+    /// Triton's `generate_stream` events, passed through; the usage is the
+    /// sum over events as for one response (at least one token each).
+    TritonSse,
+}
+
+impl Mode {
+    fn is_json(self) -> bool {
+        matches!(self, Mode::Json | Mode::TritonJson)
+    }
+
+    fn is_triton(self) -> bool {
+        matches!(self, Mode::TritonJson | Mode::TritonSse)
+    }
+}
+
+#[derive(Deserialize)]
+struct TritonLite {
+    #[serde(default)]
+    text_output: Option<serde_json::Value>,
+    #[serde(default)]
+    num_output_tokens: Option<serde_json::Value>,
+}
+
+/// The output tokens of one Triton response (or stream event): its
+/// `num_output_tokens` where the model returns it, else the estimate of
+/// its `text_output` (a string or a one-element array of one); `None` if
+/// it is not a response (an error event).
+fn triton_tokens(json: &[u8]) -> Option<u32> {
+    let r: TritonLite = serde_json::from_slice(json).ok()?;
+    let first = |v: &serde_json::Value| match v {
+        serde_json::Value::Array(a) if a.len() == 1 => a[0].clone(),
+        v => v.clone(),
+    };
+    if let Some(n) = r
+        .num_output_tokens
+        .as_ref()
+        .map(first)
+        .and_then(|v| v.as_u64())
+    {
+        return Some(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    match r.text_output.as_ref().map(first)? {
+        serde_json::Value::String(t) => Some(crate::tokens::estimate(&t).max(1)),
+        _ => None,
+    }
+}
+
+/// Adds one stream event's output tokens to `usage`.
+fn add_triton_event(event: &[u8], usage: &mut Option<Usage>) {
+    for line in event.split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(data) = line.strip_prefix(b"data:")
+            && let Some(n) = triton_tokens(data.trim_ascii_start())
+        {
+            let u = usage.get_or_insert(Usage {
+                prompt_tokens: 0,
+                completion_tokens: 0,
+            });
+            u.completion_tokens = u.completion_tokens.saturating_add(n);
+        }
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -123,6 +188,15 @@ fn inspect_event(event: &[u8]) -> (Option<Usage>, bool) {
     (usage, usage_only)
 }
 
+/// The event that ends a Triton stream the backend cut: Triton's own
+/// in-stream error shape, `data: {"error": "..."}`.
+pub fn triton_error_event(cause: &str) -> Bytes {
+    let body = serde_json::json!({
+        "error": format!("The backend's stream broke: {cause}")
+    });
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
 /// The SSE event that ends a stream the backend cut, in OpenAI's shape
 /// (the `openai` SDKs raise an `APIError` with this message; vLLM reports
 /// its own errors mid-stream the same way).
@@ -161,7 +235,7 @@ impl Body for RelayBody {
                     if let Some(t) = this.ticket.take() {
                         t.end(BodyEnd::UpstreamError(e.to_string()));
                     }
-                    if *this.mode == Mode::Json {
+                    if this.mode.is_json() {
                         // Nothing can be added to a JSON body: the client
                         // sees the connection cut.
                         return Poll::Ready(Some(Err(Box::new(e))));
@@ -171,7 +245,12 @@ impl Body for RelayBody {
                     // as an SSE client would drop it at the end).
                     *this.ended = true;
                     this.carry.clear();
-                    return Poll::Ready(Some(Ok(Frame::data(error_event(&e.to_string())))));
+                    let event = if this.mode.is_triton() {
+                        triton_error_event(&e.to_string())
+                    } else {
+                        error_event(&e.to_string())
+                    };
+                    return Poll::Ready(Some(Ok(Frame::data(event))));
                 }
                 Poll::Ready(Some(Ok(frame))) => frame,
             };
@@ -208,9 +287,10 @@ impl Body for RelayBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.mode {
-            Mode::Json => self.inner.size_hint(),
-            Mode::Sse | Mode::SseStripUsage => SizeHint::default(),
+        if self.mode.is_json() {
+            self.inner.size_hint()
+        } else {
+            SizeHint::default()
         }
     }
 }
@@ -225,6 +305,12 @@ fn finish(
 ) -> Option<Bytes> {
     let t = ticket.take()?;
     let tail = tail(mode, carry, usage);
+    if mode.is_triton()
+        && let Some(u) = usage.as_mut()
+    {
+        // Triton reports no prompt count: Fairway's estimate stands in.
+        u.prompt_tokens = t.prompt_estimate;
+    }
     t.end(BodyEnd::Complete { usage: *usage });
     tail
 }
@@ -244,7 +330,18 @@ fn tail(mode: Mode, carry: &mut BytesMut, usage: &mut Option<Usage>) -> Option<B
             }
             None
         }
-        Mode::Sse | Mode::SseStripUsage => (!carry.is_empty()).then(|| carry.split().freeze()),
+        Mode::TritonJson => {
+            if let Some(n) = triton_tokens(carry) {
+                *usage = Some(Usage {
+                    prompt_tokens: 0,
+                    completion_tokens: n,
+                });
+            }
+            None
+        }
+        Mode::Sse | Mode::SseStripUsage | Mode::TritonSse => {
+            (!carry.is_empty()).then(|| carry.split().freeze())
+        }
     }
 }
 
@@ -275,7 +372,7 @@ fn scan(
     usage: &mut Option<Usage>,
     data: Bytes,
 ) -> Option<Bytes> {
-    if mode == Mode::Json {
+    if mode.is_json() {
         if carry.len() + data.len() <= MAX_SCAN {
             carry.extend_from_slice(&data);
         }
@@ -304,6 +401,11 @@ fn scan(
     }
     while let Some(end) = event_end(&buf[sent..]) {
         let event = &buf[sent..sent + end];
+        if mode == Mode::TritonSse {
+            add_triton_event(event, usage);
+            sent += end;
+            continue;
+        }
         let (u, usage_only) = inspect_event(event);
         if let Some(u) = u {
             *usage = Some(u);
@@ -336,6 +438,41 @@ fn scan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn triton_streams_pass_untouched_and_count_their_tokens() {
+        let ev = |t: &str| {
+            format!(
+                "data: {{\"model_name\":\"m\",\"model_version\":\"1\",\"text_output\":\"{t}\"}}\n\n"
+            )
+        };
+        let whole = [ev(" tok"), ev(" tok"), ev(" tok")].concat();
+        // Split anywhere: the same bytes out, three tokens counted.
+        let frames: Vec<Bytes> = whole
+            .as_bytes()
+            .chunks(7)
+            .map(Bytes::copy_from_slice)
+            .collect();
+        let (out, usage) = relay_frames(Mode::TritonSse, &frames);
+        assert_eq!(out, whole.as_bytes());
+        assert_eq!(usage.map(|u| u.completion_tokens), Some(3));
+        // An error event counts nothing.
+        let (_, usage) = relay_frames(
+            Mode::TritonSse,
+            &[Bytes::from("data: {\"error\":\"x\"}\n\n")],
+        );
+        assert_eq!(usage, None);
+    }
+
+    #[test]
+    fn triton_responses_count_num_output_tokens_or_the_text() {
+        let one = |body: &str| relay_frames(Mode::TritonJson, &[Bytes::from(body.to_owned())]).1;
+        let text = one(r#"{"model_name":"m","model_version":"1","text_output":"a b c d e f g h"}"#);
+        assert!(text.is_some_and(|u| u.completion_tokens >= 2));
+        let counted = one(r#"{"text_output":["x"],"num_output_tokens":[42]}"#);
+        assert_eq!(counted.map(|u| u.completion_tokens), Some(42));
+        assert_eq!(one(r#"{"error":"bad"}"#), None);
+    }
 
     #[test]
     fn finds_usage_only_chunk() {

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -46,6 +46,7 @@ use crate::config::Policy;
 use crate::core::fairness::FairnessMeter;
 use crate::core::scheduler::Scheduler;
 use crate::proxy::body::{BodyError, BoxBody, RequestBody};
+use crate::proxy::dispatch::Call;
 use crate::proxy::error::{ApiError, close_if_body_unread};
 use crate::proxy::gateway::{CoreState, Gateway, PolicySource, derive_live, start_sims};
 use crate::proxy::layers::{
@@ -613,16 +614,40 @@ async fn deadline_task(gw: Arc<Gateway>, shutdown: CancellationToken) {
 }
 
 async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
+    let triton_call = crate::proxy::triton::model_path(req.uri().path())
+        .map(|p| p.action == "generate" || p.action == "generate_stream");
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
-            dispatch::handle(gw, req).await
+            dispatch::handle(gw, req, Call::OpenAi).await
+        }
+        (&Method::POST, _) if triton_call == Some(true) => {
+            dispatch::handle(gw, req, Call::Triton).await
         }
         (&Method::GET, "/v1/models") => admin::models(&gw),
-        _ => {
-            let mut resp = ApiError::NotFound.into_response();
+        (&Method::GET, "/v2/health/live") => triton_status(true),
+        (&Method::GET, "/v2/health/ready") => triton_status(gw.triton_ready(None)),
+        (&Method::GET, path) if path.ends_with("/ready") && triton_call.is_some() => {
+            let model = crate::proxy::triton::model_path(path).map(|p| p.model.to_owned());
+            triton_status(gw.triton_ready(model.as_deref()))
+        }
+        (_, path) => {
+            let mut resp = if path.starts_with("/v2") {
+                ApiError::NotFound.into_triton_response()
+            } else {
+                ApiError::NotFound.into_response()
+            };
             let unread = !http_body::Body::is_end_stream(req.body());
             close_if_body_unread(&mut resp, req.version(), unread);
             resp
         }
     }
+}
+
+/// Triton's health answers: 200, or 400 when not ready, with no body.
+fn triton_status(ok: bool) -> Response<BoxBody> {
+    let mut resp = Response::new(crate::proxy::body::full(Bytes::new()));
+    if !ok {
+        *resp.status_mut() = StatusCode::BAD_REQUEST;
+    }
+    resp
 }

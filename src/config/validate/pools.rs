@@ -12,6 +12,7 @@ use super::reader::{Reader, Table, Value, Zero};
 use crate::config::policy::{
     BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, OutlierPolicy, PoolPolicy, Strategy,
 };
+use crate::core::spec::Api;
 use crate::sim::engine::EngineParams;
 
 const POOL_KEYS: &[&str] = &[
@@ -39,7 +40,10 @@ const BACKEND_KEYS: &[&str] = &[
     "metrics_url",
     "health_path",
     "kv_tokens",
+    "protocol",
+    "served_model",
 ];
+const PROTOCOLS: &[(&str, Api)] = &[("openai", Api::OpenAi), ("triton", Api::Triton)];
 const SIM_KEYS: &[&str] = &[
     "max_num_seqs",
     "kv_tokens",
@@ -246,9 +250,29 @@ fn read_backend(
     let explicit_name = r.opt(t, "name", Reader::non_empty);
     let gpus = r.opt(t, "gpus", Reader::positive_int).unwrap_or(1);
     let max_inflight = r.opt(t, "max_inflight", Reader::positive_int).unwrap_or(64);
+    let protocol = r
+        .opt(t, "protocol", |r, v, p| r.choice(v, p, PROTOCOLS))
+        .unwrap_or(Api::OpenAi);
+    let served_model = r.opt(t, "served_model", |r, v, p| {
+        let name = r.non_empty(v, p)?;
+        // It goes into the backend's URL path (`/v2/models/{name}/…`).
+        if name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            Some(name)
+        } else {
+            r.error(
+                v.span(),
+                p,
+                "a served model name is letters, digits, `-`, `_` and `.` (it goes into the backend's URL path)",
+            );
+            None
+        }
+    });
     let metrics = r
         .opt(t, "metrics", |r, v, p| r.choice(v, p, DIALECTS))
-        .unwrap_or(MetricsDialect::Vllm);
+        .unwrap_or(match protocol {
+            Api::Triton => MetricsDialect::Triton,
+            Api::OpenAi => MetricsDialect::Vllm,
+        });
     let metrics_url = r.opt(t, "metrics_url", read_endpoint);
     let health_path = r
         .opt(t, "health_path", read_path)
@@ -284,6 +308,8 @@ fn read_backend(
         metrics_url,
         health_path,
         kv_tokens,
+        protocol,
+        served_model,
     })
 }
 

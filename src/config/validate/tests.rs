@@ -8,6 +8,7 @@ use super::tenants::sha256;
 use super::{parse_policy, parse_policy_with_env, summary};
 use crate::config::file::{ConfigError, load_policy};
 use crate::config::policy::*;
+use crate::core::spec::Api;
 use crate::sim::engine::EngineParams;
 
 /// One pool with one remote backend: the smallest valid policy.
@@ -402,7 +403,7 @@ fn unknown_choices_are_reported_with_a_suggestion() {
         5,
         11,
         "pools[0].backends[0].metrics",
-        "vllm, triton, sglang, llamacpp, agent, none",
+        "vllm, triton, trtllm, sglang, llamacpp, agent, none",
     );
     let src = format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\npriority = \"high\"\n");
     assert_one(&src, 8, 12, "tenants[0].priority", "interactive, batch");
@@ -841,6 +842,8 @@ fn minimal_file_gets_every_default() {
                 metrics_url: None,
                 health_path: "/health".into(),
                 kv_tokens: 65_536,
+                protocol: Api::OpenAi,
+                served_model: None,
             }],
         }],
         tenants: vec![],
@@ -938,6 +941,8 @@ burst = 3
             metrics_url: None,
             health_path: "/health".into(),
             kv_tokens: 65_536,
+            protocol: Api::OpenAi,
+            served_model: None,
         }
     );
     assert_eq!(
@@ -953,6 +958,8 @@ burst = 3
             metrics_url: None,
             health_path: "/v2/health/ready".into(),
             kv_tokens: 1000,
+            protocol: Api::OpenAi,
+            served_model: None,
         }
     );
     assert_eq!(
@@ -1420,4 +1427,34 @@ fn the_cluster_section_is_checked_and_its_password_never_shown() {
             .unwrap_err();
         assert_eq!(errs[0].path, path, "{cluster}: {errs:#?}");
     }
+}
+
+#[test]
+fn triton_backends_name_their_protocol_and_served_model() {
+    let src = "[[pools]]\nmodel = \"llama\"\n\
+               [[pools.backends]]\nurl = \"http://vllm:8000\"\n\
+               [[pools.backends]]\nurl = \"http://triton:8000\"\nprotocol = \"triton\"\nserved_model = \"ensemble\"\n";
+    let p = parse(src).unwrap();
+    let b = &p.pools[0].backends;
+    assert_eq!((b[0].protocol, b[1].protocol), (Api::OpenAi, Api::Triton));
+    assert_eq!(b[1].served_model.as_deref(), Some("ensemble"));
+    // A Triton backend is read and probed as Triton.
+    assert_eq!(b[1].metrics, MetricsDialect::Triton);
+    assert_eq!(b[1].health_path, "/v2/health/ready");
+    // One scheduler pool per protocol.
+    let spec = p.scheduler_spec();
+    let pools: Vec<_> = spec
+        .pools
+        .iter()
+        .map(|p| (p.model.as_str(), p.api, p.backends.len()))
+        .collect();
+    assert_eq!(
+        pools,
+        vec![("llama", Api::OpenAi, 1), ("llama", Api::Triton, 1)]
+    );
+
+    let bad = format!("{POOL}protocol = \"grpc\"\n");
+    assert_one(&bad, 5, 12, "pools[0].backends[0].protocol", "openai");
+    let bad = format!("{POOL}served_model = \"a/b\"\n");
+    assert_one(&bad, 5, 16, "pools[0].backends[0].served_model", "URL path");
 }

@@ -6,7 +6,7 @@ use crate::core::accounting::GpuClock;
 use crate::core::admission::Bucket;
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::queue::FairQueue;
-use crate::core::spec::{Priority, SchedulerSpec};
+use crate::core::spec::{Api, Priority, SchedulerSpec};
 use crate::core::time::Instant;
 
 use super::state::{BackendState, PoolState, TenantLease, TenantState, is_queued};
@@ -74,7 +74,7 @@ impl Scheduler {
         for pp in &spec.pools {
             let pid = *self
                 .pool_by_model
-                .entry(pp.model.clone())
+                .entry((pp.model.clone(), pp.api))
                 .or_insert_with(|| {
                     self.pools.push(PoolState {
                         model: pp.model.clone(),
@@ -211,10 +211,15 @@ impl Scheduler {
             .filter(|t| !self.tenants[t.0 as usize].retired)
     }
 
-    /// The pool serving `model`, if any.
+    /// The OpenAI-compatible pool serving `model`, if any.
     pub fn pool(&self, model: &str) -> Option<PoolId> {
+        self.pool_for(model, Api::OpenAi)
+    }
+
+    /// The pool serving `model` over `api`, if any.
+    pub fn pool_for(&self, model: &str, api: Api) -> Option<PoolId> {
         self.pool_by_model
-            .get(model)
+            .get(&(model.to_owned(), api))
             .copied()
             .filter(|p| !self.pools[p.0 as usize].retired)
     }

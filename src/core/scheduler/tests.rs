@@ -41,6 +41,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
         tenants,
         pools: vec![PoolSpec {
             model: "m".into(),
+            api: crate::core::spec::Api::OpenAi,
             strategy: Strategy::LeastOutstanding,
             kv_high_watermark: 0.8,
             ttft_p99_threshold: Duration::from_millis(150),
