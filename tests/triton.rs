@@ -154,6 +154,28 @@ async fn generate_calls_reach_the_triton_backend_and_openai_calls_the_vllm_one()
             .status,
         400
     );
+    // What the key may call over Triton's API; a key is needed.
+    let r = send(
+        &c,
+        http::Request::get(format!("{base}/v2/models"))
+            .header("authorization", format!("Bearer {KEY}"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["models"][0]["name"], "llama");
+    let r = get(&c, format!("{base}/v2/models")).await;
+    assert_eq!(r.status, 401);
+    assert!(r.json()["error"].is_string(), "{}", r.text());
+    // The model's metadata, from the Triton backend, under the pool's name.
+    let r = get(&c, format!("{base}/v2/models/llama")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["name"], "llama");
+    assert_eq!(r.json()["platform"], "tensorrt_llm");
+    let r = get(&c, format!("{base}/v2/models/other")).await;
+    assert_eq!(r.status, 404);
+    assert!(r.json()["error"].is_string(), "{}", r.text());
 
     // Every request ended in exactly one outcome, and the Triton calls'
     // output tokens (4 + 1 + 20, read from the responses) are counted with
@@ -229,14 +251,28 @@ async fn errors_on_v2_routes_keep_tritons_shape() {
     .await;
     assert_eq!(r.status, 400);
     shape(&r);
-    // A route Fairway does not carry yet, in Triton's shape too.
+    // A route Fairway does not carry, in Triton's shape too.
     let r = send(
         &c,
-        post(gw.addr(), "/v2/models/llama/infer", Some(KEY), "{}"),
+        post(gw.addr(), "/v2/models/llama/config", Some(KEY), "{}"),
     )
     .await;
     assert_eq!(r.status, 404);
     shape(&r);
+    // An infer call on the decoupled LLM: Triton's own 501 comes back.
+    let infer =
+        r#"{"inputs":[{"name":"text_input","shape":[1],"datatype":"BYTES","data":["hi"]}]}"#;
+    let r = send(
+        &c,
+        post(gw.addr(), "/v2/models/llama/infer", Some(KEY), infer),
+    )
+    .await;
+    assert_eq!(r.status, 501);
+    assert!(
+        r.json()["error"].as_str().unwrap().contains("decoupled"),
+        "{}",
+        r.text()
+    );
     // The backend's own error passes through as it is.
     let r = send(
         &c,
@@ -417,4 +453,158 @@ async fn triton_kv_readings_steer_requests_away_from_a_full_backend() {
     for f in filler {
         f.await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn infer_calls_on_a_classic_model_pass_through_untouched() {
+    let embedder = SimBackend::builder("embedder_onnx")
+        .flavour(Flavour::TritonTensor)
+        .start()
+        .await
+        .unwrap();
+    let text = format!(
+        "{SERVER}\n[[pools]]\nmodel = \"embedder\"\n\
+         [[pools.backends]]\nurl = \"http://{}\"\nprotocol = \"triton\"\nserved_model = \"embedder_onnx\"\n\
+         [[tenants]]\nname = \"a\"\napi_keys = [\"{KEY}\"]\n",
+        embedder.addr()
+    );
+    let gw = gateway(&text, &[]).await;
+    let c = client();
+    // JSON tensors.
+    let body = r#"{"id":"req-7","inputs":[{"name":"INPUT0","shape":[1,3],"datatype":"FP32","data":[1.0,2.0,3.0]}]}"#;
+    let r = send(
+        &c,
+        post(gw.addr(), "/v2/models/embedder/infer", Some(KEY), body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["model_name"], "embedder_onnx");
+    assert_eq!(v["id"], "req-7");
+    assert_eq!(v["outputs"][0]["datatype"], "FP32");
+    // The binary-tensor extension: a JSON header, then raw bytes, with its
+    // length in Inference-Header-Content-Length, passed on as it is.
+    let header = r#"{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","parameters":{"binary_data_size":16}}]}"#;
+    let mut raw = header.as_bytes().to_vec();
+    raw.extend_from_slice(&[0u8; 16]);
+    let mut req = post(gw.addr(), "/v2/models/embedder/infer", Some(KEY), raw);
+    req.headers_mut().insert(
+        "inference-header-content-length",
+        http::HeaderValue::from(header.len()),
+    );
+    req.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/octet-stream"),
+    );
+    let r = send(&c, req).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A body that is not what the header says: 400 in Triton's shape.
+    let mut req = post(gw.addr(), "/v2/models/embedder/infer", Some(KEY), "{}");
+    req.headers_mut().insert(
+        "inference-header-content-length",
+        http::HeaderValue::from(999),
+    );
+    let r = send(&c, req).await;
+    assert_eq!(r.status, 400);
+    assert!(r.json()["error"].is_string(), "{}", r.text());
+    // One outcome each; the backend saw the two good ones.
+    let m = get(&c, format!("http://{}/metrics", gw.admin_addr()))
+        .await
+        .text();
+    assert_eq!(
+        metric_sum(&m, "fairway_requests_total{tenant=\"a\""),
+        3.0,
+        "{m}"
+    );
+    let m = get(&c, format!("http://{}/metrics", embedder.addr()))
+        .await
+        .text();
+    assert_eq!(
+        metric(
+            &m,
+            "nv_inference_request_success{model=\"embedder_onnx\",version=\"1\"}"
+        ),
+        Some(2.0),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn interactive_generate_preempts_young_batch_generate_work() {
+    // One Triton backend with a window of 2, filled by two long batch
+    // generate calls; an interactive call takes a slot from the youngest.
+    let b = SimBackend::builder("tensorrt_llm")
+        .flavour(Flavour::TritonTrtllm)
+        .max_num_seqs(8)
+        .decode_step(Duration::from_millis(2), Duration::from_micros(10))
+        .start()
+        .await
+        .unwrap();
+    let text = format!(
+        "{SERVER}\n[preemption]\nmin_wait = \"50ms\"\n[[pools]]\nmodel = \"llama\"\n\
+         [[pools.backends]]\nurl = \"http://{}\"\nprotocol = \"triton\"\nserved_model = \"tensorrt_llm\"\nmax_inflight = 2\n\
+         [[tenants]]\nname = \"jobs\"\napi_keys = [\"sk-jobs\"]\npriority = \"batch\"\n\
+         [[tenants]]\nname = \"app\"\napi_keys = [\"sk-app\"]\n",
+        b.addr()
+    );
+    let gw = gateway(&text, &[]).await;
+    let addr = gw.addr();
+    let jobs: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                send(
+                    &client(),
+                    post(
+                        addr,
+                        "/v2/models/llama/generate",
+                        Some("sk-jobs"),
+                        generate(1000),
+                    ),
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    while b.stats().running < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let start = tokio::time::Instant::now();
+    let r = send(
+        &client(),
+        post(
+            addr,
+            "/v2/models/llama/generate",
+            Some("sk-app"),
+            generate(5),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let latency = start.elapsed();
+    assert!(latency < Duration::from_millis(1000), "waited {latency:?}");
+    for j in jobs {
+        assert_eq!(j.await.unwrap(), 200);
+    }
+    let m = get(&client(), format!("http://{}/metrics", gw.admin_addr()))
+        .await
+        .text();
+    assert_eq!(
+        metric(&m, "fairway_preemptions_total{tenant=\"jobs\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    // The preempted first run was cancelled at the backend, not finished.
+    let bm = get(&client(), format!("http://{}/metrics", b.addr()))
+        .await
+        .text();
+    assert_eq!(
+        metric(
+            &bm,
+            "nv_inference_request_failure{model=\"tensorrt_llm\",version=\"1\",reason=\"CANCELED\"}"
+        ),
+        Some(1.0),
+        "{bm}"
+    );
 }

@@ -67,7 +67,8 @@ fn client_went_away(e: &(dyn std::error::Error + 'static)) -> bool {
 pub enum Call {
     /// `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
     OpenAi,
-    /// `/v2/models/{model}[/versions/{v}]/generate` and `/generate_stream`.
+    /// `/v2/models/{model}[/versions/{v}]/generate`, `/generate_stream`
+    /// and `/infer`.
     Triton,
 }
 
@@ -133,7 +134,12 @@ async fn run(
         Call::OpenAi => (openai::parse(&body)?, Api::OpenAi, None),
         Call::Triton => {
             let p = triton::model_path(&path).ok_or(ApiError::NotFound)?;
-            let info = triton::parse_generate(&body, p.model, p.action == "generate_stream")?;
+            let info = if p.action == "infer" {
+                let header_len = parts.headers.get("inference-header-content-length");
+                triton::parse_infer(&body, header_len, p.model)?
+            } else {
+                triton::parse_generate(&body, p.model, p.action == "generate_stream")?
+            };
             (info, Api::Triton, Some(p))
         }
     };

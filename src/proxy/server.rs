@@ -615,7 +615,7 @@ async fn deadline_task(gw: Arc<Gateway>, shutdown: CancellationToken) {
 
 async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
     let triton_call = crate::proxy::triton::model_path(req.uri().path())
-        .map(|p| p.action == "generate" || p.action == "generate_stream");
+        .map(|p| matches!(p.action, "generate" | "generate_stream" | "infer"));
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
             dispatch::handle(gw, req, Call::OpenAi).await
@@ -625,10 +625,23 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
         }
         (&Method::GET, "/v1/models") => admin::models(&gw),
         (&Method::GET, "/v2/health/live") => triton_status(true),
+        (&Method::GET, "/v2/models") => crate::proxy::triton::list(&gw, req.headers())
+            .unwrap_or_else(ApiError::into_triton_response),
         (&Method::GET, "/v2/health/ready") => triton_status(gw.triton_ready(None)),
         (&Method::GET, path) if path.ends_with("/ready") && triton_call.is_some() => {
             let model = crate::proxy::triton::model_path(path).map(|p| p.model.to_owned());
             triton_status(gw.triton_ready(model.as_deref()))
+        }
+        (&Method::GET, path)
+            if crate::proxy::triton::model_path(path).is_some_and(|p| p.action.is_empty()) =>
+        {
+            let path = path.to_owned();
+            let Some(p) = crate::proxy::triton::model_path(&path) else {
+                return ApiError::NotFound.into_triton_response();
+            };
+            crate::proxy::triton::metadata(&gw, &p)
+                .await
+                .unwrap_or_else(ApiError::into_triton_response)
         }
         (_, path) => {
             let mut resp = if path.starts_with("/v2") {

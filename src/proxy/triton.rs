@@ -1,8 +1,8 @@
 //! Just enough of Triton's HTTP API (KServe v2 and its generate
 //! extension): which model and action a `/v2` path names, what Fairway
 //! reads of a generate body (the prompt's size and the output length, in
-//! every shape Triton models take it), and the path to send upstream. The
-//! body itself goes to the backend untouched.
+//! every shape Triton models take it) and of an infer body (its size), and
+//! the path to send upstream. Bodies go to the backend untouched.
 
 use serde::Deserialize;
 
@@ -105,6 +105,165 @@ pub fn parse_generate(body: &[u8], model: &str, stream: bool) -> Result<RequestI
     })
 }
 
+/// What Fairway reads of an infer request to `model` (a classic tensor
+/// model: embeddings, a classifier, a reranker): that it is a JSON object
+/// with `inputs` (the JSON header of a binary-tensor request, the first
+/// `header_len` bytes, when `Inference-Header-Content-Length` says so), and
+/// its size, as its cost: four bytes a token, like text. The tensors are
+/// not read; the body goes upstream untouched.
+pub fn parse_infer(
+    body: &[u8],
+    header_len: Option<&http::HeaderValue>,
+    model: &str,
+) -> Result<RequestInfo, ApiError> {
+    let json = match header_len {
+        None => body,
+        Some(v) => {
+            let n = v
+                .to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    ApiError::InvalidRequest("Invalid Inference-Header-Content-Length.".into())
+                })?;
+            body.get(..n).ok_or_else(|| {
+                ApiError::InvalidRequest(format!(
+                    "Inference-Header-Content-Length {n} is past the end of the body ({} bytes).",
+                    body.len()
+                ))
+            })?
+        }
+    };
+    let v: serde_json::Value = serde_json::from_slice(json)
+        .map_err(|e| ApiError::InvalidRequest(format!("Request header is not valid JSON: {e}")))?;
+    if !v.get("inputs").is_some_and(serde_json::Value::is_array) {
+        return Err(ApiError::InvalidRequest(
+            "Request must be a JSON object with an `inputs` array.".into(),
+        ));
+    }
+    Ok(RequestInfo {
+        model: model.to_owned(),
+        stream: false,
+        include_usage: true,
+        // One pass over the input, no generated output.
+        max_tokens: Some(0),
+        prompt_tokens: u32::try_from(body.len().div_ceil(4))
+            .unwrap_or(u32::MAX)
+            .max(1),
+    })
+}
+
+/// `GET /v2/models/{model}[/versions/{v}]`: the model's metadata, from a
+/// healthy Triton backend of its pool (under the model's name there, and
+/// answered with the pool's name), with no admission: it costs the engine
+/// nothing. 404 for a model with no Triton backends, 503 when none is
+/// healthy, 502 when the backend does not answer.
+pub async fn metadata(
+    gw: &crate::proxy::gateway::Gateway,
+    p: &ModelPath<'_>,
+) -> Result<http::Response<crate::proxy::body::BoxBody>, ApiError> {
+    use http_body_util::BodyExt;
+    let live = gw.live.load_full();
+    let pool = live
+        .pools
+        .get(p.model)
+        .ok_or_else(|| ApiError::UnknownModel(p.model.to_owned()))?
+        .get(crate::core::spec::Api::Triton)
+        .ok_or_else(|| {
+            ApiError::NotServedOver(p.model.to_owned(), crate::core::spec::Api::Triton)
+        })?;
+    let backend = gw
+        .core
+        .lock()
+        .sched
+        .healthy_backend(pool)
+        .ok_or_else(|| ApiError::NoBackend(p.model.to_owned()))?;
+    let authority = live
+        .authorities
+        .get(&backend)
+        .ok_or_else(|| ApiError::NoBackend(p.model.to_owned()))?;
+    let served = live
+        .served_models
+        .get(&backend)
+        .map_or(p.model, String::as_str);
+    let url = format!(
+        "http://{authority}{}",
+        p.upstream(served).trim_end_matches('/')
+    );
+    let req = http::Request::get(url)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let unavailable = |cause: String| ApiError::Upstream {
+        backend: authority.clone(),
+        cause,
+    };
+    let resp = tokio::time::timeout(METADATA_TIMEOUT, gw.client.request(req))
+        .await
+        .map_err(|_| unavailable("no answer in time".into()))?
+        .map_err(|e| unavailable(e.to_string()))?;
+    let (parts, body) = resp.into_parts();
+    let body = tokio::time::timeout(
+        METADATA_TIMEOUT,
+        http_body_util::Limited::new(body, METADATA_LIMIT).collect(),
+    )
+    .await
+    .map_err(|_| unavailable("body not in time".into()))?
+    .map_err(|e| unavailable(e.to_string()))?
+    .to_bytes();
+    // The client asked for the pool's model: name it so.
+    let body = match serde_json::from_slice::<serde_json::Value>(&body) {
+        Ok(mut v) if parts.status.is_success() && v.get("name").is_some() => {
+            v["name"] = serde_json::Value::from(p.model);
+            bytes::Bytes::from(v.to_string())
+        }
+        _ => body,
+    };
+    let mut out = http::Response::new(crate::proxy::body::full(body));
+    *out.status_mut() = parts.status;
+    if let Some(ct) = parts.headers.get(http::header::CONTENT_TYPE) {
+        out.headers_mut()
+            .insert(http::header::CONTENT_TYPE, ct.clone());
+    }
+    Ok(out)
+}
+
+/// `GET /v2/models`: the models the caller's key may call over Triton's
+/// API (every model with Triton backends: the policy gives each tenant
+/// every pool), as `{"models": [{"name", "versions"}]}`. Needs a valid key
+/// when tenants are declared.
+pub fn list(
+    gw: &crate::proxy::gateway::Gateway,
+    headers: &http::HeaderMap,
+) -> Result<http::Response<crate::proxy::body::BoxBody>, ApiError> {
+    let live = gw.live.load();
+    crate::proxy::tenant::authenticate(&live, headers)?;
+    let mut models: Vec<&str> = live
+        .pools
+        .iter()
+        .filter(|(_, p)| p.triton.is_some())
+        .map(|(m, _)| m.as_str())
+        .collect();
+    models.sort_unstable();
+    let body = serde_json::json!({
+        "models": models
+            .iter()
+            .map(|m| serde_json::json!({"name": m, "versions": ["1"]}))
+            .collect::<Vec<_>>()
+    });
+    let mut out = http::Response::new(crate::proxy::body::full(bytes::Bytes::from(
+        body.to_string(),
+    )));
+    out.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Ok(out)
+}
+
+/// How long a metadata call may take, and its largest body.
+const METADATA_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const METADATA_LIMIT: usize = 1 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +324,27 @@ mod tests {
         assert!(p("[1]").is_err());
         assert!(p("{").is_err());
         assert!(parse_generate(&[0xff, 0xfe], "m", false).is_err());
+    }
+
+    #[test]
+    fn infer_bodies_json_and_binary() {
+        let json =
+            br#"{"inputs":[{"name":"INPUT0","shape":[1,3],"datatype":"FP32","data":[1,2,3]}]}"#;
+        let info = parse_infer(json, None, "m").unwrap();
+        assert_eq!(info.max_tokens, Some(0));
+        assert_eq!(info.prompt_tokens as usize, json.len().div_ceil(4));
+        // Binary tensors: a JSON header, then raw bytes.
+        let header = br#"{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","parameters":{"binary_data_size":16}}]}"#;
+        let mut body = header.to_vec();
+        body.extend_from_slice(&[0u8; 16]);
+        let len = http::HeaderValue::from(header.len());
+        assert!(parse_infer(&body, Some(&len), "m").is_ok());
+        let past = http::HeaderValue::from(body.len() + 1);
+        assert!(parse_infer(&body, Some(&past), "m").is_err());
+        assert!(
+            parse_infer(&body, None, "m").is_err(),
+            "binary bytes are not JSON"
+        );
+        assert!(parse_infer(br#"{"outputs":[]}"#, None, "m").is_err());
     }
 }

@@ -70,6 +70,9 @@ pub enum Flavour {
     /// Triton with its vLLM backend: `/v2/*`, `nv_inference_*` and the
     /// backend's `vllm:*` histograms (no KV gauges).
     TritonVllm,
+    /// Triton serving a classic (non-decoupled) tensor model through
+    /// `/v2/models/{m}/infer`: an embedding model, a classifier.
+    TritonTensor,
 }
 
 /// A scripted failure mode of a simulated backend.
@@ -516,6 +519,9 @@ impl Shared {
             ),
             Flavour::TritonVllm => {
                 triton::render_metrics(&self.model, triton::Backend::Vllm, &stats, &st.metrics)
+            }
+            Flavour::TritonTensor => {
+                triton::render_metrics(&self.model, triton::Backend::Tensor, &stats, &st.metrics)
             }
         }
     }

@@ -51,6 +51,16 @@ impl Scheduler {
             .any(|b| self.backends[b.0 as usize].healthy)
     }
 
+    /// A healthy backend of the pool, for calls that need any one of them
+    /// and no scheduling (a model's metadata).
+    pub fn healthy_backend(&self, pool: PoolId) -> Option<BackendId> {
+        self.pools[pool.0 as usize]
+            .backends
+            .iter()
+            .copied()
+            .find(|b| self.backends[b.0 as usize].healthy)
+    }
+
     /// Whether a backend is in service (not ejected).
     pub fn is_healthy(&self, backend: BackendId) -> bool {
         self.backends

@@ -400,10 +400,10 @@ async fn triton_routes(
     req: Request<Incoming>,
     fault: Fault,
 ) -> Response<Body> {
-    let backend = if shared.flavour == Flavour::TritonVllm {
-        triton::Backend::Vllm
-    } else {
-        triton::Backend::TensorRtLlm
+    let backend = match shared.flavour {
+        Flavour::TritonVllm => triton::Backend::Vllm,
+        Flavour::TritonTensor => triton::Backend::Tensor,
+        _ => triton::Backend::TensorRtLlm,
     };
     let empty = || full(StatusCode::OK, "text/plain", Bytes::new());
     match (method, path) {
@@ -430,6 +430,9 @@ async fn triton_routes(
     match (method, action) {
         (&Method::GET, "") => json(StatusCode::OK, triton::model_metadata(model, backend)),
         (&Method::GET, "ready") => empty(),
+        (&Method::POST, "infer") if backend == triton::Backend::Tensor => triton_infer(shared, req)
+            .await
+            .unwrap_or_else(|e| triton_error(&e)),
         (&Method::POST, "infer") => triton_error(&TritonError {
             status: 501,
             message: "HTTP end point doesn't support models with decoupled transaction policy"
@@ -530,4 +533,52 @@ async fn triton_generate(
         status: 500,
         message: "engine dropped the request".to_owned(),
     })
+}
+
+/// An infer call on a classic model: one engine pass over the request's
+/// size, then one output tensor (JSON, also for a binary-tensor request).
+async fn triton_infer(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, TritonError> {
+    let header_len = req
+        .headers()
+        .get("inference-header-content-length")
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| TritonError::invalid("invalid Inference-Header-Content-Length"))
+        })
+        .transpose()?;
+    let body = read_body(req)
+        .await
+        .map_err(|e| TritonError::invalid(e.message))?;
+    let tokens = triton::parse_infer(&body, header_len)?;
+    let id = request_id(header_len.map_or(&body[..], |n| &body[..n]));
+    let (guard, mut rx) = shared
+        .submit(tokens, 1, FinishReason::Length)
+        .map_err(|e| TritonError::invalid(e.to_string()))?;
+    let _guard = guard;
+    while let Some(d) = rx.recv().await {
+        if let Delivery::Finished { .. } = d {
+            return Ok(json(
+                StatusCode::OK,
+                triton::infer_response(&shared.model, id.as_deref()),
+            ));
+        }
+    }
+    Err(TritonError {
+        status: 500,
+        message: "engine dropped the request".to_owned(),
+    })
+}
+
+/// The request's `id`, which Triton echoes in its response.
+fn request_id(json: &[u8]) -> Option<String> {
+    serde_json::from_slice::<serde_json::Value>(json)
+        .ok()?
+        .get("id")?
+        .as_str()
+        .map(str::to_owned)
 }

@@ -32,6 +32,9 @@ pub(super) enum Backend {
     TensorRtLlm,
     /// Triton's vLLM backend: `vllm:*` request histograms, no KV gauges.
     Vllm,
+    /// A classic (non-decoupled) tensor model served through `/infer`: an
+    /// embedding model, a classifier, a reranker.
+    Tensor,
 }
 
 /// A Triton error: its HTTP status and message.
@@ -133,6 +136,43 @@ pub(super) fn parse_generate(body: &[u8]) -> Result<Generate, TritonError> {
     })
 }
 
+/// What the simulator reads of an infer request: its size, as the tokens
+/// of work it stands for (four bytes a token, at least one).
+pub(super) fn parse_infer(body: &[u8], header_len: Option<usize>) -> Result<u32, TritonError> {
+    let json = match header_len {
+        Some(n) if n <= body.len() => &body[..n],
+        Some(n) => {
+            return Err(TritonError::invalid(format!(
+                "Inference-Header-Content-Length {n} is past the end of the body ({} bytes)",
+                body.len()
+            )));
+        }
+        None => body,
+    };
+    let v: serde_json::Value = serde_json::from_slice(json).map_err(|e| {
+        TritonError::invalid(format!("failed to parse the request JSON buffer: {e}"))
+    })?;
+    if !v.get("inputs").is_some_and(serde_json::Value::is_array) {
+        return Err(TritonError::invalid("expected 'inputs' in the request"));
+    }
+    Ok(u32::try_from(body.len().div_ceil(4))
+        .unwrap_or(u32::MAX)
+        .max(1))
+}
+
+/// An infer response: one FP32 output tensor.
+pub(super) fn infer_response(model: &str, id: Option<&str>) -> Bytes {
+    let mut v = json!({
+        "model_name": model,
+        "model_version": "1",
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 4], "data": [0.5, 0.25, 0.125, 0.0625]}],
+    });
+    if let Some(id) = id {
+        v["id"] = json!(id);
+    }
+    Bytes::from(v.to_string())
+}
+
 /// A generate response (and, in a stream, one event's JSON).
 pub(super) fn response(model: &str, text: &str) -> Bytes {
     Bytes::from(
@@ -158,6 +198,7 @@ pub(super) fn model_metadata(model: &str, backend: Backend) -> Bytes {
     let platform = match backend {
         Backend::TensorRtLlm => "tensorrt_llm",
         Backend::Vllm => "vllm",
+        Backend::Tensor => "onnxruntime_onnx",
     };
     Bytes::from(
         json!({
@@ -247,7 +288,17 @@ pub(super) fn render_metrics(
         "Instantaneous number of pending requests awaiting execution per-model.",
         "gauge",
     );
-    let _ = writeln!(s, "nv_inference_pending_request_count{{{labels}}} 0");
+    // Decoupled models leave execute() at once: nothing pends. A classic
+    // model's requests wait in Triton's scheduler.
+    let pending = if backend == Backend::Tensor {
+        stats.waiting
+    } else {
+        0
+    };
+    let _ = writeln!(
+        s,
+        "nv_inference_pending_request_count{{{labels}}} {pending}"
+    );
     match backend {
         Backend::TensorRtLlm => {
             family(
@@ -296,6 +347,7 @@ pub(super) fn render_metrics(
             }
         }
         Backend::Vllm => req.render_vllm_histograms(&mut s, &labels),
+        Backend::Tensor => {}
     }
     s
 }
