@@ -294,16 +294,17 @@ async fn a_client_that_hangs_up_on_a_stream_ends_the_backends_work() {
     let v = sim("llama", 8).await;
     let gw = gateway(&policy(t.addr(), v.addr()), &[]).await;
     let c = client();
-    let resp = open(
-        &c,
-        post(
-            gw.addr(),
-            "/v2/models/llama/generate_stream",
-            Some(KEY),
-            generate(500),
-        ),
-    )
-    .await;
+    let mut req = post(
+        gw.addr(),
+        "/v2/models/llama/generate_stream",
+        Some(KEY),
+        generate(500),
+    );
+    req.headers_mut().insert(
+        "triton-request-id",
+        http::HeaderValue::from_static("call-42"),
+    );
+    let resp = open(&c, req).await;
     let mut body = resp.into_body();
     let _ = body.frame().await.unwrap().unwrap();
     drop(body);
@@ -315,6 +316,19 @@ async fn a_client_that_hangs_up_on_a_stream_ends_the_backends_work() {
     })
     .await;
     assert!(cancelled);
+    // The call was tagged: the LLM-API model's stop request went too
+    // (with the same triton-request-id), and the call is cancelled once.
+    assert!(eventually(Duration::from_secs(5), async || t.stop_requests() == 1).await);
+    let m = get(&client(), format!("http://{}/metrics", t.addr()))
+        .await
+        .text();
+    assert_eq!(
+        metric(
+            &m,
+            "nv_inference_request_failure{model=\"tensorrt_llm\",version=\"1\",reason=\"CANCELED\"}"
+        ),
+        Some(1.0)
+    );
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ use crate::proxy::error::{ApiError, Outcome, RefusedBy, close_if_body_unread};
 use crate::proxy::gateway::{Gateway, Live, Pending};
 use crate::proxy::relay::{Mode, RelayBody};
 use crate::proxy::tenant::authenticate;
-use crate::proxy::ticket::{Phase, Ticket};
+use crate::proxy::ticket::{Phase, StopCall, Ticket};
 use crate::proxy::{openai, triton, upstream};
 
 /// Reads the whole body within `timeout` (408 after it); the edge's body
@@ -240,6 +240,15 @@ async fn run(
             None => path.clone(),
         };
         let mut up = upstream::request(live, &parts, &up_path, &authority, body.clone())?;
+        if let Some(p) = &triton_path
+            && p.action != "infer"
+            && let Some(id) = parts.headers.get("triton-request-id")
+        {
+            ticket.stop_call = Some(StopCall {
+                url: format!("http://{authority}{up_path}"),
+                request_id: id.clone(),
+            });
+        }
         ticket.sent = Some(gw.clock.now());
         ticket.backend = Some(backend);
         ticket.backend_name = gw.core.lock().sched.backend_name(backend).to_owned();

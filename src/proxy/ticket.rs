@@ -65,6 +65,44 @@ pub struct Ticket {
     usage: Option<Usage>,
     gpu_seconds: f64,
     pub(crate) status: u16,
+    /// A Triton generate call the client tagged with `triton-request-id`:
+    /// the stop request to send its backend if the client goes away.
+    pub(crate) stop_call: Option<StopCall>,
+}
+
+/// The TensorRT-LLM LLM-API model's cancellation: the same generate URL
+/// with `{"stop": true}` and the call's `triton-request-id`.
+#[derive(Debug, Clone)]
+pub(crate) struct StopCall {
+    pub(crate) url: String,
+    pub(crate) request_id: http::HeaderValue,
+}
+
+impl StopCall {
+    /// Sends it in the background (at most 5 s); the outcome is the
+    /// cancelled call's, whatever the answer.
+    fn send(self, gw: &Gateway) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(req) = http::Request::post(&self.url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("triton-request-id", self.request_id)
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                br#"{"text_input": "", "stop": true}"#,
+            )))
+        else {
+            return;
+        };
+        let call = gw.client.request(req);
+        handle.spawn(async move {
+            match tokio::time::timeout(Duration::from_secs(5), call).await {
+                Ok(Ok(r)) => tracing::debug!(status = r.status().as_u16(), "stop request sent"),
+                Ok(Err(e)) => tracing::debug!(error = %e, "stop request failed"),
+                Err(_) => tracing::debug!("stop request timed out"),
+            }
+        });
+    }
 }
 
 /// A request's spans: `fairway.request` and the phase open now.
@@ -211,6 +249,7 @@ impl Ticket {
             usage: None,
             gpu_seconds: 0.0,
             status: 0,
+            stop_call: None,
         }
     }
 
@@ -323,6 +362,12 @@ impl Drop for Ticket {
             self.status = 500;
         } else if self.outcome.is_none() {
             self.outcome = Some(Outcome::Cancelled);
+        }
+        if self.outcome == Some(Outcome::Cancelled)
+            && self.sent.is_some()
+            && let Some(stop) = self.stop_call.take()
+        {
+            stop.send(&self.gw);
         }
         self.settle_core(now);
         let outcome = self.outcome.unwrap_or(Outcome::Cancelled);

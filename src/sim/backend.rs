@@ -253,6 +253,12 @@ impl SimHandle {
         self.shared.stats()
     }
 
+    /// Triton flavours: stop requests (`{"stop": true}` with a
+    /// `triton-request-id`) received so far.
+    pub fn stop_requests(&self) -> u64 {
+        self.shared.stops.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Stops accepting, lets in-flight responses finish, and waits.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
@@ -361,6 +367,10 @@ struct Shared {
     fault: Mutex<Fault>,
     /// `/v1/*` requests seen under the `flaky` fault.
     flaky_seen: std::sync::atomic::AtomicU64,
+    /// Triton flavours: live generate calls by their `triton-request-id`,
+    /// for the LLM-API model's stop request; and the stop requests received.
+    triton_ids: Mutex<HashMap<String, u64>>,
+    stops: std::sync::atomic::AtomicU64,
     /// Cancelled when the server drains.
     stop: CancellationToken,
 }
@@ -388,6 +398,8 @@ impl Shared {
             wake: Notify::new(),
             fault: Mutex::new(cfg.fault),
             flaky_seen: Default::default(),
+            triton_ids: Mutex::new(HashMap::new()),
+            stops: Default::default(),
             stop: CancellationToken::new(),
         })
     }
@@ -500,6 +512,43 @@ impl Shared {
             },
             rx,
         ))
+    }
+
+    /// Remembers a generate call's `triton-request-id`, forgetting those of
+    /// calls that ended.
+    fn tag(&self, tag: String, id: u64) {
+        let st = self.state.lock();
+        let mut ids = self.triton_ids.lock();
+        ids.retain(|_, seq| st.live.contains_key(seq));
+        ids.insert(tag, id);
+    }
+
+    /// The LLM-API model's stop request: cancels the live call tagged
+    /// `tag`, if it has not ended already (the client's connection closing
+    /// may have cancelled it first). Counted either way.
+    fn stop_tagged(&self, tag: &str) -> bool {
+        self.stops
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(id) = self.triton_ids.lock().remove(tag) else {
+            return false;
+        };
+        let now = self.sim_now();
+        let stopped = {
+            let mut st = self.state.lock();
+            match st.live.remove(&id) {
+                Some(l) => {
+                    st.engine.cancel(id);
+                    let secs = self.wall_secs(l.arrival, now);
+                    st.metrics.on_finished(FinishReason::Abort, secs);
+                    true
+                }
+                None => false,
+            }
+        };
+        if stopped {
+            self.wake.notify_one();
+        }
+        stopped
     }
 
     fn metrics_text(&self) -> String {

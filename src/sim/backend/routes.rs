@@ -479,9 +479,22 @@ async fn triton_generate(
     stream: bool,
     fault: Fault,
 ) -> Result<Response<Body>, TritonError> {
+    let tag = req
+        .headers()
+        .get("triton-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let body = read_body(req)
         .await
         .map_err(|e| TritonError::invalid(e.message))?;
+    if triton::is_stop(&body) {
+        // The LLM-API model's cancellation: a second call with the same
+        // `triton-request-id` and `"stop": true`.
+        if let Some(t) = &tag {
+            shared.stop_tagged(t);
+        }
+        return Ok(json(StatusCode::OK, triton::response(&shared.model, "")));
+    }
     let g = triton::parse_generate(&body)?;
     if u64::from(g.prompt_tokens) + u64::from(g.max_tokens) > u64::from(shared.max_model_len) {
         return Err(TritonError::invalid(format!(
@@ -497,6 +510,9 @@ async fn triton_generate(
     let (guard, mut rx) = shared
         .submit(g.prompt_tokens, g.output_tokens, reason)
         .map_err(|e| TritonError::invalid(e.to_string()))?;
+    if let Some(tag) = tag {
+        shared.tag(tag, guard.id);
+    }
     if stream {
         let events = TritonStream {
             rx,

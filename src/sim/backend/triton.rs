@@ -173,6 +173,15 @@ pub(super) fn infer_response(model: &str, id: Option<&str>) -> Bytes {
     Bytes::from(v.to_string())
 }
 
+/// Whether a generate body is the LLM-API model's stop request,
+/// `{"stop": true, ...}`.
+pub(super) fn is_stop(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("stop").and_then(serde_json::Value::as_bool))
+        .unwrap_or(false)
+}
+
 /// A generate response (and, in a stream, one event's JSON).
 pub(super) fn response(model: &str, text: &str) -> Bytes {
     Bytes::from(
