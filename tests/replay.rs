@@ -245,3 +245,35 @@ fn several_replicas_replay_the_same_workload_and_lose_nothing() {
         assert!(jain > 0.7, "{ingress:?}: jain {jain}");
     }
 }
+
+#[test]
+fn a_triton_pool_replays_like_any_other() {
+    // The reference policy with every backend declared as Triton: the same
+    // engines, so the same report.
+    let text = std::fs::read_to_string("config/reference.toml").unwrap();
+    let triton = text.replace(
+        "[[pools.backends]]\n",
+        "[[pools.backends]]\nprotocol = \"triton\"\n",
+    );
+    assert_ne!(text, triton);
+    let t = fairway::config::parse_policy(&triton, "triton.toml").unwrap();
+    assert!(
+        t.pools[0]
+            .backends
+            .iter()
+            .all(|b| b.protocol == fairway::core::spec::Api::Triton)
+    );
+    let p = policy();
+    let work = reference().generate(&p.pools[0].model, 1);
+    let a = fairway::replay::sim::run(&p, &work, &opts(1));
+    let b = fairway::replay::sim::run(&t, &work, &opts(1));
+    let served = |tr: &fairway::replay::sim::Trace| {
+        tr.requests
+            .iter()
+            .filter(|(_, r)| r.outcome == fairway::replay::sim::Outcome::Served)
+            .count()
+    };
+    assert_eq!(served(&b), work.len());
+    assert_eq!(served(&a), served(&b));
+    assert_eq!(a.jain, b.jain);
+}

@@ -382,7 +382,14 @@ impl<'p> Sim<'p> {
             return;
         };
         let r = self.replica_of[i];
-        let Some(pool) = self.scheds[r].pool(&w.model) else {
+        // A model served only by Triton backends is replayed through its
+        // Triton pool: the engines are the same, the wire format does not
+        // enter.
+        let sched = &self.scheds[r];
+        let pool = sched
+            .pool(&w.model)
+            .or_else(|| sched.pool_for(&w.model, crate::core::spec::Api::Triton));
+        let Some(pool) = pool else {
             self.end(i, Outcome::Refused("model_not_found"), now, None, None);
             return;
         };

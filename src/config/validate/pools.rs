@@ -274,12 +274,15 @@ fn read_backend(
             Api::OpenAi => MetricsDialect::Vllm,
         });
     let metrics_url = r.opt(t, "metrics_url", read_endpoint);
-    let health_path = r
-        .opt(t, "health_path", read_path)
-        .unwrap_or_else(|| match metrics {
-            MetricsDialect::Triton => "/v2/health/ready".to_owned(),
-            _ => "/health".to_owned(),
-        });
+    let health_path =
+        r.opt(t, "health_path", read_path)
+            .unwrap_or_else(|| match (protocol, metrics) {
+                (Api::Triton, _) => "/v2/health/ready".to_owned(),
+                // Triton's OpenAI-compatible frontend, which serves Triton's
+                // metrics and its own readiness route.
+                (Api::OpenAi, MetricsDialect::Triton) => "/health/ready".to_owned(),
+                _ => "/health".to_owned(),
+            });
     if metrics == MetricsDialect::Agent && metrics_url.is_none() && t.get("metrics_url").is_none() {
         r.error(
             t.span.clone(),

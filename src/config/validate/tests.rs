@@ -956,7 +956,7 @@ burst = 3
             max_inflight: 32,
             metrics: MetricsDialect::Triton,
             metrics_url: None,
-            health_path: "/v2/health/ready".into(),
+            health_path: "/health/ready".into(),
             kv_tokens: 1000,
             protocol: Api::OpenAi,
             served_model: None,
