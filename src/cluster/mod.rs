@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ClusterPolicy;
 use crate::core::admission::{LeaseAnswer, LeaseAsk};
+use crate::core::spec::{Api, pool_key};
 use crate::proxy::gateway::Gateway;
 pub use store::{Demands, Store};
 
@@ -48,7 +49,8 @@ pub struct Member {
     /// Per tenant: this replica's share of its limits, its demand here and
     /// in the whole cluster (requests per second), as last read.
     tenants: Mutex<HashMap<String, TenantShare>>,
-    /// Per pool (by model): this replica's share of its backends' windows.
+    /// Per scheduler pool (by [`pool_key`]): this replica's share of its
+    /// backends' windows.
     pools: Mutex<HashMap<String, PoolShare>>,
 }
 
@@ -120,11 +122,12 @@ impl Member {
         }
     }
 
-    /// This replica's share of the windows of `model`'s backends.
-    pub fn pool_share(&self, model: &str) -> f64 {
+    /// This replica's share of the windows of a scheduler pool's backends,
+    /// by its [`pool_key`] (the model, or `triton:` and the model).
+    pub fn pool_share(&self, key: &str) -> f64 {
         self.pools
             .lock()
-            .get(model)
+            .get(key)
             .map_or(1.0 / f64::from(self.replicas()), |p| p.share)
     }
 
@@ -380,7 +383,8 @@ const TENANT_FIELD: &str = "t\u{1f}";
 const BACKLOG_FIELD: &str = "b\u{1f}";
 
 /// What the policy says that the shares depend on: tenants' weights and
-/// each pool's total window (the sum of its backends' `max_inflight`).
+/// each scheduler pool's total window (the sum of its backends'
+/// `max_inflight`), by [`pool_key`].
 #[derive(Clone, Debug, Default)]
 pub struct Shape {
     pub weights: HashMap<String, f64>,
@@ -398,9 +402,16 @@ impl Shape {
             capacity: policy
                 .pools
                 .iter()
-                .map(|p| {
-                    let c: u32 = p.backends.iter().map(|b| b.max_inflight).sum();
-                    (p.model.clone(), f64::from(c))
+                .flat_map(|p| {
+                    [Api::OpenAi, Api::Triton].map(|api| {
+                        let c: u32 = p
+                            .backends
+                            .iter()
+                            .filter(|b| b.protocol == api)
+                            .map(|b| b.max_inflight)
+                            .sum();
+                        (pool_key(&p.model, api).into_owned(), f64::from(c))
+                    })
                 })
                 .collect(),
         }
@@ -648,6 +659,26 @@ mod tests {
         let a = water_fill(&[(3.0, 1.0), (1.0, 2.0)], 8.0);
         assert_eq!(a, vec![1.0, 2.0]);
         assert_eq!(water_fill(&[], 8.0), Vec::<f64>::new());
+    }
+
+    #[test]
+    fn a_model_served_over_both_protocols_is_two_pools_to_the_cluster() {
+        let text = "[[pools]]\nmodel = \"m\"\n\
+                    [[pools.backends]]\nurl = \"http://a:1\"\nmax_inflight = 8\n\
+                    [[pools.backends]]\nurl = \"http://b:1\"\nprotocol = \"triton\"\nmax_inflight = 4\n";
+        let policy = crate::config::parse_policy(text, "p.toml").unwrap();
+        let shape = Shape::of(&policy);
+        assert_eq!(shape.capacity["m"], 8.0);
+        assert_eq!(shape.capacity["triton:m"], 4.0);
+        let spec = policy
+            .scheduler_spec()
+            .leased(2, |key| if key == "triton:m" { 0.25 } else { 0.5 });
+        let windows: Vec<u32> = spec
+            .pools
+            .iter()
+            .map(|p| p.backends[0].max_inflight)
+            .collect();
+        assert_eq!(windows, vec![4, 1]);
     }
 
     #[test]

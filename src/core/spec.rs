@@ -127,7 +127,8 @@ impl SchedulerSpec {
     /// on this replica (`share(name)`, in (0, 1]; the shares of one tenant
     /// over all replicas add up to 1), so a replica that receives most of a
     /// tenant's requests holds most of its limits. Each backend's window is
-    /// multiplied by its pool's share here (`pool_share(model)`), rounded
+    /// multiplied by its pool's share here (`pool_share(key)`, by
+    /// [`pool_key`]), rounded
     /// up.
     #[must_use]
     pub fn shared_by(
@@ -170,7 +171,7 @@ impl SchedulerSpec {
 
     fn share_windows(mut self, pool_share: impl Fn(&str) -> f64) -> Self {
         for p in &mut self.pools {
-            let s = fraction(pool_share(&p.model));
+            let s = fraction(pool_share(&pool_key(&p.model, p.api)));
             for b in &mut p.backends {
                 b.max_inflight = ((f64::from(b.max_inflight) * s - 1e-9).ceil() as u32).max(1);
                 b.window_share = s;
@@ -248,6 +249,16 @@ impl Api {
             Api::OpenAi => "openai",
             Api::Triton => "triton",
         }
+    }
+}
+
+/// The name a cluster knows a scheduler pool by: its model, and for the
+/// Triton pool of a model `triton:` and the model, so that a model served
+/// over both protocols has two.
+pub fn pool_key(model: &str, api: Api) -> std::borrow::Cow<'_, str> {
+    match api {
+        Api::OpenAi => std::borrow::Cow::Borrowed(model),
+        Api::Triton => std::borrow::Cow::Owned(format!("triton:{model}")),
     }
 }
 

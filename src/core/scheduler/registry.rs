@@ -78,6 +78,7 @@ impl Scheduler {
                 .or_insert_with(|| {
                     self.pools.push(PoolState {
                         model: pp.model.clone(),
+                        api: pp.api,
                         strategy: pp.strategy,
                         kv_high_watermark: pp.kv_high_watermark,
                         ttft_p99_threshold: pp.ttft_p99_threshold,

@@ -10,7 +10,7 @@ use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::queue::FairQueue;
 use crate::core::queue::cost::PoolCapacity;
 use crate::core::reading::Reading;
-use crate::core::spec::{OutlierSpec, Priority, Strategy};
+use crate::core::spec::{Api, OutlierSpec, Priority, Strategy};
 use crate::core::time::Instant;
 
 #[derive(Debug)]
@@ -71,6 +71,7 @@ impl TenantState {
 #[derive(Debug)]
 pub(super) struct PoolState {
     pub(super) model: String,
+    pub(super) api: Api,
     pub(super) strategy: Strategy,
     pub(super) kv_high_watermark: f64,
     pub(super) ttft_p99_threshold: Duration,

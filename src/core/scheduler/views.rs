@@ -1,10 +1,12 @@
 //! Read-only views of the scheduler's state, for metrics, admin views and
 //! readiness.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use crate::core::ids::{BackendId, PoolId, TenantId};
 use crate::core::reading::Reading;
+use crate::core::spec::pool_key;
 use crate::core::time::Instant;
 
 use super::Scheduler;
@@ -86,14 +88,14 @@ impl Scheduler {
     }
 
     /// Each live pool's backlog by tenant: requests queued plus in flight,
-    /// as (model, tenant, count), counts above zero only. What a cluster
-    /// divides backend windows by.
-    pub fn backlogs(&self) -> impl Iterator<Item = (&str, &str, u32)> + '_ {
+    /// as (pool key, tenant, count), counts above zero only; the key is
+    /// [`pool_key`]. What a cluster divides backend windows by.
+    pub fn backlogs(&self) -> impl Iterator<Item = (Cow<'_, str>, &str, u32)> + '_ {
         self.pools.iter().filter(|p| !p.retired).flat_map(move |p| {
             self.tenants.iter().enumerate().filter_map(move |(i, t)| {
                 let id = TenantId(i as u32);
                 let n = p.queue.tenant_len(id) + p.in_flight(id);
-                (n > 0 && !t.retired).then_some((p.model.as_str(), t.name.as_str(), n))
+                (n > 0 && !t.retired).then(|| (pool_key(&p.model, p.api), t.name.as_str(), n))
             })
         })
     }
