@@ -1032,7 +1032,17 @@ fn demo_default_parses_to_the_documented_policy() {
         .iter()
         .map(|b| b.name.as_str())
         .collect();
-    assert_eq!(names, ["llama-3.1-8b-sim-sim-0", "llama-3.1-8b-sim-sim-1"]);
+    assert_eq!(
+        names,
+        [
+            "llama-3.1-8b-sim-sim-0",
+            "llama-3.1-8b-sim-sim-1",
+            "llama-3.1-8b-sim-sim-2"
+        ]
+    );
+    // Two vLLM-like backends and a Triton one.
+    let protocols: Vec<_> = p.pools[0].backends.iter().map(|b| b.protocol).collect();
+    assert_eq!(protocols, [Api::OpenAi, Api::OpenAi, Api::Triton]);
     for b in &p.pools[0].backends {
         assert_eq!(
             b.target,
@@ -1070,7 +1080,7 @@ fn demo_default_parses_to_the_documented_policy() {
     );
     assert_eq!(
         summary(&p),
-        "1 pool (llama-3.1-8b-sim), 2 backends, 2 simulated, 3 tenants (api, chat, evals), discipline drf"
+        "1 pool (llama-3.1-8b-sim), 3 backends, 3 simulated, 3 tenants (api, chat, evals), discipline drf"
     );
 }
 
