@@ -900,3 +900,45 @@ async fn no_secret_reaches_any_output_even_at_trace_level() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_text_access_log_in_a_file_has_no_colour_codes() {
+    let b = sim(M, 8).await;
+    let path = temp_policy("access-log-file", &policy("", &b.addr().to_string()));
+    let log = path.with_file_name("stderr.log");
+    let file = std::fs::File::create(&log).unwrap();
+    // The default text format, as `fairway serve` writes it with stderr
+    // redirected to a file.
+    let gw = ServeProcess::start(
+        &[],
+        &[],
+        &path,
+        "info,fairway::access=info",
+        Stdio::from(file),
+    );
+    let r = send(
+        &client(),
+        post(
+            gw.addr,
+            "/v1/chat/completions",
+            Some(KEY),
+            chat(M, 2, false),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let text = async || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(5), async || text()
+            .await
+            .contains("fairway::access"))
+        .await,
+        "no access-log line in {}",
+        text().await
+    );
+    let text = text().await;
+    assert!(
+        !text.contains('\u{1b}'),
+        "escape codes in the log file:\n{text}"
+    );
+}

@@ -33,7 +33,12 @@ where
         format!("{spec},h2=error")
     };
     let filter = tracing_subscriber::EnvFilter::new(spec);
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colour codes only for a person at a terminal: in a file or a log
+    // pipeline they are noise, and formatting them costs every request.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match format {
         LogFormat::Text => layer.with_filter(filter).boxed(),
         LogFormat::Json => layer.json().with_filter(filter).boxed(),
