@@ -14,6 +14,7 @@
 # the cost of cluster mode, side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 SECS=${1:-5}
 ROUNDS=${2:-3}
 WORK=$(mktemp -d)
@@ -111,15 +112,6 @@ LUA
 # Two tokens: a prefill step and one 20 ms decode step on the slow backend.
 sed 's/"max_tokens":1/"max_tokens":2/' $WORK/post.lua > $WORK/post2.lua
 
-cpu_ticks() { # pids... → utime+stime summed, in clock ticks
-  local t=0
-  for p in "$@"; do
-    for q in $p $(pgrep -P $p 2>/dev/null || true); do
-      t=$((t + $(awk '{print $14+$15}' /proc/$q/stat)))
-    done
-  done
-  echo $t
-}
 nginx_pids() { echo "$(cat $WORK/nginx.pid)"; }
 
 run() { # name url conns pids...
@@ -130,20 +122,7 @@ run() { # name url conns pids...
   [ $# -gt 0 ] && before=$(cpu_ticks "$@")
   wrk -t2 -c$conns -d${SECS}s --latency -s $script $url/v1/chat/completions > $WORK/out.txt
   [ $# -gt 0 ] && after=$(cpu_ticks "$@")
-  python3 - "$name" $((after - before)) $(getconf CLK_TCK) $WORK/out.txt <<'PY'
-import re, sys
-name, ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-t = open(sys.argv[4]).read()
-def lat(p):
-    m = re.search(r"^\s+%s%%\s+([\d.]+)(us|ms|s)" % p, t, re.M)
-    v, u = float(m.group(1)), m.group(2)
-    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
-rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
-total = int(re.search(r"(\d+) requests in", t).group(1))
-non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
-cpu_us = ticks / hz * 1e6 / max(total, 1) if ticks else 0
-print(f"{name}\t{rps:.0f}\t{lat(50):.3f}\t{lat(99):.3f}\t{cpu_us:.1f}\t{non2xx.group(1) if non2xx else 0}")
-PY
+  wrk_row "$name" $((after - before)) $WORK/out.txt
 }
 
 echo "# max throughput, c=64, zero-delay backend"

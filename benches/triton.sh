@@ -10,6 +10,7 @@
 # steps), median of 20.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 SECS=${1:-5}
 ROUNDS=${2:-3}
 WORK=$(mktemp -d)
@@ -69,35 +70,13 @@ wrk.body = '{"text_input":"What is machine learning?","max_tokens":1}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer sk-bench"
 LUA
-cpu_ticks() {
-  local t=0
-  for p in "$@"; do
-    for q in $p $(pgrep -P $p 2>/dev/null || true); do
-      t=$((t + $(awk '{print $14+$15}' /proc/$q/stat)))
-    done
-  done
-  echo $t
-}
 run() { # name url pids...
   local name=$1 url=$2; shift 2
   local before=0 after=0
   [ $# -gt 0 ] && before=$(cpu_ticks "$@")
   wrk -t2 -c64 -d${SECS}s --latency -s $WORK/post.lua $url > $WORK/out.txt
   [ $# -gt 0 ] && after=$(cpu_ticks "$@")
-  python3 - "$name" $((after - before)) $(getconf CLK_TCK) $WORK/out.txt <<'PY'
-import re, sys
-name, ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-t = open(sys.argv[4]).read()
-def lat(p):
-    m = re.search(r"^\s+%s%%\s+([\d.]+)(us|ms|s)" % p, t, re.M)
-    v, u = float(m.group(1)), m.group(2)
-    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
-rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
-total = int(re.search(r"(\d+) requests in", t).group(1))
-non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
-cpu_us = ticks / hz * 1e6 / max(total, 1) if ticks else 0
-print(f"{name}\t{rps:.0f}\t{lat(50):.3f}\t{lat(99):.3f}\t{cpu_us:.1f}\t{non2xx.group(1) if non2xx else 0}")
-PY
+  wrk_row "$name" $((after - before)) $WORK/out.txt
 }
 
 echo "# Triton generate, c=64, zero-delay backend"

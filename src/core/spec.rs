@@ -107,29 +107,20 @@ pub struct SchedulerSpec {
 }
 
 impl SchedulerSpec {
-    /// This replica's share of a cluster of `replicas` gateways: each
-    /// tenant's request rate, burst, GPU-seconds budget and concurrency
-    /// cap, and each backend's dispatch window, divided among them, so
-    /// that with even ingress the cluster holds the policy's limits.
+    /// This replica's share of a cluster of `replicas` gateways, enforced
+    /// locally (while the cluster store is unreachable): each tenant's
+    /// request rate, burst, GPU-seconds budget and concurrency cap divided
+    /// by its own share on this replica (`share(name)`, in (0, 1]; the
+    /// shares of one tenant over all replicas add up to 1), so a replica
+    /// that receives most of a tenant's requests holds most of its limits.
+    /// Each backend's window is multiplied by its pool's share here
+    /// (`pool_share(key)`, by [`pool_key`]), rounded up.
     ///
     /// Rounding keeps at least what one request needs: a burst of at least
-    /// 1, a concurrency cap and a window rounded up. Over all replicas that
-    /// admits at most `max(burst, replicas)` at once (then `rate` per
-    /// second), `max_concurrency + replicas - 1` requests and
-    /// `max_inflight + replicas - 1` at a backend.
-    #[must_use]
-    pub fn shared(self, replicas: u32) -> Self {
-        let even = 1.0 / f64::from(replicas.max(1));
-        self.shared_by(replicas, |_| even, |_| even)
-    }
-
-    /// [`Self::shared`], with each tenant's limits divided by its own share
-    /// on this replica (`share(name)`, in (0, 1]; the shares of one tenant
-    /// over all replicas add up to 1), so a replica that receives most of a
-    /// tenant's requests holds most of its limits. Each backend's window is
-    /// multiplied by its pool's share here (`pool_share(key)`, by
-    /// [`pool_key`]), rounded
-    /// up.
+    /// 1, a concurrency cap and a window rounded up. With even shares, over
+    /// all replicas that admits at most `max(burst, replicas)` at once
+    /// (then `rate` per second), `max_concurrency + replicas - 1` requests
+    /// and `max_inflight + replicas - 1` at a backend.
     #[must_use]
     pub fn shared_by(
         mut self,
@@ -377,10 +368,16 @@ mod tests {
         }
     }
 
+    /// `spec()` for one of `n` replicas with even shares.
+    fn even(n: u32) -> SchedulerSpec {
+        let share = 1.0 / f64::from(n);
+        spec().shared_by(n, |_| share, |_| share)
+    }
+
     #[test]
     fn a_replica_gets_its_share_of_every_limit_rounded_to_what_one_request_needs() {
-        assert_eq!(spec().shared(1), spec());
-        let s = spec().shared(3);
+        assert_eq!(even(1), spec());
+        let s = even(3);
         let t = &s.tenants[0];
         assert!((t.rate.unwrap() - 10.0 / 3.0).abs() < 1e-9);
         // The burst was the rate (10): a third of it.
@@ -389,7 +386,7 @@ mod tests {
         assert_eq!(t.max_concurrency, Some(2)); // ceil(4/3): 6 over 3, within 4 + 3 - 1
         assert_eq!(s.pools[0].backends[0].max_inflight, 3); // ceil(7/3)
         // Never below one request's worth.
-        let s = spec().shared(20);
+        let s = even(20);
         assert_eq!(s.tenants[0].burst, Some(1.0));
         assert_eq!(s.tenants[0].max_concurrency, Some(1));
         assert_eq!(s.pools[0].backends[0].max_inflight, 1);

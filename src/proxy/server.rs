@@ -614,13 +614,16 @@ async fn deadline_task(gw: Arc<Gateway>, shutdown: CancellationToken) {
 }
 
 async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
-    let triton_call = crate::proxy::triton::model_path(req.uri().path())
-        .map(|p| matches!(p.action, "generate" | "generate_stream" | "infer"));
+    // `/v2/models/{model}[/versions/{v}][/{action}]`, read once.
+    let v2 = crate::proxy::triton::model_path(req.uri().path());
+    let v2_action = v2.as_ref().map(|p| p.action);
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
             dispatch::handle(gw, req, Call::OpenAi).await
         }
-        (&Method::POST, _) if triton_call == Some(true) => {
+        (&Method::POST, _)
+            if matches!(v2_action, Some("generate" | "generate_stream" | "infer")) =>
+        {
             dispatch::handle(gw, req, Call::Triton).await
         }
         (&Method::GET, "/v1/models") => admin::models(&gw),
@@ -628,18 +631,11 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
         (&Method::GET, "/v2/models") => crate::proxy::triton::list(&gw, req.headers())
             .unwrap_or_else(ApiError::into_triton_response),
         (&Method::GET, "/v2/health/ready") => triton_status(gw.triton_ready(None)),
-        (&Method::GET, path) if path.ends_with("/ready") && triton_call.is_some() => {
-            let model = crate::proxy::triton::model_path(path).map(|p| p.model.to_owned());
-            triton_status(gw.triton_ready(model.as_deref()))
+        (&Method::GET, _) if v2_action == Some("ready") => {
+            triton_status(gw.triton_ready(v2.as_ref().map(|p| p.model)))
         }
-        (&Method::GET, path)
-            if crate::proxy::triton::model_path(path).is_some_and(|p| p.action.is_empty()) =>
-        {
-            let path = path.to_owned();
-            let Some(p) = crate::proxy::triton::model_path(&path) else {
-                return ApiError::NotFound.into_triton_response();
-            };
-            crate::proxy::triton::metadata(&gw, &p)
+        (&Method::GET, _) if let Some(p) = v2.as_ref().filter(|p| p.action.is_empty()) => {
+            crate::proxy::triton::metadata(&gw, p)
                 .await
                 .unwrap_or_else(ApiError::into_triton_response)
         }

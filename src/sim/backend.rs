@@ -526,14 +526,20 @@ impl Shared {
     /// The LLM-API model's stop request: cancels the live call tagged
     /// `tag`, if it has not ended already (the client's connection closing
     /// may have cancelled it first). Counted either way.
-    fn stop_tagged(&self, tag: &str) -> bool {
+    fn stop_tagged(&self, tag: &str) {
         self.stops
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let Some(id) = self.triton_ids.lock().remove(tag) else {
-            return false;
-        };
+        let id = self.triton_ids.lock().remove(tag);
+        if let Some(id) = id {
+            self.cancel(id);
+        }
+    }
+
+    /// Cancels sequence `id` unless the engine already finished it: it
+    /// leaves the engine, counted as aborted.
+    fn cancel(&self, id: u64) {
         let now = self.sim_now();
-        let stopped = {
+        let was_live = {
             let mut st = self.state.lock();
             match st.live.remove(&id) {
                 Some(l) => {
@@ -545,10 +551,9 @@ impl Shared {
                 None => false,
             }
         };
-        if stopped {
+        if was_live {
             self.wake.notify_one();
         }
-        stopped
     }
 
     fn metrics_text(&self) -> String {
@@ -585,22 +590,7 @@ struct SeqGuard {
 
 impl Drop for SeqGuard {
     fn drop(&mut self) {
-        let now = self.shared.sim_now();
-        let was_live = {
-            let mut st = self.shared.state.lock();
-            match st.live.remove(&self.id) {
-                Some(l) => {
-                    st.engine.cancel(self.id);
-                    let secs = self.shared.wall_secs(l.arrival, now);
-                    st.metrics.on_finished(FinishReason::Abort, secs);
-                    true
-                }
-                None => false,
-            }
-        };
-        if was_live {
-            self.shared.wake.notify_one();
-        }
+        self.shared.cancel(self.id);
     }
 }
 

@@ -1,0 +1,29 @@
+# Shared by the end-to-end benches (sourced): CPU accounting of the proxy
+# processes and one table row from a wrk run.
+
+cpu_ticks() { # pids... → utime+stime summed over them and their children, in clock ticks
+  local t=0
+  for p in "$@"; do
+    for q in $p $(pgrep -P $p 2>/dev/null || true); do
+      t=$((t + $(awk '{print $14+$15}' /proc/$q/stat)))
+    done
+  done
+  echo $t
+}
+
+wrk_row() { # name cpu_ticks wrk_output_file → "name req/s p50_ms p99_ms cpu_us/req non2xx"
+  python3 - "$1" "$2" "$(getconf CLK_TCK)" "$3" <<'PY'
+import re, sys
+name, ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t = open(sys.argv[4]).read()
+def lat(p):
+    m = re.search(r"^\s+%s%%\s+([\d.]+)(us|ms|s)" % p, t, re.M)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
+total = int(re.search(r"(\d+) requests in", t).group(1))
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
+cpu_us = ticks / hz * 1e6 / max(total, 1) if ticks else 0
+print(f"{name}\t{rps:.0f}\t{lat(50):.3f}\t{lat(99):.3f}\t{cpu_us:.1f}\t{non2xx.group(1) if non2xx else 0}")
+PY
+}
