@@ -284,11 +284,7 @@ async fn generate(
             _guard: guard,
         };
         let body = match fault {
-            Fault::CutStream => BodyExt::boxed(StreamBody::new(stream.take(2).chain(
-                futures_util::stream::once(async {
-                    Err(std::io::Error::other("simulated stream cut"))
-                }),
-            ))),
+            Fault::CutStream => cut_after_two(stream),
             Fault::SseContentLength => {
                 // Sent whole: hyper gives a body of known size a length.
                 let all = BodyExt::collect(StreamBody::new(stream))
@@ -520,11 +516,7 @@ async fn triton_generate(
             _guard: guard,
         };
         let body = match fault {
-            Fault::CutStream => BodyExt::boxed(StreamBody::new(events.take(2).chain(
-                futures_util::stream::once(async {
-                    Err(std::io::Error::other("simulated stream cut"))
-                }),
-            ))),
+            Fault::CutStream => cut_after_two(events),
             _ => BodyExt::boxed(StreamBody::new(events)),
         };
         let mut resp = Response::new(body);
@@ -597,4 +589,20 @@ fn request_id(json: &[u8]) -> Option<String> {
         .get("id")?
         .as_str()
         .map(str::to_owned)
+}
+
+/// The `CutStream` fault: two events, then the connection breaks. The pause
+/// before the error lets hyper write the two events out first; an error in
+/// the same poll as the events would drop them with the connection, and the
+/// fault would sometimes be a stream cut before its first event.
+fn cut_after_two<S>(events: S) -> Body
+where
+    S: Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send + Sync + 'static,
+{
+    BodyExt::boxed(StreamBody::new(events.take(2).chain(
+        futures_util::stream::once(async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            Err(std::io::Error::other("simulated stream cut"))
+        }),
+    )))
 }
