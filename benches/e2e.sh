@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# End-to-end load bench: the same simulated backend reached (a) directly,
+# End-to-end load bench: simulated backends reached (a) directly,
 # (b) through Fairway with the whole policy on (auth, admission, fair queue,
-# windows) and (c) through nginx as a plain reverse proxy (least_conn,
-# upstream keepalive, buffering off). Runs alternate, in one session, so the
-# ratios share the machine's noise. Needs: wrk, nginx, curl (Debian).
+# windows, poller, metrics) and (c) through nginx as a plain reverse proxy
+# (least_conn, upstream keepalive, buffering off). Runs alternate, in one
+# session, so the ratios share the machine's noise. Needs: wrk, nginx, curl
+# (Debian).
 #
 #   benches/e2e.sh [seconds-per-run] [rounds]
+#
+# Two configurations, each measured for all three targets:
+# - "shipped": as users run it: the text log at its default level (the
+#   access log on, one line per request, to a file), the poller on, two
+#   backends, a chat body of about 200 bytes and a 20-token JSON answer;
+#   nginx with its access log on (buffered).
+# - "minimal": logs off on both, one backend, a one-token answer.
+# Then: added latency at a fixed load against a 20 ms backend, time to
+# first chunk of a stream, and the gateway's RSS holding 1,000 and 10,000
+# idle streams (benches/streams.rs, over h2c: 100 streams a connection).
 #
 # BASE=path/to/an/older/fairway adds that build as a fourth target
 # ("base"), run in the same rounds, for a before/after in one session.
@@ -21,34 +32,37 @@ WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; [ -f $WORK/nginx.pid ] && kill $(cat $WORK/nginx.pid) 2>/dev/null; rm -rf $WORK' EXIT
 
 cargo build --release --quiet
+cargo bench --bench streams --no-run --quiet 2>/dev/null
 BIN=target/release/fairway
-# Gateways run as users run them: the access log on (JSON lines, one per
-# request, written to a file). ACCESS_LOG=off measures without it.
-export RUST_LOG=warn
-if [ "${ACCESS_LOG:-on}" = on ]; then
-  GW_LOG="fairway::access=info,warn"
-else
-  GW_LOG="warn"
-fi
+ROWS=$WORK/rows.tsv
 
-# Backends: zero delay (1 token, 1 µs steps) and 20 ms (2 tokens: one 20 ms decode step).
-$BIN sim-backend --listen 127.0.0.1:18001 --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
-  --decode-step-base 1us --decode-step-per-seq 0s >/dev/null &
-$BIN sim-backend --listen 127.0.0.1:18002 --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
-  --decode-step-base 20ms --decode-step-per-seq 0s >/dev/null &
+# Backends. Zero delay: a and b (the shipped pair), m (the minimal one).
+# 20 ms: one 20 ms decode step per token. Slow: streams that idle (a
+# 60 s decode step), for the memory rows.
+sim() { # port decode-step
+  $BIN sim-backend --listen 127.0.0.1:$1 --model bench --max-num-seqs 20000 --kv-tokens 100000000 \
+    --prefill-tokens-per-s 1e12 --decode-step-base $2 --decode-step-per-seq 0s >/dev/null 2>&1 &
+}
+sim 18001 1us; sim 18003 1us; sim 18005 1us
+sim 18002 20ms
+sim 18006 60s
 
-gateway_conf() { # port admin backend
-cat <<CONF
+gateway_conf() { # port admin backend-ports...
+  local port=$1 admin=$2; shift 2
+  cat <<CONF
 [server]
-listen = "127.0.0.1:$1"
-admin_listen = "127.0.0.1:$2"
+listen = "127.0.0.1:$port"
+admin_listen = "127.0.0.1:$admin"
+max_requests = 20000
 [queue]
 discipline = "drf"
 [[pools]]
 model = "bench"
-[[pools.backends]]
-url = "http://127.0.0.1:$3"
-max_inflight = 4096
+CONF
+  for b in "$@"; do
+    printf '[[pools.backends]]\nurl = "http://127.0.0.1:%s"\nmax_inflight = 20000\n' $b
+  done
+  cat <<CONF
 [[tenants]]
 name = "bench"
 api_keys = ["sk-bench"]
@@ -66,19 +80,29 @@ if [ "${CLUSTER:-off}" = on ]; then
   CLUSTER_CONF=$'[cluster]\nstore = "redis://127.0.0.1:18040"\n'
   sleep 0.5
 fi
-gateway_conf 18011 18021 18001 > $WORK/g0.toml
-gateway_conf 18012 18022 18002 > $WORK/g20.toml
-RUST_LOG=$GW_LOG $BIN --log-json serve --config $WORK/g0.toml --watch-interval 0s >/dev/null 2>$WORK/g0.log &
-G0=$!
-RUST_LOG=$GW_LOG $BIN --log-json serve --config $WORK/g20.toml --watch-interval 0s >/dev/null 2>$WORK/g20.log &
-G20=$!
+# gateway NAME BINARY LOG-FILTER PORT ADMIN BACKENDS... → $PID_<NAME>, with
+# $EXTRA_CONF appended to its policy.
+EXTRA_CONF=""
+gateway() {
+  local name=$1 bin=$2 filter=$3 port=$4 admin=$5; shift 5
+  { gateway_conf $port $admin "$@"; printf '%s' "$EXTRA_CONF"; } > $WORK/$name.toml
+  if [ -n "$filter" ]; then
+    RUST_LOG=$filter $bin serve --config $WORK/$name.toml --watch-interval 0s >/dev/null 2>$WORK/$name.log &
+  else
+    env -u RUST_LOG $bin serve --config $WORK/$name.toml --watch-interval 0s >/dev/null 2>$WORK/$name.log &
+  fi
+  printf -v "PID_$name" '%s' $!
+}
+# The shipped log: RUST_LOG unset, i.e. `info` in text with the access log.
+gateway ship "$BIN" "" 18011 18021 18001 18003
+gateway min "$BIN" warn 18012 18022 18005
+gateway slow "$BIN" "" 18013 18023 18002
+gateway hold "$BIN" warn 18014 18024 18006
 if [ -n "${BASE:-}" ]; then
-  { gateway_conf 18013 18023 18001; printf '%s' "$CLUSTER_CONF"; } > $WORK/b0.toml
-  { gateway_conf 18014 18024 18002; printf '%s' "$CLUSTER_CONF"; } > $WORK/b20.toml
-  RUST_LOG=$GW_LOG $BASE --log-json serve --config $WORK/b0.toml --watch-interval 0s >/dev/null 2>$WORK/b0.log &
-  B0=$!
-  RUST_LOG=$GW_LOG $BASE --log-json serve --config $WORK/b20.toml --watch-interval 0s >/dev/null 2>$WORK/b20.log &
-  B20=$!
+  EXTRA_CONF=$CLUSTER_CONF
+  gateway bship "$BASE" "" 18015 18025 18001 18003
+  gateway bmin "$BASE" warn 18016 18026 18005
+  gateway bslow "$BASE" "" 18017 18027 18002
 fi
 
 cat > $WORK/nginx.conf <<CONF
@@ -87,64 +111,98 @@ pid $WORK/nginx.pid;
 error_log $WORK/nginx.err warn;
 events { worker_connections 4096; }
 http {
-  access_log off;
-  upstream b0 { least_conn; server 127.0.0.1:18001; keepalive 256; }
-  upstream b20 { least_conn; server 127.0.0.1:18002; keepalive 256; }
-  server {
-    listen 127.0.0.1:18031;
-    location / { proxy_pass http://b0; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; }
-  }
-  server {
-    listen 127.0.0.1:18032;
-    location / { proxy_pass http://b20; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_request_buffering off; }
-  }
+  upstream ship { least_conn; server 127.0.0.1:18001; server 127.0.0.1:18003; keepalive 256; }
+  upstream min { least_conn; server 127.0.0.1:18005; keepalive 256; }
+  upstream slow { least_conn; server 127.0.0.1:18002; keepalive 256; }
+  proxy_http_version 1.1;
+  proxy_set_header Connection "";
+  proxy_buffering off;
+  proxy_request_buffering off;
+  server { listen 127.0.0.1:18031; access_log $WORK/nginx-access.log combined buffer=64k flush=1s;
+    location / { proxy_pass http://ship; } }
+  server { listen 127.0.0.1:18032; access_log off; location / { proxy_pass http://min; } }
+  server { listen 127.0.0.1:18033; access_log $WORK/nginx-access.log combined buffer=64k flush=1s;
+    location / { proxy_pass http://slow; } }
 }
 CONF
 nginx -c $WORK/nginx.conf -p $WORK
 sleep 1
 
-cat > $WORK/post.lua <<'LUA'
+# Shipped: a chat of about 200 bytes asking for 20 tokens.
+cat > $WORK/ship.lua <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"model":"bench","messages":[{"role":"system","content":"You are a concise assistant."},{"role":"user","content":"Summarise the main causes of the 1929 stock market crash in two sentences."}],"max_tokens":20,"temperature":0.2}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer sk-bench"
+LUA
+cat > $WORK/min.lua <<'LUA'
 wrk.method = "POST"
 wrk.body = '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer sk-bench"
 LUA
 # Two tokens: a prefill step and one 20 ms decode step on the slow backend.
-sed 's/"max_tokens":1/"max_tokens":2/' $WORK/post.lua > $WORK/post2.lua
+sed 's/"max_tokens":1/"max_tokens":2/' $WORK/min.lua > $WORK/slow.lua
 
 nginx_pids() { echo "$(cat $WORK/nginx.pid)"; }
 
-run() { # name url conns pids...
-  local name=$1 url=$2 conns=$3; shift 3
-  local script=$WORK/post.lua
-  case $url in *18002|*18012|*18014|*18032) script=$WORK/post2.lua ;; esac
+run() { # table name url script conns pids...
+  local table=$1 name=$2 url=$3 script=$WORK/$4.lua conns=$5; shift 5
   local before=0 after=0
   [ $# -gt 0 ] && before=$(cpu_ticks "$@")
   wrk -t2 -c$conns -d${SECS}s --latency -s $script $url/v1/chat/completions > $WORK/out.txt
   [ $# -gt 0 ] && after=$(cpu_ticks "$@")
-  wrk_row "$name" $((after - before)) $WORK/out.txt
+  wrk_row "$name" $((after - before)) $WORK/out.txt | tee -a $ROWS.$table
 }
 
-echo "# max throughput, c=64, zero-delay backend"
-echo -e "target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx"
+HEAD=$(printf 'target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx')
+echo "# max throughput, c=64, zero-delay backends: shipped configuration"
+echo "$HEAD"
 for r in $(seq $ROUNDS); do
-  run direct http://127.0.0.1:18001 64
-  run fairway http://127.0.0.1:18011 64 $G0
-  [ -n "${BASE:-}" ] && run $BASE_NAME http://127.0.0.1:18013 64 $B0
-  run nginx http://127.0.0.1:18031 64 $(nginx_pids)
+  run ship direct http://127.0.0.1:18001 ship 64
+  run ship fairway http://127.0.0.1:18011 ship 64 $PID_ship
+  [ -n "${BASE:-}" ] && run ship $BASE_NAME http://127.0.0.1:18015 ship 64 $PID_bship
+  run ship nginx http://127.0.0.1:18031 ship 64 $(nginx_pids)
 done
 echo
-echo "# fixed load, c=10 against a 20 ms backend (about 500 req/s)"
-echo -e "target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx"
+echo "# max throughput, c=64, zero-delay backend: minimal configuration (logs off, one backend, one token)"
+echo "$HEAD"
 for r in $(seq $ROUNDS); do
-  run direct http://127.0.0.1:18002 10
-  run fairway http://127.0.0.1:18012 10 $G20
-  [ -n "${BASE:-}" ] && run $BASE_NAME http://127.0.0.1:18014 10 $B20
-  run nginx http://127.0.0.1:18032 10 $(nginx_pids)
+  run min direct http://127.0.0.1:18005 min 64
+  run min fairway http://127.0.0.1:18012 min 64 $PID_min
+  [ -n "${BASE:-}" ] && run min $BASE_NAME http://127.0.0.1:18016 min 64 $PID_bmin
+  run min nginx http://127.0.0.1:18032 min 64 $(nginx_pids)
 done
+echo
+echo "# fixed load, c=10 against a 20 ms backend (about 500 req/s), shipped logs"
+echo "$HEAD"
+for r in $(seq $ROUNDS); do
+  run slow direct http://127.0.0.1:18002 slow 10
+  run slow fairway http://127.0.0.1:18013 slow 10 $PID_slow
+  [ -n "${BASE:-}" ] && run slow $BASE_NAME http://127.0.0.1:18017 slow 10 $PID_bslow
+  run slow nginx http://127.0.0.1:18033 slow 10 $(nginx_pids)
+done
+echo
+echo "# medians over the rounds; ratios to nginx (throughput, CPU) and to direct (added latency, ms)"
+python3 - $ROWS <<'PY'
+import statistics, sys
+rows = sys.argv[1]
+for table in ("ship", "min", "slow"):
+    by = {}
+    for line in open(f"{rows}.{table}"):
+        name, rps, p50, p99, cpu, _ = line.split("\t")
+        by.setdefault(name, []).append((float(rps), float(p50), float(p99), float(cpu)))
+    med = {n: [statistics.median(c) for c in zip(*v)] for n, v in by.items()}
+    d, x = med["direct"], med["nginx"]
+    for n, (rps, p50, p99, cpu) in med.items():
+        if n == "direct":
+            continue
+        print(f"{table}\t{n}\treq/s {rps:.0f} ({rps / x[0]:.2f}x nginx)\tcpu {cpu:.1f} us/req"
+              f" ({cpu / x[3]:.2f}x nginx)\tp50 +{p50 - d[1]:.3f}\tp99 +{p99 - d[2]:.3f}")
+PY
 echo
 echo "# time to first chunk of a 64-token stream (20 ms decode steps), median of 20, ms"
-for target in direct:18002 fairway:18012 nginx:18032; do
+for target in direct:18002 fairway:18013 nginx:18033; do
   name=${target%%:*}; port=${target##*:}
   for i in $(seq 20); do
     curl -s -o /dev/null -w '%{time_starttransfer}\n' http://127.0.0.1:$port/v1/chat/completions \
@@ -152,10 +210,37 @@ for target in direct:18002 fairway:18012 nginx:18032; do
       -d '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true}'
   done | sort -n | awk -v n=$name 'NR==10{a=$1} NR==11{printf "%s\t%.2f\n", n, (a+$1)/2*1000}'
 done
+echo
+echo "# gateway RSS holding idle streams (h2c, 100 per connection; backend decode step 60 s)"
+rss_kib() { awk '/^VmRSS/{print $2}' /proc/$1/status; }
+HOLDER=$(ls -t target/release/deps/streams-* | grep -v '\.d$' | head -1)
+# Warm up: one round of streams opened and closed, so the baseline has
+# the runtime's and the allocator's steady state.
+echo | $HOLDER 127.0.0.1:18014 200 sk-bench bench >/dev/null
+sleep 1
+base=$(rss_kib $PID_hold)
+printf 'streams\trss_kib\tper_stream_kib\n0\t%s\t-\n' $base
+for n in 1000 10000 10000; do
+  mkfifo $WORK/hold.in
+  $HOLDER 127.0.0.1:18014 $n sk-bench bench < $WORK/hold.in > $WORK/hold.out &
+  exec 9> $WORK/hold.in
+  until grep -q held $WORK/hold.out 2>/dev/null; do
+    if ! kill -0 $! 2>/dev/null; then echo "stream holder failed"; exit 1; fi
+    sleep 0.2
+  done
+  sleep 1
+  rss=$(rss_kib $PID_hold)
+  awk -v n=$n -v r=$rss -v b=$base 'BEGIN { printf "%d\t%d\t%.1f\n", n, r, (r - b) / n }'
+  exec 9>&-
+  wait $!
+  rm $WORK/hold.in
+  sleep 2
+done
+printf 'after\t%s\t-\n' $(rss_kib $PID_hold)
 if [ "${CLUSTER:-off}" = on ]; then
   echo
   echo "# cluster: store round trips per request (both cluster gateways, whole run)"
-  for admin in 18023 18024; do
+  for admin in 18025 18026; do
     curl -s http://127.0.0.1:$admin/metrics | python3 -c '
 import sys
 syncs = reqs = 0.0

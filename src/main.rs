@@ -26,6 +26,11 @@ struct Cli {
     /// Log as JSON lines instead of text.
     #[arg(long, global = true, env = "FAIRWAY_LOG_JSON")]
     log_json: bool,
+    /// Bytes of log lines held in memory while the log's output catches
+    /// up; lines beyond it are dropped and counted
+    /// (`fairway_log_lines_dropped_total`) rather than slowing requests.
+    #[arg(long, global = true, env = "FAIRWAY_LOG_BUFFER", default_value_t = fairway::telemetry::log_writer::DEFAULT_CAPACITY)]
+    log_buffer: usize,
     #[command(subcommand)]
     command: Command,
 }
@@ -162,7 +167,15 @@ fn init_logging(json: bool) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    fairway::telemetry::log_writer::set_capacity(cli.log_buffer);
     init_logging(cli.log_json);
+    let code = run(cli);
+    // The log's last lines are still in its buffer.
+    fairway::telemetry::log_writer::flush(Duration::from_secs(2));
+    code
+}
+
+fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Check { paths } => check(&paths),
         Command::Replay(args) => report(replay(args)),

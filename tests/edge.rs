@@ -942,3 +942,49 @@ async fn the_text_access_log_in_a_file_has_no_colour_codes() {
         "escape codes in the log file:\n{text}"
     );
 }
+
+#[tokio::test]
+async fn a_log_output_that_never_drains_drops_lines_counted_and_requests_go_on() {
+    let b = sim(M, 64).await;
+    let path = temp_policy("access-log-stalled", &policy("", &b.addr().to_string()));
+    // stderr is a pipe that nobody reads: once its 64 KiB are full, every
+    // write to it blocks for ever. The log keeps a 16 KiB buffer.
+    let (_reader, writer) = std::io::pipe().unwrap();
+    let gw = ServeProcess::start(
+        &[],
+        &["--log-buffer", "16384"],
+        &path,
+        "info,fairway::access=info",
+        Stdio::from(writer),
+    );
+    let c = client();
+    const N: usize = 1500;
+    // A gateway blocked on its log would never finish these.
+    let served = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut served = 0;
+        for _ in 0..N / 50 {
+            let replies = futures_util::future::join_all((0..50).map(|_| {
+                let req = post(
+                    gw.addr,
+                    "/v1/chat/completions",
+                    Some(KEY),
+                    chat(M, 2, false),
+                );
+                send(&c, req)
+            }))
+            .await;
+            served += replies.iter().filter(|r| r.status == 200).count();
+        }
+        served
+    })
+    .await
+    .expect("requests held up by the log's output");
+    assert_eq!(served, N);
+    let m = get(&c, format!("http://{}/metrics", gw.admin)).await.text();
+    let dropped = metric(&m, "fairway_log_lines_dropped_total").unwrap();
+    // At least the lines beyond the pipe and the buffer: 1,500 access
+    // lines of over 200 bytes are over 300 KiB.
+    assert!(dropped >= 500.0, "dropped {dropped}\n{m}");
+    assert!(dropped <= N as f64 + 50.0, "dropped {dropped}");
+    assert_eq!(metric_sum(&m, "fairway_requests_total{"), N as f64, "{m}");
+}

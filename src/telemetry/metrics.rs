@@ -156,6 +156,17 @@ impl EdgeCounters {
             "fairway_accept_errors_total {}",
             get(&self.accept_errors)
         );
+        header(
+            w,
+            "fairway_log_lines_dropped_total",
+            "counter",
+            "Log lines (access log included) dropped because the log's output could not keep up and its buffer (--log-buffer) was full.",
+        );
+        let _ = writeln!(
+            w,
+            "fairway_log_lines_dropped_total {}",
+            super::log_writer::dropped_lines()
+        );
     }
 }
 

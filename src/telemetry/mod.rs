@@ -5,10 +5,12 @@ use tracing::Subscriber;
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
+pub mod log_writer;
 pub mod metrics;
 pub mod otel;
 
-/// How logs are written: text or JSON lines, on stderr.
+/// How logs are written: text or JSON lines, on stderr (through
+/// [`log_writer`], off the request path).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -37,7 +39,7 @@ where
     // pipeline they are noise, and formatting them costs every request.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let layer = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(log_writer::writer())
         .with_ansi(ansi);
     match format {
         LogFormat::Text => layer.with_filter(filter).boxed(),
