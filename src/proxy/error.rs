@@ -41,6 +41,52 @@ pub enum RefusedBy {
 }
 
 impl Outcome {
+    /// How many outcomes there are (with each refusal reason its own).
+    pub const COUNT: usize = 16;
+
+    /// Every outcome, in the order of [`Outcome::index`].
+    pub const ALL: [Outcome; Outcome::COUNT] = [
+        Outcome::Served,
+        Outcome::Refused(RefusedBy::Limit(LimitKind::Concurrency)),
+        Outcome::Refused(RefusedBy::Limit(LimitKind::Rate)),
+        Outcome::Refused(RefusedBy::Limit(LimitKind::GpuSeconds)),
+        Outcome::Refused(RefusedBy::Limit(LimitKind::QueueFull)),
+        Outcome::Refused(RefusedBy::Auth),
+        Outcome::Refused(RefusedBy::InvalidRequest),
+        Outcome::Refused(RefusedBy::UnknownModel),
+        Outcome::Refused(RefusedBy::BodyTooLarge),
+        Outcome::Refused(RefusedBy::BodyTimeout),
+        Outcome::Refused(RefusedBy::Backend),
+        Outcome::Refused(RefusedBy::StoreUnavailable),
+        Outcome::Shed,
+        Outcome::FailedUpstream,
+        Outcome::Cancelled,
+        Outcome::Error,
+    ];
+
+    /// This outcome's position in [`Outcome::ALL`]: the metrics keep one
+    /// counter per outcome in an array.
+    pub fn index(self) -> usize {
+        match self {
+            Outcome::Served => 0,
+            Outcome::Refused(RefusedBy::Limit(LimitKind::Concurrency)) => 1,
+            Outcome::Refused(RefusedBy::Limit(LimitKind::Rate)) => 2,
+            Outcome::Refused(RefusedBy::Limit(LimitKind::GpuSeconds)) => 3,
+            Outcome::Refused(RefusedBy::Limit(LimitKind::QueueFull)) => 4,
+            Outcome::Refused(RefusedBy::Auth) => 5,
+            Outcome::Refused(RefusedBy::InvalidRequest) => 6,
+            Outcome::Refused(RefusedBy::UnknownModel) => 7,
+            Outcome::Refused(RefusedBy::BodyTooLarge) => 8,
+            Outcome::Refused(RefusedBy::BodyTimeout) => 9,
+            Outcome::Refused(RefusedBy::Backend) => 10,
+            Outcome::Refused(RefusedBy::StoreUnavailable) => 11,
+            Outcome::Shed => 12,
+            Outcome::FailedUpstream => 13,
+            Outcome::Cancelled => 14,
+            Outcome::Error => 15,
+        }
+    }
+
     /// The `outcome` label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -346,5 +392,16 @@ mod tests {
         assert_eq!(format_reset(Duration::from_millis(20)), "20ms");
         assert_eq!(format_reset(Duration::from_millis(1500)), "2s");
         assert_eq!(format_reset(Duration::from_secs(360)), "6m0s");
+    }
+
+    #[test]
+    fn every_outcome_has_its_own_index() {
+        for (i, o) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(o.index(), i, "{o:?}");
+        }
+        for l in LimitKind::ALL {
+            let o = Outcome::Refused(RefusedBy::Limit(l));
+            assert_eq!(Outcome::ALL[o.index()], o);
+        }
     }
 }

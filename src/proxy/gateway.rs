@@ -22,7 +22,7 @@ use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::scheduler::{Decision, EjectReason, Ejection, Scheduler};
 use crate::core::spec::Api;
 use crate::sim::backend::{SimBackend, SimHandle};
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{Metrics, Series};
 
 /// The policy in force plus what is derived from it, swapped as one value.
 #[derive(Debug)]
@@ -42,6 +42,9 @@ pub struct Live {
     pub served_models: HashMap<BackendId, String>,
     /// The tenant of every request when no tenants are declared.
     pub default_tenant: Option<TenantId>,
+    /// Metric series by `[tenant][pool]`: `policy.tenants` by index, then
+    /// "default" (undeclared tenants); `policy.pools` by index.
+    pub series: Vec<Vec<Arc<Series>>>,
     /// Hex SHA-256 of the policy file text, and when it was loaded (unix seconds).
     pub source_hash: String,
     pub loaded_at_unix: u64,
@@ -232,6 +235,7 @@ pub struct Gateway {
 pub fn derive_live(
     policy: Arc<Policy>,
     sched: &Scheduler,
+    metrics: &Metrics,
     sim: &HashMap<String, String>,
     source: &str,
     loaded_at_unix: u64,
@@ -281,9 +285,20 @@ pub fn derive_live(
     } else {
         None
     };
+    let series = policy
+        .tenants
+        .iter()
+        .map(|t| t.name.as_str())
+        .chain(["default"])
+        .map(|t| {
+            let pools = policy.pools.iter();
+            pools.map(|p| metrics.series(t, &p.model)).collect()
+        })
+        .collect();
     Live {
         policy,
         keys,
+        series,
         tenant_names,
         tenant_policy,
         pools,

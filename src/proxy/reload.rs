@@ -134,7 +134,14 @@ async fn reload_inner(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
         let mut core = gw.core.lock();
         let spec = gw.replica_spec(&policy);
         let decisions = core.sched.apply_policy(&spec, now);
-        let live = derive_live(policy.clone(), &core.sched, &sims, &text, unix_seconds());
+        let live = derive_live(
+            policy.clone(),
+            &core.sched,
+            &gw.metrics,
+            &sims,
+            &text,
+            unix_seconds(),
+        );
         gw.live.store(Arc::new(live));
         core.deliver(decisions, None);
     }

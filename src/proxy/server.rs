@@ -161,9 +161,11 @@ impl Server {
         let sched = Scheduler::new(&spec, clock.now(), rand::random());
         let fairness = FairnessMeter::new(policy.telemetry.fairness_window);
         let policy_telemetry = policy.telemetry.clone();
+        let metrics = Metrics::new();
         let live = derive_live(
             Arc::new(policy),
             &sched,
+            &metrics,
             &sim_authorities,
             &source.text,
             crate::clock::unix_seconds(),
@@ -188,7 +190,7 @@ impl Server {
                 service: Vec::new(),
                 fairness,
             }),
-            metrics: Metrics::new(),
+            metrics,
             client,
             wake: Notify::new(),
             draining: Default::default(),

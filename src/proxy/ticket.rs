@@ -371,19 +371,22 @@ impl Drop for Ticket {
         }
         self.settle_core(now);
         let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
-        let policy = &self.live.policy;
-        let tenant_policy = self
-            .tenant
-            .and_then(|t| self.live.tenant_policy.get(&t))
-            .map(|i| &policy.tenants[*i]);
-        let tenant = match (self.tenant, tenant_policy) {
+        let live = &self.live;
+        let policy = &live.policy;
+        let tenant_index = self.tenant.map(|t| {
+            live.tenant_policy
+                .get(&t)
+                .copied()
+                .unwrap_or(policy.tenants.len())
+        });
+        let tenant_policy = tenant_index.and_then(|i| policy.tenants.get(i));
+        let tenant = match (tenant_index, tenant_policy) {
             (_, Some(p)) => p.name.as_str(),
             (Some(_), None) => "default",
             (None, None) => "unknown",
         };
-        let model = self
-            .pool
-            .map_or("unknown", |(_, i)| policy.pools[i].model.as_str());
+        let pool_index = self.pool.map(|(_, i)| i);
+        let model = pool_index.map_or("unknown", |i| policy.pools[i].model.as_str());
         let e2e = now - self.start;
         let ttft = self.first_byte.map(|t| t - self.start);
         let goodput = outcome == Outcome::Served
@@ -393,20 +396,30 @@ impl Drop for Ticket {
             .sent
             .map(|s| (s - self.start).saturating_sub(self.queue_wait.unwrap_or_default()));
         let usage = self.usage.unwrap_or_default();
-        self.gw.metrics.record(&RequestRecord {
-            tenant,
-            model,
-            outcome: outcome.as_str(),
-            reason: outcome.reason(),
-            goodput,
-            queue_wait: self.queue_wait,
-            ttft,
-            e2e,
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.completion_tokens,
-            gpu_seconds: self.gpu_seconds,
-            overhead,
-        });
+        // Resolved when the policy was loaded; a request refused before it
+        // had a tenant or a model looks its series up.
+        let looked_up;
+        let series = match (tenant_index, pool_index) {
+            (Some(t), Some(p)) => &live.series[t][p],
+            _ => {
+                looked_up = self.gw.metrics.series(tenant, model);
+                &looked_up
+            }
+        };
+        self.gw.metrics.record(
+            series,
+            &RequestRecord {
+                outcome,
+                goodput,
+                queue_wait: self.queue_wait,
+                ttft,
+                e2e,
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens: usage.completion_tokens,
+                gpu_seconds: self.gpu_seconds,
+                overhead,
+            },
+        );
         self.close_spans(tenant, model, outcome);
         let trace_id = otel::trace_id(&self.spans.request).or(self.caller_trace);
         // Inside the request span, when traces are on: the log line and

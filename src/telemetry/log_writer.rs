@@ -4,11 +4,10 @@
 //! collector, a slow disk) loses lines, counted, instead of holding up
 //! requests.
 //!
-//! Under load the writer thread wakes every [`LINGER`] and writes all the
-//! lines gathered meanwhile in one call, as nginx's `access_log ...
-//! buffer=` does; when it finds nothing to write it sleeps until the next
-//! line, which it writes at once, so a quiet gateway's log is not delayed.
-//! Lines still in the buffer when the process ends are written by
+//! The writer thread sleeps until a line arrives, gathers lines for
+//! [`LINGER`], and writes all of them in one call, as nginx's `access_log
+//! ... buffer= flush=` does: at most one wake-up and one write per
+//! [`LINGER`] however busy the gateway is. Lines still in the buffer when the process ends are written by
 //! [`flush`] (`main` calls it on the way out); a killed process loses at
 //! most the last [`LINGER`] of them.
 //!
@@ -156,13 +155,13 @@ fn write_loop(shared: &Shared, mut out: impl std::io::Write) {
             let mut s = shared.state.lock();
             s.writing = false;
             shared.written.notify_all();
-            if s.lines.is_empty() {
+            while s.lines.is_empty() {
                 s.idle = true;
-                while s.lines.is_empty() {
-                    shared.wake.wait(&mut s);
-                }
-            } else if !s.urgent {
-                // Under load: gather for a while, then write it all at once.
+                shared.wake.wait(&mut s);
+            }
+            if !s.urgent {
+                // Gather for a while, then write it all at once: one wake-up
+                // and one write per LINGER however many lines arrive.
                 shared.wake.wait_for(&mut s, LINGER);
             }
             s.urgent = false;

@@ -1,18 +1,23 @@
 //! Every metric Fairway exports, defined here, with its Prometheus text
 //! encoding (format 0.0.4, which `promtool check metrics` validates).
 //!
-//! Request-path updates take one lock per finished request
-//! ([`Metrics::record`]); gauges of scheduler state (queues, windows,
+//! A finished request is recorded with atomics on its (tenant, model)
+//! [`Series`], resolved once when a policy is loaded ([`Metrics::series`]),
+//! so the request path takes no lock and allocates nothing here; gauges of
+//! scheduler state (queues, windows,
 //! buckets, readings) are read at scrape time by the admin handler and
 //! passed to [`Metrics::encode`]. Label values come from the policy (tenant,
 //! model, backend names) or from enums, never from request data.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+
+use crate::proxy::error::Outcome;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -22,7 +27,7 @@ const OVERHEAD_BUCKETS: &[f64] = &[
 ];
 const TPOT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0];
 
-/// A cumulative histogram.
+/// A histogram's values at one scrape (per bucket, not cumulative).
 #[derive(Clone, Debug)]
 struct Histogram {
     bounds: &'static [f64],
@@ -31,31 +36,131 @@ struct Histogram {
     count: u64,
 }
 
-impl Histogram {
+/// A histogram recorded with atomics: one counter per bucket (the last for
+/// values past every bound) and the sum as `f64` bits.
+#[derive(Debug)]
+struct AtomicHistogram {
+    bounds: &'static [f64],
+    counts: Box<[AtomicU64]>,
+    sum: AtomicF64,
+}
+
+impl AtomicHistogram {
     fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
+        AtomicHistogram {
             bounds,
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicF64::default(),
         }
     }
-    fn observe(&mut self, v: f64) {
-        if let Some(i) = self.bounds.iter().position(|b| v <= *b) {
-            self.counts[i] += 1;
+
+    fn observe(&self, v: f64) {
+        let i = self.bounds.partition_point(|b| *b < v);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum.add(v);
+    }
+
+    /// What it holds now, if it has seen a value; the count is the sum of
+    /// the buckets, so the exposition stays consistent while it moves.
+    fn read(&self) -> Option<Histogram> {
+        let all: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let count = all.iter().sum();
+        (count > 0).then(|| Histogram {
+            bounds: self.bounds,
+            counts: all[..self.bounds.len()].to_vec(),
+            sum: self.sum.get(),
+            count,
+        })
+    }
+}
+
+/// An `f64` counter on an `AtomicU64`.
+#[derive(Debug, Default)]
+struct AtomicF64(AtomicU64);
+
+impl AtomicF64 {
+    fn add(&self, v: f64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some((f64::from_bits(b) + v).to_bits())
+            });
+    }
+    fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// Every per-request series of one (tenant, model).
+#[derive(Debug)]
+pub struct Series {
+    requests: [AtomicU64; Outcome::COUNT],
+    served: AtomicU64,
+    goodput: AtomicU64,
+    ttft: AtomicHistogram,
+    e2e: AtomicHistogram,
+    queue_wait: AtomicHistogram,
+    tpot: AtomicHistogram,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    gpu_seconds: AtomicF64,
+}
+
+impl Series {
+    fn new() -> Self {
+        Series {
+            requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            served: AtomicU64::new(0),
+            goodput: AtomicU64::new(0),
+            ttft: AtomicHistogram::new(LATENCY_BUCKETS),
+            e2e: AtomicHistogram::new(LATENCY_BUCKETS),
+            queue_wait: AtomicHistogram::new(LATENCY_BUCKETS),
+            tpot: AtomicHistogram::new(TPOT_BUCKETS),
+            prompt_tokens: AtomicU64::new(0),
+            completion_tokens: AtomicU64::new(0),
+            gpu_seconds: AtomicF64::default(),
         }
-        self.sum += v;
-        self.count += 1;
+    }
+
+    fn record(&self, r: &RequestRecord) {
+        let add = |c: &AtomicU64, n: u64| {
+            if n > 0 {
+                c.fetch_add(n, Ordering::Relaxed);
+            }
+        };
+        add(&self.requests[r.outcome.index()], 1);
+        if r.outcome == Outcome::Served {
+            add(&self.served, 1);
+            add(&self.goodput, u64::from(r.goodput));
+            self.e2e.observe(r.e2e.as_secs_f64());
+            if let Some(t) = r.ttft {
+                self.ttft.observe(t.as_secs_f64());
+                if r.completion_tokens > 1 {
+                    let tpot =
+                        r.e2e.saturating_sub(t).as_secs_f64() / f64::from(r.completion_tokens - 1);
+                    self.tpot.observe(tpot);
+                }
+            }
+        }
+        if let Some(w) = r.queue_wait {
+            self.queue_wait.observe(w.as_secs_f64());
+        }
+        add(&self.prompt_tokens, u64::from(r.prompt_tokens));
+        add(&self.completion_tokens, u64::from(r.completion_tokens));
+        if r.gpu_seconds > 0.0 {
+            self.gpu_seconds.add(r.gpu_seconds);
+        }
     }
 }
 
 /// One finished request, as the proxy saw it.
 #[derive(Clone, Debug)]
-pub struct RequestRecord<'a> {
-    pub tenant: &'a str,
-    pub model: &'a str,
-    pub outcome: &'static str,
-    pub reason: &'static str,
+pub struct RequestRecord {
+    pub outcome: Outcome,
     /// Served within the tenant's SLO.
     pub goodput: bool,
     pub queue_wait: Option<Duration>,
@@ -70,9 +175,19 @@ pub struct RequestRecord<'a> {
 
 type TM = (String, String);
 
+/// What only changes off the request path: the series by tenant and
+/// model, reloads and ejections.
 #[derive(Debug, Default)]
 struct Registry {
-    requests: BTreeMap<(String, String, &'static str, &'static str), u64>,
+    series: BTreeMap<String, BTreeMap<String, Arc<Series>>>,
+    reloads: BTreeMap<&'static str, u64>,
+    ejections: BTreeMap<String, u64>,
+}
+
+/// The series' values at one scrape, keyed for the exposition.
+#[derive(Debug, Default)]
+struct Counts {
+    requests: BTreeMap<(TM, usize), u64>,
     goodput: BTreeMap<TM, u64>,
     served: BTreeMap<TM, u64>,
     ttft: BTreeMap<TM, Histogram>,
@@ -82,9 +197,50 @@ struct Registry {
     prompt_tokens: BTreeMap<TM, u64>,
     completion_tokens: BTreeMap<TM, u64>,
     gpu_seconds: BTreeMap<String, f64>,
-    overhead: Option<Histogram>,
-    reloads: BTreeMap<&'static str, u64>,
-    ejections: BTreeMap<String, u64>,
+}
+
+impl Counts {
+    fn read(series: &BTreeMap<String, BTreeMap<String, Arc<Series>>>) -> Counts {
+        let mut c = Counts::default();
+        for (tenant, models) in series {
+            for (model, s) in models {
+                let k = || key(tenant, model);
+                let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                for (i, n) in s.requests.iter().enumerate() {
+                    if get(n) > 0 {
+                        c.requests.insert((k(), i), get(n));
+                    }
+                }
+                if get(&s.served) > 0 {
+                    c.served.insert(k(), get(&s.served));
+                    c.goodput.insert(k(), get(&s.goodput));
+                }
+                for (h, to) in [
+                    (&s.ttft, &mut c.ttft),
+                    (&s.e2e, &mut c.e2e),
+                    (&s.queue_wait, &mut c.queue_wait),
+                    (&s.tpot, &mut c.tpot),
+                ] {
+                    if let Some(h) = h.read() {
+                        to.insert(k(), h);
+                    }
+                }
+                for (n, to) in [
+                    (&s.prompt_tokens, &mut c.prompt_tokens),
+                    (&s.completion_tokens, &mut c.completion_tokens),
+                ] {
+                    if get(n) > 0 {
+                        to.insert(k(), get(n));
+                    }
+                }
+                let gpu = s.gpu_seconds.get();
+                if gpu > 0.0 {
+                    *c.gpu_seconds.entry(tenant.clone()).or_default() += gpu;
+                }
+            }
+        }
+        c
+    }
 }
 
 impl EdgeCounters {
@@ -216,9 +372,11 @@ pub struct BackendGauges {
 }
 
 /// The metrics handle, built once at startup and shared.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     inner: Mutex<Registry>,
+    /// Time Fairway itself adds to requests (all tenants).
+    overhead: AtomicHistogram,
     /// The client listener's edge counters: plain atomics, off the
     /// registry's lock, since they move on every connection.
     pub edge: EdgeCounters,
@@ -380,60 +538,45 @@ fn key(tenant: &str, model: &str) -> TM {
     (tenant.to_owned(), model.to_owned())
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            inner: Mutex::default(),
+            overhead: AtomicHistogram::new(OVERHEAD_BUCKETS),
+            edge: EdgeCounters::default(),
+        }
+    }
+}
+
 impl Metrics {
     /// An empty registry.
     pub fn new() -> Self {
         Metrics::default()
     }
 
-    /// Counts one finished request: exactly one call per request.
-    pub fn record(&self, r: &RequestRecord<'_>) {
+    /// The series of (`tenant`, `model`), made on first use and kept for
+    /// the process's life (a reload that drops a tenant leaves its
+    /// counters as they were). Called when a policy is loaded, and for the
+    /// few requests that end before they have a declared tenant and model.
+    pub fn series(&self, tenant: &str, model: &str) -> Arc<Series> {
         let mut g = self.inner.lock();
-        *g.requests
-            .entry((r.tenant.to_owned(), r.model.to_owned(), r.outcome, r.reason))
-            .or_default() += 1;
-        let k = key(r.tenant, r.model);
-        if r.outcome == "served" {
-            *g.served.entry(k.clone()).or_default() += 1;
-            *g.goodput.entry(k.clone()).or_default() += u64::from(r.goodput);
-            g.e2e
-                .entry(k.clone())
-                .or_insert_with(|| Histogram::new(LATENCY_BUCKETS))
-                .observe(r.e2e.as_secs_f64());
-            if let Some(t) = r.ttft {
-                g.ttft
-                    .entry(k.clone())
-                    .or_insert_with(|| Histogram::new(LATENCY_BUCKETS))
-                    .observe(t.as_secs_f64());
-                if r.completion_tokens > 1 {
-                    let tpot =
-                        r.e2e.saturating_sub(t).as_secs_f64() / f64::from(r.completion_tokens - 1);
-                    g.tpot
-                        .entry(k.clone())
-                        .or_insert_with(|| Histogram::new(TPOT_BUCKETS))
-                        .observe(tpot);
-                }
-            }
+        if let Some(s) = g.series.get(tenant).and_then(|m| m.get(model)) {
+            return s.clone();
         }
-        if let Some(w) = r.queue_wait {
-            g.queue_wait
-                .entry(k.clone())
-                .or_insert_with(|| Histogram::new(LATENCY_BUCKETS))
-                .observe(w.as_secs_f64());
-        }
-        if r.prompt_tokens > 0 {
-            *g.prompt_tokens.entry(k.clone()).or_default() += u64::from(r.prompt_tokens);
-        }
-        if r.completion_tokens > 0 {
-            *g.completion_tokens.entry(k).or_default() += u64::from(r.completion_tokens);
-        }
-        if r.gpu_seconds > 0.0 {
-            *g.gpu_seconds.entry(r.tenant.to_owned()).or_default() += r.gpu_seconds;
-        }
+        g.series
+            .entry(tenant.to_owned())
+            .or_default()
+            .entry(model.to_owned())
+            .or_insert_with(|| Arc::new(Series::new()))
+            .clone()
+    }
+
+    /// Counts one finished request on its series: exactly one call per
+    /// request.
+    pub fn record(&self, series: &Series, r: &RequestRecord) {
+        series.record(r);
         if let Some(o) = r.overhead {
-            g.overhead
-                .get_or_insert_with(|| Histogram::new(OVERHEAD_BUCKETS))
-                .observe(o.as_secs_f64());
+            self.overhead.observe(o.as_secs_f64());
         }
     }
 
@@ -459,18 +602,22 @@ impl Metrics {
 
     /// Total requests counted with `outcome` (all tenants), for tests and `top`.
     pub fn requests_with_outcome(&self, outcome: &str) -> u64 {
-        self.inner
-            .lock()
-            .requests
-            .iter()
-            .filter(|(k, _)| k.2 == outcome)
-            .map(|(_, v)| *v)
+        let g = self.inner.lock();
+        let series = g.series.values().flat_map(|m| m.values());
+        series
+            .flat_map(|s| {
+                Outcome::ALL
+                    .iter()
+                    .filter(|o| o.as_str() == outcome)
+                    .map(|o| s.requests[o.index()].load(Ordering::Relaxed))
+            })
             .sum()
     }
 
     /// The whole exposition in Prometheus text format.
     pub fn encode(&self, snap: &Snapshot) -> String {
         let g = self.inner.lock();
+        let c = Counts::read(&g.series);
         let mut out = String::with_capacity(8192);
         let w = &mut out;
 
@@ -487,19 +634,22 @@ impl Metrics {
             "counter",
             "Requests by final outcome; every request is counted exactly once.",
         );
-        for ((t, m, o, r), v) in &g.requests {
+        for (((t, m), i), v) in &c.requests {
+            let o = Outcome::ALL[*i];
             let _ = writeln!(
                 w,
-                "fairway_requests_total{{tenant=\"{}\",model=\"{}\",outcome=\"{o}\",reason=\"{r}\"}} {v}",
+                "fairway_requests_total{{tenant=\"{}\",model=\"{}\",outcome=\"{}\",reason=\"{}\"}} {v}",
                 esc(t),
-                esc(m)
+                esc(m),
+                o.as_str(),
+                o.reason()
             );
         }
         counter_tm(
             w,
             "fairway_goodput_total",
             "Served responses that met the tenant's SLO (TTFT and e2e).",
-            &g.goodput,
+            &c.goodput,
         );
         header(
             w,
@@ -507,8 +657,8 @@ impl Metrics {
             "gauge",
             "Share of served responses that met the tenant's SLO, since start.",
         );
-        for (k, served) in &g.served {
-            let good = g.goodput.get(k).copied().unwrap_or(0);
+        for (k, served) in &c.served {
+            let good = c.goodput.get(k).copied().unwrap_or(0);
             let _ = writeln!(
                 w,
                 "fairway_slo_attainment_ratio{{{}}} {}",
@@ -520,37 +670,37 @@ impl Metrics {
             w,
             "fairway_ttft_seconds",
             "Time to first byte of the response body, served requests.",
-            &g.ttft,
+            &c.ttft,
         );
         hist_tm(
             w,
             "fairway_e2e_seconds",
             "Arrival to end of response, served requests.",
-            &g.e2e,
+            &c.e2e,
         );
         hist_tm(
             w,
             "fairway_queue_wait_seconds",
             "Time queued in Fairway before dispatch.",
-            &g.queue_wait,
+            &c.queue_wait,
         );
         hist_tm(
             w,
             "fairway_time_per_output_token_seconds",
             "Decode time per output token after the first.",
-            &g.tpot,
+            &c.tpot,
         );
         counter_tm(
             w,
             "fairway_prompt_tokens_total",
             "Prompt tokens reported by backends.",
-            &g.prompt_tokens,
+            &c.prompt_tokens,
         );
         counter_tm(
             w,
             "fairway_completion_tokens_total",
             "Completion tokens reported by backends.",
-            &g.completion_tokens,
+            &c.completion_tokens,
         );
         header(
             w,
@@ -558,7 +708,7 @@ impl Metrics {
             "counter",
             "GPU-seconds attributed to each tenant.",
         );
-        for (t, v) in &g.gpu_seconds {
+        for (t, v) in &c.gpu_seconds {
             let _ = writeln!(w, "fairway_gpu_seconds_total{{tenant=\"{}\"}} {v}", esc(t));
         }
         header(
@@ -567,8 +717,8 @@ impl Metrics {
             "histogram",
             "Time Fairway adds to a request, excluding queue wait and backend time.",
         );
-        if let Some(h) = &g.overhead {
-            hist_lines(w, "fairway_overhead_seconds", "", h);
+        if let Some(h) = self.overhead.read() {
+            hist_lines(w, "fairway_overhead_seconds", "", &h);
         }
         header(
             w,
@@ -833,11 +983,9 @@ mod tests {
     #[test]
     fn histogram_is_cumulative_and_counts_once() {
         let m = Metrics::new();
+        let s = m.series("a", "m");
         let rec = RequestRecord {
-            tenant: "a",
-            model: "m",
-            outcome: "served",
-            reason: "",
+            outcome: Outcome::Served,
             goodput: true,
             queue_wait: Some(Duration::from_millis(3)),
             ttft: Some(Duration::from_millis(40)),
@@ -847,13 +995,17 @@ mod tests {
             gpu_seconds: 0.5,
             overhead: Some(Duration::from_micros(30)),
         };
-        m.record(&rec);
-        m.record(&RequestRecord {
-            outcome: "refused",
-            reason: "rate",
-            goodput: false,
-            ..rec.clone()
-        });
+        m.record(&s, &rec);
+        m.record(
+            &m.series("a", "m"),
+            &RequestRecord {
+                outcome: Outcome::Refused(crate::proxy::error::RefusedBy::Limit(
+                    crate::core::admission::LimitKind::Rate,
+                )),
+                goodput: false,
+                ..rec.clone()
+            },
+        );
         let text = m.encode(&Snapshot::default());
         assert!(text.contains(
             "fairway_requests_total{tenant=\"a\",model=\"m\",outcome=\"served\",reason=\"\"} 1"
