@@ -134,6 +134,9 @@ pub struct ServerPolicy {
     /// 10 s). Restart-only.
     #[serde(with = "humantime_serde_compat")]
     pub header_read_timeout: Duration,
+    /// Threads serving client connections, each with a runtime of its own
+    /// (default: one per core). Restart-only.
+    pub workers: usize,
     /// A client connection with no request in flight for this long is
     /// closed (HTTP/2: GOAWAY; default 60 s). Restart-only.
     #[serde(with = "humantime_serde_compat")]

@@ -132,6 +132,7 @@ const SERVER_KEYS: &[&str] = &[
     "max_connections_per_client",
     "max_requests",
     "header_read_timeout",
+    "workers",
     "idle_timeout",
     "body_read_timeout",
     "admin_token_env",
@@ -140,6 +141,10 @@ const SERVER_KEYS: &[&str] = &[
 ];
 /// Default `[server] max_connections`: open client connections.
 const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default `[server] workers`: one per core.
+fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
 /// Default `[server] max_requests`: client requests in flight at once.
 const DEFAULT_MAX_REQUESTS: usize = 4096;
 const TLS_KEYS: &[&str] = &["cert", "key"];
@@ -299,6 +304,9 @@ fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> Ser
                 r.duration(v, p, Zero::Refused)
             })
             .unwrap_or(Duration::from_secs(10)),
+        workers: r
+            .opt(t, "workers", Reader::positive_int)
+            .unwrap_or_else(default_workers),
         idle_timeout: r
             .opt(t, "idle_timeout", |r, v, p| r.duration(v, p, Zero::Refused))
             .unwrap_or(Duration::from_secs(60)),

@@ -257,7 +257,7 @@ async fn run(
         };
         ticket.spans.next(gw, upstream_span);
         ticket.spans.inject(gw, up.headers_mut());
-        let sent = tokio::time::timeout(pool_policy.timeout, gw.client.request(up));
+        let sent = tokio::time::timeout(pool_policy.timeout, gw.upstream(up));
         let result = if preemptible {
             // Batch work: until its response starts, the scheduler may
             // take its slot back. Dropping the upstream call closes the

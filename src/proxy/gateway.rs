@@ -16,6 +16,8 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc, oneshot};
 
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
 use crate::clock::Clock;
 use crate::config::{BackendTarget, Policy};
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
@@ -202,13 +204,45 @@ impl Pending {
     }
 }
 
+/// The client that carries requests to backends.
+pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A new upstream client: keep-alive connections pooled per backend,
+/// `TCP_NODELAY`, 5 s to connect.
+pub fn upstream_client() -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
+
+thread_local! {
+    /// A worker thread's own upstream client (see [`Gateway::upstream`]).
+    static WORKER_CLIENT: std::cell::OnceCell<UpstreamClient> = const { std::cell::OnceCell::new() };
+}
+
+/// Gives this thread (a worker serving client connections) an upstream
+/// client of its own.
+pub fn enter_worker() {
+    WORKER_CLIENT.with(|c| {
+        let _ = c.set(upstream_client());
+    });
+}
+
 /// The running gateway.
 pub struct Gateway {
     pub clock: Clock,
     pub live: ArcSwap<Live>,
     pub core: Mutex<CoreState>,
     pub metrics: Metrics,
-    pub client: Client<HttpConnector, Full<Bytes>>,
+    /// The shared upstream client: pollers, traces, and requests served
+    /// off the worker threads.
+    pub client: UpstreamClient,
     /// Wakes the deadline task when a request is queued.
     pub wake: Notify,
     pub draining: AtomicBool,
@@ -322,6 +356,16 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 impl Gateway {
+    /// Sends a request to a backend. On a worker thread it goes through
+    /// that thread's own client, whose connections that thread drives: a
+    /// request and its upstream connection never hop between threads.
+    pub fn upstream(
+        &self,
+        req: http::Request<Full<Bytes>>,
+    ) -> hyper_util::client::legacy::ResponseFuture {
+        WORKER_CLIENT.with(|c| c.get().unwrap_or(&self.client).request(req))
+    }
+
     /// Reports a failed request (5xx, connection error, header timeout, a
     /// stream cut) to outlier detection, and logs and counts the ejection
     /// it causes.

@@ -67,6 +67,9 @@ pub fn restart_only_changes(old: &Policy, new: &Policy) -> Vec<String> {
     if old.server.max_connections_per_client != new.server.max_connections_per_client {
         out.push("server.max_connections_per_client".to_owned());
     }
+    if old.server.workers != new.server.workers {
+        out.push("server.workers".to_owned());
+    }
     if old.server.idle_timeout != new.server.idle_timeout {
         out.push("server.idle_timeout".to_owned());
     }

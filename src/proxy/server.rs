@@ -24,10 +24,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -170,15 +167,7 @@ impl Server {
             &source.text,
             crate::clock::unix_seconds(),
         );
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(1024)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        let client = crate::proxy::gateway::upstream_client();
         let traces =
             Traces::start(&policy_telemetry, client.clone(), log).map_err(std::io::Error::other)?;
         let gateway = Arc::new(Gateway {
@@ -372,7 +361,7 @@ async fn run(
     // ends (admin connections, which serve `/readyz` meanwhile).
     let drain_clients = CancellationToken::new();
     let stop_admin = CancellationToken::new();
-    let mut api_conns = JoinSet::new();
+    let mut workers = Workers::start(server_policy.workers, &gw);
     let mut admin_conns = JoinSet::new();
     let accept_error = || {
         gw.metrics
@@ -406,9 +395,15 @@ async fn run(
                 let tls = gw.tls.load_full();
                 let dispatch = gw.traces.as_ref().map(|t| t.dispatch().clone());
                 let conn_gw = gw.clone();
-                while api_conns.try_join_next().is_some() {}
+                // Served on a worker thread, on that thread's runtime.
+                let Ok(stream) = stream.into_std() else {
+                    return;
+                };
                 let serve = async move {
                     let _slot = slot;
+                    let Ok(stream) = TcpStream::from_std(stream) else {
+                        return;
+                    };
                     let ended = match tls {
                         None => {
                             // hyper's header-read timeout starts once it knows
@@ -451,8 +446,8 @@ async fn run(
                 // With traces on, the connection runs under the gateway's
                 // dispatch: its requests' spans and log lines are one tree.
                 match dispatch {
-                    None => api_conns.spawn(serve),
-                    Some(d) => api_conns.spawn(serve.with_subscriber(d)),
+                    None => workers.serve(Box::pin(serve)),
+                    Some(d) => workers.serve(Box::pin(serve.with_subscriber(d))),
                 };
             },
         )
@@ -462,13 +457,7 @@ async fn run(
         let drain = gw.live.load().policy.server.drain_timeout;
         tracing::info!(?drain, "draining");
         drain_clients.cancel();
-        let all_ended = async { while api_conns.join_next().await.is_some() {} };
-        if tokio::time::timeout(drain, all_ended).await.is_err() {
-            tracing::warn!("drain timeout passed with requests still in flight");
-        }
-        // Whatever the drain left is cut.
-        api_conns.abort_all();
-        while api_conns.join_next().await.is_some() {}
+        workers.drain().await;
         stop_admin.cancel();
     };
     let admin = accept_loop(
@@ -515,6 +504,111 @@ async fn run(
         }
     })
     .await;
+}
+
+/// A client connection's whole life, ready to run on a worker.
+type ConnTask = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The threads that serve client connections: each runs a current-thread
+/// runtime of its own, with its own upstream client, and serves the
+/// connections handed to it from accept to close. A request's read, its
+/// scheduling, its upstream call and its response write all happen on one
+/// thread, with no work stealing and no cross-thread wake-ups between
+/// them; the scheduler, the policy and the metrics are shared.
+struct Workers {
+    queues: Vec<tokio::sync::mpsc::UnboundedSender<ConnTask>>,
+    /// Connections open on each worker: a new one goes to the least busy.
+    open: Vec<Arc<std::sync::atomic::AtomicUsize>>,
+    done: Vec<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl Workers {
+    fn start(n: usize, gw: &Arc<Gateway>) -> Workers {
+        let mut w = Workers {
+            queues: Vec::new(),
+            open: Vec::new(),
+            done: Vec::new(),
+        };
+        for i in 0..n.max(1) {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let thread_open = open.clone();
+            let gw = gw.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("fairway-worker-{i}"))
+                .spawn(move || {
+                    match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => {
+                            crate::proxy::gateway::enter_worker();
+                            rt.block_on(worker(rx, thread_open, gw));
+                        }
+                        Err(e) => tracing::error!(error = %e, "cannot start a worker runtime"),
+                    }
+                    let _ = done_tx.send(());
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a worker thread");
+                continue;
+            }
+            w.queues.push(tx);
+            w.open.push(open);
+            w.done.push(done_rx);
+        }
+        w
+    }
+
+    /// Hands a connection to the worker with the fewest open.
+    fn serve(&mut self, conn: ConnTask) {
+        let least = (0..self.queues.len())
+            .min_by_key(|i| self.open[*i].load(Ordering::Relaxed))
+            .unwrap_or(0);
+        if let Some(q) = self.queues.get(least) {
+            self.open[least].fetch_add(1, Ordering::Relaxed);
+            let _ = q.send(conn);
+        }
+    }
+
+    /// Stops handing out connections and waits until every worker has
+    /// drained: its connections ended or, past `[server] drain_timeout`,
+    /// cut.
+    async fn drain(&mut self) {
+        self.queues.clear();
+        for done in &mut self.done {
+            let _ = done.await;
+        }
+    }
+}
+
+/// One worker: serves the connections it is handed until the accept loop
+/// ends, then lets them drain for `[server] drain_timeout` and cuts the
+/// rest.
+async fn worker(
+    mut conns_in: tokio::sync::mpsc::UnboundedReceiver<ConnTask>,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    gw: Arc<Gateway>,
+) {
+    let mut conns = JoinSet::new();
+    while let Some(conn) = conns_in.recv().await {
+        while conns.try_join_next().is_some() {}
+        let open = open.clone();
+        conns.spawn(async move {
+            conn.await;
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+    // The accept loop has ended and the drain begun.
+    let timeout = gw.live.load().policy.server.drain_timeout;
+    let all_ended = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(timeout, all_ended).await.is_err() {
+        tracing::warn!("drain timeout passed with requests still in flight");
+    }
+    // Whatever the drain left is cut.
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
 }
 
 /// Connections refused at a cap, logged at most once a minute (a flood

@@ -94,7 +94,7 @@ impl StopCall {
         else {
             return;
         };
-        let call = gw.client.request(req);
+        let call = gw.upstream(req);
         handle.spawn(async move {
             match tokio::time::timeout(Duration::from_secs(5), call).await {
                 Ok(Ok(r)) => tracing::debug!(status = r.status().as_u16(), "stop request sent"),

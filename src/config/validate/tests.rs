@@ -789,6 +789,7 @@ fn minimal_file_gets_every_default() {
             max_connections_per_client: None,
             max_requests: 4096,
             header_read_timeout: Duration::from_secs(10),
+            workers: std::thread::available_parallelism().map_or(1, usize::from),
             idle_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(30),
             admin_token: None,
