@@ -2,7 +2,8 @@
 //! memory rows: N streaming chat completions over HTTP/2 (cleartext, prior
 //! knowledge), 100 streams per connection so that 10,000 fit in the
 //! machine's file-descriptor limit, each held once its response headers
-//! have arrived (the backend is slow, so each stream then idles).
+//! have arrived (the backend is slow, so each stream then idles). Streams
+//! are opened one connection's worth at a time.
 //!
 //!   cargo bench --bench streams -- ADDR COUNT KEY MODEL
 //!
@@ -42,28 +43,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .build_http()
         })
         .collect();
+    // One connection's streams at a time: streams accumulate as they do in
+    // service, rather than all their requests being set up at once.
     let mut held = Vec::with_capacity(count);
-    let mut pending = tokio::task::JoinSet::new();
-    for i in 0..count {
-        let client = clients[i / STREAMS_PER_CONNECTION].clone();
-        let req = Request::post(format!("http://{addr}/v1/chat/completions"))
-            .header("authorization", format!("Bearer {key}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.clone())))?;
-        pending.spawn(async move {
-            tokio::time::timeout(Duration::from_secs(60), client.request(req)).await
-        });
-        // The first stream of each connection opens it; the rest share it.
-        if i % STREAMS_PER_CONNECTION == 0 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+    for (c, client) in clients.iter().enumerate() {
+        let mut pending = tokio::task::JoinSet::new();
+        for _ in (c * STREAMS_PER_CONNECTION)..((c + 1) * STREAMS_PER_CONNECTION).min(count) {
+            let req = Request::post(format!("http://{addr}/v1/chat/completions"))
+                .header("authorization", format!("Bearer {key}"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body.clone())))?;
+            let client = client.clone();
+            pending.spawn(async move {
+                tokio::time::timeout(Duration::from_secs(60), client.request(req)).await
+            });
         }
-    }
-    while let Some(r) = pending.join_next().await {
-        let resp = r???;
-        if !resp.status().is_success() {
-            return Err(format!("a stream was answered {}", resp.status()).into());
+        while let Some(r) = pending.join_next().await {
+            let resp = r???;
+            if !resp.status().is_success() {
+                return Err(format!("a stream was answered {}", resp.status()).into());
+            }
+            held.push(resp);
         }
-        held.push(resp);
     }
     println!("held {}", held.len());
     // Hold until the caller closes stdin.
