@@ -18,6 +18,7 @@
 # first chunk of a stream, and the gateway's RSS holding 1,000 and 10,000
 # idle streams (benches/streams.rs, over h2c: 100 streams a connection).
 #
+# WORKERS=n sets [server] workers on every gateway (default: one per core).
 # BASE=path/to/an/older/fairway adds that build as a fourth target
 # ("base"), run in the same rounds, for a before/after in one session.
 # CLUSTER=on instead adds this build with a [cluster] section (a local
@@ -54,6 +55,7 @@ gateway_conf() { # port admin backend-ports...
 listen = "127.0.0.1:$port"
 admin_listen = "127.0.0.1:$admin"
 max_requests = 20000
+${WORKERS:+workers = $WORKERS}
 [queue]
 discipline = "drf"
 [[pools]]

@@ -61,10 +61,10 @@ wait %%  2>/dev/null || true
   perf report -i $WORK/perf.data --no-children --stdio --percent-limit 0.7 -g none 2>/dev/null | grep -v '^#' | grep -v '^$'
   echo "# with children"
   perf report -i $WORK/perf.data --children --stdio --percent-limit 3 -g none 2>/dev/null | grep -v '^#' | grep -v '^$'
-} > $OUT.txt
+} | cut -c1-200 > $OUT.txt
 if command -v inferno-collapse-perf >/dev/null; then
   perf script -i $WORK/perf.data 2>/dev/null | inferno-collapse-perf > $WORK/folded
-  inferno-flamegraph < $WORK/folded > $OUT.svg
+  inferno-flamegraph --minwidth 1 < $WORK/folded > $OUT.svg
   [ -z "${FOLDED:-}" ] || cp $WORK/folded "$FOLDED"
 fi
 echo "wrote $OUT.txt${OUT:+ and $OUT.svg}"

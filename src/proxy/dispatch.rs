@@ -251,7 +251,11 @@ async fn run(
         }
         ticket.sent = Some(gw.clock.now());
         ticket.backend = Some(backend);
-        ticket.backend_name = gw.core.lock().sched.backend_name(backend).to_owned();
+        ticket.backend_name = match live.backend_names.get(&backend) {
+            Some(name) => name.clone(),
+            // A backend added by a reload after this request took its policy.
+            None => Arc::from(gw.core.lock().sched.backend_name(backend)),
+        };
         let upstream_span = Phase::Upstream {
             backend: &ticket.backend_name,
         };
@@ -283,7 +287,7 @@ async fn run(
         match result {
             Err(_) => {
                 return Err(ApiError::UpstreamTimeout {
-                    backend: ticket.backend_name.clone(),
+                    backend: ticket.backend_name.to_string(),
                     timeout: pool_policy.timeout,
                 });
             }
@@ -292,7 +296,7 @@ async fn run(
                     std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
                 if !e.is_connect() {
                     return Err(ApiError::Upstream {
-                        backend: ticket.backend_name.clone(),
+                        backend: ticket.backend_name.to_string(),
                         cause,
                     });
                 }
@@ -311,7 +315,7 @@ async fn run(
                 let Some(decisions) = requeued else {
                     // Retried already, or no other healthy backend.
                     return Err(ApiError::Upstream {
-                        backend: ticket.backend_name.clone(),
+                        backend: ticket.backend_name.to_string(),
                         cause,
                     });
                 };

@@ -40,6 +40,8 @@ pub struct Live {
     pub pools: HashMap<String, ModelPools>,
     /// Backend id → `host:port` to connect to.
     pub authorities: HashMap<BackendId, String>,
+    /// Backend id → its name (the access log's and spans' `backend`).
+    pub backend_names: HashMap<BackendId, Arc<str>>,
     /// Backend id → the model's name on it, where it is not the pool's.
     pub served_models: HashMap<BackendId, String>,
     /// The tenant of every request when no tenants are declared.
@@ -294,6 +296,7 @@ pub fn derive_live(
     let mut pools = HashMap::new();
     let mut authorities = HashMap::new();
     let mut served_models = HashMap::new();
+    let mut backend_names = HashMap::new();
     for (i, p) in policy.pools.iter().enumerate() {
         pools.insert(
             p.model.clone(),
@@ -307,6 +310,7 @@ pub fn derive_live(
             let Some(bid) = sched.backend(&b.name) else {
                 continue;
             };
+            backend_names.insert(bid, Arc::from(sched.backend_name(bid)));
             let authority = match &b.target {
                 BackendTarget::Url { authority } => Some(authority.clone()),
                 BackendTarget::Sim { .. } => sim.get(&b.name).cloned(),
@@ -342,6 +346,7 @@ pub fn derive_live(
         tenant_policy,
         pools,
         authorities,
+        backend_names,
         served_models,
         default_tenant,
         source_hash: hex(&Sha256::digest(source.as_bytes())),

@@ -43,7 +43,7 @@ pub struct Ticket {
     /// Set once admitted: the scheduler knows the request.
     pub(crate) id: Option<RequestId>,
     pub(crate) backend: Option<BackendId>,
-    pub(crate) backend_name: String,
+    pub(crate) backend_name: Arc<str>,
     pub(crate) sent: Option<Instant>,
     first_byte: Option<Instant>,
     pub(crate) queue_wait: Option<Duration>,
@@ -234,7 +234,7 @@ impl Ticket {
             pool: None,
             id: None,
             backend: None,
-            backend_name: String::new(),
+            backend_name: Arc::from(""),
             sent: None,
             first_byte: None,
             queue_wait: None,
@@ -334,7 +334,7 @@ impl Ticket {
         }
         span.record("fairway.tenant", tenant);
         span.record("fairway.model", model);
-        span.record("fairway.backend", self.backend_name.as_str());
+        span.record("fairway.backend", &*self.backend_name);
         span.record("fairway.outcome", outcome.as_str());
         span.record("http.response.status_code", i64::from(self.status));
         if outcome != Outcome::Served {
