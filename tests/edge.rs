@@ -511,12 +511,15 @@ async fn the_per_client_cap_refuses_one_address_beyond_its_share() {
     })
     .await
     .unwrap();
+    // Once the gateway has seen the two held connections close, the
+    // address has its share back: the next connection is served.
     assert!(
         eventually(Duration::from_secs(5), async || {
-            models_status(addr).await == Some(200)
+            metric(&scrape(&gw).await, "fairway_open_connections") == Some(0.0)
         })
         .await
     );
+    assert_eq!(models_status(addr).await, Some(200));
     let m = scrape(&gw).await;
     assert_eq!(
         metric(
