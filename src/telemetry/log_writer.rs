@@ -7,9 +7,9 @@
 //! The writer thread sleeps until a line arrives, gathers lines for
 //! [`LINGER`], and writes all of them in one call, as nginx's `access_log
 //! ... buffer= flush=` does: at most one wake-up and one write per
-//! [`LINGER`] however busy the gateway is. Lines still in the buffer when the process ends are written by
-//! [`flush`] (`main` calls it on the way out); a killed process loses at
-//! most the last [`LINGER`] of them.
+//! [`LINGER`] however busy the gateway is. Lines still in the buffer when
+//! the process ends are written by [`flush`] (`main` calls it on the way
+//! out); a killed process loses at most the last [`LINGER`] of them.
 //!
 //! Why not `tracing-appender`'s non-blocking writer: it hands each line to
 //! its thread through a channel, one allocation and, whenever that thread
