@@ -175,7 +175,15 @@ fn the_command_writes_json_and_svg_and_rejects_a_bad_workload() {
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 4);
     for r in runs {
-        for k in ["discipline", "strategy", "jain", "utilisation", "tenants"] {
+        for k in [
+            "discipline",
+            "strategy",
+            "jain",
+            "utilisation",
+            "estimate_ratio_p50",
+            "estimate_ratio_p99",
+            "tenants",
+        ] {
             assert!(r.get(k).is_some(), "{k} in {r}");
         }
         let api = &r["tenants"]["api"];

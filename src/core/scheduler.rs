@@ -112,6 +112,11 @@ pub struct Ended {
     pub gpu_seconds: f64,
     /// Time from arrival to dispatch.
     pub queue_wait: Duration,
+    /// The fair-queue cost charged at dispatch, from the estimate.
+    pub charged: f64,
+    /// What that cost settled to from the reported usage (`None`: no
+    /// usage, so the estimate stands).
+    pub settled: Option<f64>,
 }
 
 /// The scheduling core. See the module docs for the request lifecycle.
@@ -259,6 +264,8 @@ impl Scheduler {
             backend,
             gpu_seconds,
             queue_wait: dispatched - req.arrived,
+            charged,
+            settled: actual,
         };
         let mut out = Vec::new();
         self.try_dispatch(now, req.pool, &mut out);

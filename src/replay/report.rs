@@ -47,6 +47,13 @@ pub struct RunReport {
     pub goodput_rps: f64,
     pub output_tokens_per_s: f64,
     pub makespan_s: f64,
+    /// How the fair-queue cost charged at dispatch compares with what it
+    /// settled to: the ratio charged / settled over served requests, at
+    /// p50 and p99 (`null`: nothing settled, or not known).
+    pub estimate_ratio_p50: Option<f64>,
+    pub estimate_ratio_p99: Option<f64>,
+    /// The same ratio's p1: how far under the real cost the estimate goes.
+    pub estimate_ratio_p1: Option<f64>,
     pub tenants: BTreeMap<String, TenantReport>,
 }
 
@@ -91,7 +98,16 @@ pub fn summarise(discipline: Discipline, strategy: Strategy, trace: &Trace) -> R
         .filter(|(_, r)| r.outcome == Outcome::Served)
         .count();
     let good = trace.requests.iter().filter(|(_, r)| r.good).count();
+    let mut ratios: Vec<f64> = trace
+        .estimates
+        .iter()
+        .filter(|(_, settled)| *settled > 0.0)
+        .map(|(charged, settled)| charged / settled)
+        .collect();
     RunReport {
+        estimate_ratio_p50: percentile(&mut ratios, 0.50),
+        estimate_ratio_p99: percentile(&mut ratios, 0.99),
+        estimate_ratio_p1: percentile(&mut ratios, 0.01),
         discipline,
         strategy,
         jain: trace.jain,
@@ -167,6 +183,26 @@ pub fn table(runs: &[RunReport]) -> String {
                 t.shed
             );
         }
+    }
+    // How far the cost charged at dispatch was from what it settled to.
+    let estimates: Vec<String> = runs
+        .iter()
+        .filter_map(|r| {
+            Some(format!(
+                "{}: p1 {:.2}x p50 {:.2}x p99 {:.2}x",
+                r.discipline.as_str(),
+                r.estimate_ratio_p1?,
+                r.estimate_ratio_p50?,
+                r.estimate_ratio_p99?
+            ))
+        })
+        .collect();
+    if !estimates.is_empty() {
+        let _ = writeln!(
+            s,
+            "cost charged at dispatch / settled: {}",
+            estimates.join("; ")
+        );
     }
     s
 }
@@ -352,5 +388,30 @@ mod tests {
         assert_eq!(percentile(&mut v, 0.5), Some(50.0));
         assert_eq!(percentile(&mut [], 0.5), None);
         assert_eq!(percentile(&mut [3.0], 0.99), Some(3.0));
+    }
+
+    #[test]
+    fn the_estimate_ratio_is_charged_over_settled() {
+        // 50 requests charged 2 and settled 1, one charged 1 and settled
+        // 4, and one without a settled cost, which is left out.
+        let mut estimates = vec![(2.0, 1.0); 50];
+        estimates.push((1.0, 4.0));
+        estimates.push((1.0, 0.0));
+        let trace = Trace {
+            tenants: Vec::new(),
+            requests: Vec::new(),
+            queue: Vec::new(),
+            jain: None,
+            utilisation: 0.0,
+            makespan: 1.0,
+            output_tokens: 0,
+            preempted: None,
+            estimates,
+        };
+        let r = summarise(Discipline::Drf, Strategy::LeastOutstanding, &trace);
+        assert_eq!(r.estimate_ratio_p50, Some(2.0));
+        assert_eq!(r.estimate_ratio_p99, Some(2.0));
+        assert_eq!(r.estimate_ratio_p1, Some(0.25));
+        assert!(table(&[r]).contains("drf: p1 0.25x p50 2.00x p99 2.00x"));
     }
 }

@@ -81,6 +81,9 @@ pub struct Trace {
     pub utilisation: f64,
     /// From the first arrival to the last response, seconds.
     pub makespan: f64,
+    /// Per served request with reported usage: (cost charged at dispatch,
+    /// cost it settled to), in the discipline's cost unit.
+    pub estimates: Vec<(f64, f64)>,
     pub output_tokens: u64,
     /// Requests preempted (each time counted); `None` when not known (a
     /// live run seen from the client).
@@ -184,6 +187,7 @@ struct Sim<'p> {
     events: Vec<EngineEvent>,
     output_tokens: u64,
     preempted: u64,
+    estimates: Vec<(f64, f64)>,
     last_end: Instant,
     progress: Option<String>,
 }
@@ -283,6 +287,7 @@ impl<'p> Sim<'p> {
             pending: Vec::new(),
             events: Vec::new(),
             output_tokens: 0,
+            estimates: Vec::new(),
             preempted: 0,
             last_end: Instant::ZERO,
             progress: opts
@@ -534,7 +539,11 @@ impl<'p> Sim<'p> {
                         completion_tokens,
                     };
                     let r = f.replica;
-                    if let Some((_, d)) = self.scheds[r].on_completion(end, f.req, Some(usage)) {
+                    if let Some((ended, d)) = self.scheds[r].on_completion(end, f.req, Some(usage))
+                    {
+                        if let Some(settled) = ended.settled {
+                            self.estimates.push((ended.charged, settled));
+                        }
                         self.pending.extend(d.into_iter().map(|d| (r, d)));
                     }
                     self.by_req.remove(&(r, f.req));
@@ -714,6 +723,7 @@ impl<'p> Sim<'p> {
             makespan,
             output_tokens: self.output_tokens,
             preempted: Some(self.preempted),
+            estimates: self.estimates,
         }
     }
 }
