@@ -3,10 +3,9 @@
 //!
 //! A finished request is recorded with atomics on its (tenant, model)
 //! [`Series`], resolved once when a policy is loaded ([`Metrics::series`]),
-//! so the request path takes no lock and allocates nothing here; gauges of
-//! scheduler state (queues, windows,
-//! buckets, readings) are read at scrape time by the admin handler and
-//! passed to [`Metrics::encode`]. Label values come from the policy (tenant,
+//! so the request path takes no lock and allocates nothing here. Gauges of
+//! scheduler state (queues, windows, buckets, readings) are read at scrape
+//! time by the admin handler and passed to [`Metrics::encode`]. Label values come from the policy (tenant,
 //! model, backend names) or from enums, never from request data.
 
 use std::collections::BTreeMap;
