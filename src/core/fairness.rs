@@ -11,7 +11,7 @@
 //! fewer than two such tenants has no index: fairness only means something
 //! among tenants that all wanted more.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::core::time::Instant;
@@ -114,7 +114,7 @@ impl FairnessMeter {
 pub struct BackloggedService {
     prev: Option<(Instant, Vec<f64>, Vec<bool>)>,
     /// Backlogged set (tenant indices) → (time in it, service per member).
-    sets: HashMap<Vec<usize>, (Duration, Vec<f64>)>,
+    sets: BTreeMap<Vec<usize>, (Duration, Vec<f64>)>,
 }
 
 impl BackloggedService {

@@ -30,6 +30,7 @@
 
 mod admission;
 mod candidates;
+mod cost_model;
 mod dispatch;
 mod lease;
 mod outlier;
@@ -225,6 +226,7 @@ impl Scheduler {
             backend,
             dispatched,
             charged,
+            class,
             ..
         } = req.phase
         else {
@@ -238,6 +240,7 @@ impl Scheduler {
             if tokens >= 1.0 {
                 let sample = gpu_seconds / tokens;
                 pool.gpu_seconds_per_token = 0.9 * pool.gpu_seconds_per_token + 0.1 * sample;
+                pool.gpu_cost.learn(class, sample);
             }
             let capacity = pool_capacity(&self.backends, pool);
             actual = Some(cost(

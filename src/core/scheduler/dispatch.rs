@@ -50,10 +50,15 @@ impl Scheduler {
         let Some(req) = self.requests.get_mut(id) else {
             return;
         };
+        let class = super::cost_model::class(self.backends[backend.0 as usize].in_flight + 1);
+        let pool_state = &self.pools[p];
+        let per_token = pool_state
+            .gpu_cost
+            .per_token(class, pool_state.gpu_seconds_per_token);
         let estimate = Work {
             prompt_tokens: f64::from(req.prompt_tokens),
             output_tokens: f64::from(req.output_estimate),
-            gpu_seconds: self.pools[p].gpu_seconds_per_token
+            gpu_seconds: per_token
                 * f64::from(req.prompt_tokens.saturating_add(req.output_estimate)),
         };
         let charged = cost(
@@ -72,6 +77,7 @@ impl Scheduler {
             mark,
             dispatched: now,
             charged,
+            class,
         };
         self.tenants[tenant.0 as usize].in_flight += 1;
         let preemptible = self.may_preempt(tenant);

@@ -87,6 +87,7 @@ impl Scheduler {
                         backends: Vec::new(),
                         rr_cursor: 0,
                         gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
+                        gpu_cost: Default::default(),
                         in_flight: Vec::new(),
                         preemptible: BTreeSet::new(),
                         rate_window_start: None,

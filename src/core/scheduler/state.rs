@@ -79,8 +79,13 @@ pub(super) struct PoolState {
     pub(super) queue: FairQueue,
     pub(super) backends: Vec<BackendId>,
     pub(super) rr_cursor: usize,
-    /// Running average of measured GPU-seconds per token (prompt + output).
+    /// Running average of measured GPU-seconds per token (prompt + output),
+    /// over all loads: admission's reservations, and the prior of
+    /// `gpu_cost`.
     pub(super) gpu_seconds_per_token: f64,
+    /// GPU-seconds per token by concurrency at dispatch: the fair queue's
+    /// charge.
+    pub(super) gpu_cost: super::cost_model::GpuCostModel,
     /// In-flight requests here, by tenant index.
     pub(super) in_flight: Vec<u32>,
     /// In-flight requests that may be preempted, by dispatch time.
@@ -149,6 +154,8 @@ pub(super) enum Phase {
         mark: f64,
         dispatched: Instant,
         charged: f64,
+        /// Its backend's concurrency class at dispatch (`cost_model`).
+        class: u8,
     },
 }
 
