@@ -186,6 +186,42 @@ fn a_returning_tenant_is_lifted_to_settled_counters_not_estimates() {
 }
 
 proptest::proptest! {
+    /// The fairness bound the fair queue keeps (VTC's form): while tenants
+    /// stay backlogged, their weighted services (service / weight) differ
+    /// by at most one largest request's cost over the smallest weight,
+    /// whatever the weights, the number of tenants and the costs. Serving
+    /// the smallest counter keeps it: the one served moves up by at most
+    /// that much, from the bottom.
+    #[test]
+    fn backlogged_weighted_service_stays_within_one_largest_request(
+        weights in proptest::collection::vec(0.25f64..8.0, 2..6),
+        costs in proptest::collection::vec(0.1f64..20.0, 50..400),
+    ) {
+        let mut q = FairQueue::new(Discipline::Drf);
+        // Two queued each, and one pushed back per dispatch: no tenant's
+        // queue ever empties, so none is lifted as a newcomer.
+        for (i, w) in weights.iter().enumerate() {
+            q.set_tenant(TenantId(i as u32), *w, Priority::Interactive);
+            q.push(TenantId(i as u32), id(2 * i as u64));
+            q.push(TenantId(i as u32), id(2 * i as u64 + 1));
+        }
+        let max_cost = costs.iter().copied().fold(0.0, f64::max);
+        let min_weight = weights.iter().copied().fold(f64::INFINITY, f64::min);
+        let bound = max_cost / min_weight;
+        let mut service = vec![0.0; weights.len()];
+        for (k, c) in costs.iter().enumerate() {
+            let (t, _) = q.pop(live).expect("every tenant stays backlogged");
+            q.charge_estimate(t, *c);
+            q.settle(t, *c, Some(*c));
+            service[t.0 as usize] += c;
+            q.push(t, id(1000 + k as u64));
+            let weighted: Vec<f64> = service.iter().zip(&weights).map(|(s, w)| s / w).collect();
+            let spread = weighted.iter().copied().fold(f64::MIN, f64::max)
+                - weighted.iter().copied().fold(f64::MAX, f64::min);
+            proptest::prop_assert!(spread <= bound + 1e-9, "spread {} > bound {} after {} dispatches", spread, bound, k + 1);
+        }
+    }
+
     /// `settled` always holds exactly the backlogged tenants under their
     /// `counter - pending`, whatever the order of pushes, pops, estimates
     /// and settlements.
