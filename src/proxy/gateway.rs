@@ -12,11 +12,10 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc, oneshot};
-
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::clock::Clock;
 use crate::config::{BackendTarget, Policy};
