@@ -130,13 +130,7 @@ CONF
 nginx -c $WORK/nginx.conf -p $WORK
 sleep 1
 
-# Shipped: a chat of about 200 bytes asking for 20 tokens.
-cat > $WORK/ship.lua <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"model":"bench","messages":[{"role":"system","content":"You are a concise assistant."},{"role":"user","content":"Summarise the main causes of the 1929 stock market crash in two sentences."}],"max_tokens":20,"temperature":0.2}'
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer sk-bench"
-LUA
+shipped_request > $WORK/ship.lua
 cat > $WORK/min.lua <<'LUA'
 wrk.method = "POST"
 wrk.body = '{"model":"bench","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
@@ -157,34 +151,25 @@ run() { # table name url script conns pids...
   wrk_row "$name" $((after - before)) $WORK/out.txt | tee -a $ROWS.$table
 }
 
-HEAD=$(printf 'target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx')
-echo "# max throughput, c=64, zero-delay backends: shipped configuration"
-echo "$HEAD"
-for r in $(seq $ROUNDS); do
-  run ship direct http://127.0.0.1:18001 ship 64
-  run ship fairway http://127.0.0.1:18011 ship 64 $PID_ship
-  [ -n "${BASE:-}" ] && run ship $BASE_NAME http://127.0.0.1:18015 ship 64 $PID_bship
-  run ship nginx http://127.0.0.1:18031 ship 64 $(nginx_pids)
-done
-echo
-echo "# max throughput, c=64, zero-delay backend: minimal configuration (logs off, one backend, one token)"
-echo "$HEAD"
-for r in $(seq $ROUNDS); do
-  run min direct http://127.0.0.1:18005 min 64
-  run min fairway http://127.0.0.1:18012 min 64 $PID_min
-  [ -n "${BASE:-}" ] && run min $BASE_NAME http://127.0.0.1:18016 min 64 $PID_bmin
-  run min nginx http://127.0.0.1:18032 min 64 $(nginx_pids)
-done
-echo
-echo "# fixed load, c=10 against a 20 ms backend (about 500 req/s), shipped logs"
-echo "$HEAD"
-for r in $(seq $ROUNDS); do
-  run slow direct http://127.0.0.1:18002 slow 10
-  run slow fairway http://127.0.0.1:18013 slow 10 $PID_slow
-  [ -n "${BASE:-}" ] && run slow $BASE_NAME http://127.0.0.1:18017 slow 10 $PID_bslow
-  run slow nginx http://127.0.0.1:18033 slow 10 $(nginx_pids)
-done
-echo
+# table NAME TITLE CONNS DIRECT-PORT FAIRWAY-PORT BASE-PORT NGINX-PORT: the
+# targets in turn, ROUNDS times, with wrk script NAME.lua; rows also go to
+# $ROWS.NAME for the medians.
+table() {
+  local name=$1 title=$2 conns=$3 direct=$4 fairway=$5 base=$6 nginx=$7
+  local gw_pid=PID_$name base_pid=PID_b$name
+  echo "# $title"
+  printf 'target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx\n'
+  for r in $(seq $ROUNDS); do
+    run $name direct http://127.0.0.1:$direct $name $conns
+    run $name fairway http://127.0.0.1:$fairway $name $conns ${!gw_pid}
+    [ -n "${BASE:-}" ] && run $name $BASE_NAME http://127.0.0.1:$base $name $conns ${!base_pid}
+    run $name nginx http://127.0.0.1:$nginx $name $conns $(nginx_pids)
+  done
+  echo
+}
+table ship "max throughput, c=64, zero-delay backends: shipped configuration" 64 18001 18011 18015 18031
+table min "max throughput, c=64, zero-delay backend: minimal configuration (logs off, one backend, one token)" 64 18005 18012 18016 18032
+table slow "fixed load, c=10 against a 20 ms backend (about 500 req/s), shipped logs" 10 18002 18013 18017 18033
 echo "# medians over the rounds; ratios to nginx (throughput, CPU) and to direct (added latency, ms)"
 python3 - $ROWS <<'PY'
 import statistics, sys

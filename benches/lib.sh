@@ -1,5 +1,15 @@
-# Shared by the end-to-end benches (sourced): CPU accounting of the proxy
-# processes and one table row from a wrk run.
+# Shared by the end-to-end benches (sourced): the shipped configuration's
+# request, CPU accounting of the proxy processes and one table row from a
+# wrk run.
+
+shipped_request() { # → a wrk script: a chat of about 200 bytes asking for 20 tokens, as tenant "bench"
+cat <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"model":"bench","messages":[{"role":"system","content":"You are a concise assistant."},{"role":"user","content":"Summarise the main causes of the 1929 stock market crash in two sentences."}],"max_tokens":20,"temperature":0.2}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer sk-bench"
+LUA
+}
 
 cpu_ticks() { # pids... → utime+stime summed over them and their children, in clock ticks
   local t=0

@@ -12,6 +12,7 @@
 # wrk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/lib.sh
 OUT=$1
 SECS=${2:-10}
 WORK=$(mktemp -d)
@@ -43,12 +44,7 @@ gpu_seconds_per_hour = 1000000000
 CONF
 env -u RUST_LOG $BIN serve --config $WORK/g.toml --watch-interval 0s >/dev/null 2>$WORK/g.log &
 GW=$!
-cat > $WORK/ship.lua <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"model":"bench","messages":[{"role":"system","content":"You are a concise assistant."},{"role":"user","content":"Summarise the main causes of the 1929 stock market crash in two sentences."}],"max_tokens":20,"temperature":0.2}'
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer sk-bench"
-LUA
+shipped_request > $WORK/ship.lua
 sleep 1
 wrk -t2 -c64 -d2s -s $WORK/ship.lua http://127.0.0.1:18211/v1/chat/completions >/dev/null
 wrk -t2 -c64 -d$((SECS + 2))s -s $WORK/ship.lua http://127.0.0.1:18211/v1/chat/completions > $WORK/wrk.txt &
