@@ -26,12 +26,6 @@ fn policy(server_extra: &str, backend: &str) -> String {
 
 const COMPLETION: &str = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#;
 
-async fn scrape(gw: &fairway::proxy::server::Server) -> String {
-    get(&client(), format!("http://{}/metrics", gw.admin_addr()))
-        .await
-        .text()
-}
-
 /// A small non-streaming chat request as tenant `a`.
 async fn chat_once(c: &HttpClient, addr: std::net::SocketAddr) -> Reply {
     send(

@@ -48,9 +48,7 @@ async fn outcomes_add_up_and_promtool_accepts_the_scrape() {
     )
     .await;
     sent += 2;
-    let m = get(&c, format!("http://{}/metrics", gw.admin_addr()))
-        .await
-        .text();
+    let m = scrape(&gw).await;
     assert_eq!(
         metric_sum(&m, "fairway_requests_total{"),
         f64::from(sent),

@@ -50,12 +50,6 @@ slo = {{ ttft = "2s", e2e = "4s" }}
     )
 }
 
-async fn scrape(gw: &fairway::proxy::server::Server) -> String {
-    get(&client(), format!("http://{}/metrics", gw.admin_addr()))
-        .await
-        .text()
-}
-
 /// Sends `body` three times as tenant `api`; each must be served.
 async fn serve_three(gw: &fairway::proxy::server::Server, body: String) {
     let c = client();

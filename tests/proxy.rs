@@ -180,9 +180,7 @@ async fn bad_requests_get_openai_errors() {
     let r = send(&c, post(gw.addr(), "/v1/completions", None, body)).await;
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["type"], "BadRequestError");
-    let metrics = get(&c, format!("http://{}/metrics", gw.admin_addr()))
-        .await
-        .text();
+    let metrics = scrape(&gw).await;
     assert_eq!(
         metric_sum(&metrics, "fairway_requests_total{"),
         5.0,

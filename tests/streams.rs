@@ -29,12 +29,6 @@ fn events(body: &str) -> Vec<&str> {
         .collect()
 }
 
-async fn scrape(gw: &fairway::proxy::server::Server) -> String {
-    get(&client(), format!("http://{}/metrics", gw.admin_addr()))
-        .await
-        .text()
-}
-
 #[tokio::test]
 async fn a_stream_sent_with_a_content_length_reaches_the_client_whole_without_the_usage_chunk() {
     let b = sim(M, 8).await;

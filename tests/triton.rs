@@ -180,9 +180,7 @@ async fn generate_calls_reach_the_triton_backend_and_openai_calls_the_vllm_one()
     // Every request ended in exactly one outcome, and the Triton calls'
     // output tokens (4 + 1 + 20, read from the responses) are counted with
     // the OpenAI call's 2.
-    let m = get(&c, format!("http://{}/metrics", gw.admin_addr()))
-        .await
-        .text();
+    let m = scrape(&gw).await;
     assert_eq!(
         metric_sum(&m, "fairway_requests_total{tenant=\"a\""),
         4.0,
@@ -522,9 +520,7 @@ async fn infer_calls_on_a_classic_model_pass_through_untouched() {
     assert_eq!(r.status, 400);
     assert!(r.json()["error"].is_string(), "{}", r.text());
     // One outcome each; the backend saw the two good ones.
-    let m = get(&c, format!("http://{}/metrics", gw.admin_addr()))
-        .await
-        .text();
+    let m = scrape(&gw).await;
     assert_eq!(
         metric_sum(&m, "fairway_requests_total{tenant=\"a\""),
         3.0,

@@ -114,6 +114,13 @@ pub async fn open(c: &HttpClient, req: Request<Full<Bytes>>) -> http::Response<I
     c.request(req).await.expect("request reaches the gateway")
 }
 
+/// The gateway's `/metrics`, from its admin listener.
+pub async fn scrape(gw: &Server) -> String {
+    get(&client(), format!("http://{}/metrics", gw.admin_addr()))
+        .await
+        .text()
+}
+
 pub async fn get(c: &HttpClient, url: String) -> Reply {
     let req = Request::get(url).body(Full::new(Bytes::new())).unwrap();
     send(c, req).await
