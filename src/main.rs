@@ -595,11 +595,7 @@ async fn load(a: LoadArgs) -> anyhow::Result<()> {
     };
     eprintln!("playing {} requests against {}", work.len(), a.target);
     let trace = live::play(&policy, &work, &target).await;
-    let strategy = policy
-        .pools
-        .first()
-        .map_or(fairway::config::Strategy::LeastOutstanding, |p| p.routing);
-    let run = report::summarise(policy.queue.discipline, strategy, &trace);
+    let run = report::summarise(fairway::replay::Variant::of(&policy), &trace);
     print!("{}", report::table(std::slice::from_ref(&run)));
     if let Some(path) = &a.json {
         std::fs::write(path, report::json(std::slice::from_ref(&run)))
@@ -616,15 +612,16 @@ fn replay(a: ReplayArgs) -> anyhow::Result<()> {
     }
     let clock = fairway::clock::Clock::new();
     let mut runs = Vec::new();
-    for (discipline, strategy) in variants(&policy, a.compare) {
-        let label = format!("{discipline}/{strategy}");
+    for variant in variants(&policy, a.compare) {
+        let slo = if variant.slo_admission { "+slo" } else { "" };
+        let label = format!("{}{slo}/{}", variant.discipline, variant.strategy);
         let opts = RunOptions {
             seed: a.source.seed,
             progress: Some(format!("replay {label}")),
             replicas: a.replicas,
             ingress: a.ingress,
         };
-        let (run, trace) = run_variant(&policy, &work, discipline, strategy, &opts);
+        let (run, trace) = run_variant(&policy, &work, variant, &opts);
         if let Some(dir) = &a.svg {
             let file = dir.join(format!("{}.svg", label.replace('/', "-")));
             let title = format!("{label}: TTFT p99 per 5 s of arrival, and queue depth");

@@ -17,6 +17,7 @@ mod support;
 use std::collections::HashMap;
 
 use fairway::config::parse_policy;
+use fairway::replay::Variant;
 use fairway::replay::live::{Target, play};
 use fairway::replay::report::{RunReport, summarise};
 use fairway::replay::scenario::Scenario;
@@ -127,9 +128,11 @@ fn compare(live: &RunReport, replayed: &RunReport) -> Vec<String> {
         }
     }
     // Young evals work is preempted for api and chat as often live as in
-    // the model.
+    // the model. (Rarely, here: the pool's reserve of free slots for
+    // tenants below their share leaves api and chat a slot most of the
+    // time; tests/replay.rs checks preemption on the reference scenario.)
     let (l, r) = (live.preempted.unwrap_or(0), replayed.preempted.unwrap_or(0));
-    if r == 0 || l.abs_diff(r) as f64 > 0.25 * r as f64 + 3.0 {
+    if l.abs_diff(r) as f64 > 0.25 * r as f64 + 3.0 {
         problems.push(format!("preemptions: live {l}, replay {r}"));
     }
     problems
@@ -151,7 +154,7 @@ async fn live_p50_and_p99_are_within_25_percent_of_the_replay() {
             ingress: Default::default(),
         },
     );
-    let replayed = summarise(policy.queue.discipline, policy.pools[0].routing, &trace);
+    let replayed = summarise(Variant::of(&policy), &trace);
 
     let keys: HashMap<String, String> = ["api", "chat", "evals"]
         .iter()
@@ -167,11 +170,7 @@ async fn live_p50_and_p99_are_within_25_percent_of_the_replay() {
             keys: keys.clone(),
             timeout: std::time::Duration::from_secs(20),
         };
-        let mut live = summarise(
-            policy.queue.discipline,
-            policy.pools[0].routing,
-            &play(&policy, &work, &target).await,
-        );
+        let mut live = summarise(Variant::of(&policy), &play(&policy, &work, &target).await);
         let metrics = get(&client(), format!("http://{}/metrics", gw.admin_addr())).await;
         gw.shutdown().await;
         // The client cannot see preemptions; the gateway counts them.

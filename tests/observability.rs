@@ -409,14 +409,17 @@ url = "http://{{b0}}"
 max_inflight = 2
 metrics = "none"
 
+# The test saturates the backend on purpose: requests wait, however long.
 [[tenants]]
 name = "a"
 api_keys = ["k-a"]
+on_late = "serve"
 
 [[tenants]]
 name = "b"
 api_keys = ["k-b"]
 priority = "{second_tenant_class}"
+on_late = "serve"
 "#
     );
     let gw = gateway(&text, &[&b0]).await;

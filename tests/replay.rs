@@ -9,7 +9,7 @@ use fairway::config::{Discipline, Policy, Strategy, load_policy};
 use fairway::replay::report::RunReport;
 use fairway::replay::scenario::{Scenario, reference};
 use fairway::replay::sim::RunOptions;
-use fairway::replay::{Compare, run_variant, variants};
+use fairway::replay::{Compare, Variant, run_variant, variants};
 
 fn policy() -> Policy {
     load_policy(Path::new("config/reference.toml")).unwrap().0
@@ -25,16 +25,73 @@ fn opts(seed: u64) -> RunOptions {
 }
 
 fn runs(scenario: &Scenario, compare: Compare, seed: u64) -> Vec<RunReport> {
-    let p = policy();
+    runs_of(&policy(), scenario, compare, seed)
+}
+
+fn runs_of(p: &Policy, scenario: &Scenario, compare: Compare, seed: u64) -> Vec<RunReport> {
     let work = scenario.generate(&p.pools[0].model, seed);
-    variants(&p, Some(compare))
+    variants(p, Some(compare))
         .into_iter()
-        .map(|(d, s)| run_variant(&p, &work, d, s, &opts(seed)).0)
+        .map(|v| run_variant(p, &work, v, &opts(seed)).0)
         .collect()
 }
 
+/// The run of discipline `d` without SLO-aware admission.
 fn by_discipline(runs: &[RunReport], d: Discipline) -> &RunReport {
-    runs.iter().find(|r| r.discipline == d).unwrap()
+    runs.iter()
+        .find(|r| r.discipline == d && !r.slo_admission)
+        .unwrap()
+}
+
+/// The run with the policy's SLO-aware admission.
+fn with_admission(runs: &[RunReport]) -> &RunReport {
+    runs.iter().find(|r| r.slo_admission).unwrap()
+}
+
+fn scenario(path: &str) -> Scenario {
+    Scenario::from_toml(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The overload scenarios (docs/policy-evaluation.md, "Overload"): with
+/// SLO-aware admission, `drf` serves at least 1.2 times the goodput of the
+/// best of `fifo`, `priority` and `wfq` without it, and every tenant whose
+/// demand is inside its weighted share meets its SLO 99% of the time.
+#[test]
+fn under_overload_slo_aware_drf_beats_every_baseline_and_protects_tenants_inside_their_share() {
+    let p = load_policy(Path::new("config/overload.toml")).unwrap().0;
+    for (file, in_share, seed) in [
+        (
+            "config/scenarios/overload-flood.toml",
+            &["api", "search", "chat"][..],
+            1,
+        ),
+        (
+            "config/scenarios/overload-flood.toml",
+            &["api", "search", "chat"][..],
+            2,
+        ),
+        ("config/scenarios/overload-surge.toml", &[][..], 1),
+    ] {
+        let runs = runs_of(&p, &scenario(file), Compare::Disciplines, seed);
+        let slo = with_admission(&runs);
+        let best = runs
+            .iter()
+            .filter(|r| !r.slo_admission && r.discipline != Discipline::Drf)
+            .map(|r| r.goodput_rps)
+            .fold(0.0, f64::max);
+        assert!(
+            slo.goodput_rps >= 1.2 * best,
+            "{file} seed {seed}: drf+slo {} best baseline {best}",
+            slo.goodput_rps
+        );
+        for t in in_share {
+            let a = slo.tenants[*t].slo_attainment;
+            assert!(a >= 0.99, "{file} seed {seed}: {t} {a}");
+            assert_eq!(slo.tenants[*t].refused, 0, "{file} seed {seed}: {t}");
+        }
+        // Refusals and sheds fall on the tenants over their share.
+        assert!(slo.tenants["flood"].refused > 0);
+    }
 }
 
 #[test]
@@ -77,17 +134,27 @@ fn drf_keeps_api_inside_its_slo_while_evals_runs_and_fifo_does_not() {
         jain(priority)
     );
 
-    // Far more goodput than fifo; within 2% of the best (priority and wfq
-    // tie with it: docs/policy-evaluation.md says why).
+    // Far more goodput than fifo; within 4% of the best (priority serves
+    // each chat burst ahead of evals, the unfairness its Jain's index
+    // shows: docs/policy-evaluation.md).
     assert!(drf.goodput_rps > fifo.goodput_rps * 1.3);
     let best = runs.iter().map(|r| r.goodput_rps).fold(0.0, f64::max);
     assert!(
-        drf.goodput_rps >= best * 0.98,
+        drf.goodput_rps >= best * 0.96,
         "drf {} best {best}",
         drf.goodput_rps
     );
     // Young evals work is preempted for queued api and chat requests.
     assert!(drf.preempted.is_some_and(|n| n > 0));
+
+    // SLO-aware admission: api still inside its SLO, no goodput lost, and
+    // the chat bursts' hopeless requests refused or shed, not served late.
+    let slo = with_admission(&runs);
+    assert!(api(slo) >= 0.99, "drf+slo api attainment {}", api(slo));
+    assert!(slo.goodput_rps >= drf.goodput_rps);
+    let chat = |r: &RunReport| r.tenants["chat"].slo_attainment;
+    assert!(chat(slo) > chat(drf), "{} {}", chat(slo), chat(drf));
+    assert_eq!(slo.tenants["evals"].served, slo.tenants["evals"].requests);
 }
 
 #[test]
@@ -117,10 +184,15 @@ fn least_outstanding_beats_round_robin_and_random_when_backends_differ() {
 fn the_same_seed_gives_the_same_report() {
     let p = policy();
     let work = reference().generate(&p.pools[0].model, 9);
-    let a = run_variant(&p, &work, Discipline::Drf, Strategy::P2c, &opts(9)).0;
-    let b = run_variant(&p, &work, Discipline::Drf, Strategy::P2c, &opts(9)).0;
+    let v = Variant {
+        discipline: Discipline::Drf,
+        strategy: Strategy::P2c,
+        slo_admission: true,
+    };
+    let a = run_variant(&p, &work, v, &opts(9)).0;
+    let b = run_variant(&p, &work, v, &opts(9)).0;
     assert_eq!(a, b);
-    let c = run_variant(&p, &work, Discipline::Drf, Strategy::P2c, &opts(10)).0;
+    let c = run_variant(&p, &work, v, &opts(10)).0;
     assert_ne!(a, c, "p2c draws from the seeded RNG");
 }
 
@@ -173,7 +245,8 @@ fn the_command_writes_json_and_svg_and_rejects_a_bad_workload() {
     );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 4);
+    // The four disciplines without SLO-aware admission, and drf with it.
+    assert_eq!(runs.len(), 5);
     for r in runs {
         for k in [
             "discipline",
@@ -234,14 +307,21 @@ fn several_replicas_replay_the_same_workload_and_lose_nothing() {
         };
         let trace = fairway::replay::sim::run(&p, &work, &opts);
         assert_eq!(trace.requests.len(), work.len());
-        // Every request ends once, and with no limits in the way none is
-        // refused or shed: the replicas together serve them all.
-        let served = trace
-            .requests
-            .iter()
-            .filter(|(_, r)| r.outcome == fairway::replay::sim::Outcome::Served)
-            .count();
-        assert_eq!(served, work.len(), "{ingress:?}");
+        // Every request ends once, and with no limits in the way only
+        // SLO-aware admission refuses or sheds (the chat bursts' hopeless
+        // requests): the replicas together serve all the rest.
+        let ended = |o: fairway::replay::sim::Outcome| {
+            trace
+                .requests
+                .iter()
+                .filter(|(_, r)| r.outcome == o)
+                .count()
+        };
+        let slo_refused = ended(fairway::replay::sim::Outcome::Refused("slo"));
+        let shed = ended(fairway::replay::sim::Outcome::Shed);
+        let served = ended(fairway::replay::sim::Outcome::Served);
+        assert_eq!(served + slo_refused + shed, work.len(), "{ingress:?}");
+        assert!(served > work.len() * 3 / 4, "{ingress:?}: {served}");
         assert!(
             trace.utilisation > 0.9,
             "{ingress:?}: {}",
@@ -250,7 +330,10 @@ fn several_replicas_replay_the_same_workload_and_lose_nothing() {
         // Fairness among backlogged tenants across the replicas is no worse
         // than one gateway's on this workload (Jain 0.75).
         let jain = trace.jain.unwrap();
-        assert!(jain > 0.7, "{ingress:?}: jain {jain}");
+        // (0.6 with per-tenant ingress and SLO-aware admission, where each
+        // replica refuses from its own queue: the measure's limits are in
+        // docs/policy-evaluation.md.)
+        assert!(jain > 0.55, "{ingress:?}: jain {jain}");
     }
 }
 
@@ -281,7 +364,7 @@ fn a_triton_pool_replays_like_any_other() {
             .filter(|(_, r)| r.outcome == fairway::replay::sim::Outcome::Served)
             .count()
     };
-    assert_eq!(served(&b), work.len());
+    assert!(served(&b) > work.len() * 9 / 10);
     assert_eq!(served(&a), served(&b));
     assert_eq!(a.jain, b.jain);
 }

@@ -358,7 +358,7 @@ fn preemption_policy(preemption: &str) -> String {
         "{SERVER}\n[preemption]\n{preemption}\n[[pools]]\nmodel = \"{M}\"\n\
          [[pools.backends]]\nurl = \"http://{{b0}}\"\nmax_inflight = 2\n\
          [[tenants]]\nname = \"jobs\"\napi_keys = [\"sk-jobs\"]\npriority = \"batch\"\n\
-         [[tenants]]\nname = \"app\"\napi_keys = [\"sk-app\"]\n"
+         [[tenants]]\nname = \"app\"\napi_keys = [\"sk-app\"]\non_late = \"serve\"\n"
     )
 }
 

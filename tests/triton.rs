@@ -338,8 +338,8 @@ async fn weights_three_to_one_hold_for_generate_calls() {
         "{SERVER}\n[queue]\nmax_wait = \"20s\"\n[[pools]]\nmodel = \"llama\"\n\
          [[pools.backends]]\nurl = \"http://{}\"\nprotocol = \"triton\"\nserved_model = \"tensorrt_llm\"\nmax_inflight = 2\n\
          [[pools.backends]]\nurl = \"http://{}\"\nprotocol = \"triton\"\nserved_model = \"tensorrt_llm\"\nmax_inflight = 2\n\
-         [[tenants]]\nname = \"api\"\napi_keys = [\"sk-api\"]\nweight = 3\n\
-         [[tenants]]\nname = \"chat\"\napi_keys = [\"sk-chat\"]\nweight = 1\n",
+         [[tenants]]\nname = \"api\"\napi_keys = [\"sk-api\"]\nweight = 3\non_late = \"serve\"\n\
+         [[tenants]]\nname = \"chat\"\napi_keys = [\"sk-chat\"]\nweight = 1\non_late = \"serve\"\n",
         b0.addr(),
         b1.addr()
     );

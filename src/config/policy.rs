@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::core::spec::{
     Api, BackendSpec, OutlierSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
 };
-pub use crate::core::spec::{Discipline, Priority, Strategy};
+pub use crate::core::spec::{Discipline, OnLate, Priority, Strategy};
 use crate::sim::engine::EngineParams;
 
 /// Readings older than this many poll intervals are stale.
@@ -327,6 +327,10 @@ pub struct TenantPolicy {
     /// GPU-seconds budget per hour; `None` = unlimited.
     pub gpu_seconds_per_hour: Option<f64>,
     pub slo: Slo,
+    /// What becomes of a request predicted to miss `slo.ttft` (default by
+    /// `priority`: [`OnLate::default_for`]).
+    #[serde(serialize_with = "as_display")]
+    pub on_late: OnLate,
 }
 
 /// A tenant's latency objective; a served request meets it when both hold.
@@ -367,6 +371,8 @@ impl Policy {
                     max_concurrency: t.max_concurrency,
                     gpu_seconds_per_hour: t.gpu_seconds_per_hour,
                     leased: false,
+                    ttft_slo: Some(t.slo.ttft),
+                    on_late: t.on_late,
                 })
                 .collect(),
             pools: self

@@ -36,6 +36,7 @@ mod lease;
 mod outlier;
 mod preemption;
 mod registry;
+mod slo;
 mod state;
 mod views;
 mod window;
@@ -51,7 +52,7 @@ use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::queue::cost::{Work, cost};
 use crate::core::reading::Reading;
 use crate::core::routing::Candidate;
-use crate::core::spec::{Api, Discipline, PreemptionSpec, SchedulerSpec};
+use crate::core::spec::{Api, Discipline, OnLate, PreemptionSpec, SchedulerSpec};
 use crate::core::time::Instant;
 
 pub use outlier::{EjectReason, Ejection};
@@ -131,6 +132,8 @@ pub struct Scheduler {
     backend_by_name: HashMap<String, BackendId>,
     requests: Slab,
     deadlines: BTreeSet<(Instant, RequestId)>,
+    /// Give-up times of queued requests kept as best effort (`slo`).
+    demotions: BTreeSet<(Instant, RequestId)>,
     discipline: Discipline,
     max_wait: Duration,
     max_queued_per_tenant: u32,
@@ -161,6 +164,7 @@ impl Scheduler {
             backend_by_name: HashMap::new(),
             requests: Slab::default(),
             deadlines: BTreeSet::new(),
+            demotions: BTreeSet::new(),
             discipline: spec.queue.discipline,
             max_wait: spec.queue.max_wait,
             max_queued_per_tenant: spec.queue.max_queued_per_tenant,
@@ -188,10 +192,19 @@ impl Scheduler {
         if let Some(t) = self.tenants.get_mut(a.tenant.0 as usize) {
             t.arrivals_total += 1;
         }
-        let gpu_reserved = self.admit(now, &a, output_estimate)?;
+        let verdict = self.slo_verdict(now, a.pool, a.tenant);
+        let gpu_reserved = self.admit(now, &a, output_estimate, verdict)?;
 
         let wait = a.deadline.map_or(self.max_wait, |d| d.min(self.max_wait));
-        let deadline = now + wait;
+        let mut deadline = now + wait;
+        let on_late = self.tenants[a.tenant.0 as usize].on_late;
+        let give_up = verdict.give_up();
+        if let (Some(g), OnLate::Refuse | OnLate::Shed) = (give_up, on_late) {
+            // It cannot make its SLO once still queued then: shed it.
+            deadline = deadline.min(g);
+        }
+        let late = on_late == OnLate::BestEffort && matches!(verdict, slo::Verdict::Late { .. });
+        let qcost = self.queue_cost(a.pool, a.prompt_tokens, output_estimate);
         let id = self.requests.insert(Req {
             tenant: a.tenant,
             pool: a.pool,
@@ -201,9 +214,22 @@ impl Scheduler {
             deadline,
             gpu_reserved,
             phase: Phase::Queued,
+            late,
+            qcost,
+            give_up,
         });
         self.deadlines.insert((deadline, id));
-        self.pools[a.pool.0 as usize].queue.push(a.tenant, id);
+        let ps = &mut self.pools[a.pool.0 as usize];
+        if late {
+            ps.late.push(a.tenant, id);
+            self.tenants[a.tenant.0 as usize].demoted_total += 1;
+        } else {
+            ps.queue.push(a.tenant, id);
+            ps.add_queued_work(a.tenant, qcost);
+            if let (Some(g), OnLate::BestEffort) = (give_up, on_late) {
+                self.demotions.insert((g, id));
+            }
+        }
         let mut out = Vec::new();
         self.try_dispatch(now, a.pool, &mut out);
         Ok((id, out))
@@ -233,7 +259,13 @@ impl Scheduler {
             return None;
         };
         let gpu_seconds = self.leave_backend(now, id, req.tenant, req.pool, req.phase);
+        let window = self.pools[req.pool.0 as usize]
+            .backends
+            .iter()
+            .map(|b| self.backends[b.0 as usize].window)
+            .sum();
         let pool = &mut self.pools[req.pool.0 as usize];
+        pool.drain.completed(now, window);
         let mut actual = None;
         if let Some(u) = usage {
             let tokens = f64::from(u.prompt_tokens) + f64::from(u.completion_tokens);
@@ -292,7 +324,8 @@ impl Scheduler {
         }
     }
 
-    /// Sheds queued requests whose deadline has passed.
+    /// Sheds queued requests whose deadline has passed, and moves those
+    /// kept as best effort whose SLO has passed to their late lane.
     pub fn on_tick(&mut self, now: Instant) -> Vec<Decision> {
         let mut out = Vec::new();
         while let Some(&(deadline, id)) = self.deadlines.first() {
@@ -301,6 +334,7 @@ impl Scheduler {
             }
             self.shed(now, id, &mut out);
         }
+        self.demote_due(now);
         if self.preempt_check.is_some_and(|t| t <= now) {
             self.preempt_check = None;
             for p in 0..self.pools.len() {
@@ -313,11 +347,12 @@ impl Scheduler {
         out
     }
 
-    /// The earliest deadline, preemption check or end of an outlier
-    /// ejection, which needs `on_tick`.
+    /// The earliest deadline, demotion, preemption check or end of an
+    /// outlier ejection, which needs `on_tick`.
     pub fn next_wakeup(&self) -> Option<Instant> {
         let deadline = self.deadlines.first().map(|(t, _)| *t);
-        [deadline, self.preempt_check, self.outlier_check]
+        let demotion = self.demotions.first().map(|(t, _)| *t);
+        [deadline, demotion, self.preempt_check, self.outlier_check]
             .into_iter()
             .flatten()
             .min()
@@ -367,6 +402,7 @@ impl Scheduler {
     /// fresh reading.
     pub fn observe_ttft(&mut self, backend: BackendId, ttft: Duration) {
         if let Some(b) = self.backends.get_mut(backend.0 as usize) {
+            self.pools[b.pool.0 as usize].observe_service_ttft(ttft);
             b.observed_ttft = Some(match b.observed_ttft {
                 Some(avg) => {
                     avg.mul_f64(1.0 - OBSERVED_TTFT_ALPHA) + ttft.mul_f64(OBSERVED_TTFT_ALPHA)

@@ -76,6 +76,49 @@ impl Priority {
     }
 }
 
+/// What becomes of a request predicted to miss its tenant's TTFT SLO (see
+/// the scheduler's `slo` module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnLate {
+    /// Refused on arrival (429, reason `slo`, `retry-after` from the
+    /// predicted wait); a queued request that can no longer make it is shed.
+    Refuse,
+    /// Admitted; shed once it can no longer make it.
+    Shed,
+    /// Admitted; once predicted late, it waits behind every request that
+    /// can still make its SLO, until `max_wait`.
+    BestEffort,
+    /// No SLO-aware admission: served in fair order, however late.
+    Serve,
+}
+
+impl OnLate {
+    /// The policy-file spelling (`"best_effort"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnLate::Refuse => "refuse",
+            OnLate::Shed => "shed",
+            OnLate::BestEffort => "best_effort",
+            OnLate::Serve => "serve",
+        }
+    }
+
+    /// The default of a tenant class: interactive requests that cannot
+    /// make it are refused at once, batch work is kept as best effort.
+    pub fn default_for(p: Priority) -> Self {
+        match p {
+            Priority::Interactive => OnLate::Refuse,
+            Priority::Batch => OnLate::BestEffort,
+        }
+    }
+}
+
+impl fmt::Display for OnLate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl fmt::Display for Discipline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -220,6 +263,10 @@ pub struct TenantSpec {
     /// The limits are held for a whole cluster in a shared store: this
     /// replica admits only from the leases the store grants it.
     pub leased: bool,
+    /// The time to first token the tenant's requests must meet, if any.
+    pub ttft_slo: Option<Duration>,
+    /// What becomes of a request predicted to miss `ttft_slo`.
+    pub on_late: OnLate,
 }
 
 /// The protocol a pool's backends speak, and so the requests they take.
@@ -341,6 +388,8 @@ mod tests {
                 max_concurrency: Some(4),
                 gpu_seconds_per_hour: Some(360.0),
                 leased: false,
+                ttft_slo: None,
+                on_late: OnLate::Serve,
             }],
             pools: vec![PoolSpec {
                 model: "m".into(),

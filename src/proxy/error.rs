@@ -42,7 +42,7 @@ pub enum RefusedBy {
 
 impl Outcome {
     /// How many outcomes there are (with each refusal reason its own).
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 17;
 
     /// Every outcome, in the order of [`Outcome::index`].
     pub const ALL: [Outcome; Outcome::COUNT] = [
@@ -51,6 +51,7 @@ impl Outcome {
         Outcome::Refused(RefusedBy::Limit(LimitKind::Rate)),
         Outcome::Refused(RefusedBy::Limit(LimitKind::GpuSeconds)),
         Outcome::Refused(RefusedBy::Limit(LimitKind::QueueFull)),
+        Outcome::Refused(RefusedBy::Limit(LimitKind::Slo)),
         Outcome::Refused(RefusedBy::Auth),
         Outcome::Refused(RefusedBy::InvalidRequest),
         Outcome::Refused(RefusedBy::UnknownModel),
@@ -73,17 +74,18 @@ impl Outcome {
             Outcome::Refused(RefusedBy::Limit(LimitKind::Rate)) => 2,
             Outcome::Refused(RefusedBy::Limit(LimitKind::GpuSeconds)) => 3,
             Outcome::Refused(RefusedBy::Limit(LimitKind::QueueFull)) => 4,
-            Outcome::Refused(RefusedBy::Auth) => 5,
-            Outcome::Refused(RefusedBy::InvalidRequest) => 6,
-            Outcome::Refused(RefusedBy::UnknownModel) => 7,
-            Outcome::Refused(RefusedBy::BodyTooLarge) => 8,
-            Outcome::Refused(RefusedBy::BodyTimeout) => 9,
-            Outcome::Refused(RefusedBy::Backend) => 10,
-            Outcome::Refused(RefusedBy::StoreUnavailable) => 11,
-            Outcome::Shed => 12,
-            Outcome::FailedUpstream => 13,
-            Outcome::Cancelled => 14,
-            Outcome::Error => 15,
+            Outcome::Refused(RefusedBy::Limit(LimitKind::Slo)) => 5,
+            Outcome::Refused(RefusedBy::Auth) => 6,
+            Outcome::Refused(RefusedBy::InvalidRequest) => 7,
+            Outcome::Refused(RefusedBy::UnknownModel) => 8,
+            Outcome::Refused(RefusedBy::BodyTooLarge) => 9,
+            Outcome::Refused(RefusedBy::BodyTimeout) => 10,
+            Outcome::Refused(RefusedBy::Backend) => 11,
+            Outcome::Refused(RefusedBy::StoreUnavailable) => 12,
+            Outcome::Shed => 13,
+            Outcome::FailedUpstream => 14,
+            Outcome::Cancelled => 15,
+            Outcome::Error => 16,
         }
     }
 
@@ -167,6 +169,11 @@ fn refusal_text(r: &Refusal) -> String {
         LimitKind::Rate => "request rate limit reached (rate / burst)".into(),
         LimitKind::GpuSeconds => "GPU-seconds budget spent (gpu_seconds_per_hour)".into(),
         LimitKind::QueueFull => "tenant queue is full (max_queued_per_tenant)".into(),
+        LimitKind::Slo => format!(
+            "predicted to miss the tenant's time-to-first-token SLO: the tenant is over its \
+             share of a busy pool; retry after {} s",
+            r.retry_after.as_secs()
+        ),
     }
 }
 

@@ -13,7 +13,7 @@ pub mod scenario;
 pub mod sim;
 pub mod workload;
 
-use crate::config::{Discipline, Policy, Strategy};
+use crate::config::{Discipline, OnLate, Policy, Strategy};
 use report::RunReport;
 use sim::{RunOptions, Trace};
 use workload::WorkRequest;
@@ -46,39 +46,83 @@ pub enum Compare {
     All,
 }
 
-/// The (discipline, strategy) pairs to run: the policy's own when
-/// `compare` is `None`. The strategy is the first pool's.
-pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<(Discipline, Strategy)> {
-    let d0 = policy.queue.discipline;
-    let s0 = policy
-        .pools
-        .first()
-        .map_or(Strategy::LeastOutstanding, |p| p.routing);
-    match compare {
-        None => vec![(d0, s0)],
-        Some(Compare::Disciplines) => DISCIPLINES.iter().map(|&d| (d, s0)).collect(),
-        Some(Compare::Strategies) => STRATEGIES.iter().map(|&s| (d0, s)).collect(),
-        Some(Compare::All) => DISCIPLINES
-            .iter()
-            .flat_map(|&d| STRATEGIES.iter().map(move |&s| (d, s)))
-            .collect(),
+/// One run of a comparison: a discipline, a routing strategy, and whether
+/// the tenants' SLO-aware admission (`on_late`) is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub discipline: Discipline,
+    pub strategy: Strategy,
+    /// `false`: every tenant's `on_late` is `serve`, as before SLO-aware
+    /// admission (the baselines).
+    pub slo_admission: bool,
+}
+
+impl Variant {
+    /// The policy as it is: its discipline, its first pool's routing, and
+    /// SLO-aware admission when any tenant has it.
+    pub fn of(policy: &Policy) -> Self {
+        Variant {
+            discipline: policy.queue.discipline,
+            strategy: policy
+                .pools
+                .first()
+                .map_or(Strategy::LeastOutstanding, |p| p.routing),
+            slo_admission: policy.tenants.iter().any(|t| t.on_late != OnLate::Serve),
+        }
     }
 }
 
-/// Runs `workload` with the policy's discipline and every pool's routing
-/// replaced by the given ones.
+/// The runs to make: the policy as it is when `compare` is `None`.
+/// Comparing disciplines runs each without SLO-aware admission, then the
+/// policy's discipline with the policy's admission (when any tenant has
+/// one): the new admission against the baselines it must beat. Comparing
+/// strategies keeps the policy's discipline and admission. The strategy is
+/// the first pool's.
+pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
+    let Variant {
+        discipline: d0,
+        strategy: s0,
+        slo_admission: admits,
+    } = Variant::of(policy);
+    let v = |discipline, strategy, slo_admission| Variant {
+        discipline,
+        strategy,
+        slo_admission,
+    };
+    let disciplines = |s| {
+        let mut out: Vec<Variant> = DISCIPLINES.iter().map(|&d| v(d, s, false)).collect();
+        if admits {
+            out.push(v(d0, s, true));
+        }
+        out
+    };
+    match compare {
+        None => vec![v(d0, s0, admits)],
+        Some(Compare::Disciplines) => disciplines(s0),
+        Some(Compare::Strategies) => STRATEGIES.iter().map(|&s| v(d0, s, admits)).collect(),
+        Some(Compare::All) => STRATEGIES.iter().flat_map(|&s| disciplines(s)).collect(),
+    }
+}
+
+/// Runs `workload` under the policy with its discipline, every pool's
+/// routing and (when off) every tenant's `on_late` replaced by the
+/// variant's.
 pub fn run_variant(
     policy: &Policy,
     workload: &[WorkRequest],
-    discipline: Discipline,
-    strategy: Strategy,
+    variant: Variant,
     opts: &RunOptions,
 ) -> (RunReport, Trace) {
     let mut p = policy.clone();
-    p.queue.discipline = discipline;
+    p.queue.discipline = variant.discipline;
     for pool in &mut p.pools {
-        pool.routing = strategy;
+        pool.routing = variant.strategy;
+    }
+    if !variant.slo_admission {
+        for t in &mut p.tenants {
+            t.on_late = OnLate::Serve;
+        }
     }
     let trace = sim::run(&p, workload, opts);
-    (report::summarise(discipline, strategy, &trace), trace)
+    (report::summarise(variant, &trace), trace)
 }

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::config::policy::as_display;
 use crate::config::{Discipline, Strategy};
+use crate::replay::Variant;
 use crate::replay::sim::{Outcome, Trace};
 
 /// One tenant's figures in one run.
@@ -19,7 +20,8 @@ pub struct TenantReport {
     pub ttft_p99_s: Option<f64>,
     pub e2e_p50_s: Option<f64>,
     pub e2e_p99_s: Option<f64>,
-    /// Responses within the tenant's SLO per second of the run.
+    /// Responses within the tenant's SLO per second of offered load (first
+    /// to last arrival of the workload).
     pub goodput_rps: f64,
     /// Responses within SLO over every request the tenant sent (refused,
     /// shed and failed ones count as misses).
@@ -36,6 +38,8 @@ pub struct RunReport {
     pub discipline: Discipline,
     #[serde(serialize_with = "as_display")]
     pub strategy: Strategy,
+    /// Whether the tenants' SLO-aware admission (`on_late`) was on.
+    pub slo_admission: bool,
     /// Jain's index of backlogged tenants' weighted service, over the
     /// periods they were backlogged together (`null`: never two backlogged
     /// tenants at once).
@@ -44,6 +48,7 @@ pub struct RunReport {
     pub preempted: Option<u64>,
     pub utilisation: f64,
     pub throughput_rps: f64,
+    /// Responses within their tenant's SLO per second of offered load.
     pub goodput_rps: f64,
     pub output_tokens_per_s: f64,
     pub makespan_s: f64,
@@ -57,9 +62,41 @@ pub struct RunReport {
     pub tenants: BTreeMap<String, TenantReport>,
 }
 
+impl RunReport {
+    /// The run's name in tables: its discipline, `+slo` with SLO-aware
+    /// admission on.
+    pub fn label(&self) -> String {
+        if self.slo_admission {
+            format!("{}+slo", self.discipline)
+        } else {
+            self.discipline.to_string()
+        }
+    }
+}
+
 /// Summarises a trace.
-pub fn summarise(discipline: Discipline, strategy: Strategy, trace: &Trace) -> RunReport {
+pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
+    let Variant {
+        discipline,
+        strategy,
+        slo_admission,
+    } = variant;
     let mut tenants = BTreeMap::new();
+    // Rates are per second of offered load (first to last arrival), the
+    // same for every run of a workload: a run that refuses what it cannot
+    // serve ends sooner, and per second of its own makespan would look
+    // better for it.
+    let (first, last) = trace
+        .requests
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), (_, r)| {
+            (lo.min(r.arrived), hi.max(r.arrived))
+        });
+    let offered = if last > first {
+        last - first
+    } else {
+        trace.makespan
+    };
     let span = trace.makespan;
     for (ti, name) in trace.tenants.iter().enumerate() {
         let mine: Vec<_> = trace
@@ -84,7 +121,7 @@ pub fn summarise(discipline: Discipline, strategy: Strategy, trace: &Trace) -> R
                 ttft_p99_s: percentile(&mut ttft, 0.99),
                 e2e_p50_s: percentile(&mut e2e, 0.50),
                 e2e_p99_s: percentile(&mut e2e, 0.99),
-                goodput_rps: good as f64 / span,
+                goodput_rps: good as f64 / offered,
                 slo_attainment: good as f64 / mine.len() as f64,
                 refused: count(|o| matches!(o, Outcome::Refused(_))),
                 shed: count(|o| *o == Outcome::Shed),
@@ -110,11 +147,12 @@ pub fn summarise(discipline: Discipline, strategy: Strategy, trace: &Trace) -> R
         estimate_ratio_p1: percentile(&mut ratios, 0.01),
         discipline,
         strategy,
+        slo_admission,
         jain: trace.jain,
         preempted: trace.preempted,
         utilisation: trace.utilisation,
         throughput_rps: served as f64 / span,
-        goodput_rps: good as f64 / span,
+        goodput_rps: good as f64 / offered,
         output_tokens_per_s: trace.output_tokens as f64 / span,
         makespan_s: span,
         tenants,
@@ -157,7 +195,7 @@ pub fn table(runs: &[RunReport]) -> String {
             let head = if i == 0 {
                 format!(
                     "{:<9} {:<17} {:>6} {:>5.0}% {:>7.2} {:>7}",
-                    r.discipline.as_str(),
+                    r.label(),
                     r.strategy.as_str(),
                     r.jain.map_or("-".into(), |j| format!("{j:.3}")),
                     r.utilisation * 100.0,
@@ -190,7 +228,7 @@ pub fn table(runs: &[RunReport]) -> String {
         .filter_map(|r| {
             Some(format!(
                 "{}: p1 {:.2}x p50 {:.2}x p99 {:.2}x",
-                r.discipline.as_str(),
+                r.label(),
                 r.estimate_ratio_p1?,
                 r.estimate_ratio_p50?,
                 r.estimate_ratio_p99?
@@ -408,7 +446,12 @@ mod tests {
             preempted: None,
             estimates,
         };
-        let r = summarise(Discipline::Drf, Strategy::LeastOutstanding, &trace);
+        let variant = Variant {
+            discipline: Discipline::Drf,
+            strategy: Strategy::LeastOutstanding,
+            slo_admission: false,
+        };
+        let r = summarise(variant, &trace);
         assert_eq!(r.estimate_ratio_p50, Some(2.0));
         assert_eq!(r.estimate_ratio_p99, Some(2.0));
         assert_eq!(r.estimate_ratio_p1, Some(0.25));

@@ -13,7 +13,7 @@ use toml::de::DeValue;
 
 use super::EnvLookup;
 use super::reader::{Reader, Table, Value, Zero};
-use crate::config::policy::{Priority, Slo, TenantPolicy};
+use crate::config::policy::{OnLate, Priority, Slo, TenantPolicy};
 
 const TENANT_KEYS: &[&str] = &[
     "name",
@@ -27,11 +27,18 @@ const TENANT_KEYS: &[&str] = &[
     "max_concurrency",
     "gpu_seconds_per_hour",
     "slo",
+    "on_late",
 ];
 const SLO_KEYS: &[&str] = &["ttft", "e2e"];
 const PRIORITIES: &[(&str, Priority)] = &[
     ("interactive", Priority::Interactive),
     ("batch", Priority::Batch),
+];
+const ON_LATE: &[(&str, OnLate)] = &[
+    ("refuse", OnLate::Refuse),
+    ("shed", OnLate::Shed),
+    ("best_effort", OnLate::BestEffort),
+    ("serve", OnLate::Serve),
 ];
 
 /// Where each tenant name and key digest was first seen.
@@ -115,6 +122,9 @@ fn read_tenant(
         ttft: DEFAULT_TTFT,
         e2e: DEFAULT_E2E,
     });
+    let on_late = r
+        .opt(t, "on_late", |r, v, p| r.choice(v, p, ON_LATE))
+        .unwrap_or(OnLate::default_for(priority));
     Some(TenantPolicy {
         name: name?,
         key_digests,
@@ -125,6 +135,7 @@ fn read_tenant(
         max_concurrency,
         gpu_seconds_per_hour,
         slo,
+        on_late,
     })
 }
 

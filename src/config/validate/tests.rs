@@ -978,6 +978,7 @@ burst = 3
                 ttft: Duration::from_millis(200),
                 e2e: Duration::from_secs(2)
             },
+            on_late: OnLate::BestEffort,
         }
     );
     assert_eq!(
@@ -995,6 +996,7 @@ burst = 3
                 ttft: Duration::from_secs(1),
                 e2e: Duration::from_secs(30)
             },
+            on_late: OnLate::Refuse,
         }
     );
 }

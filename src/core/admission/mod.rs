@@ -1,6 +1,7 @@
 //! Admission: the checks on arrival, in order — tenant concurrency cap,
-//! request-rate bucket, GPU-seconds bucket, tenant queue capacity. A refusal
-//! is a decision (429), not an error.
+//! request-rate bucket, GPU-seconds bucket, tenant queue capacity, and the
+//! tenant's TTFT SLO against the predicted wait. A refusal is a decision
+//! (429), not an error.
 
 pub mod bucket;
 pub mod lease;
@@ -17,15 +18,18 @@ pub enum LimitKind {
     Rate,
     GpuSeconds,
     QueueFull,
+    /// Predicted to miss its tenant's TTFT SLO (`on_late = "refuse"`).
+    Slo,
 }
 
 impl LimitKind {
     /// Every kind, for metric pre-registration.
-    pub const ALL: [LimitKind; 4] = [
+    pub const ALL: [LimitKind; 5] = [
         LimitKind::Concurrency,
         LimitKind::Rate,
         LimitKind::GpuSeconds,
         LimitKind::QueueFull,
+        LimitKind::Slo,
     ];
 
     /// Stable label value.
@@ -35,6 +39,7 @@ impl LimitKind {
             LimitKind::Rate => "rate",
             LimitKind::GpuSeconds => "gpu_seconds",
             LimitKind::QueueFull => "queue_full",
+            LimitKind::Slo => "slo",
         }
     }
 }

@@ -161,6 +161,21 @@ impl FairQueue {
             .map_or(0.0, |q| q.counter)
     }
 
+    /// The counter `tenant` has, or would be lifted to if a request of it
+    /// were queued now.
+    pub fn start_counter(&self, tenant: TenantId) -> f64 {
+        let own = self.counter(tenant);
+        if self.tenant_len(tenant) > 0 {
+            return own;
+        }
+        let fair = matches!(self.discipline, Discipline::Drf | Discipline::Wfq);
+        let floor = match self.settled.first() {
+            Some((Key(_, settled), _)) if fair => *settled,
+            _ => self.vtime,
+        };
+        own.max(floor)
+    }
+
     fn key_for(&self, tenant: TenantId, is_live: impl Fn(RequestId) -> bool) -> Option<Key> {
         let q = &self.tenants[tenant.0 as usize];
         let head = q
@@ -233,13 +248,9 @@ impl FairQueue {
         let becomes_backlogged = self.tenants[i].live == 0;
         if becomes_backlogged {
             // VTC lift: no credit for idle time.
-            let fair = matches!(self.discipline, Discipline::Drf | Discipline::Wfq);
-            let floor = match self.settled.first() {
-                Some((Key(_, settled), _)) if fair => *settled,
-                _ => self.vtime,
-            };
+            let start = self.start_counter(tenant);
             let q = &mut self.tenants[i];
-            q.counter = q.counter.max(floor);
+            q.counter = start;
             q.entries.clear();
         }
         let q = &mut self.tenants[i];
@@ -275,6 +286,21 @@ impl FairQueue {
     /// entries that are no longer live.
     pub fn pop(&mut self, is_live: impl Fn(RequestId) -> bool) -> Option<(TenantId, RequestId)> {
         let tenant = self.peek_tenant()?;
+        self.pop_from(tenant, is_live).map(|id| (tenant, id))
+    }
+
+    /// Removes and returns the next request, in discipline order, of the
+    /// first backlogged tenant that `allow` lets through.
+    pub fn pop_allowed(
+        &mut self,
+        allow: impl Fn(TenantId) -> bool,
+        is_live: impl Fn(RequestId) -> bool,
+    ) -> Option<(TenantId, RequestId)> {
+        let tenant = self
+            .backlogged
+            .iter()
+            .map(|(_, t)| *t)
+            .find(|t| allow(*t))?;
         self.pop_from(tenant, is_live).map(|id| (tenant, id))
     }
 

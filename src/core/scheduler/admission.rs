@@ -4,26 +4,30 @@
 use std::time::Duration;
 
 use crate::core::admission::{Bucket, LimitKind, Refusal};
+use crate::core::spec::OnLate;
 use crate::core::time::Instant;
 
+use super::slo::Verdict;
 use super::{Arrival, SHED_RETRY_AFTER, Scheduler};
 
 impl Scheduler {
     /// The checks on arrival, in order: the tenant's concurrency cap, its
     /// request-rate bucket, its GPU-seconds bucket (for the request's
-    /// estimated GPU-seconds), its queue in the pool. On admission takes
-    /// from the buckets, counts the request as active and returns the
-    /// GPU-seconds reserved.
+    /// estimated GPU-seconds), its queue in the pool, and `verdict` (the
+    /// SLO prediction) when its tenant refuses late requests. A refused
+    /// request takes nothing. On admission takes from the buckets, counts
+    /// the request as active and returns the GPU-seconds reserved.
     pub(super) fn admit(
         &mut self,
         now: Instant,
         a: &Arrival,
         output_estimate: u32,
+        verdict: Verdict,
     ) -> Result<f64, Refusal> {
         let pool = &self.pools[a.pool.0 as usize];
         let est_gpu =
             pool.gpu_seconds_per_token * f64::from(a.prompt_tokens.saturating_add(output_estimate));
-        let queued_here = pool.queue.tenant_len(a.tenant);
+        let queued_here = pool.queue.tenant_len(a.tenant) + pool.late.tenant_len(a.tenant);
         let max_queued = self.max_queued_per_tenant;
         let t = &mut self.tenants[a.tenant.0 as usize];
 
@@ -70,6 +74,9 @@ impl Scheduler {
         }
         if queued_here >= max_queued {
             return Err(refuse(LimitKind::QueueFull, SHED_RETRY_AFTER, &t.rate));
+        }
+        if matches!(verdict, Verdict::Late { .. }) && t.on_late == OnLate::Refuse {
+            return Err(refuse(LimitKind::Slo, verdict.retry_after(), &t.rate));
         }
         if let Some(b) = &mut t.rate {
             b.take(1.0);

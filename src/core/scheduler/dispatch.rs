@@ -2,36 +2,105 @@
 //! queue, requeue, shedding, and undoing what a dispatch counted.
 
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
-use crate::core::queue::cost::{Work, cost};
 use crate::core::routing::pick;
+use crate::core::spec::Discipline;
 use crate::core::time::Instant;
 
-use super::state::{Phase, Req, is_queued, pool_capacity};
+use super::state::{Phase, Req, is_late, is_queued};
 use super::{Decision, SHED_RETRY_AFTER, Scheduler};
 
+/// The share of a pool's dispatch windows kept for tenants below their
+/// weighted share (see `Scheduler::in_reserve`).
+const RESERVE: f64 = 1.0 / 16.0;
+
 impl Scheduler {
-    /// Dispatches from the pool's queue while some backend has room.
+    /// Dispatches from the pool's queue while some backend has room, then
+    /// from its late lane.
     pub(super) fn try_dispatch(&mut self, now: Instant, pool: PoolId, out: &mut Vec<Decision>) {
         let p = pool.0 as usize;
         if self.pools[p].retired {
             return;
         }
-        while !self.pools[p].queue.is_empty() {
+        while !self.pools[p].queue.is_empty() || !self.pools[p].late.is_empty() {
             self.collect_candidates(now, pool);
+            let reserve = self.in_reserve(pool).then(|| {
+                (0..self.tenants.len())
+                    .map(|t| self.below_share(pool, TenantId(t as u32)))
+                    .collect::<Vec<bool>>()
+            });
             let ps = &mut self.pools[p];
             let Some(i) = pick(ps.strategy, &self.scratch, &mut self.rng, &mut ps.rr_cursor) else {
                 if self.preempt_for_head(now, pool, out) {
                     continue;
                 }
-                return;
+                break;
             };
             let backend = self.scratch[i].id;
             let requests = &self.requests;
-            let Some((tenant, id)) = ps.queue.pop(|r| is_queued(requests, r)) else {
-                return;
+            let next = match &reserve {
+                // The last free slots go only to tenants below their share.
+                Some(below) => {
+                    let allow = |t: TenantId| below.get(t.0 as usize).copied().unwrap_or(false);
+                    match ps.queue.pop_allowed(allow, |r| is_queued(requests, r)) {
+                        Some(next) => Some(next),
+                        None => ps.late.pop_allowed(allow, |r| is_late(requests, r)),
+                    }
+                }
+                None => match ps.queue.pop(|r| is_queued(requests, r)) {
+                    Some(next) => Some(next),
+                    None => ps.late.pop(|r| is_late(requests, r)),
+                },
+            };
+            let Some((tenant, id)) = next else {
+                break;
             };
             self.dispatch(now, pool, tenant, id, backend, out);
         }
+        self.pools[p].note_backlog(now);
+    }
+
+    /// Whether `pool` is down to its reserve of free slots
+    /// ([`RESERVE`] of its windows, rounded down: none under 16; under
+    /// `drf` and `wfq` only): then only a tenant below its
+    /// weighted share of the windows may take one, so that a tenant
+    /// inside its share finds a slot at once, even while another fills
+    /// every other.
+    fn in_reserve(&self, pool: PoolId) -> bool {
+        if !matches!(self.discipline, Discipline::Drf | Discipline::Wfq) {
+            // The baselines stay what they are.
+            return false;
+        }
+        let (mut window, mut free) = (0u32, 0u32);
+        for c in &self.scratch {
+            free += c.window.saturating_sub(c.in_flight);
+        }
+        for b in &self.pools[pool.0 as usize].backends {
+            window += self.backends[b.0 as usize].window;
+        }
+        let reserve = (f64::from(window) * RESERVE).floor();
+        reserve >= 1.0 && f64::from(free) <= reserve
+    }
+
+    /// Whether `tenant` holds fewer of `pool`'s slots than its weighted
+    /// share of them (its weight over all the policy's tenants').
+    fn below_share(&self, pool: PoolId, tenant: TenantId) -> bool {
+        let ps = &self.pools[pool.0 as usize];
+        let total: f64 = self
+            .tenants
+            .iter()
+            .filter(|t| !t.retired)
+            .map(|t| t.weight)
+            .sum();
+        let Some(t) = self.tenants.get(tenant.0 as usize) else {
+            return false;
+        };
+        let window: u32 = ps
+            .backends
+            .iter()
+            .map(|b| self.backends[b.0 as usize].window)
+            .sum();
+        f64::from(ps.in_flight(tenant))
+            < f64::from(window) * t.weight / total.max(f64::MIN_POSITIVE)
     }
 
     /// Sends queued request `id` of `tenant`, just popped from `pool`'s
@@ -46,28 +115,30 @@ impl Scheduler {
         out: &mut Vec<Decision>,
     ) {
         let p = pool.0 as usize;
-        let capacity = pool_capacity(&self.backends, &self.pools[p]);
-        let Some(req) = self.requests.get_mut(id) else {
+        let Some(req) = self.requests.get(id) else {
             return;
         };
         let class = super::cost_model::class(self.backends[backend.0 as usize].in_flight + 1);
-        let pool_state = &self.pools[p];
-        let per_token = pool_state
-            .gpu_cost
-            .per_token(class, pool_state.gpu_seconds_per_token);
-        let estimate = Work {
-            prompt_tokens: f64::from(req.prompt_tokens),
-            output_tokens: f64::from(req.output_estimate),
-            gpu_seconds: per_token
-                * f64::from(req.prompt_tokens.saturating_add(req.output_estimate)),
+        let charged = self.estimate(pool, req.prompt_tokens, req.output_estimate, class);
+        let (late, qcost, waited) = (req.late, req.qcost, now > req.arrived);
+        if let Some(g) = req.give_up {
+            self.demotions.remove(&(g, id));
+        }
+        let ps = &mut self.pools[p];
+        if !late {
+            ps.add_queued_work(tenant, -qcost);
+        }
+        if waited {
+            ps.drain.dispatched(now, qcost);
+        }
+        ps.queue.charge_estimate(tenant, charged);
+        if late {
+            // Fair order within the late lane too (its counters are its own).
+            ps.late.charge(tenant, charged);
+        }
+        let Some(req) = self.requests.get_mut(id) else {
+            return;
         };
-        let charged = cost(
-            self.discipline,
-            estimate,
-            capacity,
-            self.output_token_weight,
-        );
-        self.pools[p].queue.charge_estimate(tenant, charged);
         let b = &mut self.backends[backend.0 as usize];
         b.in_flight += 1;
         let mark = b.clock.start(now);
@@ -99,6 +170,7 @@ impl Scheduler {
     ) -> Option<BackendId> {
         let req = self.requests.get_mut(id)?;
         let phase = req.phase;
+        let (late, qcost) = (req.late, req.qcost);
         let Phase::InFlight {
             backend, charged, ..
         } = phase
@@ -112,7 +184,13 @@ impl Scheduler {
         self.deadlines.insert((deadline, id));
         let p = &mut self.pools[pool.0 as usize];
         p.queue.settle(tenant, charged, Some(0.0));
-        p.queue.push_front(tenant, id);
+        if late {
+            p.late.push_front(tenant, id);
+        } else {
+            p.queue.push_front(tenant, id);
+            p.add_queued_work(tenant, qcost);
+        }
+        p.note_backlog(now);
         Some(backend)
     }
 
@@ -153,10 +231,18 @@ impl Scheduler {
     pub(super) fn remove_queued(&mut self, now: Instant, id: RequestId) -> Option<Req> {
         let req = self.requests.remove(id)?;
         self.deadlines.remove(&(req.deadline, id));
+        if let Some(g) = req.give_up {
+            self.demotions.remove(&(g, id));
+        }
         let requests = &self.requests;
-        self.pools[req.pool.0 as usize]
-            .queue
-            .forget(req.tenant, |r| is_queued(requests, r));
+        let ps = &mut self.pools[req.pool.0 as usize];
+        if req.late {
+            ps.late.forget(req.tenant, |r| is_late(requests, r));
+        } else {
+            ps.queue.forget(req.tenant, |r| is_queued(requests, r));
+            ps.add_queued_work(req.tenant, -req.qcost);
+        }
+        ps.note_backlog(now);
         let t = &mut self.tenants[req.tenant.0 as usize];
         t.active = t.active.saturating_sub(1);
         t.gpu_open = (t.gpu_open - req.gpu_reserved).max(0.0);

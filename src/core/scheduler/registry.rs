@@ -6,10 +6,10 @@ use crate::core::accounting::GpuClock;
 use crate::core::admission::Bucket;
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::queue::FairQueue;
-use crate::core::spec::{Api, Priority, SchedulerSpec};
+use crate::core::spec::{Api, OnLate, Priority, SchedulerSpec};
 use crate::core::time::Instant;
 
-use super::state::{BackendState, PoolState, TenantLease, TenantState, is_queued};
+use super::state::{BackendState, PoolState, TenantLease, TenantState, is_late, is_queued};
 use super::{Decision, Scheduler};
 
 /// Initial estimate of GPU-seconds per token, until completions measure it.
@@ -38,6 +38,8 @@ impl Scheduler {
             t.weight = tp.weight;
             t.priority = tp.priority;
             t.max_concurrency = tp.max_concurrency;
+            t.ttft_slo = tp.ttft_slo;
+            t.on_late = tp.on_late;
             let leased = tp.leased;
             t.rate = tp.rate.map(|rate| {
                 let burst = tp.burst.unwrap_or(rate).max(1.0);
@@ -84,6 +86,10 @@ impl Scheduler {
                         ttft_p99_threshold: pp.ttft_p99_threshold,
                         outlier: pp.outlier.clone(),
                         queue: FairQueue::new(spec.queue.discipline),
+                        late: FairQueue::new(spec.queue.discipline),
+                        queued_work: Vec::new(),
+                        drain: Default::default(),
+                        service_ttft: None,
                         backends: Vec::new(),
                         rr_cursor: 0,
                         gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
@@ -151,8 +157,11 @@ impl Scheduler {
         for p in &mut self.pools {
             p.queue
                 .set_discipline(self.discipline, |id| is_queued(requests, id));
+            p.late
+                .set_discipline(self.discipline, |id| is_late(requests, id));
             for (i, t) in self.tenants.iter().enumerate() {
                 p.queue.set_tenant(TenantId(i as u32), t.weight, t.priority);
+                p.late.set_tenant(TenantId(i as u32), t.weight, t.priority);
             }
         }
 
@@ -199,6 +208,9 @@ impl Scheduler {
             gpu_asked_total: 0.0,
             gpu_open: 0.0,
             lease: None,
+            ttft_slo: None,
+            on_late: OnLate::Serve,
+            demoted_total: 0,
             retired: false,
         });
         self.tenant_by_name.insert(name.to_owned(), id);

@@ -10,7 +10,7 @@ use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::queue::FairQueue;
 use crate::core::queue::cost::PoolCapacity;
 use crate::core::reading::Reading;
-use crate::core::spec::{Api, OutlierSpec, Priority, Strategy};
+use crate::core::spec::{Api, OnLate, OutlierSpec, Priority, Strategy};
 use crate::core::time::Instant;
 
 #[derive(Debug)]
@@ -34,6 +34,10 @@ pub(super) struct TenantState {
     pub(super) gpu_open: f64,
     /// `Some` while the tenant's limits are leased from a cluster store.
     pub(super) lease: Option<TenantLease>,
+    pub(super) ttft_slo: Option<Duration>,
+    pub(super) on_late: OnLate,
+    /// Requests moved to a late lane (`OnLate::BestEffort`).
+    pub(super) demoted_total: u64,
     pub(super) retired: bool,
 }
 
@@ -77,6 +81,15 @@ pub(super) struct PoolState {
     pub(super) ttft_p99_threshold: Duration,
     pub(super) outlier: OutlierSpec,
     pub(super) queue: FairQueue,
+    /// Requests that can no longer make their SLO, kept as best effort:
+    /// dispatched only when `queue` is empty (`slo`).
+    pub(super) late: FairQueue,
+    /// Queue cost of each tenant's requests in `queue`, by tenant index.
+    pub(super) queued_work: Vec<f64>,
+    /// How fast the queue drains (`slo`).
+    pub(super) drain: super::slo::DrainRate,
+    /// Moving average of dispatch to first token, as the gateway saw it.
+    pub(super) service_ttft: Option<Duration>,
     pub(super) backends: Vec<BackendId>,
     pub(super) rr_cursor: usize,
     /// Running average of measured GPU-seconds per token (prompt + output),
@@ -169,6 +182,12 @@ pub(super) struct Req {
     pub(super) deadline: Instant,
     pub(super) gpu_reserved: f64,
     pub(super) phase: Phase,
+    /// In its pool's late lane rather than its fair queue.
+    pub(super) late: bool,
+    /// Its cost in the queue when it arrived (`slo`'s unit of work).
+    pub(super) qcost: f64,
+    /// When it can no longer make its SLO, if its tenant has one.
+    pub(super) give_up: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -216,8 +235,18 @@ impl Slab {
     }
 }
 
+/// Queued in its pool's fair queue.
 pub(super) fn is_queued(requests: &Slab, id: RequestId) -> bool {
-    requests.get(id).is_some_and(|r| r.phase == Phase::Queued)
+    requests
+        .get(id)
+        .is_some_and(|r| r.phase == Phase::Queued && !r.late)
+}
+
+/// Queued in its pool's late lane.
+pub(super) fn is_late(requests: &Slab, id: RequestId) -> bool {
+    requests
+        .get(id)
+        .is_some_and(|r| r.phase == Phase::Queued && r.late)
 }
 
 pub(super) fn pool_capacity(backends: &[BackendState], pool: &PoolState) -> PoolCapacity {
