@@ -259,11 +259,7 @@ impl Scheduler {
             return None;
         };
         let gpu_seconds = self.leave_backend(now, id, req.tenant, req.pool, req.phase);
-        let window = self.pools[req.pool.0 as usize]
-            .backends
-            .iter()
-            .map(|b| self.backends[b.0 as usize].window)
-            .sum();
+        let window = self.pool_window(req.pool);
         let pool = &mut self.pools[req.pool.0 as usize];
         pool.drain.completed(now, window);
         let mut actual = None;

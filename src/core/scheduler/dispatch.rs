@@ -23,11 +23,7 @@ impl Scheduler {
         }
         while !self.pools[p].queue.is_empty() || !self.pools[p].late.is_empty() {
             self.collect_candidates(now, pool);
-            let reserve = self.in_reserve(pool).then(|| {
-                (0..self.tenants.len())
-                    .map(|t| self.below_share(pool, TenantId(t as u32)))
-                    .collect::<Vec<bool>>()
-            });
+            let reserve = self.in_reserve(pool).then(|| self.below_share(pool));
             let ps = &mut self.pools[p];
             let Some(i) = pick(ps.strategy, &self.scratch, &mut self.rng, &mut ps.rr_cursor) else {
                 if self.preempt_for_head(now, pool, out) {
@@ -70,20 +66,19 @@ impl Scheduler {
             // The baselines stay what they are.
             return false;
         }
-        let (mut window, mut free) = (0u32, 0u32);
-        for c in &self.scratch {
-            free += c.window.saturating_sub(c.in_flight);
-        }
-        for b in &self.pools[pool.0 as usize].backends {
-            window += self.backends[b.0 as usize].window;
-        }
-        let reserve = (f64::from(window) * RESERVE).floor();
+        let free: u32 = self
+            .scratch
+            .iter()
+            .map(|c| c.window.saturating_sub(c.in_flight))
+            .sum();
+        let reserve = (f64::from(self.pool_window(pool)) * RESERVE).floor();
         reserve >= 1.0 && f64::from(free) <= reserve
     }
 
-    /// Whether `tenant` holds fewer of `pool`'s slots than its weighted
-    /// share of them (its weight over all the policy's tenants').
-    fn below_share(&self, pool: PoolId, tenant: TenantId) -> bool {
+    /// By tenant index: whether the tenant holds fewer of `pool`'s slots
+    /// than its weighted share of them (its weight over all the policy's
+    /// tenants').
+    fn below_share(&self, pool: PoolId) -> Vec<bool> {
         let ps = &self.pools[pool.0 as usize];
         let total: f64 = self
             .tenants
@@ -91,16 +86,21 @@ impl Scheduler {
             .filter(|t| !t.retired)
             .map(|t| t.weight)
             .sum();
-        let Some(t) = self.tenants.get(tenant.0 as usize) else {
-            return false;
-        };
-        let window: u32 = ps
+        let per_weight = f64::from(self.pool_window(pool)) / total.max(f64::MIN_POSITIVE);
+        self.tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| f64::from(ps.in_flight(TenantId(i as u32))) < per_weight * t.weight)
+            .collect()
+    }
+
+    /// The sum of `pool`'s backends' dispatch windows: its slots.
+    pub(super) fn pool_window(&self, pool: PoolId) -> u32 {
+        self.pools[pool.0 as usize]
             .backends
             .iter()
             .map(|b| self.backends[b.0 as usize].window)
-            .sum();
-        f64::from(ps.in_flight(tenant))
-            < f64::from(window) * t.weight / total.max(f64::MIN_POSITIVE)
+            .sum()
     }
 
     /// Sends queued request `id` of `tenant`, just popped from `pool`'s
