@@ -451,3 +451,174 @@ async fn work_past_the_migration_threshold_is_never_preempted() {
     );
     assert_eq!(finished, 3);
 }
+
+/// Issue 17, live: a tenant flooding far over its share gets fast 429s
+/// (reason `slo`) whose `retry-after`, honoured, succeeds, while a tenant
+/// inside its share keeps its SLO.
+#[tokio::test]
+async fn over_share_tenant_gets_fast_slo_refusals_while_an_in_share_tenant_keeps_its_slo() {
+    const SLO: Duration = Duration::from_millis(400);
+    let tenants = r#"
+[[tenants]]
+name = "api"
+api_keys = ["sk-api"]
+weight = 3
+slo = { ttft = "400ms", e2e = "2s" }
+[[tenants]]
+name = "flood"
+api_keys = ["sk-flood"]
+weight = 1
+slo = { ttft = "400ms", e2e = "2s" }
+"#;
+    // Four slots of 20-token requests (about 40 ms each): about 100
+    // requests a second. `api` asks for well under its 3/4 of them; the
+    // flood keeps far more than a 400 ms budget's worth queued.
+    let (b0, b1) = (sim(M, 8).await, sim(M, 8).await);
+    let gw = gateway(&policy(tenants, 2, ""), &[&b0, &b1]).await;
+    let addr = gw.addr();
+    let start = tokio::time::Instant::now();
+    let phase2 = start + Duration::from_secs(4);
+    let stop = start + Duration::from_secs(7);
+
+    // `api`: one request at a time, 50 ms apart, through both phases.
+    let api = tokio::spawn(async move {
+        let c = client();
+        let mut slowest = Duration::ZERO;
+        let mut n = 0;
+        while tokio::time::Instant::now() < stop {
+            let sent = tokio::time::Instant::now();
+            let r = send(
+                &c,
+                post(
+                    addr,
+                    "/v1/chat/completions",
+                    Some("sk-api"),
+                    chat(M, 20, false),
+                ),
+            )
+            .await;
+            assert_eq!(
+                r.status,
+                200,
+                "the in-share tenant was refused: {}",
+                r.text()
+            );
+            slowest = slowest.max(sent.elapsed());
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (n, slowest)
+    });
+
+    // A flood client sends one request and, refused (429) or shed (503),
+    // waits the `retry-after-ms` it was given and sends it again, until
+    // it is served. Returns the refusals it got: (status, how long the
+    // answer took) for each attempt, in order, then its final 200.
+    async fn until_served(c: &HttpClient, addr: std::net::SocketAddr) -> Vec<(u16, Duration)> {
+        let mut attempts = Vec::new();
+        loop {
+            let sent = tokio::time::Instant::now();
+            let r = send(
+                c,
+                post(
+                    addr,
+                    "/v1/chat/completions",
+                    Some("sk-flood"),
+                    chat(M, 20, false),
+                ),
+            )
+            .await;
+            attempts.push((r.status.as_u16(), sent.elapsed()));
+            match r.status.as_u16() {
+                200 => return attempts,
+                429 => assert!(r.text().contains("time-to-first-token SLO"), "{}", r.text()),
+                503 => assert_eq!(r.json()["error"]["code"], "overloaded"),
+                s => panic!("{s}: {}", r.text()),
+            }
+            let ms: u64 = r.headers["retry-after-ms"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let secs: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+            assert!(secs >= 1 && secs * 1000 >= ms, "{secs} s, {ms} ms");
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+
+    // Phase 1, a persistent flood: 48 clients, each sending again as soon
+    // as it is served.
+    let mut flood = Vec::new();
+    for _ in 0..48 {
+        flood.push(tokio::spawn(async move {
+            let c = client();
+            let mut all = Vec::new();
+            while tokio::time::Instant::now() < phase2 {
+                all.push(until_served(&c, addr).await);
+            }
+            all
+        }));
+    }
+    let mut persistent = Vec::new();
+    for f in flood {
+        persistent.extend(f.await.unwrap());
+    }
+    // Phase 2, a burst: 150 requests at once, each from a client that
+    // honours its retry-after.
+    let burst: Vec<_> = (0..150)
+        .map(|_| tokio::spawn(async move { until_served(&client(), addr).await }))
+        .collect();
+    let mut bursted = Vec::new();
+    for b in burst {
+        bursted.push(b.await.unwrap());
+    }
+    let (api_n, api_slowest) = api.await.unwrap();
+
+    // The in-share tenant: never refused (asserted as it ran), and every
+    // response within its TTFT SLO (these are whole 20-token responses).
+    assert!(api_n > 20, "{api_n}");
+    assert!(
+        api_slowest < SLO,
+        "api's slowest response took {api_slowest:?}"
+    );
+    // The flood was refused, and fast: well before a queued request's
+    // budget would have run out.
+    let refusals: Vec<Duration> = persistent
+        .iter()
+        .chain(&bursted)
+        .flatten()
+        .filter(|(s, _)| *s == 429)
+        .map(|(_, took)| *took)
+        .collect();
+    assert!(refusals.len() >= 20, "{} refusals", refusals.len());
+    let slowest = refusals.iter().max().unwrap();
+    assert!(*slowest < SLO / 2, "a 429 took {slowest:?}");
+    // Everything it sent was served in the end, and the burst's refusals
+    // were told to come back as the pool could take them: each was served
+    // on its first retry.
+    assert!(persistent.len() > 100, "{}", persistent.len());
+    let refused_in_burst = bursted.iter().filter(|a| a[0].0 == 429).count();
+    assert!(
+        refused_in_burst >= 50,
+        "{refused_in_burst} of the burst refused"
+    );
+    for a in &bursted {
+        assert!(
+            a.len() <= 2,
+            "refused again after honouring retry-after: {a:?}"
+        );
+    }
+    let m = served_by(&gw).await;
+    let count = |tenant: &str, outcome: &str, reason: &str| {
+        metric(
+            &m,
+            &format!(
+                "fairway_requests_total{{tenant=\"{tenant}\",model=\"{M}\",outcome=\"{outcome}\",reason=\"{reason}\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(count("flood", "refused", "slo") as usize, refusals.len());
+    assert_eq!(count("api", "refused", "slo"), 0.0);
+    assert_eq!(count("api", "served", ""), f64::from(api_n));
+}

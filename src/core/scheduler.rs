@@ -193,7 +193,8 @@ impl Scheduler {
             t.arrivals_total += 1;
         }
         let verdict = self.slo_verdict(now, a.pool, a.tenant);
-        let gpu_reserved = self.admit(now, &a, output_estimate, verdict)?;
+        let qcost = self.queue_cost(a.pool, a.prompt_tokens, output_estimate);
+        let gpu_reserved = self.admit(now, &a, output_estimate, verdict, qcost)?;
 
         let wait = a.deadline.map_or(self.max_wait, |d| d.min(self.max_wait));
         let mut deadline = now + wait;
@@ -204,7 +205,6 @@ impl Scheduler {
             deadline = deadline.min(g);
         }
         let late = on_late == OnLate::BestEffort && matches!(verdict, slo::Verdict::Late { .. });
-        let qcost = self.queue_cost(a.pool, a.prompt_tokens, output_estimate);
         let id = self.requests.insert(Req {
             tenant: a.tenant,
             pool: a.pool,

@@ -14,7 +14,8 @@ impl Scheduler {
     /// The checks on arrival, in order: the tenant's concurrency cap, its
     /// request-rate bucket, its GPU-seconds bucket (for the request's
     /// estimated GPU-seconds), its queue in the pool, and `verdict` (the
-    /// SLO prediction) when its tenant refuses late requests. A refused
+    /// SLO prediction) when its tenant refuses late requests (`qcost` is the
+    /// request's queue cost). A refused
     /// request takes nothing. On admission takes from the buckets, counts
     /// the request as active and returns the GPU-seconds reserved.
     pub(super) fn admit(
@@ -23,6 +24,7 @@ impl Scheduler {
         a: &Arrival,
         output_estimate: u32,
         verdict: Verdict,
+        qcost: f64,
     ) -> Result<f64, Refusal> {
         let pool = &self.pools[a.pool.0 as usize];
         let est_gpu =
@@ -75,8 +77,11 @@ impl Scheduler {
         if queued_here >= max_queued {
             return Err(refuse(LimitKind::QueueFull, SHED_RETRY_AFTER, &t.rate));
         }
-        if matches!(verdict, Verdict::Late { .. }) && t.on_late == OnLate::Refuse {
-            return Err(refuse(LimitKind::Slo, verdict.retry_after(), &t.rate));
+        if let Verdict::Late { over, .. } = verdict
+            && t.on_late == OnLate::Refuse
+        {
+            let retry = self.pools[a.pool.0 as usize].promise_retry(now, a.tenant, over, qcost);
+            return Err(refuse(LimitKind::Slo, retry, &t.rate));
         }
         if let Some(b) = &mut t.rate {
             b.take(1.0);

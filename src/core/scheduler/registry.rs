@@ -88,6 +88,7 @@ impl Scheduler {
                         queue: FairQueue::new(spec.queue.discipline),
                         late: FairQueue::new(spec.queue.discipline),
                         queued_work: Vec::new(),
+                        promised: Vec::new(),
                         drain: Default::default(),
                         service_ttft: None,
                         backends: Vec::new(),

@@ -30,8 +30,9 @@
 //!
 //! **What happens to a late request** is its tenant's [`OnLate`]: refused
 //! on arrival when predicted late (429, `retry-after` = the predicted
-//! wait beyond the budget, at least a second) and shed at its give-up
-//! time; only shed at its give-up time; or moved to the pool's *late lane*
+//! wait beyond the budget, at least a second, and after the returns
+//! promised to the tenant's earlier refusals: [`PoolState::promise_retry`])
+//! and shed at its give-up time; only shed at its give-up time; or moved to the pool's *late lane*
 //! (on arrival when predicted late, else at its give-up time), which is
 //! dispatched only when nothing that can still make its SLO is queued.
 
@@ -52,6 +53,9 @@ pub(super) const DRAIN_HALF_LIFE: Duration = Duration::from_secs(10);
 const MIN_DRAIN_SECS: f64 = 1.0;
 /// The shortest `retry-after` of an SLO refusal.
 const MIN_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest: a tenant refused faster than its pool drains (clients that
+/// do not wait) is not told to come back in an hour.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// Weight of the newest sample in a pool's dispatch-to-first-token average.
 const SERVICE_TTFT_ALPHA: f64 = 0.1;
 
@@ -141,16 +145,6 @@ impl Verdict {
             Verdict::OnTime { give_up } | Verdict::Late { give_up, .. } => Some(give_up),
         }
     }
-
-    /// The `retry-after` of a refusal for it.
-    pub(super) fn retry_after(self) -> Duration {
-        match self {
-            Verdict::Late { over, .. } => {
-                Duration::from_secs(over.as_secs_f64().ceil() as u64).max(MIN_RETRY_AFTER)
-            }
-            _ => MIN_RETRY_AFTER,
-        }
-    }
 }
 
 impl PoolState {
@@ -160,6 +154,33 @@ impl PoolState {
             Some(avg) => avg.mul_f64(1.0 - SERVICE_TTFT_ALPHA) + ttft.mul_f64(SERVICE_TTFT_ALPHA),
             None => ttft,
         });
+    }
+
+    /// The `retry-after` of an SLO refusal at `now` of a request of
+    /// `tenant` predicted `over` its budget, of queue cost `work`: the
+    /// predicted wait beyond the budget (at least [`MIN_RETRY_AFTER`]), and
+    /// no earlier than the returns already promised to the tenant's earlier
+    /// refusals, each of which holds its cost's time at the pool's drain
+    /// rate. The refusals of a burst are so told to come back one after
+    /// another, as the pool can take them, not all at the same instant to
+    /// be refused again.
+    pub(super) fn promise_retry(
+        &mut self,
+        now: Instant,
+        t: TenantId,
+        over: Duration,
+        work: f64,
+    ) -> Duration {
+        let i = t.0 as usize;
+        if self.promised.len() <= i {
+            self.promised.resize(i + 1, now);
+        }
+        let at = (now + over.max(MIN_RETRY_AFTER))
+            .max(self.promised[i])
+            .min(now + MAX_RETRY_AFTER);
+        let hold = self.drain.rate().map_or(0.0, |r| work / r);
+        self.promised[i] = at + Duration::from_secs_f64(hold.min(MAX_RETRY_AFTER.as_secs_f64()));
+        at.saturating_since(now)
     }
 
     /// Marks whether anything is queued (either lane) from `now` on.

@@ -88,6 +88,9 @@ pub(super) struct PoolState {
     pub(super) queued_work: Vec<f64>,
     /// How fast the queue drains (`slo`).
     pub(super) drain: super::slo::DrainRate,
+    /// By tenant index: the time up to which SLO refusals have been told
+    /// to come back (`slo`), so that a burst's are spread out.
+    pub(super) promised: Vec<Instant>,
     /// Moving average of dispatch to first token, as the gateway saw it.
     pub(super) service_ttft: Option<Duration>,
     pub(super) backends: Vec<BackendId>,

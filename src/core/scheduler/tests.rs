@@ -1056,6 +1056,14 @@ fn a_flooding_tenant_is_refused_on_its_slo_while_one_inside_its_share_is_not() {
         (5..=8).contains(&refusal.retry_after.as_secs()),
         "{refusal:?}"
     );
+    // Two more at the same instant are told to come back one after the
+    // other, a request's drain time apart (10 a second here), not all at
+    // once to be refused again.
+    for k in 1..=2 {
+        let next = s.on_arrival(t(now), arrival(&s, "flood")).unwrap_err();
+        let gap = next.retry_after.as_secs_f64() - refusal.retry_after.as_secs_f64();
+        assert!((gap - 0.1 * f64::from(k)).abs() < 0.02, "{k}: {gap}");
+    }
     // api sends one request: next in fair order, admitted and dispatched
     // at the next completion.
     let (id, ds) = s.on_arrival(t(now), arrival(&s, "api")).unwrap();
