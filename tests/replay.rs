@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use fairway::config::{Discipline, Policy, Strategy, load_policy};
+use fairway::core::queue::FAIRNESS_BOUND;
 use fairway::replay::report::RunReport;
 use fairway::replay::scenario::{Scenario, reference};
 use fairway::replay::sim::RunOptions;
@@ -28,12 +29,24 @@ fn runs(scenario: &Scenario, compare: Compare, seed: u64) -> Vec<RunReport> {
     runs_of(&policy(), scenario, compare, seed)
 }
 
+/// Every run of every test here keeps the fairness bound.
 fn runs_of(p: &Policy, scenario: &Scenario, compare: Compare, seed: u64) -> Vec<RunReport> {
     let work = scenario.generate(&p.pools[0].model, seed);
     variants(p, Some(compare))
         .into_iter()
         .map(|v| run_variant(p, &work, v, &opts(seed)).0)
+        .inspect(|r| holds_bound(&r.label(), r.bound_ratio))
         .collect()
+}
+
+/// Backlogged tenants' counters stayed within the fairness bound.
+fn holds_bound(run: &str, ratio: Option<f64>) {
+    if let Some(ratio) = ratio {
+        assert!(
+            ratio <= FAIRNESS_BOUND,
+            "{run}: fairness bound broken: {ratio:.2}"
+        );
+    }
 }
 
 /// The run of discipline `d` without SLO-aware admission.
@@ -134,24 +147,32 @@ fn drf_keeps_api_inside_its_slo_while_evals_runs_and_fifo_does_not() {
         jain(priority)
     );
 
-    // Far more goodput than fifo; within 4% of the best (priority serves
+    // Far more goodput than fifo; within 7% of the best (priority serves
     // each chat burst ahead of evals, the unfairness its Jain's index
     // shows: docs/policy-evaluation.md).
     assert!(drf.goodput_rps > fifo.goodput_rps * 1.3);
     let best = runs.iter().map(|r| r.goodput_rps).fold(0.0, f64::max);
     assert!(
-        drf.goodput_rps >= best * 0.96,
+        drf.goodput_rps >= best * 0.93,
         "drf {} best {best}",
         drf.goodput_rps
     );
     // Young evals work is preempted for queued api and chat requests.
     assert!(drf.preempted.is_some_and(|n| n > 0));
 
-    // SLO-aware admission: api still inside its SLO, no goodput lost, and
-    // the chat bursts' hopeless requests refused or shed, not served late.
+    // SLO-aware admission (the default settings): api still inside its
+    // SLO, Jain's index at least 0.9, more goodput than without it and
+    // within 5% of the best, and the chat bursts' hopeless requests
+    // refused or shed, not served late.
     let slo = with_admission(&runs);
     assert!(api(slo) >= 0.99, "drf+slo api attainment {}", api(slo));
+    assert!(jain(slo) >= 0.9, "drf+slo jain {}", jain(slo));
     assert!(slo.goodput_rps >= drf.goodput_rps);
+    assert!(
+        slo.goodput_rps >= best * 0.95,
+        "drf+slo {} best {best}",
+        slo.goodput_rps
+    );
     let chat = |r: &RunReport| r.tenants["chat"].slo_attainment;
     assert!(chat(slo) > chat(drf), "{} {}", chat(slo), chat(drf));
     assert_eq!(slo.tenants["evals"].served, slo.tenants["evals"].requests);
@@ -307,6 +328,7 @@ fn several_replicas_replay_the_same_workload_and_lose_nothing() {
         };
         let trace = fairway::replay::sim::run(&p, &work, &opts);
         assert_eq!(trace.requests.len(), work.len());
+        holds_bound(&format!("{ingress:?}"), trace.bound_ratio);
         // Every request ends once, and with no limits in the way only
         // SLO-aware admission refuses or sheds (the chat bursts' hopeless
         // requests): the replicas together serve all the rest.

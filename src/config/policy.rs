@@ -185,6 +185,9 @@ pub struct QueuePolicy {
     pub max_queued_per_tenant: u32,
     /// Weight of one output token relative to one prompt token in `wfq` cost.
     pub output_token_weight: f64,
+    /// The share of backlogged tenants' in-flight estimates that a
+    /// returning tenant's lift counts as received (0 to 1).
+    pub in_flight_credit: f64,
 }
 
 /// `[preemption]`: when queued interactive work may take the slot of
@@ -352,6 +355,7 @@ impl Policy {
                 max_wait: self.queue.max_wait,
                 max_queued_per_tenant: self.queue.max_queued_per_tenant,
                 output_token_weight: self.queue.output_token_weight,
+                in_flight_credit: self.queue.in_flight_credit,
             },
             preemption: PreemptionSpec {
                 enabled: self.preemption.enabled,

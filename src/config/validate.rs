@@ -145,6 +145,8 @@ const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
+/// Default `[queue] in_flight_credit` (docs/policy.md says why).
+pub const DEFAULT_IN_FLIGHT_CREDIT: f64 = 0.3;
 /// Default `[server] max_requests`: client requests in flight at once.
 const DEFAULT_MAX_REQUESTS: usize = 4096;
 const TLS_KEYS: &[&str] = &["cert", "key"];
@@ -154,6 +156,7 @@ const QUEUE_KEYS: &[&str] = &[
     "max_wait",
     "max_queued_per_tenant",
     "output_token_weight",
+    "in_flight_credit",
 ];
 const DISCIPLINES: &[(&str, Discipline)] = &[
     ("fifo", Discipline::Fifo),
@@ -472,5 +475,8 @@ fn read_queue(r: &mut Reader<'_>, t: &Table<'_, '_>) -> QueuePolicy {
         output_token_weight: r
             .opt(t, "output_token_weight", Reader::positive)
             .unwrap_or(1.0),
+        in_flight_credit: r
+            .opt(t, "in_flight_credit", Reader::share)
+            .unwrap_or(DEFAULT_IN_FLIGHT_CREDIT),
     }
 }

@@ -104,9 +104,11 @@ impl FairnessMeter {
 }
 
 /// Jain's index over whole backlogged periods: every sample interval in
-/// which the same set of two or more tenants was backlogged (at both ends)
-/// adds their weighted service to that set's totals, wherever in the run
-/// it falls. The index is each set's Jain's index of its totals, averaged
+/// which the same set of two or more tenants was backlogged adds their
+/// weighted service to that set's totals, wherever in the run it falls.
+/// The caller samples whenever the backlogged set changes (and at any
+/// other time), so a sample's set holds until the next one: a tenant
+/// queued for a few milliseconds counts for those milliseconds. The index is each set's Jain's index of its totals, averaged
 /// over sets by the time spent in each. Unlike fixed windows, it does not
 /// depend on where window edges fall, and a short backlog (a burst the
 /// scheduler serves in two seconds) counts as much as its duration.
@@ -118,11 +120,12 @@ pub struct BackloggedService {
 }
 
 impl BackloggedService {
-    /// Records a sample; `service[i]` and `backlogged[i]` are tenant `i`'s.
+    /// Records a sample; `service[i]` and `backlogged[i]` are tenant `i`'s,
+    /// `backlogged` from `now` until the next sample.
     pub fn sample(&mut self, now: Instant, service: &[f64], backlogged: &[bool]) {
         if let Some((then, before, was)) = &self.prev {
-            let set: Vec<usize> = (0..service.len().min(backlogged.len()).min(was.len()))
-                .filter(|&i| was[i] && backlogged[i])
+            let set: Vec<usize> = (0..service.len().min(was.len()))
+                .filter(|&i| was[i])
                 .collect();
             if set.len() >= 2 {
                 let (time, got) = self
@@ -149,6 +152,32 @@ impl BackloggedService {
             }
         }
         (time > 0.0).then(|| sum / time)
+    }
+
+    /// By tenant index: the service each tenant got while backlogged with
+    /// others, over its weighted fair share of what that set got (`w[i]`
+    /// over the set's weights, of the set's service): 1 is exactly its
+    /// share, below 1 less. `None` for a tenant never backlogged with
+    /// another.
+    pub fn shares(&self, weights: &[f64]) -> Vec<Option<f64>> {
+        let w = |i: usize| weights.get(i).copied().unwrap_or(1.0);
+        let mut got = vec![0.0; weights.len()];
+        let mut fair = vec![0.0; weights.len()];
+        for (set, (_, service)) in &self.sets {
+            // `service` is weighted (service over weight): back to service.
+            let total: f64 = set.iter().zip(service).map(|(&i, x)| x * w(i)).sum();
+            let weight: f64 = set.iter().map(|&i| w(i)).sum();
+            for (&i, x) in set.iter().zip(service) {
+                if i < got.len() {
+                    got[i] += x * w(i);
+                    fair[i] += total * w(i) / weight;
+                }
+            }
+        }
+        got.iter()
+            .zip(&fair)
+            .map(|(g, f)| (*f > 0.0).then(|| g / f))
+            .collect()
     }
 }
 
@@ -192,9 +221,8 @@ mod tests {
         assert_eq!(m.index(), None);
         // 0–1 s: tenants 0 and 1 backlogged; 1 gets twice 0's service.
         m.sample(t(0), &[0.0, 0.0, 0.0], &[true, true, false]);
-        m.sample(t(1), &[1.0, 2.0, 0.0], &[true, true, false]);
-        // 1–4 s: tenant 1 is not backlogged at both ends: no pair.
-        m.sample(t(2), &[2.0, 4.0, 0.0], &[true, false, false]);
+        // 1–4 s: tenant 1 is not backlogged: no pair, whatever it is served.
+        m.sample(t(1), &[1.0, 2.0, 0.0], &[true, false, false]);
         m.sample(t(4), &[4.0, 4.0, 0.0], &[true, true, false]);
         // 4–6 s: 0 and 1 again, 0 gets twice 1's: the set's totals over
         // its 3 s are [1 + 2, 2 + 1], even.
@@ -204,5 +232,15 @@ mod tests {
         m.sample(t(8), &[6.0, 5.0, 3.0], &[true, true, true]);
         let want = (3.0 * 1.0 + 2.0 / 3.0) / 5.0;
         assert!((m.index().unwrap() - want).abs() < 1e-12, "{:?}", m.index());
+        // Shares at weights 1: tenants 0 and 1 got 3 each of the pair's 6
+        // (their share), then nothing of the trio's 3 (1 each was theirs);
+        // tenant 2 got all 3 of it.
+        let shares = m.shares(&[1.0, 1.0, 1.0]);
+        assert_eq!(shares, vec![Some(3.0 / 4.0), Some(3.0 / 4.0), Some(3.0)]);
+        // Tenant 1 at weight 2: its weighted service 3 is 6 of service; in
+        // the pair (6 of 9) its share was 2/3 of 9, exactly; in the trio
+        // its share was half of 3.
+        let shares = m.shares(&[1.0, 2.0, 1.0]);
+        assert_eq!(shares[1], Some(6.0 / 7.5));
     }
 }

@@ -234,6 +234,10 @@ pub struct QueueSpec {
     pub max_queued_per_tenant: u32,
     /// Weight of one output token relative to one prompt token in `wfq` cost.
     pub output_token_weight: f64,
+    /// The share of backlogged tenants' in-flight estimates that a
+    /// returning tenant's lift counts as received
+    /// ([`crate::core::queue::FairQueue::set_in_flight_credit`]).
+    pub in_flight_credit: f64,
 }
 
 /// When queued interactive work may take the slot of in-flight batch work.
@@ -372,6 +376,7 @@ mod tests {
                 max_wait: Duration::from_secs(30),
                 max_queued_per_tenant: 100,
                 output_token_weight: 1.0,
+                in_flight_credit: 0.3,
             },
             preemption: PreemptionSpec {
                 enabled: false,

@@ -139,10 +139,12 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
         ));
     }
     Trace {
+        bound_ratio: None,
         tenants,
         requests,
         queue: Vec::new(),
         jain: None,
+        shares: Vec::new(),
         utilisation: 0.0,
         makespan: (last - start).as_secs_f64().max(1e-9),
         output_tokens: 0,

@@ -8,6 +8,8 @@ use serde::Serialize;
 
 use crate::config::policy::as_display;
 use crate::config::{Discipline, Strategy};
+use crate::core::fairness::jain;
+use crate::core::queue::FAIRNESS_BOUND;
 use crate::replay::Variant;
 use crate::replay::sim::{Outcome, Trace};
 
@@ -29,6 +31,10 @@ pub struct TenantReport {
     pub refused: usize,
     pub shed: usize,
     pub failed: usize,
+    /// Service while backlogged with other tenants, over its weighted fair
+    /// share of what they got together (1: exactly its share; `null`:
+    /// never backlogged with another, or not measured).
+    pub fair_share: Option<f64>,
 }
 
 /// One run's figures.
@@ -44,6 +50,10 @@ pub struct RunReport {
     /// periods they were backlogged together (`null`: never two backlogged
     /// tenants at once).
     pub jain: Option<f64>,
+    /// Proportional SLO attainment: Jain's index of the tenants' SLO
+    /// attainments (1: every tenant met its own SLO equally often,
+    /// whatever its SLO and share; `null`: no tenant).
+    pub slo_jain: Option<f64>,
     /// Preemptions of in-flight batch requests (`null`: not known).
     pub preempted: Option<u64>,
     pub utilisation: f64,
@@ -59,6 +69,13 @@ pub struct RunReport {
     pub estimate_ratio_p99: Option<f64>,
     /// The same ratio's p1: how far under the real cost the estimate goes.
     pub estimate_ratio_p1: Option<f64>,
+    /// The fairness bound's ratio: the largest gap seen between two
+    /// backlogged tenants' counters, over the largest single charge per
+    /// weight plus the most a tenant had in flight
+    /// ([`crate::core::queue::FairQueue::bound`]); at most
+    /// [`FAIRNESS_BOUND`] (`null`: not measured, or never two tenants
+    /// backlogged under `drf` or `wfq`).
+    pub bound_ratio: Option<f64>,
     pub tenants: BTreeMap<String, TenantReport>,
 }
 
@@ -126,6 +143,7 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
                 refused: count(|o| matches!(o, Outcome::Refused(_))),
                 shed: count(|o| *o == Outcome::Shed),
                 failed: count(|o| *o == Outcome::FailedUpstream),
+                fair_share: trace.shares.get(ti).copied().flatten(),
             },
         );
     }
@@ -145,10 +163,17 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
         estimate_ratio_p50: percentile(&mut ratios, 0.50),
         estimate_ratio_p99: percentile(&mut ratios, 0.99),
         estimate_ratio_p1: percentile(&mut ratios, 0.01),
+        bound_ratio: trace.bound_ratio,
         discipline,
         strategy,
         slo_admission,
         jain: trace.jain,
+        slo_jain: jain(
+            &tenants
+                .values()
+                .map(|t: &TenantReport| t.slo_attainment)
+                .collect::<Vec<_>>(),
+        ),
         preempted: trace.preempted,
         utilisation: trace.utilisation,
         throughput_rps: served as f64 / span,
@@ -174,10 +199,11 @@ pub fn table(runs: &[RunReport]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<9} {:<17} {:>6} {:>5} {:>7} {:>7} | {:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6}",
+        "{:<9} {:<17} {:>6} {:>6} {:>5} {:>7} {:>7} | {:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6} {:>6}",
         "queue",
         "routing",
         "jain",
+        "slo_j",
         "util",
         "good/s",
         "preempt",
@@ -188,29 +214,31 @@ pub fn table(runs: &[RunReport]) -> String {
         "good/s",
         "slo",
         "refused",
-        "shed"
+        "shed",
+        "share"
     );
     for r in runs {
         for (i, (name, t)) in r.tenants.iter().enumerate() {
             let head = if i == 0 {
                 format!(
-                    "{:<9} {:<17} {:>6} {:>5.0}% {:>7.2} {:>7}",
+                    "{:<9} {:<17} {:>6} {:>6} {:>5.0}% {:>7.2} {:>7}",
                     r.label(),
                     r.strategy.as_str(),
                     r.jain.map_or("-".into(), |j| format!("{j:.3}")),
+                    r.slo_jain.map_or("-".into(), |j| format!("{j:.3}")),
                     r.utilisation * 100.0,
                     r.goodput_rps,
                     r.preempted.map_or("-".into(), |n| n.to_string())
                 )
             } else {
                 format!(
-                    "{:<9} {:<17} {:>6} {:>5} {:>7} {:>7}",
-                    "", "", "", "", "", ""
+                    "{:<9} {:<17} {:>6} {:>6} {:>5} {:>7} {:>7}",
+                    "", "", "", "", "", "", ""
                 )
             };
             let _ = writeln!(
                 s,
-                "{head} | {:<8} {:>9} {:>9} {:>9} {:>8.2} {:>6.1}% {:>7} {:>6}",
+                "{head} | {:<8} {:>9} {:>9} {:>9} {:>8.2} {:>6.1}% {:>7} {:>6} {:>6}",
                 name,
                 secs(t.ttft_p50_s),
                 secs(t.ttft_p99_s),
@@ -218,7 +246,8 @@ pub fn table(runs: &[RunReport]) -> String {
                 t.goodput_rps,
                 t.slo_attainment * 100.0,
                 t.refused,
-                t.shed
+                t.shed,
+                t.fair_share.map_or("-".into(), |f| format!("{f:.2}"))
             );
         }
     }
@@ -240,6 +269,26 @@ pub fn table(runs: &[RunReport]) -> String {
             s,
             "cost charged at dispatch / settled: {}",
             estimates.join("; ")
+        );
+    }
+    let bounds: Vec<String> = runs
+        .iter()
+        .filter_map(|r| {
+            let ratio = r.bound_ratio?;
+            let held = if ratio <= FAIRNESS_BOUND {
+                "held"
+            } else {
+                "BROKEN"
+            };
+            Some(format!("{}: {ratio:.2} ({held})", r.label()))
+        })
+        .collect();
+    if !bounds.is_empty() {
+        let _ = writeln!(
+            s,
+            "fairness bound, backlogged tenants' largest counter gap / (largest charge + most in flight), \
+             at most {FAIRNESS_BOUND}: {}",
+            bounds.join("; ")
         );
     }
     s
@@ -440,11 +489,13 @@ mod tests {
             requests: Vec::new(),
             queue: Vec::new(),
             jain: None,
+            shares: Vec::new(),
             utilisation: 0.0,
             makespan: 1.0,
             output_tokens: 0,
             preempted: None,
             estimates,
+            bound_ratio: None,
         };
         let variant = Variant {
             discipline: Discipline::Drf,

@@ -77,6 +77,9 @@ pub struct Trace {
     /// Jain's index of backlogged tenants' weighted service, over the
     /// periods they were backlogged together ([`BackloggedService`]).
     pub jain: Option<f64>,
+    /// By tenant index: service while backlogged with others over its
+    /// weighted fair share of it ([`BackloggedService::shares`]).
+    pub shares: Vec<Option<f64>>,
     /// Busy GPU-seconds over GPU-seconds available until the last response.
     pub utilisation: f64,
     /// From the first arrival to the last response, seconds.
@@ -84,6 +87,10 @@ pub struct Trace {
     /// Per served request with reported usage: (cost charged at dispatch,
     /// cost it settled to), in the discipline's cost unit.
     pub estimates: Vec<(f64, f64)>,
+    /// The fairness bound's ratio: the largest gap between two backlogged
+    /// tenants' counters over [`crate::core::queue::FairQueue::bound`]
+    /// then (`None`: never two backlogged under `drf` or `wfq`).
+    pub bound_ratio: Option<f64>,
     pub output_tokens: u64,
     /// Requests preempted (each time counted); `None` when not known (a
     /// live run seen from the client).
@@ -182,12 +189,17 @@ struct Sim<'p> {
     service: Vec<f64>,
     weights: Vec<f64>,
     fairness: BackloggedService,
+    /// By tenant index: whether it has requests queued, as last sampled.
+    backlogged: Vec<bool>,
     queue: Vec<QueueSample>,
     pending: Vec<(usize, Decision)>,
     events: Vec<EngineEvent>,
     output_tokens: u64,
     preempted: u64,
     estimates: Vec<(f64, f64)>,
+    /// The largest gap between backlogged tenants' counters seen, over the
+    /// fair queue's bound then (the fairness bound's ratio).
+    bound_ratio: Option<f64>,
     last_end: Instant,
     progress: Option<String>,
 }
@@ -283,11 +295,13 @@ impl<'p> Sim<'p> {
             service: vec![0.0; n_tenants],
             weights,
             fairness: BackloggedService::default(),
+            backlogged: vec![false; n_tenants],
             queue: Vec::new(),
             pending: Vec::new(),
             events: Vec::new(),
             output_tokens: 0,
             estimates: Vec::new(),
+            bound_ratio: None,
             preempted: 0,
             last_end: Instant::ZERO,
             progress: opts
@@ -364,6 +378,7 @@ impl<'p> Sim<'p> {
                 next_poll = now + interval;
             }
             self.apply(now, workload);
+            self.observe(now);
 
             if let Some(label) = &self.progress {
                 let pct = self.finished * 100 / workload.len().max(1);
@@ -629,6 +644,29 @@ impl<'p> Sim<'p> {
         }
     }
 
+    /// After every step: the fairness measure's sample when the set of
+    /// backlogged tenants changed, and the fairness bound's terms of every
+    /// pool folded into the run's worst ratio.
+    fn observe(&mut self, now: Instant) {
+        let backlogged: Vec<bool> = (0..self.backlogged.len())
+            .map(|t| self.scheds.iter().any(|s| s.queued(TenantId(t as u32)) > 0))
+            .collect();
+        if backlogged != self.backlogged {
+            self.fairness.sample(now, &self.service, &backlogged);
+            self.backlogged = backlogged;
+        }
+        for s in &self.scheds {
+            for pool in s.pools() {
+                if let Some((gap, largest)) = s.fairness_spread(pool)
+                    && largest > 0.0
+                {
+                    let r = gap / largest;
+                    self.bound_ratio = Some(self.bound_ratio.map_or(r, |w| w.max(r)));
+                }
+            }
+        }
+    }
+
     /// One reading per polled backend; a queue and fairness sample.
     fn poll(&mut self, now: Instant) {
         for bi in 0..self.backends.len() {
@@ -663,8 +701,7 @@ impl<'p> Sim<'p> {
                     .sum()
             })
             .collect();
-        let backlogged: Vec<bool> = queued.iter().map(|&q| q > 0).collect();
-        self.fairness.sample(now, &self.service, &backlogged);
+        self.fairness.sample(now, &self.service, &self.backlogged);
         self.queue.push(QueueSample {
             at: now.as_secs_f64(),
             queued,
@@ -719,11 +756,13 @@ impl<'p> Sim<'p> {
             requests,
             queue: self.queue,
             jain: self.fairness.index(),
+            shares: self.fairness.shares(&self.weights),
             utilisation: busy / (gpus * end.as_secs_f64()).max(1e-9),
             makespan,
             output_tokens: self.output_tokens,
             preempted: Some(self.preempted),
             estimates: self.estimates,
+            bound_ratio: self.bound_ratio,
         }
     }
 }

@@ -366,6 +366,20 @@ impl<'s> Reader<'s> {
         Some(n)
     }
 
+    /// A number from 0 to 1.
+    pub fn share(&mut self, value: &Value<'_>, path: &str) -> Option<f64> {
+        let n = self.number(value, path)?;
+        if !(0.0..=1.0).contains(&n) {
+            self.error(
+                value.span(),
+                path,
+                format!("must be from 0 to 1, found {n}"),
+            );
+            return None;
+        }
+        Some(n)
+    }
+
     /// One of a closed set of names.
     pub fn choice<T: Copy>(
         &mut self,

@@ -213,6 +213,18 @@ fn zero_interval_is_refused() {
 }
 
 #[test]
+fn in_flight_credit_outside_zero_to_one_is_refused() {
+    let src = format!("[queue]\nin_flight_credit = 1.5\n{POOL}");
+    assert_one(
+        &src,
+        2,
+        20,
+        "queue.in_flight_credit",
+        "from 0 to 1, found 1.5",
+    );
+}
+
+#[test]
 fn invalid_listen_address_is_reported() {
     let src = format!("[server]\nlisten = \"localhost\"\n{POOL}");
     assert_one(
@@ -811,6 +823,7 @@ fn minimal_file_gets_every_default() {
             max_wait: Duration::from_secs(30),
             max_queued_per_tenant: 10_000,
             output_token_weight: 1.0,
+            in_flight_credit: crate::config::validate::DEFAULT_IN_FLIGHT_CREDIT,
         },
         preemption: PreemptionPolicy {
             enabled: true,
@@ -868,6 +881,7 @@ discipline = \"wfq\"
 max_wait = \"2m\"
 max_queued_per_tenant = 0x10
 output_token_weight = 2
+in_flight_credit = 1
 [[pools]]
 model = \"m\"
 routing = \"p2c\"
@@ -918,6 +932,7 @@ burst = 3
             max_wait: Duration::from_secs(120),
             max_queued_per_tenant: 16,
             output_token_weight: 2.0,
+            in_flight_credit: 1.0,
         }
     );
     let pool = &p.pools[0];

@@ -8,17 +8,21 @@
 //! backlogged is lifted to the smallest backlogged counter (or to the
 //! counter of the last dispatch when none is backlogged), so idle time banks
 //! no credit. A dispatch charges an estimate that the completion corrects;
-//! the lift compares *settled* counters (less the estimates still in
-//! flight), because an estimate far above the real cost — a burst
-//! dispatched on a per-token average learned at light load — would
-//! otherwise lift a returning tenant to a counter the others only refund
-//! away later, and keep it waiting for minutes. They differ only in the cost charged (see [`cost`]). `fifo` and
+//! the lift compares counters that count only part of the estimates still
+//! in flight (the `in_flight_credit`, by default 0.3 of them: about the
+//! work an in-flight request has done, half its run at estimates charged
+//! some 1.3 times what settles), because an estimate far above the real
+//! cost — a burst dispatched on a per-token average learned at light
+//! load — would otherwise lift a returning tenant to a counter the others
+//! only refund away later, and keep it waiting for minutes; and none of
+//! them would credit a returning tenant with work the others have not yet
+//! received, and serve it ahead of them until that is spent. They differ only in the cost charged (see [`cost`]). `fifo` and
 //! `priority` are baselines: arrival order, and strict priority by tenant
 //! class (which starves `batch` tenants under load).
 //!
 //! Invariant: a tenant is in `backlogged` iff it has a live queued request,
 //! and its key there is its current ordering key; it is in `settled` with
-//! `counter - pending` under the same condition. All operations are
+//! `counter - (1 - in_flight_credit) * pending` under the same condition. All operations are
 //! O(log tenants) amortised; cancelled entries are skipped lazily.
 
 pub mod cost;
@@ -27,6 +31,14 @@ use std::collections::{BTreeSet, VecDeque};
 
 use crate::core::ids::{RequestId, TenantId};
 use crate::core::spec::{Discipline, Priority};
+
+/// The fairness bound, in units of [`FairQueue::bound`]: under `drf` and
+/// `wfq`, two backlogged tenants' counters are never further apart than
+/// this many. Serving the smallest counter keeps them within one; the
+/// reserve of a pool's last slots may serve a tenant up to one above the
+/// smallest ([`FairQueue::pop_allowed`]), which that dispatch can move one
+/// further.
+pub const FAIRNESS_BOUND: f64 = 2.0;
 
 /// Ordering key: class first (priority), then counter or arrival sequence.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -79,10 +91,16 @@ pub struct FairQueue {
     discipline: Discipline,
     tenants: Vec<TenantQueue>,
     backlogged: BTreeSet<(Key, TenantId)>,
-    /// Backlogged tenants by settled counter: the VTC lift's floor.
+    /// Backlogged tenants by counter less the uncredited part of their
+    /// estimates in flight: the VTC lift's floor.
     settled: BTreeSet<(Key, TenantId)>,
+    /// The share of in-flight estimates the lift counts as received.
+    in_flight_credit: f64,
     /// Counter of the most recent dispatch: the floor for returning tenants.
     vtime: f64,
+    /// The largest single charge (estimate or settled cost) over its
+    /// tenant's weight so far: the unit of the fairness bound.
+    largest: f64,
     next_seq: u64,
     len: usize,
 }
@@ -102,7 +120,9 @@ impl FairQueue {
             tenants: Vec::new(),
             backlogged: BTreeSet::new(),
             settled: BTreeSet::new(),
+            in_flight_credit: 0.0,
             vtime: 0.0,
+            largest: 0.0,
             next_seq: 0,
             len: 0,
         }
@@ -208,7 +228,9 @@ impl FairQueue {
     /// backlog changed.
     fn resettle(&mut self, tenant: TenantId) {
         let q = &mut self.tenants[tenant.0 as usize];
-        let new = q.key.map(|_| Key(0, q.counter - q.pending));
+        let new = q
+            .key
+            .map(|_| Key(0, q.counter - (1.0 - self.in_flight_credit) * q.pending));
         if new == q.settled_key {
             return;
         }
@@ -290,15 +312,20 @@ impl FairQueue {
     }
 
     /// Removes and returns the next request, in discipline order, of the
-    /// first backlogged tenant that `allow` lets through.
+    /// first backlogged tenant that `allow` lets through, passing over
+    /// others only within the fairness bound ([`FairQueue::bound`]): a
+    /// tenant whose counter is further than that above the smallest is
+    /// not served out of order.
     pub fn pop_allowed(
         &mut self,
         allow: impl Fn(TenantId) -> bool,
         is_live: impl Fn(RequestId) -> bool,
     ) -> Option<(TenantId, RequestId)> {
+        let limit = self.backlogged.first()?.0.1 + self.bound();
         let tenant = self
             .backlogged
             .iter()
+            .take_while(|(k, _)| k.1 <= limit)
             .map(|(_, t)| *t)
             .find(|t| allow(*t))?;
         self.pop_from(tenant, is_live).map(|id| (tenant, id))
@@ -344,13 +371,30 @@ impl FairQueue {
     }
 
     /// Charges a dispatch's estimated cost to a tenant's counter.
-    /// The settled counter is unchanged (counter and pending grow alike),
-    /// so `settled` is left alone: the hot path pays no index update here.
     pub fn charge_estimate(&mut self, tenant: TenantId, estimate: f64) {
         if let Some(q) = self.tenants.get_mut(tenant.0 as usize) {
             q.pending += estimate / q.weight;
+            self.largest = self.largest.max(estimate / q.weight);
         }
         self.add_to_counter(tenant, estimate);
+        if self.in_flight_credit > 0.0 && (tenant.0 as usize) < self.tenants.len() {
+            // Without credit the lift's key is unchanged (counter and
+            // pending grow alike): the hot path pays no index update then.
+            self.resettle(tenant);
+        }
+    }
+
+    /// Sets the share of backlogged tenants' in-flight estimates that a
+    /// returning tenant's lift counts as service they received (0 to 1).
+    pub fn set_in_flight_credit(&mut self, credit: f64) {
+        let credit = credit.clamp(0.0, 1.0);
+        if credit == self.in_flight_credit {
+            return;
+        }
+        self.in_flight_credit = credit;
+        for i in 0..self.tenants.len() {
+            self.resettle(TenantId(i as u32));
+        }
     }
 
     /// Settles a dispatch charged `estimate`: its real cost is `actual`
@@ -358,6 +402,7 @@ impl FairQueue {
     pub fn settle(&mut self, tenant: TenantId, estimate: f64, actual: Option<f64>) {
         if let Some(q) = self.tenants.get_mut(tenant.0 as usize) {
             q.pending = (q.pending - estimate / q.weight).max(0.0);
+            self.largest = self.largest.max(actual.unwrap_or(0.0) / q.weight);
         }
         if let Some(a) = actual {
             self.add_to_counter(tenant, a - estimate);
@@ -369,10 +414,39 @@ impl FairQueue {
 
     /// Adds `cost` (may be negative: a correction) to a tenant's counter.
     pub fn charge(&mut self, tenant: TenantId, cost: f64) {
+        if let Some(q) = self.tenants.get(tenant.0 as usize) {
+            self.largest = self.largest.max(cost.abs() / q.weight);
+        }
         self.add_to_counter(tenant, cost);
         if (tenant.0 as usize) < self.tenants.len() {
             self.resettle(tenant);
         }
+    }
+
+    /// The fairness bound's terms (`drf` and `wfq`): the largest gap
+    /// between two backlogged tenants' counters, and the largest single
+    /// charge over its tenant's weight so far. Serving the smallest counter
+    /// keeps the first within a small multiple of the second (see
+    /// `docs/policy-evaluation.md`, "The fairness bound"); `None` with
+    /// fewer than two tenants backlogged.
+    pub fn spread(&self) -> Option<(f64, f64)> {
+        if !matches!(self.discipline, Discipline::Drf | Discipline::Wfq)
+            || self.backlogged.len() < 2
+        {
+            return None;
+        }
+        let lo = self.backlogged.first()?.0.1;
+        let hi = self.backlogged.last()?.0.1;
+        Some((hi - lo, self.bound()))
+    }
+
+    /// How far apart serving the smallest counter keeps backlogged
+    /// tenants' counters: the largest single charge per weight, plus the
+    /// most any tenant has in flight (estimates per weight), of which a
+    /// returning tenant's lift leaves out all but the `in_flight_credit`.
+    pub fn bound(&self) -> f64 {
+        let pending = self.tenants.iter().map(|q| q.pending).fold(0.0, f64::max);
+        self.largest + pending
     }
 
     /// The counter and the dispatch order; not `settled`.

@@ -271,3 +271,54 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn the_reserve_passes_over_the_smallest_counter_only_within_the_bound() {
+    let mut q = FairQueue::new(Discipline::Wfq);
+    let (a, b) = (TenantId(0), TenantId(1));
+    q.set_tenant(a, 1.0, Priority::Interactive);
+    q.set_tenant(b, 1.0, Priority::Interactive);
+    q.push(a, id(1));
+    q.push(b, id(2));
+    // Charges of 2 so far (the bound is 2): a at 3, b at 2, within it.
+    q.charge(a, 2.0);
+    q.charge(a, 1.0);
+    q.charge(b, 2.0);
+    assert_eq!(q.bound(), 2.0);
+    let only_a = |t: TenantId| t == a;
+    assert_eq!(q.pop_allowed(only_a, live), Some((a, id(1))));
+    // a at 5 against b at 2: further than the bound above the smallest,
+    // so not served out of order (and not at all by the reserve).
+    q.push(a, id(3));
+    q.charge(a, 2.0);
+    assert_eq!(q.spread(), Some((3.0, 2.0)));
+    assert_eq!(q.pop_allowed(only_a, live), None);
+    assert_eq!(q.pop_allowed(|_| true, live), Some((b, id(2))));
+}
+
+#[test]
+fn a_returning_tenant_is_lifted_to_the_credited_share_of_work_in_flight() {
+    // a has dispatched 10 (estimates, in flight) and stays backlogged; b
+    // returns. Credit 0: b starts at a's counter less all of it in flight;
+    // 1: at a's counter (plain VTC); 0.3: 3 of the 10 count as received.
+    for (credit, start) in [(0.0, 0.0), (1.0, 10.0), (0.3, 3.0)] {
+        let mut q = FairQueue::new(Discipline::Drf);
+        q.set_in_flight_credit(credit);
+        let (a, b) = (TenantId(0), TenantId(1));
+        q.set_tenant(a, 1.0, Priority::Interactive);
+        q.set_tenant(b, 1.0, Priority::Interactive);
+        q.push(a, id(1));
+        q.push(a, id(2));
+        assert_eq!(q.pop(live), Some((a, id(1))));
+        q.charge_estimate(a, 10.0);
+        q.push(b, id(3));
+        assert!(
+            (q.counter(b) - start).abs() < 1e-9,
+            "credit {credit}: {}",
+            q.counter(b)
+        );
+        // Settling a's estimate at its real cost (4) moves nothing of b.
+        q.settle(a, 10.0, Some(4.0));
+        assert!((q.counter(a) - 4.0).abs() < 1e-9);
+    }
+}

@@ -160,6 +160,8 @@ impl Scheduler {
                 .set_discipline(self.discipline, |id| is_queued(requests, id));
             p.late
                 .set_discipline(self.discipline, |id| is_late(requests, id));
+            p.queue.set_in_flight_credit(spec.queue.in_flight_credit);
+            p.late.set_in_flight_credit(spec.queue.in_flight_credit);
             for (i, t) in self.tenants.iter().enumerate() {
                 p.queue.set_tenant(TenantId(i as u32), t.weight, t.priority);
                 p.late.set_tenant(TenantId(i as u32), t.weight, t.priority);

@@ -32,6 +32,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             max_wait: Duration::from_secs(30),
             max_queued_per_tenant: 1000,
             output_token_weight: 1.0,
+            in_flight_credit: 0.3,
         },
         preemption: PreemptionSpec {
             enabled: true,

@@ -118,6 +118,17 @@ impl Scheduler {
         self.pools[pool.0 as usize].queue.len()
     }
 
+    /// The fairness bound's terms in `pool` now
+    /// ([`crate::core::queue::FairQueue::spread`]).
+    pub fn fairness_spread(&self, pool: PoolId) -> Option<(f64, f64)> {
+        self.pools.get(pool.0 as usize)?.queue.spread()
+    }
+
+    /// A tenant's requests in the pools' fair queues (not the late lanes).
+    pub fn queued(&self, t: TenantId) -> u32 {
+        self.pools.iter().map(|p| p.queue.tenant_len(t)).sum()
+    }
+
     /// Requests the scheduler currently holds (queued or in flight).
     pub fn live_requests(&self) -> usize {
         self.requests.live
