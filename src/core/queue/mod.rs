@@ -96,7 +96,9 @@ pub struct FairQueue {
     settled: BTreeSet<(Key, TenantId)>,
     /// The share of in-flight estimates the lift counts as received.
     in_flight_credit: f64,
-    /// Counter of the most recent dispatch: the floor for returning tenants.
+    /// The largest counter dispatched from (less the uncredited part of
+    /// its tenant's estimates in flight): the floor for tenants returning
+    /// when none is backlogged.
     vtime: f64,
     /// The largest single charge (estimate or settled cost) over its
     /// tenant's weight so far: the unit of the fairness bound.
@@ -350,7 +352,13 @@ impl FairQueue {
         let id = found?;
         q.live = q.live.saturating_sub(1);
         self.len = self.len.saturating_sub(1);
-        self.vtime = self.vtime.max(q.counter);
+        // The floor of a tenant returning to an empty queue: like the lift
+        // of one returning beside backlogged tenants, it leaves out the
+        // uncredited part of estimates still in flight (at a cold start
+        // they are the light-load price, several times what settles).
+        self.vtime = self
+            .vtime
+            .max(q.counter - (1.0 - self.in_flight_credit) * q.pending);
         self.rekey(tenant, is_live);
         Some(id)
     }

@@ -322,3 +322,25 @@ fn a_returning_tenant_is_lifted_to_the_credited_share_of_work_in_flight() {
         assert!((q.counter(a) - 4.0).abs() < 1e-9);
     }
 }
+
+#[test]
+fn a_tenant_returning_to_an_empty_queue_is_not_lifted_to_estimates_in_flight() {
+    // a dispatches twice, charged an estimate of 10 each (a cold start's
+    // light-load price), then its queue is empty. b arrives: its floor is
+    // a's counter at its last dispatch less the uncredited part of what a
+    // had in flight then (10, of which 0.3 is credited): 10 - 7 = 3, not
+    // 10 (and not 20, the counter with both estimates).
+    let mut q = FairQueue::new(Discipline::Drf);
+    q.set_in_flight_credit(0.3);
+    let (a, b) = (TenantId(0), TenantId(1));
+    q.set_tenant(a, 1.0, Priority::Interactive);
+    q.set_tenant(b, 1.0, Priority::Interactive);
+    q.push(a, id(1));
+    q.push(a, id(2));
+    assert_eq!(q.pop(live), Some((a, id(1))));
+    q.charge_estimate(a, 10.0);
+    assert_eq!(q.pop(live), Some((a, id(2))));
+    q.charge_estimate(a, 10.0);
+    q.push(b, id(3));
+    assert!((q.counter(b) - 3.0).abs() < 1e-9, "{}", q.counter(b));
+}
