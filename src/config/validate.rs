@@ -146,7 +146,7 @@ fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 /// Default `[queue] in_flight_credit` (docs/policy.md says why).
-pub const DEFAULT_IN_FLIGHT_CREDIT: f64 = 0.3;
+pub const DEFAULT_IN_FLIGHT_CREDIT: f64 = 0.5;
 /// Default `[server] max_requests`: client requests in flight at once.
 const DEFAULT_MAX_REQUESTS: usize = 4096;
 const TLS_KEYS: &[&str] = &["cert", "key"];

@@ -188,10 +188,9 @@ impl Scheduler {
         now: Instant,
         a: Arrival,
     ) -> Result<(RequestId, Vec<Decision>), Refusal> {
-        let output_estimate = a.max_tokens.unwrap_or(DEFAULT_OUTPUT_ESTIMATE);
-        if let Some(t) = self.tenants.get_mut(a.tenant.0 as usize) {
-            t.arrivals_total += 1;
-        }
+        let t = &mut self.tenants[a.tenant.0 as usize];
+        t.arrivals_total += 1;
+        let output_estimate = t.output.estimate(a.max_tokens);
         let verdict = self.slo_verdict(now, a.pool, a.tenant);
         let qcost = self.queue_cost(a.pool, a.prompt_tokens, output_estimate);
         let gpu_reserved = self.admit(now, &a, output_estimate, verdict, qcost)?;
@@ -209,6 +208,7 @@ impl Scheduler {
             tenant: a.tenant,
             pool: a.pool,
             prompt_tokens: a.prompt_tokens,
+            max_tokens: a.max_tokens,
             output_estimate,
             arrived: now,
             deadline,
@@ -269,6 +269,9 @@ impl Scheduler {
                 let sample = gpu_seconds / tokens;
                 pool.gpu_seconds_per_token = 0.9 * pool.gpu_seconds_per_token + 0.1 * sample;
                 pool.gpu_cost.learn(class, sample);
+                if let Some(b) = self.backends.get_mut(backend.0 as usize) {
+                    b.gpu_cost.learn(class, sample);
+                }
             }
             let capacity = pool_capacity(&self.backends, pool);
             actual = Some(cost(
@@ -284,6 +287,9 @@ impl Scheduler {
         }
         pool.queue.settle(req.tenant, charged, actual);
         let t = &mut self.tenants[req.tenant.0 as usize];
+        if let Some(u) = usage {
+            t.output.learn(req.max_tokens, u.completion_tokens);
+        }
         t.active = t.active.saturating_sub(1);
         t.gpu_open = (t.gpu_open - req.gpu_reserved).max(0.0);
         t.gpu_seconds_total += gpu_seconds;

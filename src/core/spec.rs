@@ -376,7 +376,7 @@ mod tests {
                 max_wait: Duration::from_secs(30),
                 max_queued_per_tenant: 100,
                 output_token_weight: 1.0,
-                in_flight_credit: 0.3,
+                in_flight_credit: 0.5,
             },
             preemption: PreemptionSpec {
                 enabled: false,

@@ -9,9 +9,8 @@
 //! counter of the last dispatch when none is backlogged), so idle time banks
 //! no credit. A dispatch charges an estimate that the completion corrects;
 //! the lift compares counters that count only part of the estimates still
-//! in flight (the `in_flight_credit`, by default 0.3 of them: about the
-//! work an in-flight request has done, half its run at estimates charged
-//! some 1.3 times what settles), because an estimate far above the real
+//! in flight (the `in_flight_credit`, by default half of them: the work an
+//! in-flight request has done on average), because an estimate far above the real
 //! cost — a burst dispatched on a per-token average learned at light
 //! load — would otherwise lift a returning tenant to a counter the others
 //! only refund away later, and keep it waiting for minutes; and none of

@@ -54,9 +54,76 @@ impl GpuCostModel {
     }
 }
 
+/// How many output tokens a tenant's requests produce, learned from its
+/// settled requests: the share of `max_tokens` they use, and the tokens of
+/// those sent without it. A request's output is estimated from these
+/// rather than from `max_tokens` alone (which clients set to a ceiling:
+/// the reference workload's requests produce about 70 % of it), starting
+/// from the prior that it uses all of it (or
+/// [`super::DEFAULT_OUTPUT_ESTIMATE`]). Each sample moves an average by a
+/// tenth.
+#[derive(Clone, Debug)]
+pub(super) struct OutputModel {
+    /// Output tokens over `max_tokens`, for requests with `max_tokens`.
+    share: f64,
+    /// Output tokens of requests without `max_tokens`.
+    tokens: f64,
+}
+
+impl Default for OutputModel {
+    fn default() -> Self {
+        OutputModel {
+            share: 1.0,
+            tokens: f64::from(super::DEFAULT_OUTPUT_ESTIMATE),
+        }
+    }
+}
+
+impl OutputModel {
+    /// Estimated output tokens of a request asking for at most
+    /// `max_tokens` (at least 1, at most `max_tokens`).
+    pub(super) fn estimate(&self, max_tokens: Option<u32>) -> u32 {
+        match max_tokens {
+            Some(m) => ((f64::from(m) * self.share).round() as u32).clamp(1.min(m), m),
+            None => (self.tokens.round() as u32).max(1),
+        }
+    }
+
+    /// Learns from a request that asked for `max_tokens` and produced
+    /// `output` tokens.
+    pub(super) fn learn(&mut self, max_tokens: Option<u32>, output: u32) {
+        match max_tokens {
+            Some(m) if m > 0 => {
+                let sample = (f64::from(output) / f64::from(m)).min(1.0);
+                self.share = 0.9 * self.share + 0.1 * sample;
+            }
+            Some(_) => {}
+            None => self.tokens = 0.9 * self.tokens + 0.1 * f64::from(output),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_is_estimated_from_the_share_of_max_tokens_a_tenant_uses() {
+        let mut m = OutputModel::default();
+        assert_eq!(m.estimate(Some(200)), 200, "the prior: all of it");
+        assert_eq!(m.estimate(None), super::super::DEFAULT_OUTPUT_ESTIMATE);
+        for _ in 0..100 {
+            m.learn(Some(200), 100);
+            m.learn(None, 40);
+        }
+        assert_eq!(m.estimate(Some(200)), 100);
+        assert_eq!(m.estimate(Some(1000)), 500);
+        assert_eq!(m.estimate(None), 40);
+        // One sample moves it by a tenth; never beyond max_tokens.
+        m.learn(Some(100), 1_000_000);
+        assert_eq!(m.estimate(Some(1000)), 550);
+        assert_eq!(m.estimate(Some(0)), 0);
+    }
 
     #[test]
     fn classes_are_powers_of_two() {

@@ -119,7 +119,13 @@ impl Scheduler {
             return;
         };
         let class = super::cost_model::class(self.backends[backend.0 as usize].in_flight + 1);
-        let charged = self.estimate(pool, req.prompt_tokens, req.output_estimate, class);
+        let charged = self.estimate(
+            pool,
+            Some(backend),
+            req.prompt_tokens,
+            req.output_estimate,
+            class,
+        );
         let (late, qcost, waited) = (req.late, req.qcost, now > req.arrived);
         if let Some(g) = req.give_up {
             self.demotions.remove(&(g, id));

@@ -127,6 +127,7 @@ impl Scheduler {
                             ejections: 0,
                             window_ok: 0,
                             window_failed: 0,
+                            gpu_cost: Default::default(),
                         });
                         BackendId((self.backends.len() - 1) as u32)
                     });
@@ -214,6 +215,7 @@ impl Scheduler {
             ttft_slo: None,
             on_late: OnLate::Serve,
             demoted_total: 0,
+            output: Default::default(),
             retired: false,
         });
         self.tenant_by_name.insert(name.to_owned(), id);

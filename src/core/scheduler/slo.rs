@@ -43,7 +43,7 @@ use crate::core::time::Instant;
 
 use super::state::{Phase, PoolState};
 use super::{Scheduler, cost_model};
-use crate::core::ids::{PoolId, RequestId, TenantId};
+use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::queue::cost::{Work, cost};
 
 /// Half-life of the drain-rate measure.
@@ -217,13 +217,25 @@ impl Scheduler {
             n += 1;
         }
         let class = cost_model::class(in_flight / n.max(1) + 1);
-        self.estimate(pool, prompt, output, class)
+        self.estimate(pool, None, prompt, output, class)
     }
 
-    /// The estimated fair-queue cost of a request dispatched in `class`.
-    pub(super) fn estimate(&self, pool: PoolId, prompt: u32, output: u32, class: u8) -> f64 {
+    /// The estimated fair-queue cost of a request dispatched in `class`
+    /// (to `backend`, when known: its own prices first, the pool's where
+    /// it has none).
+    pub(super) fn estimate(
+        &self,
+        pool: PoolId,
+        backend: Option<BackendId>,
+        prompt: u32,
+        output: u32,
+        class: u8,
+    ) -> f64 {
         let ps = &self.pools[pool.0 as usize];
-        let per_token = ps.gpu_cost.per_token(class, ps.gpu_seconds_per_token);
+        let mut per_token = ps.gpu_cost.per_token(class, ps.gpu_seconds_per_token);
+        if let Some(b) = backend.and_then(|b| self.backends.get(b.0 as usize)) {
+            per_token = b.gpu_cost.per_token(class, per_token);
+        }
         let work = Work {
             prompt_tokens: f64::from(prompt),
             output_tokens: f64::from(output),

@@ -38,6 +38,8 @@ pub(super) struct TenantState {
     pub(super) on_late: OnLate,
     /// Requests moved to a late lane (`OnLate::BestEffort`).
     pub(super) demoted_total: u64,
+    /// What its requests produce, for their output estimates.
+    pub(super) output: super::cost_model::OutputModel,
     pub(super) retired: bool,
 }
 
@@ -153,6 +155,9 @@ pub(super) struct BackendState {
     /// success-rate interval.
     pub(super) window_ok: u32,
     pub(super) window_failed: u32,
+    /// GPU-seconds per token by concurrency on this backend (a slower GPU
+    /// costs more per token than the pool's average).
+    pub(super) gpu_cost: super::cost_model::GpuCostModel,
 }
 
 impl BackendState {
@@ -180,6 +185,8 @@ pub(super) struct Req {
     pub(super) tenant: TenantId,
     pub(super) pool: PoolId,
     pub(super) prompt_tokens: u32,
+    /// What the client asked for at most (`None`: no limit given).
+    pub(super) max_tokens: Option<u32>,
     pub(super) output_estimate: u32,
     pub(super) arrived: Instant,
     pub(super) deadline: Instant,

@@ -32,7 +32,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             max_wait: Duration::from_secs(30),
             max_queued_per_tenant: 1000,
             output_token_weight: 1.0,
-            in_flight_credit: 0.3,
+            in_flight_credit: 0.5,
         },
         preemption: PreemptionSpec {
             enabled: true,
@@ -349,14 +349,15 @@ fn a_failed_connection_ejects_and_redispatches_elsewhere() {
     assert!(!s.is_healthy(dead));
     assert!(s.redispatch(t(2), id).is_none(), "not in flight any more");
     assert_eq!(s.queue_len(pool), 2);
-    // When the live backend frees up, the retried request goes first and
-    // never to the ejected backend.
+    // When the live backend frees up, b (served nothing yet, while a had
+    // half of its work in flight credited) goes first; then the retried
+    // request, at the head of a's queue, and never to the ejected backend.
     let (_, ds) = s.on_completion(t(3), other, None).unwrap();
-    assert_eq!(dispatched(&ds), vec![(id, alive)]);
-    assert_eq!(s.tenant_view(t(3), s.tenant("a").unwrap()).in_flight, 1);
-    // It ends normally, and then the queued request of b runs.
-    let (_, ds) = s.on_completion(t(4), id, None).unwrap();
     assert_eq!(dispatched(&ds), vec![(queued, alive)]);
+    let (_, ds) = s.on_completion(t(4), queued, None).unwrap();
+    assert_eq!(dispatched(&ds), vec![(id, alive)]);
+    assert_eq!(s.tenant_view(t(4), s.tenant("a").unwrap()).in_flight, 1);
+    s.on_completion(t(4), id, None).unwrap();
     // The backend returns when healthy again.
     s.set_health(t(5), dead, true);
     assert!(s.is_healthy(dead));
