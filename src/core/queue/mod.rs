@@ -9,20 +9,22 @@
 //! counter of the last dispatch when none is backlogged), so idle time banks
 //! no credit. A dispatch charges an estimate that the completion corrects;
 //! the lift compares counters that count only part of the estimates still
-//! in flight (the `in_flight_credit`, by default half of them: the work an
-//! in-flight request has done on average), because an estimate far above the real
-//! cost — a burst dispatched on a per-token average learned at light
-//! load — would otherwise lift a returning tenant to a counter the others
-//! only refund away later, and keep it waiting for minutes; and none of
-//! them would credit a returning tenant with work the others have not yet
-//! received, and serve it ahead of them until that is spent. They differ only in the cost charged (see [`cost`]). `fifo` and
-//! `priority` are baselines: arrival order, and strict priority by tenant
-//! class (which starves `batch` tenants under load).
+//! in flight (the `in_flight_credit`, by default half of them: the work
+//! an in-flight request has done on average). All of them would lift a
+//! returning tenant to estimates far above the real cost — a burst
+//! dispatched on a per-token average learned at light load — that the
+//! others only refund later, and keep it waiting for minutes; none of
+//! them would credit it with work the others have not yet received, and
+//! serve it ahead of them until that is spent. `drf` and `wfq` differ
+//! only in the cost charged (see [`cost`]). `fifo` and `priority` are
+//! baselines: arrival order, and strict priority by tenant class (which
+//! starves `batch` tenants under load).
 //!
 //! Invariant: a tenant is in `backlogged` iff it has a live queued request,
-//! and its key there is its current ordering key; it is in `settled` with
-//! `counter - (1 - in_flight_credit) * pending` under the same condition. All operations are
-//! O(log tenants) amortised; cancelled entries are skipped lazily.
+//! and its key there is its current ordering key; it is in `floors` with
+//! `counter - (1 - in_flight_credit) * pending` under the same condition.
+//! All operations are O(log tenants) amortised; cancelled entries are
+//! skipped lazily.
 
 pub mod cost;
 
@@ -62,8 +64,8 @@ struct TenantQueue {
     counter: f64,
     /// Part of `counter` that is estimates of dispatched, unsettled work.
     pending: f64,
-    /// Its key in `settled` (`counter - pending`) while backlogged.
-    settled_key: Option<Key>,
+    /// Its key in `floors` while backlogged.
+    floor_key: Option<Key>,
     weight: f64,
     class: u8,
     key: Option<Key>,
@@ -76,7 +78,7 @@ impl TenantQueue {
             live: 0,
             counter: 0.0,
             pending: 0.0,
-            settled_key: None,
+            floor_key: None,
             weight,
             class,
             key: None,
@@ -92,7 +94,7 @@ pub struct FairQueue {
     backlogged: BTreeSet<(Key, TenantId)>,
     /// Backlogged tenants by counter less the uncredited part of their
     /// estimates in flight: the VTC lift's floor.
-    settled: BTreeSet<(Key, TenantId)>,
+    floors: BTreeSet<(Key, TenantId)>,
     /// The share of in-flight estimates the lift counts as received.
     in_flight_credit: f64,
     /// The largest counter dispatched from (less the uncredited part of
@@ -120,7 +122,7 @@ impl FairQueue {
             discipline,
             tenants: Vec::new(),
             backlogged: BTreeSet::new(),
-            settled: BTreeSet::new(),
+            floors: BTreeSet::new(),
             in_flight_credit: 0.0,
             vtime: 0.0,
             largest: 0.0,
@@ -190,8 +192,8 @@ impl FairQueue {
             return own;
         }
         let fair = matches!(self.discipline, Discipline::Drf | Discipline::Wfq);
-        let floor = match self.settled.first() {
-            Some((Key(_, settled), _)) if fair => *settled,
+        let floor = match self.floors.first() {
+            Some((Key(_, floor), _)) if fair => *floor,
             _ => self.vtime,
         };
         own.max(floor)
@@ -225,22 +227,22 @@ impl FairQueue {
         self.resettle(tenant);
     }
 
-    /// Re-files a tenant in `settled` after its counter, pending charge or
+    /// Re-files a tenant in `floors` after its counter, pending charge or
     /// backlog changed.
     fn resettle(&mut self, tenant: TenantId) {
         let q = &mut self.tenants[tenant.0 as usize];
         let new = q
             .key
             .map(|_| Key(0, q.counter - (1.0 - self.in_flight_credit) * q.pending));
-        if new == q.settled_key {
+        if new == q.floor_key {
             return;
         }
-        if let Some(old) = q.settled_key.take() {
-            self.settled.remove(&(old, tenant));
+        if let Some(old) = q.floor_key.take() {
+            self.floors.remove(&(old, tenant));
         }
         if let Some(k) = new {
-            q.settled_key = Some(k);
-            self.settled.insert((k, tenant));
+            q.floor_key = Some(k);
+            self.floors.insert((k, tenant));
         }
     }
 
@@ -456,7 +458,7 @@ impl FairQueue {
         self.largest + pending
     }
 
-    /// The counter and the dispatch order; not `settled`.
+    /// The counter and the dispatch order; not `floors`.
     fn add_to_counter(&mut self, tenant: TenantId, cost: f64) {
         let Some(q) = self.tenants.get_mut(tenant.0 as usize) else {
             return;
