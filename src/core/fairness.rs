@@ -108,7 +108,8 @@ impl FairnessMeter {
 /// weighted service to that set's totals, wherever in the run it falls.
 /// The caller samples whenever the backlogged set changes (and at any
 /// other time), so a sample's set holds until the next one: a tenant
-/// queued for a few milliseconds counts for those milliseconds. The index is each set's Jain's index of its totals, averaged
+/// queued for a few milliseconds counts for those milliseconds. The index
+/// is each set's Jain's index of its totals, averaged
 /// over sets by the time spent in each. Unlike fixed windows, it does not
 /// depend on where window edges fall, and a short backlog (a burst the
 /// scheduler serves in two seconds) counts as much as its duration.

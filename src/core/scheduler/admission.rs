@@ -14,10 +14,10 @@ impl Scheduler {
     /// The checks on arrival, in order: the tenant's concurrency cap, its
     /// request-rate bucket, its GPU-seconds bucket (for the request's
     /// estimated GPU-seconds), its queue in the pool, and `verdict` (the
-    /// SLO prediction) when its tenant refuses late requests (`qcost` is the
-    /// request's queue cost). A refused
-    /// request takes nothing. On admission takes from the buckets, counts
-    /// the request as active and returns the GPU-seconds reserved.
+    /// SLO prediction) when its tenant refuses late requests (`qcost` is
+    /// the request's queue cost). A refused request takes nothing. On
+    /// admission takes from the buckets, counts the request as active and
+    /// returns the GPU-seconds reserved.
     pub(super) fn admit(
         &mut self,
         now: Instant,

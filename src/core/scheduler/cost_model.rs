@@ -58,7 +58,8 @@ impl GpuCostModel {
 /// settled requests: the share of `max_tokens` they use, and the tokens of
 /// those sent without it. A request's output is estimated from these
 /// rather than from `max_tokens` alone (which clients set to a ceiling:
-/// the reference workload's requests produce about 70 % of it), starting
+/// the reference workload's tenants use a half to two thirds of it),
+/// starting
 /// from the prior that it uses all of it (or
 /// [`super::DEFAULT_OUTPUT_ESTIMATE`]). Each sample moves an average by a
 /// tenth.

@@ -32,9 +32,10 @@
 //! on arrival when predicted late (429, `retry-after` = the predicted
 //! wait beyond the budget, at least a second, and after the returns
 //! promised to the tenant's earlier refusals: [`PoolState::promise_retry`])
-//! and shed at its give-up time; only shed at its give-up time; or moved to the pool's *late lane*
-//! (on arrival when predicted late, else at its give-up time), which is
-//! dispatched only when nothing that can still make its SLO is queued.
+//! and shed at its give-up time; only shed at its give-up time; or moved
+//! to the pool's *late lane* (on arrival when predicted late, else at its
+//! give-up time), which is dispatched only when nothing that can still
+//! make its SLO is queued.
 
 use std::time::Duration;
 
