@@ -176,21 +176,23 @@ async fn rate_limited_tenant_gets_429_with_a_retry_after_that_works() {
     let (b0, b1) = (sim(M, 8).await, sim(M, 8).await);
     let gw = gateway(&policy(TENANTS, 8, ""), &[&b0, &b1]).await;
     let c = client();
-    for _ in 0..2 {
-        assert_eq!(
-            send(
-                &c,
-                post(
-                    gw.addr(),
-                    "/v1/chat/completions",
-                    Some("sk-evals"),
-                    chat(M, 1, false)
-                )
-            )
-            .await
-            .status,
-            200
-        );
+    // Successful answers carry the bucket's state too.
+    for remaining in ["1", "0"] {
+        let r = send(
+            &c,
+            post(
+                gw.addr(),
+                "/v1/chat/completions",
+                Some("sk-evals"),
+                chat(M, 1, false),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers["x-ratelimit-limit-requests"], "2");
+        assert_eq!(r.headers["x-ratelimit-remaining-requests"], remaining);
+        assert!(r.headers.contains_key("x-ratelimit-reset-requests"));
+        assert!(!r.headers.contains_key("x-ratelimit-limit-gpu-seconds"));
     }
     let r = send(
         &c,
@@ -266,6 +268,17 @@ gpu_seconds_per_hour = 0.36
     )
     .await;
     assert_eq!(r.status, 200);
+    // The budget in GPU-seconds, on the successful answer: 0.36 an hour,
+    // this request's estimate taken out.
+    assert_eq!(r.headers["x-ratelimit-limit-gpu-seconds"], "0.36");
+    let left: f64 = r.headers["x-ratelimit-remaining-gpu-seconds"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(left < 0.36, "{left}");
+    assert!(r.headers.contains_key("x-ratelimit-reset-gpu-seconds"));
+    assert!(!r.headers.contains_key("x-ratelimit-limit-requests"));
     let r = send(
         &c,
         post(

@@ -16,7 +16,7 @@ use crate::core::ids::BackendId;
 use crate::core::scheduler::{Arrival, Decision};
 use crate::core::spec::Api;
 use crate::proxy::body::{BoxBody, RequestBody};
-use crate::proxy::error::{ApiError, Outcome, RefusedBy, close_if_body_unread};
+use crate::proxy::error::{ApiError, Outcome, RefusedBy, close_if_body_unread, rate_limit_headers};
 use crate::proxy::gateway::{Gateway, Live, Pending};
 use crate::proxy::relay::{Mode, RelayBody};
 use crate::proxy::tenant::authenticate;
@@ -90,9 +90,11 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>, call: Call) -> 
                 ticket.outcome = Some(Outcome::FailedUpstream);
             }
             let streaming = ticket.streaming;
+            let limits = ticket.limits;
             let mut out =
                 Response::from_parts(parts, RelayBody::new(body, mode, ticket).boxed_unsync());
             upstream::strip_response_headers(out.headers_mut());
+            rate_limit_headers(out.headers_mut(), &limits);
             if streaming {
                 // The relay may drop the usage chunk or end a cut stream
                 // with an error event: the backend's length no longer holds.
@@ -203,6 +205,7 @@ async fn run(
             }
             Ok((id, decisions)) => {
                 ticket.id = Some(id);
+                ticket.limits = core.sched.rate_limits(tenant);
                 ticket.spans.next(gw, Phase::Queue);
                 preemptible = core.sched.may_preempt(tenant);
                 pending = core.deliver_and_register(decisions, id, preemptible);

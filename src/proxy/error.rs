@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::core::admission::{LimitKind, Refusal};
+use crate::core::admission::{LimitKind, RateLimits, Refusal};
 use crate::proxy::body::{self, BoxBody};
 
 /// How a request ended, for `fairway_requests_total{outcome}`.
@@ -340,23 +340,7 @@ impl ApiError {
             );
         }
         if let ApiError::Refused { refusal, .. } = &self {
-            if let (Some(limit), Some(remaining), Some(reset)) = (
-                refusal.requests_limit,
-                refusal.requests_remaining,
-                refusal.requests_reset,
-            ) {
-                h.insert(
-                    "x-ratelimit-limit-requests",
-                    HeaderValue::from(limit as u64),
-                );
-                h.insert(
-                    "x-ratelimit-remaining-requests",
-                    HeaderValue::from(remaining as u64),
-                );
-                if let Ok(v) = HeaderValue::from_str(&format_reset(reset)) {
-                    h.insert("x-ratelimit-reset-requests", v);
-                }
-            }
+            rate_limit_headers(h, &refusal.limits);
             if refusal.limit == LimitKind::GpuSeconds {
                 h.insert("x-should-retry", HeaderValue::from_static("true"));
             }
@@ -378,6 +362,47 @@ pub fn close_if_body_unread(resp: &mut Response<BoxBody>, version: http::Version
 }
 
 /// OpenAI's reset format: `1s`, `20ms`, `6m0s`.
+/// The `x-ratelimit-*` headers of a tenant's buckets, on every answer to
+/// it (success or refusal): `-requests` for its request rate (whole
+/// requests, the OpenAI convention) and `-gpu-seconds` for its
+/// GPU-seconds budget. The latter are not OpenAI's `-tokens`: Fairway has
+/// no token budget, and a client pacing itself by tokens would read
+/// GPU-seconds as tokens.
+pub fn rate_limit_headers(h: &mut http::HeaderMap, limits: &RateLimits) {
+    if let Some(b) = &limits.requests {
+        h.insert(
+            "x-ratelimit-limit-requests",
+            HeaderValue::from(b.limit as u64),
+        );
+        h.insert(
+            "x-ratelimit-remaining-requests",
+            HeaderValue::from(b.remaining.floor() as u64),
+        );
+        if let Ok(v) = HeaderValue::from_str(&format_reset(b.reset)) {
+            h.insert("x-ratelimit-reset-requests", v);
+        }
+    }
+    if let Some(b) = &limits.gpu_seconds {
+        for (name, value) in [
+            ("x-ratelimit-limit-gpu-seconds", b.limit),
+            ("x-ratelimit-remaining-gpu-seconds", b.remaining),
+        ] {
+            if let Ok(v) = HeaderValue::from_str(&format_amount(value)) {
+                h.insert(name, v);
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str(&format_reset(b.reset)) {
+            h.insert("x-ratelimit-reset-gpu-seconds", v);
+        }
+    }
+}
+
+/// A non-negative amount with at most three decimals, trailing zeros cut.
+fn format_amount(x: f64) -> String {
+    let s = format!("{:.3}", x.max(0.0));
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
 fn format_reset(d: Duration) -> String {
     let ms = d.as_millis();
     if ms < 1000 {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use opentelemetry::trace::TraceId;
 
+use crate::core::admission::RateLimits;
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::time::Instant;
 use crate::proxy::body::BoxBody;
@@ -42,6 +43,9 @@ pub struct Ticket {
     pub(crate) pool: Option<(PoolId, usize)>,
     /// Set once admitted: the scheduler knows the request.
     pub(crate) id: Option<RequestId>,
+    /// The tenant's buckets once admitted, for the answer's
+    /// `x-ratelimit-*` headers.
+    pub(crate) limits: RateLimits,
     pub(crate) backend: Option<BackendId>,
     pub(crate) backend_name: Arc<str>,
     pub(crate) sent: Option<Instant>,
@@ -233,6 +237,7 @@ impl Ticket {
             tenant: None,
             pool: None,
             id: None,
+            limits: RateLimits::default(),
             backend: None,
             backend_name: Arc::from(""),
             sent: None,

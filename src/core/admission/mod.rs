@@ -50,10 +50,37 @@ pub struct Refusal {
     pub limit: LimitKind,
     /// When a retry may succeed.
     pub retry_after: Duration,
-    /// The tenant's request-bucket capacity (for `x-ratelimit-limit-requests`), if limited.
-    pub requests_limit: Option<f64>,
-    /// Whole requests left in the bucket now.
-    pub requests_remaining: Option<f64>,
-    /// Time until the request bucket is full.
-    pub requests_reset: Option<Duration>,
+    /// The tenant's buckets, for the `x-ratelimit-*` headers.
+    pub limits: RateLimits,
+}
+
+/// One bucket as the `x-ratelimit-*` headers show it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BucketState {
+    /// Its capacity.
+    pub limit: f64,
+    /// What is left in it now (at least 0).
+    pub remaining: f64,
+    /// Time until it is full again.
+    pub reset: Duration,
+}
+
+impl BucketState {
+    pub fn of(b: &Bucket) -> Self {
+        BucketState {
+            limit: b.capacity(),
+            remaining: b.last_level().max(0.0),
+            reset: b.time_to_full(),
+        }
+    }
+}
+
+/// A tenant's buckets after its arrival was admitted or refused (`None`:
+/// no such limit).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RateLimits {
+    /// The request-rate bucket (`rate` / `burst`).
+    pub requests: Option<BucketState>,
+    /// The GPU-seconds bucket (`gpu_seconds_per_hour`).
+    pub gpu_seconds: Option<BucketState>,
 }

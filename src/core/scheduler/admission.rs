@@ -1,13 +1,12 @@
 //! Admission: whether an arrival may enter the queue (see
 //! [`crate::core::admission`]). A refusal is a decision (429), not an error.
 
-use std::time::Duration;
-
-use crate::core::admission::{Bucket, LimitKind, Refusal};
+use crate::core::admission::{LimitKind, Refusal};
 use crate::core::spec::OnLate;
 use crate::core::time::Instant;
 
 use super::slo::Verdict;
+use super::state::TenantState;
 use super::{Arrival, SHED_RETRY_AFTER, Scheduler};
 
 impl Scheduler {
@@ -33,25 +32,10 @@ impl Scheduler {
         let max_queued = self.max_queued_per_tenant;
         let t = &mut self.tenants[a.tenant.0 as usize];
 
-        let rate_headers = |b: &Option<Bucket>| -> (Option<f64>, Option<f64>, Option<Duration>) {
-            match b {
-                Some(b) => (
-                    Some(b.capacity()),
-                    Some(b.last_level().max(0.0).floor()),
-                    Some(b.time_to_full()),
-                ),
-                None => (None, None, None),
-            }
-        };
-        let refuse = |limit, retry_after, b: &Option<Bucket>| {
-            let (requests_limit, requests_remaining, requests_reset) = rate_headers(b);
-            Refusal {
-                limit,
-                retry_after,
-                requests_limit,
-                requests_remaining,
-                requests_reset,
-            }
+        let refuse = |limit, retry_after, t: &TenantState| Refusal {
+            limit,
+            retry_after,
+            limits: t.rate_limits(),
         };
 
         t.gpu_asked_total += est_gpu;
@@ -62,26 +46,26 @@ impl Scheduler {
             if let Some(l) = &mut t.lease {
                 l.slots_refused = l.slots_refused.saturating_add(1);
             }
-            return Err(refuse(LimitKind::Concurrency, SHED_RETRY_AFTER, &t.rate));
+            return Err(refuse(LimitKind::Concurrency, SHED_RETRY_AFTER, t));
         }
         if let Some(b) = &mut t.rate
             && let Err(wait) = b.check(now, 1.0)
         {
-            return Err(refuse(LimitKind::Rate, wait, &t.rate));
+            return Err(refuse(LimitKind::Rate, wait, t));
         }
         if let Some(g) = &mut t.gpu
             && let Err(wait) = g.check(now, est_gpu)
         {
-            return Err(refuse(LimitKind::GpuSeconds, wait, &t.rate));
+            return Err(refuse(LimitKind::GpuSeconds, wait, t));
         }
         if queued_here >= max_queued {
-            return Err(refuse(LimitKind::QueueFull, SHED_RETRY_AFTER, &t.rate));
+            return Err(refuse(LimitKind::QueueFull, SHED_RETRY_AFTER, t));
         }
         if let Verdict::Late { over, .. } = verdict
             && t.on_late == OnLate::Refuse
         {
             let retry = self.pools[a.pool.0 as usize].promise_retry(now, a.tenant, over, qcost);
-            return Err(refuse(LimitKind::Slo, retry, &t.rate));
+            return Err(refuse(LimitKind::Slo, retry, t));
         }
         if let Some(b) = &mut t.rate {
             b.take(1.0);

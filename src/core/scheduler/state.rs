@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::core::accounting::GpuClock;
-use crate::core::admission::Bucket;
+use crate::core::admission::{Bucket, BucketState, RateLimits};
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::queue::FairQueue;
 use crate::core::queue::cost::PoolCapacity;
@@ -65,6 +65,15 @@ pub(super) struct TenantLease {
 }
 
 impl TenantState {
+    /// Its buckets as the `x-ratelimit-*` headers show them, as of their
+    /// last check (an arrival's, which refilled them to its time).
+    pub(super) fn rate_limits(&self) -> RateLimits {
+        RateLimits {
+            requests: self.rate.as_ref().map(BucketState::of),
+            gpu_seconds: self.gpu.as_ref().map(BucketState::of),
+        }
+    }
+
     /// The concurrency cap in force here: the slots leased, or the policy's.
     pub(super) fn concurrency_cap(&self) -> Option<u32> {
         match &self.lease {

@@ -149,12 +149,18 @@ fn rate_limit_refuses_with_retry_after_that_works() {
     p.burst = Some(2.0);
     let mut s = Scheduler::new(&spec(1, 100, vec![p]), t(0), 1);
     assert!(s.on_arrival(t(0), arrival(&s, "a")).is_ok());
+    // An admission leaves the bucket's state for the answer's headers.
+    let a = s.tenant("a").unwrap();
+    let left = s.rate_limits(a).requests.unwrap();
+    assert_eq!((left.limit, left.remaining), (2.0, 1.0));
+    assert_eq!(left.reset, Duration::from_millis(500));
+    assert_eq!(s.rate_limits(a).gpu_seconds, None, "no GPU budget");
     assert!(s.on_arrival(t(0), arrival(&s, "a")).is_ok());
     let refusal = s.on_arrival(t(0), arrival(&s, "a")).unwrap_err();
     assert_eq!(refusal.limit, LimitKind::Rate);
     assert_eq!(refusal.retry_after, Duration::from_millis(500));
-    assert_eq!(refusal.requests_limit, Some(2.0));
-    assert_eq!(refusal.requests_remaining, Some(0.0));
+    let left = refusal.limits.requests.unwrap();
+    assert_eq!((left.limit, left.remaining), (2.0, 0.0));
     assert!(s.on_arrival(t(499), arrival(&s, "a")).is_err());
     assert!(s.on_arrival(t(500), arrival(&s, "a")).is_ok());
 }

@@ -4,12 +4,14 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
+use crate::core::admission::RateLimits;
 use crate::core::ids::{BackendId, PoolId, TenantId};
 use crate::core::reading::Reading;
 use crate::core::spec::pool_key;
 use crate::core::time::Instant;
 
 use super::Scheduler;
+use super::state::TenantState;
 
 /// A tenant's state, for metrics and admin views.
 #[derive(Clone, Debug, PartialEq)]
@@ -122,6 +124,15 @@ impl Scheduler {
     /// ([`crate::core::queue::FairQueue::spread`]).
     pub fn fairness_spread(&self, pool: PoolId) -> Option<(f64, f64)> {
         self.pools.get(pool.0 as usize)?.queue.spread()
+    }
+
+    /// A tenant's buckets after its latest arrival (admitted or refused),
+    /// for the `x-ratelimit-*` headers of the answer to it.
+    pub fn rate_limits(&self, t: TenantId) -> RateLimits {
+        self.tenants
+            .get(t.0 as usize)
+            .map(TenantState::rate_limits)
+            .unwrap_or_default()
     }
 
     /// A tenant's requests in the pools' fair queues (not the late lanes).
