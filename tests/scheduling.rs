@@ -176,9 +176,8 @@ async fn rate_limited_tenant_gets_429_with_a_retry_after_that_works() {
     let (b0, b1) = (sim(M, 8).await, sim(M, 8).await);
     let gw = gateway(&policy(TENANTS, 8, ""), &[&b0, &b1]).await;
     let c = client();
-    // Successful answers carry the bucket's state too.
-    for remaining in ["1", "0"] {
-        let r = send(
+    let ask = async || {
+        send(
             &c,
             post(
                 gw.addr(),
@@ -187,23 +186,18 @@ async fn rate_limited_tenant_gets_429_with_a_retry_after_that_works() {
                 chat(M, 1, false),
             ),
         )
-        .await;
+        .await
+    };
+    // Successful answers carry the bucket's state too.
+    for remaining in ["1", "0"] {
+        let r = ask().await;
         assert_eq!(r.status, 200);
         assert_eq!(r.headers["x-ratelimit-limit-requests"], "2");
         assert_eq!(r.headers["x-ratelimit-remaining-requests"], remaining);
         assert!(r.headers.contains_key("x-ratelimit-reset-requests"));
         assert!(!r.headers.contains_key("x-ratelimit-limit-gpu-seconds"));
     }
-    let r = send(
-        &c,
-        post(
-            gw.addr(),
-            "/v1/chat/completions",
-            Some("sk-evals"),
-            chat(M, 1, false),
-        ),
-    )
-    .await;
+    let r = ask().await;
     assert_eq!(r.status, 429);
     assert_eq!(r.json()["error"]["code"], "rate_limit_exceeded");
     assert_eq!(r.headers["x-ratelimit-limit-requests"], "2");
@@ -223,16 +217,7 @@ async fn rate_limited_tenant_gets_429_with_a_retry_after_that_works() {
             >= 1
     );
     tokio::time::sleep(Duration::from_millis(wait_ms + 20)).await;
-    let r = send(
-        &c,
-        post(
-            gw.addr(),
-            "/v1/chat/completions",
-            Some("sk-evals"),
-            chat(M, 1, false),
-        ),
-    )
-    .await;
+    let r = ask().await;
     assert_eq!(r.status, 200, "honouring retry-after succeeds");
     let m = served_by(&gw).await;
     assert_eq!(

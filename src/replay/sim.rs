@@ -691,15 +691,9 @@ impl<'p> Sim<'p> {
                 self.pending.extend(d.into_iter().map(|d| (r, d)));
             }
         }
-        let tenants: Vec<TenantId> = self.scheds[0].tenants().collect();
-        let queued: Vec<u32> = tenants
-            .iter()
-            .map(|&t| {
-                self.scheds
-                    .iter_mut()
-                    .map(|s| s.tenant_view(now, t).queued)
-                    .sum()
-            })
+        let queued: Vec<u32> = self.scheds[0]
+            .tenants()
+            .map(|t| self.scheds.iter().map(|s| s.queued(t)).sum())
             .collect();
         self.fairness.sample(now, &self.service, &self.backlogged);
         self.queue.push(QueueSample {

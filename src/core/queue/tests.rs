@@ -275,12 +275,20 @@ proptest::proptest! {
     }
 }
 
-#[test]
-fn the_reserve_passes_over_the_smallest_counter_only_within_the_bound() {
-    let mut q = FairQueue::new(Discipline::Wfq);
+/// A queue under `discipline` with the lift's `credit` and two tenants
+/// `a` and `b` of weight 1.
+fn a_and_b(discipline: Discipline, credit: f64) -> (FairQueue, TenantId, TenantId) {
+    let mut q = FairQueue::new(discipline);
+    q.set_in_flight_credit(credit);
     let (a, b) = (TenantId(0), TenantId(1));
     q.set_tenant(a, 1.0, Priority::Interactive);
     q.set_tenant(b, 1.0, Priority::Interactive);
+    (q, a, b)
+}
+
+#[test]
+fn the_reserve_passes_over_the_smallest_counter_only_within_the_bound() {
+    let (mut q, a, b) = a_and_b(Discipline::Wfq, 0.0);
     q.push(a, id(1));
     q.push(b, id(2));
     // Charges of 2 so far (the bound is 2): a at 3, b at 2, within it.
@@ -305,11 +313,7 @@ fn a_returning_tenant_is_lifted_to_the_credited_share_of_work_in_flight() {
     // returns. Credit 0: b starts at a's counter less all of it in flight;
     // 1: at a's counter (plain VTC); 0.3: 3 of the 10 count as received.
     for (credit, start) in [(0.0, 0.0), (1.0, 10.0), (0.3, 3.0)] {
-        let mut q = FairQueue::new(Discipline::Drf);
-        q.set_in_flight_credit(credit);
-        let (a, b) = (TenantId(0), TenantId(1));
-        q.set_tenant(a, 1.0, Priority::Interactive);
-        q.set_tenant(b, 1.0, Priority::Interactive);
+        let (mut q, a, b) = a_and_b(Discipline::Drf, credit);
         q.push(a, id(1));
         q.push(a, id(2));
         assert_eq!(q.pop(live), Some((a, id(1))));
@@ -333,11 +337,7 @@ fn a_tenant_returning_to_an_empty_queue_is_not_lifted_to_estimates_in_flight() {
     // a's counter at its last dispatch less the uncredited part of what a
     // had in flight then (10, of which 0.3 is credited): 10 - 7 = 3, not
     // 10 (and not 20, the counter with both estimates).
-    let mut q = FairQueue::new(Discipline::Drf);
-    q.set_in_flight_credit(0.3);
-    let (a, b) = (TenantId(0), TenantId(1));
-    q.set_tenant(a, 1.0, Priority::Interactive);
-    q.set_tenant(b, 1.0, Priority::Interactive);
+    let (mut q, a, b) = a_and_b(Discipline::Drf, 0.3);
     q.push(a, id(1));
     q.push(a, id(2));
     assert_eq!(q.pop(live), Some((a, id(1))));

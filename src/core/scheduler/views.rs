@@ -147,7 +147,7 @@ impl Scheduler {
 
     /// A tenant's state now.
     pub fn tenant_view(&mut self, now: Instant, t: TenantId) -> TenantView {
-        let queued = self.pools.iter().map(|p| p.queue.tenant_len(t)).sum();
+        let queued = self.queued(t);
         let service = self.pools.iter().map(|p| p.queue.counter(t)).sum();
         let s = &mut self.tenants[t.0 as usize];
         TenantView {
