@@ -66,6 +66,7 @@ fn saturated(
                 pool,
                 prompt_tokens: 200,
                 max_tokens: Some(100),
+                choices: 1,
                 deadline: None,
             };
             if let Ok((_, ds)) = s.on_arrival(Instant::from_nanos(now), a) {
@@ -117,6 +118,7 @@ fn cycle(c: &mut Criterion) {
                         pool,
                         prompt_tokens: 200,
                         max_tokens: Some(100),
+                        choices: 1,
                         deadline: None,
                     };
                     black_box(s.on_arrival(t, a).is_ok());

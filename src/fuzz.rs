@@ -69,8 +69,18 @@ pub fn sse_relay(data: &[u8]) {
     let frames = split(stream, cuts);
     let (plain, plain_usage) = relay::relay_frames(Mode::Sse, &frames);
     assert_eq!(plain, stream, "plain relay changed the stream");
-    let (json, _) = relay::relay_frames(Mode::Json, &frames);
-    assert_eq!(json, stream, "JSON relay changed the body");
+    for mode in [Mode::Json, Mode::ResponsesJson] {
+        let (json, _) = relay::relay_frames(mode, &frames);
+        assert_eq!(json, stream, "JSON relay changed the body");
+    }
+    let (responses, responses_seen) = relay::relay_frames(Mode::ResponsesSse, &frames);
+    assert_eq!(responses, stream, "Responses relay changed the stream");
+    let (_, whole_responses) =
+        relay::relay_frames(Mode::ResponsesSse, &[Bytes::copy_from_slice(stream)]);
+    assert_eq!(
+        responses_seen, whole_responses,
+        "what the Responses relay read depends on the cuts"
+    );
     let (triton, triton_usage) = relay::relay_frames(Mode::TritonSse, &frames);
     assert_eq!(triton, stream, "Triton relay changed the stream");
     let (_, whole_triton) = relay::relay_frames(Mode::TritonSse, &[Bytes::copy_from_slice(stream)]);

@@ -31,6 +31,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The official openai and anthropic Python SDKs (tests/sdk.rs), pinned,
+# in a venv of their own.
+venv=target/sdk-venv
+if ! "$venv/bin/python" -c "import openai, anthropic" >/dev/null 2>&1; then
+  echo "installing the SDKs into $venv"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq python3 python3-venv >/dev/null
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install -q -r tests/sdk/requirements.txt
+fi
+
 CI=true cargo test "$@"
 if [ $# -eq 0 ]; then
   fuzz/run.sh --seconds "${FAIRWAY_FUZZ_SECONDS:-10}"

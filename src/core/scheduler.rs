@@ -99,8 +99,11 @@ pub struct Arrival {
     pub tenant: TenantId,
     pub pool: PoolId,
     pub prompt_tokens: u32,
-    /// The request's `max_tokens`, if it gave one.
+    /// The request's `max_tokens`, if it gave one (per choice).
     pub max_tokens: Option<u32>,
+    /// Completions asked for (`n`, or `best_of` when larger): each may
+    /// produce up to `max_tokens`. 0 counts as 1.
+    pub choices: u32,
     /// The client's own deadline for dispatch, if shorter than `max_wait`.
     pub deadline: Option<Duration>,
 }
@@ -190,7 +193,10 @@ impl Scheduler {
     ) -> Result<(RequestId, Vec<Decision>), Refusal> {
         let t = &mut self.tenants[a.tenant.0 as usize];
         t.arrivals_total += 1;
-        let output_estimate = t.output.estimate(a.max_tokens);
+        let output_estimate = t
+            .output
+            .estimate(a.max_tokens)
+            .saturating_mul(a.choices.max(1));
         let verdict = self.slo_verdict(now, a.pool, a.tenant);
         let qcost = self.queue_cost(a.pool, a.prompt_tokens, output_estimate);
         let gpu_reserved = self.admit(now, &a, output_estimate, verdict, qcost)?;
@@ -209,6 +215,7 @@ impl Scheduler {
             pool: a.pool,
             prompt_tokens: a.prompt_tokens,
             max_tokens: a.max_tokens,
+            choices: a.choices.max(1),
             output_estimate,
             arrived: now,
             deadline,
@@ -288,7 +295,9 @@ impl Scheduler {
         pool.queue.settle(req.tenant, charged, actual);
         let t = &mut self.tenants[req.tenant.0 as usize];
         if let Some(u) = usage {
-            t.output.learn(req.max_tokens, u.completion_tokens);
+            // The model learns one choice's output.
+            t.output
+                .learn(req.max_tokens, u.completion_tokens / req.choices);
         }
         t.active = t.active.saturating_sub(1);
         t.gpu_open = (t.gpu_open - req.gpu_reserved).max(0.0);

@@ -26,7 +26,7 @@ use crate::proxy::{openai, triton, upstream};
 /// Reads the whole body within `timeout` (408 after it); the edge's body
 /// limit caps it at `limit`. A client that hangs up mid-body is
 /// `cancelled`, not a bad request.
-async fn read_body(
+pub(crate) async fn read_body(
     req: Request<RequestBody>,
     limit: usize,
     timeout: std::time::Duration,
@@ -65,11 +65,43 @@ fn client_went_away(e: &(dyn std::error::Error + 'static)) -> bool {
 /// The kind of inference call, by its route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Call {
-    /// `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
-    OpenAi,
+    /// `/v1/chat/completions`, `/v1/completions`: a stream whose client
+    /// did not ask for usage is asked for it, and the relay drops that
+    /// chunk.
+    Completions,
+    /// `/v1/responses`: usage from the response or its
+    /// `response.completed` event; the response's id is remembered.
+    Responses,
+    /// Anthropic's `/v1/messages`: usage from the message or its
+    /// `message_start` and `message_delta` events; Fairway's own errors in
+    /// Anthropic's shape.
+    Messages,
+    /// `/v1/embeddings` and vLLM's pooling routes (`/v1/rerank`,
+    /// `/v1/score`, `/classify`, `/pooling`): one pass over the input, no
+    /// output tokens.
+    Pooling,
     /// `/v2/models/{model}[/versions/{v}]/generate`, `/generate_stream`
     /// and `/infer`.
     Triton,
+}
+
+impl Call {
+    /// The protocol the call's backends speak.
+    fn api(self) -> Api {
+        match self {
+            Call::Triton => Api::Triton,
+            _ => Api::OpenAi,
+        }
+    }
+
+    /// A Fairway error in the route's own error shape.
+    fn error_response(self, e: ApiError) -> Response<BoxBody> {
+        match self {
+            Call::Triton => e.into_triton_response(),
+            Call::Messages => e.into_anthropic_response(),
+            _ => e.into_response(),
+        }
+    }
 }
 
 /// Serves one inference request.
@@ -83,7 +115,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>, call: Call) -> 
         Ok((resp, mode)) => {
             let (parts, body) = resp.into_parts();
             ticket.status = parts.status.as_u16();
-            ticket.streaming = !matches!(mode, Mode::Json | Mode::TritonJson);
+            ticket.streaming = !mode.is_json();
             if parts.status.is_client_error() {
                 ticket.outcome = Some(Outcome::Refused(RefusedBy::Backend));
             } else if parts.status.is_server_error() {
@@ -109,10 +141,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>, call: Call) -> 
             }
             ticket.outcome = Some(e.outcome());
             ticket.status = status.as_u16();
-            let mut resp = match call {
-                Call::OpenAi => e.into_response(),
-                Call::Triton => e.into_triton_response(),
-            };
+            let mut resp = call.error_response(e);
             close_if_body_unread(&mut resp, version, has_body && !ticket.body_read);
             resp
         }
@@ -132,8 +161,8 @@ async fn run(
     let server = &live.policy.server;
     let (parts, body) = read_body(req, server.max_body_bytes, server.body_read_timeout).await?;
     ticket.body_read = true;
-    let (info, api, triton_path) = match call {
-        Call::OpenAi => (openai::parse(&body)?, Api::OpenAi, None),
+    let api = call.api();
+    let (info, triton_path) = match call {
         Call::Triton => {
             let p = triton::model_path(&path).ok_or(ApiError::NotFound)?;
             let info = if p.action == "infer" {
@@ -142,8 +171,9 @@ async fn run(
             } else {
                 triton::parse_generate(&body, p.model, p.action == "generate_stream")?
             };
-            (info, Api::Triton, Some(p))
+            (info, Some(p))
         }
+        _ => (openai::parse(&body)?, None),
     };
     let models = live
         .pools
@@ -165,16 +195,16 @@ async fn run(
         panic!("x-fairway-debug-panic");
     }
     let pool_policy = &live.policy.pools[pool_index];
-    let is_embedding = path.ends_with("/embeddings");
     let arrival = Arrival {
         tenant,
         pool,
         prompt_tokens: info.prompt_tokens,
-        max_tokens: if is_embedding {
+        max_tokens: if call == Call::Pooling {
             Some(0)
         } else {
             info.max_tokens
         },
+        choices: info.choices,
         deadline: None,
     };
 
@@ -212,7 +242,7 @@ async fn run(
             }
         }
     }
-    let strip_usage = info.stream && !info.include_usage && !is_embedding && api == Api::OpenAi;
+    let strip_usage = info.stream && !info.include_usage && call == Call::Completions;
     let body = if strip_usage {
         openai::with_usage_requested(&body)
     } else {
@@ -344,12 +374,14 @@ async fn run(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let mode = match (api, is_sse, strip_usage && resp.status() == StatusCode::OK) {
-        (Api::Triton, false, _) => Mode::TritonJson,
-        (Api::Triton, true, _) => Mode::TritonSse,
-        (Api::OpenAi, false, _) => Mode::Json,
-        (Api::OpenAi, true, false) => Mode::Sse,
-        (Api::OpenAi, true, true) => Mode::SseStripUsage,
+    let mode = match (call, is_sse, strip_usage && resp.status() == StatusCode::OK) {
+        (Call::Triton, false, _) => Mode::TritonJson,
+        (Call::Triton, true, _) => Mode::TritonSse,
+        (Call::Responses, false, _) => Mode::ResponsesJson,
+        (Call::Responses, true, _) => Mode::ResponsesSse,
+        (_, false, _) => Mode::Json,
+        (_, true, false) => Mode::Sse,
+        (_, true, true) => Mode::SseStripUsage,
     };
     Ok((resp, mode))
 }

@@ -155,6 +155,12 @@ pub enum ApiError {
     Overloaded(usize),
     #[error("Not found.")]
     NotFound,
+    /// A stored response this gateway did not create for the caller, or
+    /// no longer remembers.
+    #[error(
+        "No response with id `{0}` was created for this API key through this gateway in the last hour."
+    )]
+    UnknownResponse(String),
     #[error(
         "The gateway cannot reach its cluster store to enforce tenant `{0}`'s limits; retry shortly."
     )]
@@ -274,6 +280,12 @@ impl ApiError {
                 None,
                 O::Refused(R::InvalidRequest),
             ),
+            ApiError::UnknownResponse(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("response_not_found"),
+                O::Refused(R::InvalidRequest),
+            ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
@@ -301,6 +313,31 @@ impl ApiError {
         let mut resp = self.into_response();
         *resp.body_mut() = body::full(Bytes::from(
             serde_json::json!({ "error": message }).to_string(),
+        ));
+        resp
+    }
+
+    /// The same response in the shape of Anthropic's errors on
+    /// `/v1/messages`: `{"type": "error", "error": {"type", "message"}}`,
+    /// its `type` from the status as Anthropic's API gives it, with the
+    /// same status and headers (`retry-after` included).
+    pub fn into_anthropic_response(self) -> Response<BoxBody> {
+        let message = self.to_string();
+        let kind = match self.status().as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            504 => "timeout_error",
+            s if s >= 500 => "api_error",
+            _ => "invalid_request_error",
+        };
+        let mut resp = self.into_response();
+        *resp.body_mut() = body::full(Bytes::from(
+            serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+                .to_string(),
         ));
         resp
     }

@@ -269,6 +269,8 @@ pub struct Gateway {
     pub traces: Option<crate::telemetry::otel::Traces>,
     /// This replica's membership of a `[cluster]`; `None`: alone.
     pub cluster: Option<Arc<crate::cluster::Member>>,
+    /// Which backend created each recent Responses API response.
+    pub responses: crate::proxy::passthrough::ResponseOrigins,
 }
 
 /// Builds the derived view of a policy against the scheduler's ids.

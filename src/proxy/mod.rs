@@ -10,6 +10,7 @@ pub mod error;
 pub mod gateway;
 pub mod layers;
 pub mod openai;
+pub mod passthrough;
 pub mod relay;
 pub mod reload;
 pub mod server;

@@ -1,6 +1,12 @@
-//! Just enough of the OpenAI request format: the model, whether it streams,
-//! `max_tokens`, and the prompt's size. The body itself goes upstream as is,
-//! except for one splice (see [`with_usage_requested`]).
+//! Just enough of a request body: the model, whether it streams, the
+//! output it may produce, and the prompt's size. One reader serves every
+//! JSON route a vLLM-style backend offers, since their fields do not clash:
+//! chat and completions (`messages`, `prompt`, `max_tokens`, `n`,
+//! `best_of`), embeddings and pooling (`input`, rerank's `query` and
+//! `documents`, score's `text_1` and `text_2`), the Responses API (`input`
+//! items, `instructions`, `max_output_tokens`) and Anthropic's Messages
+//! (`system`, `messages` of content blocks). The body itself goes upstream
+//! as is, except for one splice (see [`with_usage_requested`]).
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -16,7 +22,11 @@ pub struct RequestInfo {
     pub stream: bool,
     /// The client asked for the final usage chunk itself.
     pub include_usage: bool,
+    /// Output tokens asked for at most, per choice: `max_completion_tokens`,
+    /// `max_tokens` or `max_output_tokens`.
     pub max_tokens: Option<u32>,
+    /// Completions asked for: the larger of `n` and `best_of`, at least 1.
+    pub choices: u32,
     /// Estimated prompt tokens.
     pub prompt_tokens: u32,
 }
@@ -33,11 +43,30 @@ struct Lite {
     #[serde(default)]
     max_completion_tokens: Option<u32>,
     #[serde(default)]
+    max_output_tokens: Option<u32>,
+    #[serde(default)]
+    n: Option<u32>,
+    #[serde(default)]
+    best_of: Option<u32>,
+    #[serde(default)]
     messages: Option<Vec<Message>>,
+    // Each of these is prompt text where the route has it.
     #[serde(default)]
     prompt: Option<Text>,
     #[serde(default)]
     input: Option<Text>,
+    #[serde(default)]
+    instructions: Option<Text>,
+    #[serde(default)]
+    system: Option<Text>,
+    #[serde(default)]
+    query: Option<Text>,
+    #[serde(default)]
+    documents: Option<Text>,
+    #[serde(default)]
+    text_1: Option<Text>,
+    #[serde(default)]
+    text_2: Option<Text>,
 }
 
 #[derive(Deserialize)]
@@ -61,6 +90,9 @@ enum Text {
     Other(IgnoredAny),
 }
 
+/// A string, or an object with text in it: a content part or block
+/// (`text`), a Responses API input item (`content`, itself text or parts),
+/// or a function call's `output`.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum Part {
@@ -68,6 +100,10 @@ enum Part {
     Obj {
         #[serde(default)]
         text: Option<String>,
+        #[serde(default)]
+        content: Option<Box<Text>>,
+        #[serde(default)]
+        output: Option<Box<Text>>,
     },
     Other(IgnoredAny),
 }
@@ -79,8 +115,20 @@ impl Text {
             Text::Many(parts) => parts
                 .iter()
                 .map(|p| match p {
-                    Part::Str(s) | Part::Obj { text: Some(s) } => crate::tokens::estimate(s),
-                    Part::Obj { text: None } | Part::Other(_) => 0,
+                    Part::Str(s) => crate::tokens::estimate(s),
+                    Part::Obj {
+                        text,
+                        content,
+                        output,
+                    } => [content, output]
+                        .into_iter()
+                        .flatten()
+                        .map(|t| t.tokens())
+                        .fold(
+                            text.as_deref().map_or(0, crate::tokens::estimate),
+                            u32::saturating_add,
+                        ),
+                    Part::Other(_) => 0,
                 })
                 .fold(0u32, u32::saturating_add),
             Text::Other(_) => 0,
@@ -126,7 +174,17 @@ pub fn parse(body: &[u8]) -> Result<RequestInfo, ApiError> {
             prompt_tokens = prompt_tokens.saturating_add(t.saturating_add(TOKENS_PER_MESSAGE));
         }
     }
-    for t in [&lite.prompt, &lite.input].into_iter().flatten() {
+    let texts = [
+        &lite.prompt,
+        &lite.input,
+        &lite.instructions,
+        &lite.system,
+        &lite.query,
+        &lite.documents,
+        &lite.text_1,
+        &lite.text_2,
+    ];
+    for t in texts.into_iter().flatten() {
         prompt_tokens = prompt_tokens.saturating_add(t.tokens());
     }
     Ok(RequestInfo {
@@ -136,7 +194,11 @@ pub fn parse(body: &[u8]) -> Result<RequestInfo, ApiError> {
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
-        max_tokens: lite.max_completion_tokens.or(lite.max_tokens),
+        max_tokens: lite
+            .max_completion_tokens
+            .or(lite.max_tokens)
+            .or(lite.max_output_tokens),
+        choices: lite.n.max(lite.best_of).unwrap_or(1).max(1),
         prompt_tokens,
     })
 }
@@ -232,6 +294,7 @@ mod tests {
                 stream: true,
                 include_usage: false,
                 max_tokens: Some(7),
+                choices: 1,
                 prompt_tokens: 6
             }
         );
@@ -245,6 +308,32 @@ mod tests {
         );
         let info = parse(br#"{"model":"m","messages":[{"content":[{"type":"text","text":"abcd"},{"type":"image_url","image_url":{}}]}]}"#).unwrap();
         assert_eq!(info.prompt_tokens, 5);
+        let info = parse(br#"{"model":"m","prompt":"abcd","n":2,"best_of":3}"#).unwrap();
+        assert_eq!(info.choices, 3);
+    }
+
+    #[test]
+    fn reads_the_other_routes_prompts() {
+        // The Responses API: input items with text or content parts, plus
+        // instructions; `max_output_tokens`.
+        let info = parse(br#"{"model":"m","instructions":"abcdefgh","max_output_tokens":9,
+            "input":[{"role":"user","content":"abcd"},
+                     {"type":"message","role":"user","content":[{"type":"input_text","text":"abcd"}]},
+                     {"type":"function_call_output","call_id":"c","output":"abcd"}]}"#)
+        .unwrap();
+        assert_eq!((info.prompt_tokens, info.max_tokens), (5, Some(9)));
+        // Anthropic's Messages: `system` and content blocks.
+        let info = parse(
+            br#"{"model":"m","max_tokens":5,"system":[{"type":"text","text":"abcd"}],
+            "messages":[{"role":"user","content":[{"type":"text","text":"abcd"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!((info.prompt_tokens, info.max_tokens), (6, Some(5)));
+        // Rerank and score.
+        let info = parse(br#"{"model":"m","query":"abcd","documents":["abcd","abcd"]}"#).unwrap();
+        assert_eq!(info.prompt_tokens, 3);
+        let info = parse(br#"{"model":"m","text_1":"abcd","text_2":["abcd"]}"#).unwrap();
+        assert_eq!(info.prompt_tokens, 2);
     }
 
     #[test]

@@ -23,12 +23,46 @@ use crate::proxy::ticket::{BodyEnd, Ticket};
 /// regardless; past this size usage is not extracted).
 const MAX_SCAN: usize = 4 << 20;
 
+/// A `usage` object in any of the shapes the routes give: OpenAI's
+/// (`prompt_tokens`, `completion_tokens`), the Responses API's and
+/// Anthropic's (`input_tokens`, `output_tokens`), or a pooling route's
+/// `total_tokens` alone.
 #[derive(Deserialize)]
 struct UsageLite {
     #[serde(default)]
-    prompt_tokens: u32,
+    prompt_tokens: Option<u32>,
     #[serde(default)]
-    completion_tokens: u32,
+    completion_tokens: Option<u32>,
+    #[serde(default)]
+    input_tokens: Option<u32>,
+    #[serde(default)]
+    output_tokens: Option<u32>,
+    #[serde(default)]
+    total_tokens: Option<u32>,
+}
+
+impl UsageLite {
+    fn usage(&self) -> Usage {
+        let prompt = self.prompt_tokens.or(self.input_tokens).unwrap_or(0);
+        let completion = self.completion_tokens.or(self.output_tokens).unwrap_or(0);
+        let prompt = match self.total_tokens {
+            Some(total) if prompt == 0 && completion == 0 => total,
+            _ => prompt,
+        };
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+        }
+    }
+}
+
+/// A usage object nested in an event: the Responses API's
+/// `response.completed` (`response.usage`), Anthropic's `message_start`
+/// (`message.usage`).
+#[derive(Deserialize)]
+struct NestedLite {
+    #[serde(default)]
+    usage: Option<UsageLite>,
 }
 
 #[derive(Deserialize)]
@@ -37,6 +71,68 @@ struct ChunkLite {
     choices: Option<Vec<IgnoredAny>>,
     #[serde(default)]
     usage: Option<UsageLite>,
+    #[serde(default)]
+    response: Option<NestedLite>,
+    #[serde(default)]
+    message: Option<NestedLite>,
+}
+
+impl ChunkLite {
+    /// The usage this document or event reports, wherever it has it.
+    fn usage(&self) -> Option<Usage> {
+        fn nested(n: &Option<NestedLite>) -> Option<&UsageLite> {
+            n.as_ref().and_then(|n| n.usage.as_ref())
+        }
+        self.usage
+            .as_ref()
+            .or_else(|| nested(&self.response))
+            .or_else(|| nested(&self.message))
+            .map(UsageLite::usage)
+    }
+}
+
+/// Adds a report to what was seen: a count that a later event gives
+/// replaces the earlier one (Anthropic's `message_delta` carries the
+/// output, its `message_start` the input; cumulative usage chunks grow).
+fn merge_usage(seen: &mut Option<Usage>, u: Usage) {
+    match seen {
+        None => *seen = Some(u),
+        Some(s) => {
+            if u.prompt_tokens > 0 {
+                s.prompt_tokens = u.prompt_tokens;
+            }
+            if u.completion_tokens > 0 {
+                s.completion_tokens = u.completion_tokens;
+            }
+        }
+    }
+}
+
+/// The id a Responses API answer gives its response: the document's `id`,
+/// or an event's `response.id`.
+#[derive(Deserialize)]
+struct IdLite {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    response: Option<Box<IdLite>>,
+}
+
+fn response_id(json: &[u8]) -> Option<String> {
+    let lite: IdLite = serde_json::from_slice(json).ok()?;
+    match lite.response {
+        Some(r) => r.id,
+        None => lite.id,
+    }
+    .filter(|id| !id.is_empty())
+}
+
+/// What the relay read of a body so far.
+#[derive(Debug, Default, PartialEq)]
+pub struct Seen {
+    pub usage: Option<Usage>,
+    /// A Responses API answer's id, not yet handed to the ticket.
+    pub response_id: Option<String>,
 }
 
 /// How to read the body.
@@ -55,11 +151,17 @@ pub enum Mode {
     /// Triton's `generate_stream` events, passed through; the usage is the
     /// sum over events as for one response (at least one token each).
     TritonSse,
+    /// A Responses API response: as `Json`, and its `id` is remembered.
+    ResponsesJson,
+    /// A Responses API stream: as `Sse`, and the `id` of its
+    /// `response.created` event is remembered.
+    ResponsesSse,
 }
 
 impl Mode {
-    fn is_json(self) -> bool {
-        matches!(self, Mode::Json | Mode::TritonJson)
+    /// One document rather than an event stream.
+    pub fn is_json(self) -> bool {
+        matches!(self, Mode::Json | Mode::TritonJson | Mode::ResponsesJson)
     }
 
     fn is_triton(self) -> bool {
@@ -101,11 +203,8 @@ fn triton_tokens(json: &[u8]) -> Option<u32> {
 
 /// Adds one stream event's output tokens to `usage`.
 fn add_triton_event(event: &[u8], usage: &mut Option<Usage>) {
-    for line in event.split(|b| *b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if let Some(data) = line.strip_prefix(b"data:")
-            && let Some(n) = triton_tokens(data.trim_ascii_start())
-        {
+    for data in data_lines(event) {
+        if let Some(n) = triton_tokens(data) {
             let u = usage.get_or_insert(Usage {
                 prompt_tokens: 0,
                 completion_tokens: 0,
@@ -127,7 +226,7 @@ pin_project_lite::pin_project! {
         carry: BytesMut,
         // Passing on the rest of an event too long to hold.
         passing: bool,
-        usage: Option<Usage>,
+        seen: Seen,
         ticket: Option<Ticket>,
         // Ended early by an error event: nothing more to send.
         ended: bool,
@@ -142,7 +241,7 @@ impl RelayBody {
             mode,
             carry: BytesMut::new(),
             passing: false,
-            usage: None,
+            seen: Seen::default(),
             ticket: Some(ticket),
             ended: false,
         }
@@ -163,6 +262,14 @@ fn event_end(buf: &[u8]) -> Option<usize> {
     }
 }
 
+/// The `data:` lines of one SSE event.
+fn data_lines(event: &[u8]) -> impl Iterator<Item = &[u8]> {
+    event.split(|b| *b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        line.strip_prefix(b"data:").map(<[u8]>::trim_ascii_start)
+    })
+}
+
 /// Reads one SSE event: returns its usage and whether it is usage-only.
 fn inspect_event(event: &[u8]) -> (Option<Usage>, bool) {
     if find(event, b"\"usage\"").is_none() {
@@ -170,18 +277,11 @@ fn inspect_event(event: &[u8]) -> (Option<Usage>, bool) {
     }
     let mut usage = None;
     let mut usage_only = false;
-    for line in event.split(|b| *b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(data) = line.strip_prefix(b"data:") else {
-            continue;
-        };
-        if let Ok(chunk) = serde_json::from_slice::<ChunkLite>(data.trim_ascii_start())
-            && let Some(u) = chunk.usage
+    for data in data_lines(event) {
+        if let Ok(chunk) = serde_json::from_slice::<ChunkLite>(data)
+            && let Some(u) = chunk.usage()
         {
-            usage = Some(Usage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-            });
+            usage = Some(u);
             usage_only = chunk.choices.is_some_and(|c| c.is_empty());
         }
     }
@@ -228,7 +328,7 @@ impl Body for RelayBody {
             let frame = match this.inner.as_mut().poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
-                    let tail = finish(*this.mode, this.carry, this.usage, this.ticket);
+                    let tail = finish(*this.mode, this.carry, this.seen, this.ticket);
                     return Poll::Ready(tail.map(|t| Ok(Frame::data(t))));
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -264,12 +364,17 @@ impl Body for RelayBody {
             if let Some(t) = this.ticket.as_mut() {
                 t.first_byte();
             }
-            let out = scan(*this.mode, this.carry, this.passing, this.usage, data);
+            let out = scan(*this.mode, this.carry, this.passing, this.seen, data);
+            if let Some(id) = this.seen.response_id.take()
+                && let Some(t) = this.ticket.as_ref()
+            {
+                t.response_created(id);
+            }
             // A body of known length may be dropped by hyper as soon as its
             // last byte is written, without another poll: end the ticket as
             // soon as the backend's body says it is complete.
             if this.inner.is_end_stream() {
-                let tail = finish(*this.mode, this.carry, this.usage, this.ticket);
+                let tail = finish(*this.mode, this.carry, this.seen, this.ticket);
                 let out = match (out, tail) {
                     (Some(a), Some(b)) => Some(Bytes::from([a, b].concat())),
                     (a, b) => a.or(b),
@@ -300,65 +405,71 @@ impl Body for RelayBody {
 fn finish(
     mode: Mode,
     carry: &mut BytesMut,
-    usage: &mut Option<Usage>,
+    seen: &mut Seen,
     ticket: &mut Option<Ticket>,
 ) -> Option<Bytes> {
     let t = ticket.take()?;
-    let tail = tail(mode, carry, usage);
+    let tail = tail(mode, carry, seen);
     if mode.is_triton()
-        && let Some(u) = usage.as_mut()
+        && let Some(u) = seen.usage.as_mut()
     {
         // Triton reports no prompt count: Fairway's estimate stands in.
         u.prompt_tokens = t.prompt_estimate;
     }
-    t.end(BodyEnd::Complete { usage: *usage });
+    if let Some(id) = seen.response_id.take() {
+        t.response_created(id);
+    }
+    t.end(BodyEnd::Complete { usage: seen.usage });
     tail
 }
 
-/// At the end of a body: reads the usage of a JSON body, and returns what
-/// an SSE relay still held.
-fn tail(mode: Mode, carry: &mut BytesMut, usage: &mut Option<Usage>) -> Option<Bytes> {
+/// At the end of a body: reads the usage (and a response's id) of a JSON
+/// body, and returns what an SSE relay still held.
+fn tail(mode: Mode, carry: &mut BytesMut, seen: &mut Seen) -> Option<Bytes> {
     match mode {
-        Mode::Json => {
-            if usage.is_none()
+        Mode::Json | Mode::ResponsesJson => {
+            if seen.usage.is_none()
                 && let Ok(c) = serde_json::from_slice::<ChunkLite>(carry)
             {
-                *usage = c.usage.map(|u| Usage {
-                    prompt_tokens: u.prompt_tokens,
-                    completion_tokens: u.completion_tokens,
-                });
+                seen.usage = c.usage();
+            }
+            if mode == Mode::ResponsesJson {
+                seen.response_id = response_id(carry);
             }
             None
         }
         Mode::TritonJson => {
             if let Some(n) = triton_tokens(carry) {
-                *usage = Some(Usage {
+                seen.usage = Some(Usage {
                     prompt_tokens: 0,
                     completion_tokens: n,
                 });
             }
             None
         }
-        Mode::Sse | Mode::SseStripUsage | Mode::TritonSse => {
+        Mode::Sse | Mode::SseStripUsage | Mode::TritonSse | Mode::ResponsesSse => {
             (!carry.is_empty()).then(|| carry.split().freeze())
         }
     }
 }
 
 /// Relays a whole body given as `frames`, as [`RelayBody`] would: what the
-/// client receives, and the usage read. For the fuzz targets and tests.
-pub fn relay_frames(mode: Mode, frames: &[Bytes]) -> (Vec<u8>, Option<Usage>) {
-    let (mut carry, mut passing, mut usage) = (BytesMut::new(), false, None);
+/// client receives, and what was read of it. For the fuzz targets and tests.
+pub fn relay_frames(mode: Mode, frames: &[Bytes]) -> (Vec<u8>, Seen) {
+    let (mut carry, mut passing, mut seen) = (BytesMut::new(), false, Seen::default());
     let mut out = Vec::new();
+    let mut id = None;
     for f in frames.iter().filter(|f| !f.is_empty()) {
-        if let Some(b) = scan(mode, &mut carry, &mut passing, &mut usage, f.clone()) {
+        if let Some(b) = scan(mode, &mut carry, &mut passing, &mut seen, f.clone()) {
             out.extend_from_slice(&b);
         }
+        id = seen.response_id.take().or(id);
     }
-    if let Some(b) = tail(mode, &mut carry, &mut usage) {
+    if let Some(b) = tail(mode, &mut carry, &mut seen) {
         out.extend_from_slice(&b);
     }
-    (out, usage)
+    seen.response_id = seen.response_id.take().or(id);
+    (out, seen)
 }
 
 /// Peeks at one data frame; returns the bytes to send on now. A JSON body
@@ -369,7 +480,7 @@ fn scan(
     mode: Mode,
     carry: &mut BytesMut,
     passing: &mut bool,
-    usage: &mut Option<Usage>,
+    seen: &mut Seen,
     data: Bytes,
 ) -> Option<Bytes> {
     if mode.is_json() {
@@ -402,13 +513,16 @@ fn scan(
     while let Some(end) = event_end(&buf[sent..]) {
         let event = &buf[sent..sent + end];
         if mode == Mode::TritonSse {
-            add_triton_event(event, usage);
+            add_triton_event(event, &mut seen.usage);
             sent += end;
             continue;
         }
+        if mode == Mode::ResponsesSse && find(event, b"\"response.created\"").is_some() {
+            seen.response_id = data_lines(event).find_map(response_id);
+        }
         let (u, usage_only) = inspect_event(event);
         if let Some(u) = u {
-            *usage = Some(u);
+            merge_usage(&mut seen.usage, u);
         }
         if usage_only && mode == Mode::SseStripUsage {
             if pass_whole {
@@ -453,20 +567,24 @@ mod tests {
             .chunks(7)
             .map(Bytes::copy_from_slice)
             .collect();
-        let (out, usage) = relay_frames(Mode::TritonSse, &frames);
+        let (out, seen) = relay_frames(Mode::TritonSse, &frames);
         assert_eq!(out, whole.as_bytes());
-        assert_eq!(usage.map(|u| u.completion_tokens), Some(3));
+        assert_eq!(seen.usage.map(|u| u.completion_tokens), Some(3));
         // An error event counts nothing.
-        let (_, usage) = relay_frames(
+        let (_, seen) = relay_frames(
             Mode::TritonSse,
             &[Bytes::from("data: {\"error\":\"x\"}\n\n")],
         );
-        assert_eq!(usage, None);
+        assert_eq!(seen.usage, None);
     }
 
     #[test]
     fn triton_responses_count_num_output_tokens_or_the_text() {
-        let one = |body: &str| relay_frames(Mode::TritonJson, &[Bytes::from(body.to_owned())]).1;
+        let one = |body: &str| {
+            relay_frames(Mode::TritonJson, &[Bytes::from(body.to_owned())])
+                .1
+                .usage
+        };
         let text = one(r#"{"model_name":"m","model_version":"1","text_output":"a b c d e f g h"}"#);
         assert!(text.is_some_and(|u| u.completion_tokens >= 2));
         let counted = one(r#"{"text_output":["x"],"num_output_tokens":[42]}"#);

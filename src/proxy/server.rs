@@ -191,6 +191,7 @@ impl Server {
             pollers: Mutex::new(Default::default()),
             traces,
             cluster,
+            responses: Default::default(),
         });
         {
             let sims = gateway.sim_authorities.lock().clone();
@@ -713,9 +714,22 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
     // `/v2/models/{model}[/versions/{v}][/{action}]`, read once.
     let v2 = crate::proxy::triton::model_path(req.uri().path());
     let v2_action = v2.as_ref().map(|p| p.action);
+    use crate::proxy::passthrough;
     match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings") => {
-            dispatch::handle(gw, req, Call::OpenAi).await
+        (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
+            dispatch::handle(gw, req, Call::Completions).await
+        }
+        (&Method::POST, "/v1/responses") => dispatch::handle(gw, req, Call::Responses).await,
+        (&Method::POST, "/v1/messages") => dispatch::handle(gw, req, Call::Messages).await,
+        (
+            &Method::POST,
+            "/v1/embeddings" | "/v1/rerank" | "/rerank" | "/v2/rerank" | "/v1/score" | "/score"
+            | "/classify" | "/pooling",
+        ) => dispatch::handle(gw, req, Call::Pooling).await,
+        (&Method::POST, "/tokenize" | "/detokenize") => passthrough::to_model(gw, req, false).await,
+        (&Method::POST, "/v1/messages/count_tokens") => passthrough::to_model(gw, req, true).await,
+        (_, path) if passthrough::response_id(path).is_some() => {
+            passthrough::stored_response(gw, req).await
         }
         (&Method::POST, _)
             if matches!(v2_action, Some("generate" | "generate_stream" | "infer")) =>

@@ -9,7 +9,8 @@ use crate::core::ids::TenantId;
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::Live;
 
-/// Finds the tenant: API key (Bearer or `api-key`), or the trusted tenant
+/// Finds the tenant: API key (Bearer, `api-key`, or Anthropic's
+/// `x-api-key`), or the trusted tenant
 /// header when the operator enabled it, or "default" when no tenants exist.
 pub fn authenticate(live: &Live, headers: &HeaderMap) -> Result<TenantId, ApiError> {
     if let Some(t) = live.default_tenant {
@@ -32,6 +33,7 @@ pub fn authenticate(live: &Live, headers: &HeaderMap) -> Result<TenantId, ApiErr
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim)
         .filter(|k| !k.is_empty())
         .ok_or(ApiError::Auth(

@@ -266,6 +266,16 @@ impl Ticket {
         }
     }
 
+    /// The backend created a Responses API response with this id: later
+    /// calls on it go to the same backend, for the same tenant.
+    pub fn response_created(&self, id: String) {
+        if let (Some(backend), Some(tenant)) = (self.backend, self.tenant) {
+            self.gw
+                .responses
+                .remember(self.gw.clock.now(), &id, backend, tenant);
+        }
+    }
+
     /// The body ended (complete or broken).
     pub fn end(mut self, how: BodyEnd) {
         match how {

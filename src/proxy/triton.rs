@@ -101,6 +101,7 @@ pub fn parse_generate(body: &[u8], model: &str, stream: bool) -> Result<RequestI
         // Nothing to splice: Triton's responses carry no usage object.
         include_usage: true,
         max_tokens,
+        choices: 1,
         prompt_tokens: prompt,
     })
 }
@@ -147,6 +148,7 @@ pub fn parse_infer(
         include_usage: true,
         // One pass over the input, no generated output.
         max_tokens: Some(0),
+        choices: 1,
         prompt_tokens: u32::try_from(body.len().div_ceil(4))
             .unwrap_or(u32::MAX)
             .max(1),

@@ -15,6 +15,7 @@ const DROP_REQUEST_HEADERS: &[&str] = &[
     "authorization",
     "proxy-authorization",
     "api-key",
+    "x-api-key",
     "host",
     "connection",
     "keep-alive",

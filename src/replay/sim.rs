@@ -418,6 +418,7 @@ impl<'p> Sim<'p> {
             pool,
             prompt_tokens: w.prompt_tokens,
             max_tokens: w.max_tokens,
+            choices: 1,
             deadline: None,
         };
         match self.scheds[r].on_arrival(now, arrival) {

@@ -12,6 +12,7 @@
 //! its sequence; whoever removes it (the driver on `Finished`, the request's
 //! guard on drop) settles it, so a dropped stream always cancels.
 
+mod dialects;
 pub(crate) mod metrics;
 mod openai;
 mod routes;
@@ -40,6 +41,19 @@ use crate::sim::engine::{Engine, EngineError, EngineEvent, EngineParams, EngineS
 
 /// Largest request body the backend reads.
 const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// A value unlike that of any other backend in this process or another.
+fn id_salt() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.finish() as u32
+}
+
+/// Responses API responses kept for `GET` (vLLM keeps them in memory too).
+const STORED_RESPONSES: usize = 1024;
 
 /// The response body type of every endpoint.
 /// Response bodies; an error cuts the connection (the `cut-stream` fault).
@@ -371,6 +385,12 @@ struct Shared {
     /// for the LLM-API model's stop request; and the stop requests received.
     triton_ids: Mutex<HashMap<String, u64>>,
     stops: std::sync::atomic::AtomicU64,
+    /// Responses API responses kept for `GET /v1/responses/{id}` (the
+    /// last [`STORED_RESPONSES`]).
+    stored: Mutex<std::collections::VecDeque<(String, Bytes)>>,
+    /// Makes this backend's response ids unlike any other's, as an
+    /// engine's random ids are.
+    salt: u32,
     /// Cancelled when the server drains.
     stop: CancellationToken,
 }
@@ -400,6 +420,8 @@ impl Shared {
             flaky_seen: Default::default(),
             triton_ids: Mutex::new(HashMap::new()),
             stops: Default::default(),
+            stored: Default::default(),
+            salt: id_salt(),
             stop: CancellationToken::new(),
         })
     }
@@ -512,6 +534,26 @@ impl Shared {
             },
             rx,
         ))
+    }
+
+    /// Keeps a Responses API response for later `GET`s.
+    fn store_response(&self, id: String, body: Bytes) {
+        let mut stored = self.stored.lock();
+        if stored.len() >= STORED_RESPONSES {
+            stored.pop_front();
+        }
+        stored.push_back((id, body));
+    }
+
+    /// A kept response, removed when `delete`.
+    fn stored_response(&self, id: &str, delete: bool) -> Option<Bytes> {
+        let mut stored = self.stored.lock();
+        let at = stored.iter().position(|(i, _)| i == id)?;
+        if delete {
+            stored.remove(at).map(|(_, b)| b)
+        } else {
+            Some(stored[at].1.clone())
+        }
     }
 
     /// Remembers a generate call's `triton-request-id`, forgetting those of

@@ -196,6 +196,8 @@ pub(super) struct Req {
     pub(super) prompt_tokens: u32,
     /// What the client asked for at most (`None`: no limit given).
     pub(super) max_tokens: Option<u32>,
+    /// Completions asked for, at least 1.
+    pub(super) choices: u32,
     pub(super) output_estimate: u32,
     pub(super) arrived: Instant,
     pub(super) deadline: Instant,

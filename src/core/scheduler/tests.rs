@@ -76,6 +76,7 @@ fn arrival(s: &Scheduler, name: &str) -> Arrival {
         pool: s.pool("m").unwrap(),
         prompt_tokens: 100,
         max_tokens: Some(100),
+        choices: 1,
         deadline: None,
     }
 }
@@ -87,6 +88,32 @@ fn dispatched(ds: &[Decision]) -> Vec<(RequestId, BackendId)> {
             _ => None,
         })
         .collect()
+}
+
+#[test]
+fn each_choice_asked_for_is_charged() {
+    // `n` (or `best_of`) completions of up to `max_tokens` each: the
+    // estimate charged at dispatch grows with them.
+    let mut s = Scheduler::new(
+        &spec(2, 4, vec![tenant("a", 1.0), tenant("b", 1.0)]),
+        t(0),
+        1,
+    );
+    let one = arrival(&s, "a");
+    let four = Arrival {
+        choices: 4,
+        ..arrival(&s, "b")
+    };
+    for a in [one, four] {
+        let (_, ds) = s.on_arrival(t(0), a).unwrap();
+        assert_eq!(dispatched(&ds).len(), 1);
+    }
+    let service = |s: &mut Scheduler, name: &str| {
+        let id = s.tenant(name).unwrap();
+        s.tenant_view(t(0), id).service
+    };
+    let (a, b) = (service(&mut s, "a"), service(&mut s, "b"));
+    assert!(b > 2.0 * a, "four choices charged {b}, one {a}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Credentials marked sensitive, so that no layer or log can print them
 //! (`HeaderValue`'s `Debug` shows `Sensitive`, and HTTP/2 never indexes
-//! them): `authorization`, `proxy-authorization`, `api-key` and `cookie`
-//! on requests, `set-cookie` on responses.
+//! them): `authorization`, `proxy-authorization`, `api-key`, Anthropic's
+//! `x-api-key` and `cookie` on requests, `set-cookie` on responses.
 //!
 //! One pass over the headers each way, rather than tower-http's
 //! `SetSensitive{Request,Response}Headers`, which look each name up with
@@ -19,9 +19,16 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 const API_KEY: HeaderName = HeaderName::from_static("api-key");
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// Built once: a `const` array would build its names on every use.
-static REQUEST: [HeaderName; 4] = [AUTHORIZATION, PROXY_AUTHORIZATION, API_KEY, COOKIE];
+static REQUEST: [HeaderName; 5] = [
+    AUTHORIZATION,
+    PROXY_AUTHORIZATION,
+    API_KEY,
+    X_API_KEY,
+    COOKIE,
+];
 static RESPONSE: [HeaderName; 1] = [SET_COOKIE];
 
 fn mark(headers: &mut HeaderMap, names: &[HeaderName]) {
@@ -100,15 +107,14 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(AUTHORIZATION, HeaderValue::from_static("Bearer k"));
         h.insert(API_KEY, HeaderValue::from_static("k"));
+        h.insert(X_API_KEY, HeaderValue::from_static("k"));
         h.append(COOKIE, HeaderValue::from_static("a=1"));
         h.append(COOKIE, HeaderValue::from_static("b=2"));
         h.insert("x-other", HeaderValue::from_static("v"));
-        mark(
-            &mut h,
-            &[AUTHORIZATION, PROXY_AUTHORIZATION, API_KEY, COOKIE],
-        );
+        mark(&mut h, &REQUEST);
         assert!(h[AUTHORIZATION].is_sensitive());
         assert!(h[API_KEY].is_sensitive());
+        assert!(h[X_API_KEY].is_sensitive());
         assert!(h.get_all(COOKIE).iter().all(HeaderValue::is_sensitive));
         assert!(!h["x-other"].is_sensitive());
         assert_eq!(format!("{:?}", h[AUTHORIZATION]), "Sensitive");

@@ -29,6 +29,10 @@ pub(super) enum Endpoint {
     Chat,
     /// `/v1/completions`.
     Completions,
+    /// The Responses API, `/v1/responses`.
+    Responses,
+    /// Anthropic's Messages, `/v1/messages`.
+    Messages,
 }
 
 /// A generation request reduced to what the engine needs.
@@ -41,6 +45,12 @@ pub(super) struct Generation {
     pub output_tokens: u32,
     pub is_stream: bool,
     pub include_usage: bool,
+    /// Completions asked for (`n`): each as long as the one the engine runs.
+    pub n: u32,
+    /// The Responses API's `max_output_tokens`, as given.
+    pub max_output_tokens: Option<u32>,
+    /// The Responses API's `store` (default true): kept for `GET`.
+    pub store: bool,
 }
 
 impl Generation {
@@ -106,8 +116,8 @@ impl ApiError {
         endpoint: Endpoint,
     ) -> Self {
         let what = match endpoint {
-            Endpoint::Chat => "messages",
-            Endpoint::Completions => "prompt",
+            Endpoint::Chat | Endpoint::Messages => "messages",
+            Endpoint::Completions | Endpoint::Responses => "prompt",
         };
         ApiError::bad_request(format!(
             "This model's maximum context length is {max_model_len} tokens. However, you requested \
@@ -134,9 +144,14 @@ struct RawRequest {
     model: Option<String>,
     messages: Option<Vec<RawMessage>>,
     prompt: Option<Texts>,
-    input: Option<Texts>,
+    input: Option<Value>,
+    instructions: Option<Value>,
+    system: Option<Value>,
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
+    max_output_tokens: Option<u32>,
+    n: Option<u32>,
+    store: Option<bool>,
     #[serde(default)]
     stream: bool,
     stream_options: Option<StreamOptions>,
@@ -182,6 +197,20 @@ struct StreamOptions {
     include_usage: bool,
 }
 
+/// The text in a JSON value: strings, and the `text`, `content` and
+/// `output` of objects (content parts, input items, blocks).
+pub(super) fn text_of(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => out.push_str(s),
+        Value::Array(a) => a.iter().for_each(|v| text_of(v, out)),
+        Value::Object(o) => ["text", "content", "output"]
+            .iter()
+            .filter_map(|k| o.get(*k))
+            .for_each(|v| text_of(v, out)),
+        _ => {}
+    }
+}
+
 fn parse_raw(body: &[u8]) -> Result<RawRequest, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
@@ -191,8 +220,22 @@ fn parse_raw(body: &[u8]) -> Result<RawRequest, ApiError> {
 /// limits is the caller's.
 pub(super) fn parse_generation(endpoint: Endpoint, body: &[u8]) -> Result<Generation, ApiError> {
     let raw = parse_raw(body)?;
+    let mut extra = String::new();
+    for v in [&raw.instructions, &raw.system].into_iter().flatten() {
+        text_of(v, &mut extra);
+    }
+    let extra = crate::tokens::estimate(&extra);
     let prompt_tokens = match endpoint {
-        Endpoint::Chat => {
+        Endpoint::Responses => {
+            let input = raw
+                .input
+                .as_ref()
+                .ok_or_else(|| ApiError::bad_request("Field required: input".to_owned()))?;
+            let mut text = String::new();
+            text_of(input, &mut text);
+            crate::tokens::estimate(&text)
+        }
+        Endpoint::Chat | Endpoint::Messages => {
             let messages = raw
                 .messages
                 .ok_or_else(|| ApiError::bad_request("Field required: messages".to_owned()))?;
@@ -220,9 +263,16 @@ pub(super) fn parse_generation(endpoint: Endpoint, body: &[u8]) -> Result<Genera
             crate::tokens::estimate(&prompt.into_vec().concat())
         }
     };
+    let prompt_tokens = prompt_tokens.saturating_add(extra);
+    if endpoint == Endpoint::Messages && raw.max_tokens.is_none() {
+        return Err(ApiError::bad_request(
+            "Field required: max_tokens".to_owned(),
+        ));
+    }
     let max_tokens = raw
         .max_completion_tokens
         .or(raw.max_tokens)
+        .or(raw.max_output_tokens)
         .unwrap_or(DEFAULT_MAX_TOKENS);
     if max_tokens == 0 {
         return Err(ApiError::bad_request(
@@ -239,6 +289,12 @@ pub(super) fn parse_generation(endpoint: Endpoint, body: &[u8]) -> Result<Genera
         output_tokens,
         is_stream: raw.stream,
         include_usage: raw.stream_options.is_some_and(|o| o.include_usage),
+        n: match endpoint {
+            Endpoint::Chat | Endpoint::Completions => raw.n.unwrap_or(1).clamp(1, 128),
+            Endpoint::Responses | Endpoint::Messages => 1,
+        },
+        max_output_tokens: raw.max_output_tokens,
+        store: raw.store.unwrap_or(true),
     })
 }
 
@@ -247,7 +303,12 @@ pub(super) fn parse_embedding(body: &[u8]) -> Result<Embedding, ApiError> {
     let raw = parse_raw(body)?;
     let inputs = raw
         .input
-        .ok_or_else(|| ApiError::bad_request("Field required: input".to_owned()))?
+        .ok_or_else(|| ApiError::bad_request("Field required: input".to_owned()))
+        .and_then(|v| {
+            serde_json::from_value::<Texts>(v).map_err(|_| {
+                ApiError::bad_request("`input` must be a string or a list of strings".to_owned())
+            })
+        })?
         .into_vec();
     let prompt_tokens = inputs.iter().fold(0u32, |acc, s| {
         acc.saturating_add(crate::tokens::estimate(s))
@@ -260,10 +321,12 @@ pub(super) fn parse_embedding(body: &[u8]) -> Result<Embedding, ApiError> {
 }
 
 /// The response id for request `id`.
-pub(super) fn response_id(endpoint: Endpoint, id: u64) -> String {
+pub(super) fn response_id(endpoint: Endpoint, salt: u32, id: u64) -> String {
     match endpoint {
-        Endpoint::Chat => format!("chatcmpl-{id:016x}"),
-        Endpoint::Completions => format!("cmpl-{id:016x}"),
+        Endpoint::Chat => format!("chatcmpl-{salt:08x}{id:016x}"),
+        Endpoint::Completions => format!("cmpl-{salt:08x}{id:016x}"),
+        Endpoint::Responses => format!("resp_{salt:08x}{id:016x}"),
+        Endpoint::Messages => format!("msg_{salt:08x}{id:016x}"),
     }
 }
 
@@ -289,13 +352,36 @@ pub(super) struct StreamHead {
     pub id: String,
     pub model: String,
     pub created: u64,
+    /// Choices per event (`n`): each the same text.
+    pub n: u32,
+    /// The prompt's tokens (Anthropic's `message_start` carries them).
+    pub prompt_tokens: u32,
+    /// The Responses API's event numbering and response object.
+    pub responses: super::dialects::Responses,
 }
 
 impl StreamHead {
+    pub(super) fn new(endpoint: Endpoint, id: String, g: &Generation) -> Self {
+        StreamHead {
+            endpoint,
+            responses: super::dialects::Responses {
+                id: id.clone(),
+                model: g.model.clone(),
+                max_output_tokens: g.max_output_tokens,
+                seq: 0,
+            },
+            id,
+            model: g.model.clone(),
+            created: 0,
+            n: g.n.max(1),
+            prompt_tokens: g.prompt_tokens,
+        }
+    }
+
     fn object(&self) -> &'static str {
         match self.endpoint {
             Endpoint::Chat => "chat.completion.chunk",
-            Endpoint::Completions => "text_completion",
+            _ => "text_completion",
         }
     }
 
@@ -311,42 +397,70 @@ impl StreamHead {
 
     /// The SSE bytes for token `index` (1-based); the first chat token is
     /// preceded by the `role` chunk, the last carries `finish_reason`.
-    pub(super) fn token_event(&self, index: u32, finish: Option<FinishReason>) -> Bytes {
+    /// With `n` > 1, each choice gets its chunk.
+    pub(super) fn token_event(&mut self, index: u32, finish: Option<FinishReason>) -> Bytes {
         let mut out = Vec::with_capacity(512);
         let finish = finish.map(FinishReason::as_str);
-        match self.endpoint {
-            Endpoint::Chat => {
-                if index == 1 {
-                    let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                        "logprobs": null, "finish_reason": null}]);
-                    sse(&self.chunk(role), &mut out);
+        for choice in 0..self.n {
+            match self.endpoint {
+                Endpoint::Chat => {
+                    if index == 1 {
+                        let role = json!([{"index": choice,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": null, "finish_reason": null}]);
+                        sse(&self.chunk(role), &mut out);
+                    }
+                    let c = json!([{"index": choice, "delta": {"content": TOKEN_TEXT},
+                        "logprobs": null, "finish_reason": finish}]);
+                    sse(&self.chunk(c), &mut out);
                 }
-                let c = json!([{"index": 0, "delta": {"content": TOKEN_TEXT},
-                    "logprobs": null, "finish_reason": finish}]);
-                sse(&self.chunk(c), &mut out);
-            }
-            Endpoint::Completions => {
-                let c = json!([{"index": 0, "text": TOKEN_TEXT, "logprobs": null,
-                    "finish_reason": finish, "stop_reason": null}]);
-                sse(&self.chunk(c), &mut out);
+                Endpoint::Completions => {
+                    let c = json!([{"index": choice, "text": TOKEN_TEXT, "logprobs": null,
+                        "finish_reason": finish, "stop_reason": null}]);
+                    sse(&self.chunk(c), &mut out);
+                }
+                Endpoint::Responses => self.responses.token(index, &mut out),
+                Endpoint::Messages => super::dialects::message_token(
+                    &self.id,
+                    &self.model,
+                    self.prompt_tokens,
+                    index,
+                    &mut out,
+                ),
             }
         }
         Bytes::from(out)
     }
 
-    /// The stream's tail: the usage chunk when asked for, then `[DONE]`.
-    pub(super) fn done_event(&self, usage_tokens: Option<(u32, u32)>) -> Bytes {
+    /// The stream's tail. Chat and completions: the usage chunk when
+    /// asked for, then `[DONE]`; the Responses API and Messages close
+    /// with their own events, usage always in them. `completion` counts
+    /// one choice.
+    pub(super) fn done_event(
+        &mut self,
+        prompt: u32,
+        completion: u32,
+        include_usage: bool,
+        finish: FinishReason,
+    ) -> Bytes {
         let mut out = Vec::with_capacity(256);
-        if let Some((prompt, completion)) = usage_tokens {
-            let mut c = self.chunk(json!([]));
-            c["usage"] = usage(prompt, completion);
-            sse(&c, &mut out);
+        match self.endpoint {
+            Endpoint::Responses => self.responses.done(prompt, completion, finish, &mut out),
+            Endpoint::Messages => super::dialects::message_done(completion, finish, &mut out),
+            Endpoint::Chat | Endpoint::Completions => {
+                if include_usage {
+                    let mut c = self.chunk(json!([]));
+                    c["usage"] = usage(prompt, completion.saturating_mul(self.n));
+                    sse(&c, &mut out);
+                }
+                out.extend_from_slice(b"data: [DONE]\n\n");
+            }
         }
-        out.extend_from_slice(b"data: [DONE]\n\n");
         Bytes::from(out)
     }
 
-    /// The whole non-streaming response body.
+    /// The whole non-streaming response body; `completion` counts one
+    /// choice.
     pub(super) fn full_response(
         &self,
         prompt: u32,
@@ -354,27 +468,105 @@ impl StreamHead {
         finish: FinishReason,
     ) -> Bytes {
         let text = TOKEN_TEXT.repeat(completion as usize);
-        let (object, choice) = match self.endpoint {
-            Endpoint::Chat => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text},
-                    "logprobs": null, "finish_reason": finish.as_str()}),
-            ),
-            Endpoint::Completions => (
-                "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null,
-                    "finish_reason": finish.as_str(), "stop_reason": null}),
-            ),
+        let choice = |i: u32| match self.endpoint {
+            Endpoint::Chat => json!({"index": i, "message": {"role": "assistant", "content": text},
+                "logprobs": null, "finish_reason": finish.as_str()}),
+            _ => json!({"index": i, "text": text, "logprobs": null,
+                "finish_reason": finish.as_str(), "stop_reason": null}),
+        };
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion",
+            Endpoint::Completions => "text_completion",
+            Endpoint::Responses => {
+                return Bytes::from(
+                    self.responses
+                        .object(Some((prompt, completion)), finish)
+                        .to_string(),
+                );
+            }
+            Endpoint::Messages => {
+                let m = super::dialects::message(&self.id, &self.model, prompt, completion, finish);
+                return Bytes::from(m.to_string());
+            }
         };
         let v = json!({
             "id": self.id,
             "object": object,
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
-            "usage": usage(prompt, completion),
+            "choices": (0..self.n).map(choice).collect::<Vec<_>>(),
+            "usage": usage(prompt, completion.saturating_mul(self.n)),
         });
         Bytes::from(v.to_string())
+    }
+}
+
+/// The answer of a pooling route (`path`) in vLLM's shape: a score per
+/// document (rerank), per pair (score), a label per input (classify) or a
+/// vector per input (pooling).
+pub(super) fn pooling_response(
+    path: &str,
+    req: &Value,
+    model: &str,
+    id: u64,
+    tokens: u32,
+) -> Value {
+    let items = |key: &str| match req.get(key) {
+        Some(Value::Array(a)) => a.clone(),
+        Some(v) => vec![v.clone()],
+        None => Vec::new(),
+    };
+    let score = |v: &Value| {
+        let mut text = String::new();
+        text_of(v, &mut text);
+        (embed(&text)[0] + 0.5).clamp(0.0, 1.0)
+    };
+    let usage = json!({"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0});
+    match path.trim_start_matches("/v1").trim_start_matches("/v2") {
+        "/rerank" => {
+            let results: Vec<Value> = items("documents")
+                .iter()
+                .enumerate()
+                .map(|(i, d)| json!({"index": i, "document": {"text": d}, "relevance_score": score(d)}))
+                .collect();
+            json!({"id": format!("rerank-{id:016x}"), "model": model,
+                "usage": {"total_tokens": tokens}, "results": results})
+        }
+        "/score" => {
+            let data: Vec<Value> = items("text_2")
+                .iter()
+                .enumerate()
+                .map(|(i, t)| json!({"index": i, "object": "score", "score": score(t)}))
+                .collect();
+            json!({"id": format!("score-{id:016x}"), "object": "list", "created": 0,
+                "model": model, "data": data, "usage": usage})
+        }
+        "/classify" => {
+            let data: Vec<Value> = items("input")
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let p = score(t);
+                    let label = if p >= 0.5 { "positive" } else { "negative" };
+                    json!({"index": i, "label": label, "probs": [1.0 - p, p], "num_classes": 2})
+                })
+                .collect();
+            json!({"id": format!("classify-{id:016x}"), "object": "list", "created": 0,
+                "model": model, "data": data, "usage": usage})
+        }
+        _ => {
+            let data: Vec<Value> = items("input")
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let mut text = String::new();
+                    text_of(t, &mut text);
+                    json!({"index": i, "object": "pooling", "data": embed(&text)})
+                })
+                .collect();
+            json!({"id": format!("pool-{id:016x}"), "object": "list", "created": 0,
+                "model": model, "data": data, "usage": usage})
+        }
     }
 }
 

@@ -33,7 +33,9 @@ struct TokenStream {
     reason: FinishReason,
     include_usage: bool,
     is_done: bool,
-    _guard: SeqGuard,
+    /// A Responses API response to keep for `GET` once complete.
+    store: bool,
+    guard: SeqGuard,
 }
 
 impl Stream for TokenStream {
@@ -59,10 +61,20 @@ impl Stream for TokenStream {
                 completion_tokens,
             })) => {
                 this.is_done = true;
-                let usage = this
-                    .include_usage
-                    .then_some((prompt_tokens, completion_tokens));
-                this.head.done_event(usage)
+                if this.store {
+                    let whole =
+                        this.head
+                            .full_response(prompt_tokens, completion_tokens, this.reason);
+                    this.guard
+                        .shared
+                        .store_response(this.head.id.clone(), whole);
+                }
+                this.head.done_event(
+                    prompt_tokens,
+                    completion_tokens,
+                    this.include_usage,
+                    this.reason,
+                )
             }
         };
         Poll::Ready(Some(Ok(Frame::data(bytes))))
@@ -85,6 +97,121 @@ fn json(status: StatusCode, body: Bytes) -> Response<Body> {
 fn error(e: &ApiError) -> Response<Body> {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     json(status, e.body())
+}
+
+/// An error on `/v1/messages`, in Anthropic's shape.
+fn anthropic_error(e: &ApiError) -> Response<Body> {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = super::dialects::anthropic_error(e.status, &e.message);
+    json(status, Bytes::from(body.to_string()))
+}
+
+/// `GET`/`DELETE /v1/responses/{id}`: a kept response, or 404.
+fn stored_response(shared: &Shared, id: &str, delete: bool) -> Response<Body> {
+    match shared.stored_response(id, delete) {
+        Some(_) if delete => {
+            let body = serde_json::json!({"id": id, "object": "response.deleted", "deleted": true});
+            json(StatusCode::OK, Bytes::from(body.to_string()))
+        }
+        Some(body) => json(StatusCode::OK, body),
+        None => error(&ApiError {
+            status: 404,
+            kind: "NotFoundError",
+            message: format!("Response with id '{id}' not found."),
+            param: None,
+        }),
+    }
+}
+
+/// Reads a JSON body and checks its `model`.
+async fn model_body(
+    shared: &Shared,
+    req: Request<Incoming>,
+) -> Result<serde_json::Value, ApiError> {
+    let body = read_body(req).await?;
+    let v: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))?;
+    let model = v.get("model").and_then(|m| m.as_str()).unwrap_or_default();
+    if model != shared.model {
+        return Err(ApiError::model_not_found(model));
+    }
+    Ok(v)
+}
+
+/// The prompt tokens of the fields a pooling or tokenize request names.
+fn tokens_in(v: &serde_json::Value, fields: &[&str]) -> u32 {
+    let mut text = String::new();
+    for f in fields {
+        if let Some(x) = v.get(*f) {
+            openai::text_of(x, &mut text);
+        }
+    }
+    crate::tokens::estimate(&text)
+}
+
+/// `/v1/messages/count_tokens`: `{"input_tokens": N}`.
+async fn count_tokens(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let v = model_body(shared, req).await?;
+    let n = tokens_in(&v, &["system", "messages"]);
+    let body = serde_json::json!({ "input_tokens": n });
+    Ok(json(StatusCode::OK, Bytes::from(body.to_string())))
+}
+
+/// `/tokenize` (one id per estimated token) and `/detokenize`.
+async fn tokenize(
+    shared: &Shared,
+    path: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let v = model_body(shared, req).await?;
+    let body = if path == "/detokenize" {
+        let n = v
+            .get("tokens")
+            .and_then(|t| t.as_array())
+            .map_or(0, Vec::len);
+        serde_json::json!({ "prompt": openai::TOKEN_TEXT.repeat(n) })
+    } else {
+        let n = tokens_in(&v, &["prompt", "messages"]);
+        serde_json::json!({
+            "count": n,
+            "max_model_len": shared.max_model_len,
+            "tokens": (0..n).collect::<Vec<u32>>(),
+            "token_strs": null,
+        })
+    };
+    Ok(json(StatusCode::OK, Bytes::from(body.to_string())))
+}
+
+/// vLLM's pooling routes: one engine pass over the input (its prefill),
+/// then an answer in the route's shape with a score per item.
+async fn pooling(
+    shared: &Arc<Shared>,
+    path: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let v = model_body(shared, req).await?;
+    let tokens = tokens_in(
+        &v,
+        &[
+            "input",
+            "query",
+            "documents",
+            "text_1",
+            "text_2",
+            "messages",
+        ],
+    );
+    let (guard, mut rx) = shared
+        .submit(tokens.max(1), 1, FinishReason::Length)
+        .map_err(|err| engine_error(err, Endpoint::Completions))?;
+    // The guard lives across the wait, so a dropped connection cancels.
+    while let Some(d) = rx.recv().await {
+        if let Delivery::Finished { .. } = d {
+            let body = openai::pooling_response(path, &v, &shared.model, guard.id, tokens);
+            return Ok(json(StatusCode::OK, Bytes::from(body.to_string())));
+        }
+    }
+    Err(ApiError::internal("engine dropped the request"))
 }
 
 pub(super) async fn handle(
@@ -171,6 +298,7 @@ pub(super) async fn handle(
     if shared.flavour != Flavour::Vllm {
         return Ok(triton_routes(&shared, &method, &path, req, fault).await);
     }
+    let delete = method == Method::DELETE;
     let resp = match (method, path.as_str()) {
         (Method::GET, "/health") => full(StatusCode::OK, "text/plain", Bytes::new()),
         (Method::GET, "/metrics") => full(
@@ -188,9 +316,32 @@ pub(super) async fn handle(
         (Method::POST, "/v1/completions") => generate(&shared, Endpoint::Completions, req, fault)
             .await
             .unwrap_or_else(|e| error(&e)),
+        (Method::POST, "/v1/responses") => generate(&shared, Endpoint::Responses, req, fault)
+            .await
+            .unwrap_or_else(|e| error(&e)),
+        (Method::POST, "/v1/messages") => generate(&shared, Endpoint::Messages, req, fault)
+            .await
+            .unwrap_or_else(|e| anthropic_error(&e)),
+        (Method::POST, "/v1/messages/count_tokens") => count_tokens(&shared, req)
+            .await
+            .unwrap_or_else(|e| anthropic_error(&e)),
+        (Method::GET | Method::DELETE, p) if p.starts_with("/v1/responses/") => {
+            let id = &p["/v1/responses/".len()..];
+            stored_response(&shared, id, delete)
+        }
         (Method::POST, "/v1/embeddings") => {
             embeddings(&shared, req).await.unwrap_or_else(|e| error(&e))
         }
+        (
+            Method::POST,
+            "/v1/rerank" | "/rerank" | "/v2/rerank" | "/v1/score" | "/score" | "/classify"
+            | "/pooling",
+        ) => pooling(&shared, &path, req)
+            .await
+            .unwrap_or_else(|e| error(&e)),
+        (Method::POST, "/tokenize" | "/detokenize") => tokenize(&shared, &path, req)
+            .await
+            .unwrap_or_else(|e| error(&e)),
         _ => json(
             StatusCode::NOT_FOUND,
             Bytes::from_static(br#"{"detail":"Not Found"}"#),
@@ -267,12 +418,11 @@ async fn generate(
     let (guard, mut rx) = shared
         .submit(g.prompt_tokens, g.output_tokens, reason)
         .map_err(|e| engine_error(e, endpoint))?;
-    let head = StreamHead {
+    let head = StreamHead::new(
         endpoint,
-        id: openai::response_id(endpoint, guard.id),
-        model: g.model.clone(),
-        created: 0,
-    };
+        openai::response_id(endpoint, shared.salt, guard.id),
+        &g,
+    );
     if g.is_stream {
         let stream = TokenStream {
             rx,
@@ -281,7 +431,8 @@ async fn generate(
             reason,
             include_usage: g.include_usage,
             is_done: false,
-            _guard: guard,
+            store: endpoint == Endpoint::Responses && g.store,
+            guard,
         };
         let body = match fault {
             Fault::CutStream => cut_after_two(stream),
@@ -315,6 +466,9 @@ async fn generate(
         } = d
         {
             let body = head.full_response(prompt_tokens, completion_tokens, reason);
+            if endpoint == Endpoint::Responses && g.store {
+                shared.store_response(head.id.clone(), body.clone());
+            }
             return Ok(json(StatusCode::OK, body));
         }
     }

@@ -1,0 +1,63 @@
+//! The official `openai` and `anthropic` Python SDKs (pinned in
+//! `tests/sdk/requirements.txt`, installed by `tests/run.sh` into
+//! `target/sdk-venv`) against a real gateway and two simulated vLLM
+//! backends: `tests/sdk/clients.py` holds the checks.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use support::*;
+
+const POLICY: &str = r#"
+[[pools]]
+model = "m"
+backends = [{ name = "b0", url = "http://{b0}" }, { name = "b1", url = "http://{b1}" }]
+
+[[tenants]]
+name = "alpha"
+api_keys = ["ka"]
+rate = 100.0
+burst = 50
+
+[[tenants]]
+name = "beta"
+api_keys = ["kb"]
+rate = 0.01
+burst = 1
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_sdks_work_through_the_gateway() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = std::env::var_os("FAIRWAY_SDK_PYTHON")
+        .map_or_else(|| root.join("target/sdk-venv/bin/python"), Into::into);
+    if !python.exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install the SDKs (tests/run.sh makes target/sdk-venv)"
+        );
+        eprintln!("skipped: no {} (run tests/run.sh)", python.display());
+        return;
+    }
+    let b0 = sim("m", 8).await;
+    let b1 = sim("m", 8).await;
+    let gw = gateway(&format!("{SERVER}{POLICY}"), &[&b0, &b1]).await;
+    let url = format!("http://{}", gw.addr());
+    let script = root.join("tests/sdk/clients.py");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .arg(url)
+            .output()
+            .expect("python runs")
+    })
+    .await
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "SDK checks failed:\n{text}");
+    assert!(text.contains("sdk checks ok"), "{text}");
+}
