@@ -136,7 +136,7 @@ pub async fn stored_response(gw: Arc<Gateway>, req: Request<RequestBody>) -> Res
     };
     let backend = match route.await {
         Ok(b) => b,
-        Err(e) => return refuse(e, &req),
+        Err(e) => return refuse_as(e, &req, false),
     };
     forward(&gw, &live, req, |_| Ok(backend))
         .await
@@ -175,10 +175,6 @@ pub async fn to_model(
         Err(e) if anthropic => e.into_anthropic_response(),
         Err(e) => e.into_response(),
     }
-}
-
-fn refuse(e: ApiError, req: &Request<RequestBody>) -> Response<BoxBody> {
-    refuse_as(e, req, false)
 }
 
 fn refuse_as(e: ApiError, req: &Request<RequestBody>, anthropic: bool) -> Response<BoxBody> {
