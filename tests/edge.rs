@@ -653,6 +653,8 @@ async fn credentials_and_headers_named_in_connection_never_reach_the_backend() {
     );
     let h = req.headers_mut();
     h.insert("proxy-authorization", "Basic c2VjcmV0".parse().unwrap());
+    h.insert("api-key", KEY.parse().unwrap());
+    h.insert("x-api-key", KEY.parse().unwrap());
     h.insert("connection", "keep-alive, x-hop".parse().unwrap());
     h.insert("x-hop", "1".parse().unwrap());
     h.insert("x-end-to-end", "1".parse().unwrap());
@@ -662,7 +664,13 @@ async fn credentials_and_headers_named_in_connection_never_reach_the_backend() {
         .iter()
         .find(|(h, _)| h.contains_key("content-length"))
         .unwrap();
-    for gone in ["authorization", "proxy-authorization", "x-hop"] {
+    for gone in [
+        "authorization",
+        "proxy-authorization",
+        "api-key",
+        "x-api-key",
+        "x-hop",
+    ] {
         assert!(headers.get(gone).is_none(), "{gone} reached the backend");
     }
     assert_eq!(headers["x-end-to-end"], "1");
