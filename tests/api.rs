@@ -11,36 +11,6 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use support::*;
 
-const POLICY: &str = r#"
-[[pools]]
-model = "m"
-backends = [{ name = "b0", url = "http://{b0}" }, { name = "b1", url = "http://{b1}" }]
-
-[[tenants]]
-name = "alpha"
-api_keys = ["ka"]
-rate = 100.0
-burst = 50
-
-[[tenants]]
-name = "beta"
-api_keys = ["kb"]
-rate = 0.01
-burst = 1
-"#;
-
-async fn setup() -> (SimHandle2, fairway::proxy::server::Server) {
-    let b0 = sim("m", 8).await;
-    let b1 = sim("m", 8).await;
-    let gw = gateway(&format!("{SERVER}{POLICY}"), &[&b0, &b1]).await;
-    ((b0, b1), gw)
-}
-
-type SimHandle2 = (
-    fairway::sim::backend::SimHandle,
-    fairway::sim::backend::SimHandle,
-);
-
 /// A request as the `anthropic` SDK sends it: `x-api-key` and
 /// `anthropic-version`.
 fn anthropic(addr: std::net::SocketAddr, key: &str, body: &str) -> Request<Full<Bytes>> {
@@ -72,7 +42,7 @@ async fn completion_tokens(gw: &fairway::proxy::server::Server, tenant: &str) ->
 
 #[tokio::test]
 async fn responses_are_scheduled_settled_and_found_again_by_their_creator() {
-    let (_b, gw) = setup().await;
+    let (_b, gw) = two_tenant_gateway().await;
     let c = client();
     let addr = gw.addr();
     // `client.responses.create(model=..., input=..., max_output_tokens=5)`.
@@ -156,7 +126,7 @@ async fn responses_are_scheduled_settled_and_found_again_by_their_creator() {
 
 #[tokio::test]
 async fn anthropic_messages_pass_with_x_api_key_and_refusals_are_in_anthropics_shape() {
-    let (_b, gw) = setup().await;
+    let (_b, gw) = two_tenant_gateway().await;
     let c = client();
     let addr = gw.addr();
     let body = r#"{"model":"m","max_tokens":4,"system":"You are terse.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}]}"#;
@@ -228,7 +198,7 @@ async fn anthropic_messages_pass_with_x_api_key_and_refusals_are_in_anthropics_s
 
 #[tokio::test]
 async fn pooling_routes_cost_their_input_and_tokenizer_routes_are_not_queued() {
-    let (_b, gw) = setup().await;
+    let (_b, gw) = two_tenant_gateway().await;
     let c = client();
     let addr = gw.addr();
     let cases = [
@@ -320,7 +290,7 @@ async fn pooling_routes_cost_their_input_and_tokenizer_routes_are_not_queued() {
 
 #[tokio::test]
 async fn n_choices_are_served_and_counted() {
-    let (_b, gw) = setup().await;
+    let (_b, gw) = two_tenant_gateway().await;
     let c = client();
     let addr = gw.addr();
     let body = r#"{"model":"m","n":3,"max_tokens":2,"messages":[{"role":"user","content":"Hi"}]}"#;

@@ -8,24 +8,6 @@ mod support;
 
 use support::*;
 
-const POLICY: &str = r#"
-[[pools]]
-model = "m"
-backends = [{ name = "b0", url = "http://{b0}" }, { name = "b1", url = "http://{b1}" }]
-
-[[tenants]]
-name = "alpha"
-api_keys = ["ka"]
-rate = 100.0
-burst = 50
-
-[[tenants]]
-name = "beta"
-api_keys = ["kb"]
-rate = 0.01
-burst = 1
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_sdks_work_through_the_gateway() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -39,9 +21,7 @@ async fn official_sdks_work_through_the_gateway() {
         eprintln!("skipped: no {} (run tests/run.sh)", python.display());
         return;
     }
-    let b0 = sim("m", 8).await;
-    let b1 = sim("m", 8).await;
-    let gw = gateway(&format!("{SERVER}{POLICY}"), &[&b0, &b1]).await;
+    let (_b, gw) = two_tenant_gateway().await;
     let url = format!("http://{}", gw.addr());
     let script = root.join("tests/sdk/clients.py");
     let out = tokio::task::spawn_blocking(move || {

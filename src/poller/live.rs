@@ -306,11 +306,7 @@ async fn get(
     let late = || format!("no answer within {}", humantime::format_duration(timeout));
     let resp = match tokio::time::timeout_at(deadline, gw.client.request(req)).await {
         Err(_) => return Err(ScrapeError::Unreachable(late())),
-        Ok(Err(e)) => {
-            let cause =
-                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-            return Err(ScrapeError::Unreachable(cause));
-        }
+        Ok(Err(e)) => return Err(ScrapeError::Unreachable(crate::proxy::upstream::cause(&e))),
         Ok(Ok(resp)) => resp,
     };
     let status = resp.status();

@@ -175,14 +175,7 @@ async fn run(
         }
         _ => (openai::parse(&body)?, None),
     };
-    let models = live
-        .pools
-        .get(&info.model)
-        .ok_or_else(|| ApiError::UnknownModel(info.model.clone()))?;
-    let pool = models
-        .get(api)
-        .ok_or_else(|| ApiError::NotServedOver(info.model.clone(), api))?;
-    let pool_index = models.index;
+    let (pool, pool_index) = live.pool(&info.model, api)?;
     ticket.pool = Some((pool, pool_index));
     closed_while_store_down(gw, live, tenant)?;
     ticket.prompt_estimate = info.prompt_tokens;
@@ -325,8 +318,7 @@ async fn run(
                 });
             }
             Ok(Err(e)) => {
-                let cause =
-                    std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+                let cause = upstream::cause(&e);
                 if !e.is_connect() {
                     return Err(ApiError::Upstream {
                         backend: ticket.backend_name.to_string(),

@@ -22,6 +22,7 @@ use crate::config::{BackendTarget, Policy};
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::scheduler::{Decision, EjectReason, Ejection, Scheduler};
 use crate::core::spec::Api;
+use crate::proxy::error::ApiError;
 use crate::sim::backend::{SimBackend, SimHandle};
 use crate::telemetry::metrics::{Metrics, Series};
 
@@ -60,6 +61,22 @@ pub struct ModelPools {
     pub index: usize,
     pub openai: Option<PoolId>,
     pub triton: Option<PoolId>,
+}
+
+impl Live {
+    /// The scheduler pool of `model`'s backends that speak `api`, and the
+    /// model's index in `policy.pools`: 404 for a model the policy does
+    /// not have, or does not serve over `api`.
+    pub fn pool(&self, model: &str, api: Api) -> Result<(PoolId, usize), ApiError> {
+        let models = self
+            .pools
+            .get(model)
+            .ok_or_else(|| ApiError::UnknownModel(model.to_owned()))?;
+        let pool = models
+            .get(api)
+            .ok_or_else(|| ApiError::NotServedOver(model.to_owned(), api))?;
+        Ok((pool, models.index))
+    }
 }
 
 impl ModelPools {
@@ -375,6 +392,23 @@ impl Gateway {
         req: http::Request<Full<Bytes>>,
     ) -> hyper_util::client::legacy::ResponseFuture {
         WORKER_CLIENT.with(|c| c.get().unwrap_or(&self.client).request(req))
+    }
+
+    /// A healthy backend of `model`'s `api` pool, for calls that need no
+    /// queueing (metadata, tokenizer routes): 404 for a model not served
+    /// over `api`, 503 when none is healthy.
+    pub fn healthy_backend(
+        &self,
+        live: &Live,
+        model: &str,
+        api: Api,
+    ) -> Result<BackendId, ApiError> {
+        let (pool, _) = live.pool(model, api)?;
+        self.core
+            .lock()
+            .sched
+            .healthy_backend(pool)
+            .ok_or_else(|| ApiError::NoBackend(model.to_owned()))
     }
 
     /// Reports a failed request (5xx, connection error, header timeout, a

@@ -125,22 +125,16 @@ pub fn response_id(path: &str) -> Option<&str> {
 /// Forwards a call on a stored response to the backend that created it.
 pub async fn stored_response(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
     let live = gw.live.load_full();
-    let route = async {
-        let tenant = authenticate(&live, req.headers())?;
+    let origin = authenticate(&live, req.headers()).and_then(|tenant| {
         let id = response_id(req.uri().path()).ok_or(ApiError::NotFound)?;
-        let backend = gw
-            .responses
+        gw.responses
             .find(gw.clock.now(), id, tenant)
-            .ok_or_else(|| ApiError::UnknownResponse(id.to_owned()))?;
-        Ok(backend)
-    };
-    let backend = match route.await {
-        Ok(b) => b,
-        Err(e) => return refuse_as(e, &req, false),
-    };
-    forward(&gw, &live, req, |_| Ok(backend))
-        .await
-        .unwrap_or_else(ApiError::into_response)
+            .ok_or_else(|| ApiError::UnknownResponse(id.to_owned()))
+    });
+    match origin {
+        Ok(backend) => forward(&gw, &live, req, false, |_| Ok(backend)).await,
+        Err(e) => answer(e, false, &req),
+    }
 }
 
 /// Forwards `/tokenize`, `/detokenize` or `/v1/messages/count_tokens` to a
@@ -153,38 +147,26 @@ pub async fn to_model(
 ) -> Response<BoxBody> {
     let live = gw.live.load_full();
     if let Err(e) = authenticate(&live, req.headers()) {
-        return refuse_as(e, &req, anthropic);
+        return answer(e, anthropic, &req);
     }
-    let pick = |body: &[u8]| {
-        let model = openai::parse(body)?.model;
-        let pool = live
-            .pools
-            .get(&model)
-            .ok_or_else(|| ApiError::UnknownModel(model.clone()))?
-            .get(Api::OpenAi)
-            .ok_or_else(|| ApiError::NotServedOver(model.clone(), Api::OpenAi))?;
-        gw.core
-            .lock()
-            .sched
-            .healthy_backend(pool)
-            .ok_or(ApiError::NoBackend(model))
-    };
-    let resp = forward(&gw, &live, req, pick).await;
-    match resp {
-        Ok(r) => r,
-        Err(e) if anthropic => e.into_anthropic_response(),
-        Err(e) => e.into_response(),
-    }
+    let pick = |body: &[u8]| gw.healthy_backend(&live, &openai::parse(body)?.model, Api::OpenAi);
+    forward(&gw, &live, req, anthropic, pick).await
 }
 
-fn refuse_as(e: ApiError, req: &Request<RequestBody>, anthropic: bool) -> Response<BoxBody> {
+/// Fairway's error, in the route's shape, closing an HTTP/1 connection
+/// whose request body is left unread.
+fn answer(e: ApiError, anthropic: bool, req: &Request<RequestBody>) -> Response<BoxBody> {
+    let unread = !http_body::Body::is_end_stream(req.body());
+    render(e, anthropic, req.version(), unread)
+}
+
+fn render(e: ApiError, anthropic: bool, version: http::Version, unread: bool) -> Response<BoxBody> {
     let mut resp = if anthropic {
         e.into_anthropic_response()
     } else {
         e.into_response()
     };
-    let unread = !http_body::Body::is_end_stream(req.body());
-    close_if_body_unread(&mut resp, req.version(), unread);
+    close_if_body_unread(&mut resp, version, unread);
     resp
 }
 
@@ -195,16 +177,36 @@ async fn forward(
     gw: &Gateway,
     live: &Live,
     req: Request<RequestBody>,
+    anthropic: bool,
     pick: impl FnOnce(&[u8]) -> Result<BackendId, ApiError>,
-) -> Result<Response<BoxBody>, ApiError> {
+) -> Response<BoxBody> {
     let server = &live.policy.server;
+    let version = req.version();
+    let unread = !http_body::Body::is_end_stream(req.body());
     let path = req
         .uri()
         .path_and_query()
         .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
-    let (parts, body) =
-        crate::proxy::dispatch::read_body(req, server.max_body_bytes, server.body_read_timeout)
-            .await?;
+    let read =
+        crate::proxy::dispatch::read_body(req, server.max_body_bytes, server.body_read_timeout);
+    let (parts, body) = match read.await {
+        Ok(r) => r,
+        Err(e) => return render(e, anthropic, version, unread),
+    };
+    send(gw, live, &parts, &path, body, pick)
+        .await
+        .unwrap_or_else(|e| render(e, anthropic, version, false))
+}
+
+/// Sends the read request to the backend `pick` names.
+async fn send(
+    gw: &Gateway,
+    live: &Live,
+    parts: &http::request::Parts,
+    path: &str,
+    body: bytes::Bytes,
+    pick: impl FnOnce(&[u8]) -> Result<BackendId, ApiError>,
+) -> Result<Response<BoxBody>, ApiError> {
     let backend = pick(&body)?;
     let authority = live
         .authorities
@@ -214,7 +216,7 @@ async fn forward(
         .backend_names
         .get(&backend)
         .map_or_else(|| authority.clone(), |n| n.to_string());
-    let up = upstream::request(live, &parts, &path, authority, body)?;
+    let up = upstream::request(live, parts, path, authority, body)?;
     let resp = match tokio::time::timeout(TIMEOUT, gw.upstream(up)).await {
         Err(_) => {
             return Err(ApiError::UpstreamTimeout {
@@ -223,11 +225,9 @@ async fn forward(
             });
         }
         Ok(Err(e)) => {
-            let cause =
-                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
             return Err(ApiError::Upstream {
                 backend: name,
-                cause,
+                cause: upstream::cause(&e),
             });
         }
         Ok(Ok(r)) => r,

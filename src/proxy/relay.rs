@@ -458,17 +458,14 @@ fn tail(mode: Mode, carry: &mut BytesMut, seen: &mut Seen) -> Option<Bytes> {
 pub fn relay_frames(mode: Mode, frames: &[Bytes]) -> (Vec<u8>, Seen) {
     let (mut carry, mut passing, mut seen) = (BytesMut::new(), false, Seen::default());
     let mut out = Vec::new();
-    let mut id = None;
     for f in frames.iter().filter(|f| !f.is_empty()) {
         if let Some(b) = scan(mode, &mut carry, &mut passing, &mut seen, f.clone()) {
             out.extend_from_slice(&b);
         }
-        id = seen.response_id.take().or(id);
     }
     if let Some(b) = tail(mode, &mut carry, &mut seen) {
         out.extend_from_slice(&b);
     }
-    seen.response_id = seen.response_id.take().or(id);
     (out, seen)
 }
 

@@ -166,20 +166,7 @@ pub async fn metadata(
 ) -> Result<http::Response<crate::proxy::body::BoxBody>, ApiError> {
     use http_body_util::BodyExt;
     let live = gw.live.load_full();
-    let pool = live
-        .pools
-        .get(p.model)
-        .ok_or_else(|| ApiError::UnknownModel(p.model.to_owned()))?
-        .get(crate::core::spec::Api::Triton)
-        .ok_or_else(|| {
-            ApiError::NotServedOver(p.model.to_owned(), crate::core::spec::Api::Triton)
-        })?;
-    let backend = gw
-        .core
-        .lock()
-        .sched
-        .healthy_backend(pool)
-        .ok_or_else(|| ApiError::NoBackend(p.model.to_owned()))?;
+    let backend = gw.healthy_backend(&live, p.model, crate::core::spec::Api::Triton)?;
     let authority = live
         .authorities
         .get(&backend)

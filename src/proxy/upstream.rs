@@ -59,6 +59,12 @@ pub fn strip_response_headers(h: &mut HeaderMap) {
     }
 }
 
+/// What went wrong with a call to a backend: the underlying error (the
+/// connection's), which says more than the client's wrapper.
+pub fn cause(e: &hyper_util::client::legacy::Error) -> String {
+    std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
+}
+
 /// The request to forward: the client's method, path and headers (less
 /// hop-by-hop ones and its credentials for Fairway) and `body`.
 pub fn request(

@@ -69,6 +69,33 @@ max_body_bytes = 65536
 drain_timeout = "5s"
 "#;
 
+/// Two tenants in front of two backends serving `m`: `alpha` (key `ka`,
+/// 100 requests/s, burst 50) and `beta` (key `kb`, a burst of one
+/// request). `tests/sdk/clients.py` relies on these keys and limits.
+pub async fn two_tenant_gateway() -> ((SimHandle, SimHandle), Server) {
+    const POLICY: &str = r#"
+[[pools]]
+model = "m"
+backends = [{ name = "b0", url = "http://{b0}" }, { name = "b1", url = "http://{b1}" }]
+
+[[tenants]]
+name = "alpha"
+api_keys = ["ka"]
+rate = 100.0
+burst = 50
+
+[[tenants]]
+name = "beta"
+api_keys = ["kb"]
+rate = 0.01
+burst = 1
+"#;
+    let b0 = sim("m", 8).await;
+    let b1 = sim("m", 8).await;
+    let gw = gateway(&format!("{SERVER}{POLICY}"), &[&b0, &b1]).await;
+    ((b0, b1), gw)
+}
+
 pub struct Reply {
     pub status: StatusCode,
     pub headers: http::HeaderMap,
