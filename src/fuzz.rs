@@ -26,6 +26,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("sse_relay", sse_relay),
     ("metrics", metrics),
     ("policy", policy),
+    ("multipart_form", multipart_form),
 ];
 
 /// The request body peek: never panics, and the splice that asks the
@@ -205,4 +206,49 @@ fn inline_keys(text: &str) -> Vec<String> {
         .filter(|k| k.len() >= 8)
         .map(str::to_owned)
         .collect()
+}
+
+/// The audio routes' multipart reader (boundary `fuzz`): whatever the
+/// cuts (picked by the first byte), it reads the same model, `stream`
+/// flag and duration as in one piece, or fails on both, and it holds no
+/// more than a delimiter and a part's headers.
+pub fn multipart_form(data: &[u8]) {
+    use crate::proxy::audio::Form;
+    let Some((&cut, body)) = data.split_first() else {
+        return;
+    };
+    let read = |step: usize| {
+        let mut f = Form::new("fuzz");
+        for piece in body.chunks(step) {
+            f.feed(piece)?;
+            assert!(f.held() <= 16 << 10, "held {} bytes", f.held());
+        }
+        Ok::<_, String>(f)
+    };
+    let whole = read(body.len().max(1));
+    let cut = read(usize::from(cut % 16) + 1);
+    match (whole, cut) {
+        (Ok(a), Ok(b)) => {
+            let len = Some(body.len() as u64);
+            assert_eq!(
+                (
+                    &a.model,
+                    a.stream,
+                    a.seconds(None),
+                    a.seconds(len),
+                    a.has_enough()
+                ),
+                (
+                    &b.model,
+                    b.stream,
+                    b.seconds(None),
+                    b.seconds(len),
+                    b.has_enough()
+                ),
+                "the cuts changed what was read"
+            );
+        }
+        (Err(_), Err(_)) => {}
+        (a, b) => panic!("one reading failed: {:?} / {:?}", a.err(), b.err()),
+    }
 }

@@ -311,3 +311,48 @@ async fn n_choices_are_served_and_counted() {
     );
     assert_eq!(completion_tokens(&gw, "alpha").await, 10.0);
 }
+
+#[tokio::test]
+async fn every_new_route_refuses_cleanly_with_one_outcome_each() {
+    let (_b, gw) = two_tenant_gateway().await;
+    let c = client();
+    let addr = gw.addr();
+    let routes = [
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/rerank",
+        "/rerank",
+        "/v2/rerank",
+        "/v1/score",
+        "/score",
+        "/classify",
+        "/pooling",
+    ];
+    let oversized = format!(r#"{{"model":"m","input":"{}"}}"#, "x".repeat(70_000));
+    for route in routes {
+        let r = send(&c, post(addr, route, None, r#"{"model":"m","input":"x"}"#)).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{route}");
+        let r = send(
+            &c,
+            post(addr, route, Some("ka"), r#"{"model":"nope","input":"x"}"#),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{route}");
+        let r = send(&c, post(addr, route, Some("ka"), oversized.clone())).await;
+        assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{route}");
+        // Each in its route's error shape.
+        let v = r.json();
+        if route == "/v1/messages" {
+            assert_eq!(v["type"], "error", "{route}");
+            assert!(v["error"]["type"].is_string(), "{route}");
+        } else {
+            assert!(v["error"]["message"].is_string(), "{route}");
+        }
+    }
+    let text = scrape(&gw).await;
+    assert_eq!(
+        metric_sum(&text, "fairway_requests_total{"),
+        (routes.len() * 3) as f64,
+        "{text}"
+    );
+}

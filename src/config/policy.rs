@@ -112,6 +112,9 @@ pub struct ServerPolicy {
     pub admin_listen: SocketAddr,
     /// Largest request body accepted, in bytes (default 10 MiB).
     pub max_body_bytes: usize,
+    /// Largest body on the audio upload routes, which are streamed to the
+    /// backend rather than read whole (default 25 MiB).
+    pub max_upload_bytes: usize,
     /// How long in-flight responses may run after shutdown starts.
     #[serde(with = "humantime_serde_compat")]
     pub drain_timeout: Duration,

@@ -125,6 +125,7 @@ const SERVER_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
     "max_body_bytes",
+    "max_upload_bytes",
     "drain_timeout",
     "trust_tenant_header",
     "tls",
@@ -288,6 +289,9 @@ fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> Ser
         max_body_bytes: r
             .opt(t, "max_body_bytes", Reader::positive_int)
             .unwrap_or(10 * 1024 * 1024),
+        max_upload_bytes: r
+            .opt(t, "max_upload_bytes", Reader::positive_int)
+            .unwrap_or(25 * 1024 * 1024),
         drain_timeout: r
             .opt(t, "drain_timeout", |r, v, p| {
                 r.duration(v, p, Zero::Allowed)

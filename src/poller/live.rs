@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -300,7 +300,7 @@ async fn get(
 ) -> Result<(http::StatusCode, Bytes), ScrapeError> {
     let req = Request::get(url)
         .header(header::ACCEPT, "text/plain, application/json")
-        .body(Full::new(Bytes::new()))
+        .body(crate::proxy::upstream::whole(Bytes::new()))
         .map_err(|e| ScrapeError::Unreachable(e.to_string()))?;
     let deadline = tokio::time::Instant::now() + timeout;
     let late = || format!("no answer within {}", humantime::format_duration(timeout));

@@ -21,7 +21,7 @@ use crate::proxy::gateway::{Gateway, Live, Pending};
 use crate::proxy::relay::{Mode, RelayBody};
 use crate::proxy::tenant::authenticate;
 use crate::proxy::ticket::{Phase, StopCall, Ticket};
-use crate::proxy::{openai, triton, upstream};
+use crate::proxy::{audio, openai, triton, upstream};
 
 /// Reads the whole body within `timeout` (408 after it); the edge's body
 /// limit caps it at `limit`. A client that hangs up mid-body is
@@ -47,7 +47,7 @@ pub(crate) async fn read_body(
 
 /// True when a body read failed because the client's side of the
 /// connection ended (hyper reports an unexpected EOF inside a body error).
-fn client_went_away(e: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn client_went_away(e: &(dyn std::error::Error + 'static)) -> bool {
     let Some(h) = e.downcast_ref::<hyper::Error>() else {
         return false;
     };
@@ -83,6 +83,9 @@ pub enum Call {
     /// `/v2/models/{model}[/versions/{v}]/generate`, `/generate_stream`
     /// and `/infer`.
     Triton,
+    /// `/v1/audio/transcriptions` and `/translations`: a multipart upload,
+    /// streamed to the backend (see [`audio`]).
+    Audio,
 }
 
 impl Call {
@@ -159,22 +162,37 @@ async fn run(
     ticket.tenant = Some(tenant);
     let path = req.uri().path().to_owned();
     let server = &live.policy.server;
-    let (parts, body) = read_body(req, server.max_body_bytes, server.body_read_timeout).await?;
-    ticket.body_read = true;
-    let api = call.api();
-    let (info, triton_path) = match call {
-        Call::Triton => {
-            let p = triton::model_path(&path).ok_or(ApiError::NotFound)?;
-            let info = if p.action == "infer" {
-                let header_len = parts.headers.get("inference-header-content-length");
-                triton::parse_infer(&body, header_len, p.model)?
-            } else {
-                triton::parse_generate(&body, p.model, p.action == "generate_stream")?
-            };
-            (info, Some(p))
-        }
-        _ => (openai::parse(&body)?, None),
+    let (parts, body, info, triton_path) = if call == Call::Audio {
+        let limit = server.max_upload_bytes;
+        let (parts, a, upload) = audio::read_head(req, limit, server.body_read_timeout).await?;
+        let info = openai::RequestInfo {
+            model: a.model,
+            stream: a.stream,
+            include_usage: false,
+            max_tokens: None,
+            choices: 1,
+            prompt_tokens: a.prompt_tokens,
+        };
+        (parts, Payload::Upload(upload), info, None)
+    } else {
+        let (parts, body) = read_body(req, server.max_body_bytes, server.body_read_timeout).await?;
+        ticket.body_read = true;
+        let (info, triton_path) = match call {
+            Call::Triton => {
+                let p = triton::model_path(&path).ok_or(ApiError::NotFound)?;
+                let info = if p.action == "infer" {
+                    let header_len = parts.headers.get("inference-header-content-length");
+                    triton::parse_infer(&body, header_len, p.model)?
+                } else {
+                    triton::parse_generate(&body, p.model, p.action == "generate_stream")?
+                };
+                (info, Some(p))
+            }
+            _ => (openai::parse(&body)?, None),
+        };
+        (parts, Payload::Whole(body), info, triton_path)
     };
+    let api = call.api();
     let (pool, pool_index) = live.pool(&info.model, api)?;
     ticket.pool = Some((pool, pool_index));
     closed_while_store_down(gw, live, tenant)?;
@@ -236,10 +254,9 @@ async fn run(
         }
     }
     let strip_usage = info.stream && !info.include_usage && call == Call::Completions;
-    let body = if strip_usage {
-        openai::with_usage_requested(&body)
-    } else {
-        body
+    let body = match body {
+        Payload::Whole(b) if strip_usage => Payload::Whole(openai::with_usage_requested(&b)),
+        body => body,
     };
     // A connection that fails before the request was written is retried
     // once, on another backend: the failed one is ejected, and the request
@@ -249,6 +266,16 @@ async fn run(
     let resp = loop {
         let backend = await_dispatch(gw, ticket, &mut pending).await?;
         ticket.queue_wait = Some(gw.clock.now() - ticket.start);
+        if preemptible
+            && matches!(body, Payload::Upload(_))
+            && let Some(id) = ticket.id
+            && !gw.core.lock().sched.on_response_started(id)
+        {
+            // An upload cannot be sent twice, so it is never preempted
+            // once sent; this one was preempted just before.
+            ticket.preempted += 1;
+            continue;
+        }
         let authority = live.authorities.get(&backend).cloned().or_else(|| {
             // A backend added by a reload after this request took its policy.
             gw.live.load().authorities.get(&backend).cloned()
@@ -265,7 +292,7 @@ async fn run(
             ),
             None => path.clone(),
         };
-        let mut up = upstream::request(live, &parts, &up_path, &authority, body.clone())?;
+        let mut up = upstream::request(live, &parts, &up_path, &authority, body.to_send())?;
         if let Some(p) = &triton_path
             && p.action != "infer"
             && let Some(id) = parts.headers.get("triton-request-id")
@@ -299,6 +326,15 @@ async fn run(
         } else {
             Some(sent.await)
         };
+        if let Payload::Upload(u) = &body {
+            ticket.body_read = u.finished();
+            // The client's fault, not the backend's.
+            if !matches!(result, Some(Ok(Ok(_))))
+                && let Some(e) = u.failure(server.max_upload_bytes)
+            {
+                return Err(e);
+            }
+        }
         let Some(result) = result else {
             tracing::info!(backend = %ticket.backend_name, "preempted; queued again");
             ticket.preempted += 1;
@@ -376,6 +412,22 @@ async fn run(
         (_, true, true) => Mode::SseStripUsage,
     };
     Ok((resp, mode))
+}
+
+/// A request's body: read whole, or an upload streamed as it arrives.
+enum Payload {
+    Whole(Bytes),
+    Upload(audio::Upload),
+}
+
+impl Payload {
+    /// The body for one attempt to send the request.
+    fn to_send(&self) -> upstream::UpBody {
+        match self {
+            Payload::Whole(b) => upstream::whole(b.clone()),
+            Payload::Upload(u) => http_body_util::Either::Right(u.resend()),
+        }
+    }
 }
 
 /// With `[cluster] on_store_failure = "closed"` and the store unreachable,

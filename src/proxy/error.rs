@@ -305,7 +305,20 @@ impl ApiError {
         self.parts().0
     }
 
-    /// The response: OpenAI error body plus `retry-after` / `x-ratelimit-*`.
+    /// The error in the shape of the route `path` belongs to, for a
+    /// refusal made before the route is known (at the edge): Anthropic's
+    /// on `/v1/messages`, Triton's on its `/v2/models` and `/v2/health`
+    /// routes, OpenAI's elsewhere.
+    pub fn into_response_for(self, path: &str) -> Response<BoxBody> {
+        if path.starts_with("/v1/messages") {
+            self.into_anthropic_response()
+        } else if path.starts_with("/v2/models") || path.starts_with("/v2/health") {
+            self.into_triton_response()
+        } else {
+            self.into_response()
+        }
+    }
+
     /// The same response in the shape of Triton's errors on `/v2` routes:
     /// `{"error": "<message>"}`, with the same status and headers.
     pub fn into_triton_response(self) -> Response<BoxBody> {
@@ -342,6 +355,7 @@ impl ApiError {
         resp
     }
 
+    /// The response: OpenAI error body plus `retry-after` / `x-ratelimit-*`.
     pub fn into_response(self) -> Response<BoxBody> {
         let (status, kind, code, _) = self.parts();
         let param = match &self {

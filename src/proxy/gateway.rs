@@ -8,8 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -223,7 +221,7 @@ impl Pending {
 }
 
 /// The client that carries requests to backends.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+pub type UpstreamClient = Client<HttpConnector, crate::proxy::upstream::UpBody>;
 
 /// A new upstream client: keep-alive connections pooled per backend,
 /// `TCP_NODELAY`, 5 s to connect. Reads from a backend go into a 4 KiB
@@ -389,7 +387,7 @@ impl Gateway {
     /// request and its upstream connection never hop between threads.
     pub fn upstream(
         &self,
-        req: http::Request<Full<Bytes>>,
+        req: http::Request<crate::proxy::upstream::UpBody>,
     ) -> hyper_util::client::legacy::ResponseFuture {
         WORKER_CLIENT.with(|c| c.get().unwrap_or(&self.client).request(req))
     }

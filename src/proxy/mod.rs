@@ -3,6 +3,7 @@
 //! (`admin`), reload, and the edge error type (`error`).
 
 pub mod admin;
+pub mod audio;
 pub mod body;
 pub mod conn;
 pub mod dispatch;

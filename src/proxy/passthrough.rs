@@ -216,7 +216,7 @@ async fn send(
         .backend_names
         .get(&backend)
         .map_or_else(|| authority.clone(), |n| n.to_string());
-    let up = upstream::request(live, parts, path, authority, body)?;
+    let up = upstream::request(live, parts, path, authority, upstream::whole(body))?;
     let resp = match tokio::time::timeout(TIMEOUT, gw.upstream(up)).await {
         Err(_) => {
             return Err(ApiError::UpstreamTimeout {

@@ -39,14 +39,20 @@ struct UsageLite {
     output_tokens: Option<u32>,
     #[serde(default)]
     total_tokens: Option<u32>,
+    /// An audio call's duration (vLLM's `{"type": "duration"}` usage).
+    #[serde(default)]
+    seconds: Option<f64>,
 }
 
 impl UsageLite {
     fn usage(&self) -> Usage {
         let prompt = self.prompt_tokens.or(self.input_tokens).unwrap_or(0);
         let completion = self.completion_tokens.or(self.output_tokens).unwrap_or(0);
-        let prompt = match self.total_tokens {
-            Some(total) if prompt == 0 && completion == 0 => total,
+        let prompt = match (self.total_tokens, self.seconds) {
+            (Some(total), _) if prompt == 0 && completion == 0 => total,
+            (_, Some(s)) if prompt == 0 => {
+                (s * crate::proxy::audio::TOKENS_PER_SECOND).clamp(0.0, f64::from(u32::MAX)) as u32
+            }
             _ => prompt,
         };
         Usage {

@@ -726,6 +726,9 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
             "/v1/embeddings" | "/v1/rerank" | "/rerank" | "/v2/rerank" | "/v1/score" | "/score"
             | "/classify" | "/pooling",
         ) => dispatch::handle(gw, req, Call::Pooling).await,
+        (&Method::POST, "/v1/audio/transcriptions" | "/v1/audio/translations") => {
+            dispatch::handle(gw, req, Call::Audio).await
+        }
         (&Method::POST, "/tokenize" | "/detokenize") => passthrough::to_model(gw, req, false).await,
         (&Method::POST, "/v1/messages/count_tokens") => passthrough::to_model(gw, req, true).await,
         (_, path) if passthrough::response_id(path).is_some() => {

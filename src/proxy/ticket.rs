@@ -92,7 +92,7 @@ impl StopCall {
         let Ok(req) = http::Request::post(&self.url)
             .header(http::header::CONTENT_TYPE, "application/json")
             .header("triton-request-id", self.request_id)
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            .body(crate::proxy::upstream::whole(bytes::Bytes::from_static(
                 br#"{"text_input": "", "stop": true}"#,
             )))
         else {
@@ -480,7 +480,7 @@ pub fn refuse<B: http_body::Body>(
     );
     ticket.outcome = Some(error.outcome());
     ticket.status = error.status().as_u16();
-    let mut resp = error.into_response();
+    let mut resp = error.into_response_for(req.uri().path());
     close_if_body_unread(&mut resp, req.version(), !req.body().is_end_stream());
     resp
 }

@@ -180,7 +180,7 @@ pub async fn metadata(
         p.upstream(served).trim_end_matches('/')
     );
     let req = http::Request::get(url)
-        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .body(crate::proxy::upstream::whole(bytes::Bytes::new()))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let unavailable = |cause: String| ApiError::Upstream {
         backend: authority.clone(),

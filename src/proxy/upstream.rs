@@ -4,7 +4,8 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, header};
-use http_body_util::Full;
+use http_body::Body;
+use http_body_util::{Either, Full};
 
 use crate::proxy::error::ApiError;
 use crate::proxy::gateway::Live;
@@ -65,6 +66,15 @@ pub fn cause(e: &hyper_util::client::legacy::Error) -> String {
     std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
 }
 
+/// A backend request's body: whole, or an upload streamed from the
+/// client.
+pub type UpBody = Either<Full<Bytes>, crate::proxy::audio::Upload>;
+
+/// A whole body.
+pub fn whole(b: impl Into<Bytes>) -> UpBody {
+    Either::Left(Full::new(b.into()))
+}
+
 /// The request to forward: the client's method, path and headers (less
 /// hop-by-hop ones and its credentials for Fairway) and `body`.
 pub fn request(
@@ -72,8 +82,8 @@ pub fn request(
     parts: &http::request::Parts,
     path: &str,
     authority: &str,
-    body: Bytes,
-) -> Result<Request<Full<Bytes>>, ApiError> {
+    body: UpBody,
+) -> Result<Request<UpBody>, ApiError> {
     let mut up = Request::builder()
         .method(parts.method.clone())
         .uri(format!("http://{authority}{path}"));
@@ -87,12 +97,21 @@ pub fn request(
                 h.append(name.clone(), value.clone());
             }
         }
-        if let Ok(v) = HeaderValue::from_str(&body.len().to_string()) {
+        // An upload is sent as the client sent it: with its length, or
+        // chunked.
+        let length = match &body {
+            Either::Left(b) => b.size_hint().exact().map(|n| n.to_string()),
+            Either::Right(_) => parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        };
+        if let Some(v) = length.and_then(|l| HeaderValue::from_str(&l).ok()) {
             h.insert(header::CONTENT_LENGTH, v);
         }
     }
-    up.body(Full::new(body))
-        .map_err(|e| ApiError::Internal(e.to_string()))
+    up.body(body).map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 #[cfg(test)]

@@ -40,9 +40,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use http_body_util::BodyExt;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{TraceContextExt, TraceId, TracerProvider};
 use opentelemetry_http::{HeaderExtractor, HeaderInjector, HttpClient, HttpError};
@@ -79,7 +77,7 @@ impl Traces {
     /// Must run inside the tokio runtime that will carry the exports.
     pub fn start(
         policy: &TelemetryPolicy,
-        client: Client<HttpConnector, Full<Bytes>>,
+        client: crate::proxy::gateway::UpstreamClient,
         log: Option<LogFormat>,
     ) -> Result<Option<Traces>, TracesError> {
         let Some(endpoint) = &policy.otlp_endpoint else {
@@ -172,7 +170,7 @@ const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent
 /// gateway's runtime (the SDK's export thread has none).
 #[derive(Clone)]
 struct HyperClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: crate::proxy::gateway::UpstreamClient,
     runtime: tokio::runtime::Handle,
 }
 
@@ -193,7 +191,9 @@ impl HttpClient for HyperClient {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let client = self.client.clone();
         let send = async move {
-            let resp = client.request(request.map(Full::new)).await?;
+            let resp = client
+                .request(request.map(crate::proxy::upstream::whole))
+                .await?;
             let (parts, body) = resp.into_parts();
             let body = http_body_util::Limited::new(body, MAX_RESPONSE_BYTES)
                 .collect()

@@ -60,6 +60,21 @@ c = oa.chat.completions.create(
 )
 assert len(c.choices) == 2 and c.usage.completion_tokens == 4, c
 
+# Audio: the SDK's multipart upload (a 2 s WAV), streamed through.
+import io
+import struct
+
+pcm = b"\0" * 64000  # 2 s of 16 kHz 16-bit mono
+wav = (
+    b"RIFF" + struct.pack("<I", 36 + len(pcm)) + b"WAVEfmt "
+    + struct.pack("<IHHIIHH", 16, 1, 1, 16000, 32000, 2, 16)
+    + b"data" + struct.pack("<I", len(pcm)) + pcm
+)
+t = oa.audio.transcriptions.create(model="m", file=("a.wav", io.BytesIO(wav)))
+assert t.text.startswith("word"), t
+t = oa.audio.translations.create(model="m", file=("a.wav", io.BytesIO(wav)))
+assert t.text.startswith("word"), t
+
 # Anthropic's Messages with x-api-key: plain, streamed, counted.
 aa = anthropic.Anthropic(base_url=url, api_key="ka", max_retries=0)
 ab = anthropic.Anthropic(base_url=url, api_key="kb", max_retries=0)

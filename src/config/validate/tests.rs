@@ -794,6 +794,7 @@ fn minimal_file_gets_every_default() {
             listen: "127.0.0.1:8080".parse().unwrap(),
             admin_listen: "127.0.0.1:9090".parse().unwrap(),
             max_body_bytes: 10_485_760,
+            max_upload_bytes: 26_214_400,
             drain_timeout: Duration::from_secs(30),
             trust_tenant_header: None,
             tls: None,
@@ -872,6 +873,7 @@ fn full_file_parses_to_the_expected_policy() {
 listen = \"0.0.0.0:8000\"
 admin_listen = \"[::1]:9000\"
 max_body_bytes = 1_024
+max_upload_bytes = 2_048
 drain_timeout = \"0s\"
 tls = { cert = \"c.pem\", key = \"k.pem\" }
 [poller]
@@ -916,6 +918,7 @@ burst = 3
     assert_eq!(p.server.listen, "0.0.0.0:8000".parse().unwrap());
     assert_eq!(p.server.admin_listen, "[::1]:9000".parse().unwrap());
     assert_eq!(p.server.max_body_bytes, 1024);
+    assert_eq!(p.server.max_upload_bytes, 2048);
     assert_eq!(p.server.drain_timeout, Duration::ZERO);
     assert_eq!(
         p.server.tls,

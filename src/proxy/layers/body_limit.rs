@@ -1,4 +1,5 @@
-//! `[server] max_body_bytes`: a body whose `Content-Length` is over the
+//! `[server] max_body_bytes` (`max_upload_bytes` on the audio upload
+//! routes): a body whose `Content-Length` is over the
 //! limit is answered 413 before a byte of it is read; any other body is
 //! wrapped in [`Limited`], so the handler's read stops at the limit (and
 //! answers 413 then). The limit is read from the live policy on every
@@ -41,6 +42,15 @@ impl<S> Layer<S> for BodyLimitLayer {
     }
 }
 
+/// The largest body a request to `path` may send.
+pub fn body_limit(server: &crate::config::ServerPolicy, path: &str) -> usize {
+    if crate::proxy::audio::is_upload_route(path) {
+        server.max_upload_bytes
+    } else {
+        server.max_body_bytes
+    }
+}
+
 /// Caps the request body at the policy's `max_body_bytes`.
 #[derive(Clone)]
 pub struct BodyLimit<S> {
@@ -62,7 +72,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let limit = self.gw.live.load().policy.server.max_body_bytes;
+        let limit = body_limit(&self.gw.live.load().policy.server, req.uri().path());
         let declared = req
             .headers()
             .get(header::CONTENT_LENGTH)

@@ -214,6 +214,62 @@ async fn pooling(
     Err(ApiError::internal("engine dropped the request"))
 }
 
+/// vLLM's transcription and translation routes: the multipart form is
+/// read as it arrives (never held whole), then one engine pass sized by
+/// the audio's duration (at most one 30 s window's prefill, and about
+/// three words a second of output) answers `{"text", "usage"}` with the
+/// duration, as vLLM does. `stream` and `response_format` are not
+/// simulated: the answer is always that JSON.
+async fn transcription(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    use crate::proxy::audio;
+    let boundary = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(audio::boundary)
+        .map(str::to_owned)
+        .ok_or_else(|| ApiError::bad_request("Expected a multipart/form-data body".into()))?;
+    let mut form = audio::Form::new(&boundary);
+    let mut body = req.into_body();
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::bad_request(format!("Could not read the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            form.feed(&data).map_err(ApiError::bad_request)?;
+        }
+    }
+    let model = form.model.clone().unwrap_or_default();
+    if model != shared.model {
+        return Err(ApiError::model_not_found(&model));
+    }
+    let seconds = form.seconds(None);
+    if seconds <= 0.0 {
+        return Err(ApiError::bad_request("The form has no audio file".into()));
+    }
+    let window = (30.0 * audio::TOKENS_PER_SECOND) as u32;
+    let prompt = ((seconds * audio::TOKENS_PER_SECOND) as u32).clamp(1, window);
+    let words =
+        ((seconds * 3.0) as u32).clamp(1, shared.max_model_len.saturating_sub(prompt).max(1));
+    let (guard, mut rx) = shared
+        .submit(prompt, words, FinishReason::Stop)
+        .map_err(|err| engine_error(err, Endpoint::Completions))?;
+    let _guard = guard;
+    while let Some(d) = rx.recv().await {
+        if let Delivery::Finished { .. } = d {
+            let text = vec!["word"; words as usize].join(" ");
+            let body = serde_json::json!({
+                "text": text,
+                "usage": {"type": "duration", "seconds": seconds.ceil() as u64},
+            });
+            return Ok(json(StatusCode::OK, Bytes::from(body.to_string())));
+        }
+    }
+    Err(ApiError::internal("engine dropped the request"))
+}
+
 pub(super) async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
@@ -337,6 +393,9 @@ pub(super) async fn handle(
             "/v1/rerank" | "/rerank" | "/v2/rerank" | "/v1/score" | "/score" | "/classify"
             | "/pooling",
         ) => pooling(&shared, &path, req)
+            .await
+            .unwrap_or_else(|e| error(&e)),
+        (Method::POST, p) if crate::proxy::audio::is_upload_route(p) => transcription(&shared, req)
             .await
             .unwrap_or_else(|e| error(&e)),
         (Method::POST, "/tokenize" | "/detokenize") => tokenize(&shared, &path, req)
