@@ -68,6 +68,7 @@ fn saturated(
                 max_tokens: Some(100),
                 choices: 1,
                 deadline: None,
+                adapter: None,
             };
             if let Ok((_, ds)) = s.on_arrival(Instant::from_nanos(now), a) {
                 for d in ds {
@@ -120,6 +121,7 @@ fn cycle(c: &mut Criterion) {
                         max_tokens: Some(100),
                         choices: 1,
                         deadline: None,
+                        adapter: None,
                     };
                     black_box(s.on_arrival(t, a).is_ok());
                 })

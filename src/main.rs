@@ -146,6 +146,21 @@ enum Command {
         /// metrics) running the model on TensorRT-LLM or on its vLLM backend.
         #[arg(long, value_enum, default_value = "vllm")]
         flavour: fairway::sim::backend::Flavour,
+        /// LoRA adapters it serves on top of `--model`, comma-separated
+        /// (vLLM's `--lora-modules`).
+        #[arg(long, value_delimiter = ',')]
+        lora_modules: Vec<String>,
+        /// Adapters on the GPU at once (vLLM's `--max-loras`).
+        #[arg(long, default_value_t = EngineParams::default().max_loras)]
+        max_loras: u32,
+        /// Time to load an adapter onto the GPU (simulated).
+        #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+        lora_load_time: Duration,
+        /// Also export the LoRA residency series proposed for vLLM
+        /// (`vllm:lora_adapter_loaded` and friends), not only
+        /// `vllm:lora_requests_info`.
+        #[arg(long)]
+        lora_residency_metrics: bool,
     },
 }
 
@@ -236,8 +251,14 @@ fn run(cli: Cli) -> ExitCode {
             time_scale,
             fault,
             flavour,
+            lora_modules,
+            max_loras,
+            lora_load_time,
+            lora_residency_metrics,
         } => {
             let engine = EngineParams {
+                max_loras,
+                lora_load_time,
                 max_num_seqs,
                 kv_tokens,
                 max_model_len,
@@ -256,6 +277,8 @@ fn run(cli: Cli) -> ExitCode {
                         engine,
                         fault,
                         flavour,
+                        adapters: lora_modules,
+                        residency_metrics: lora_residency_metrics,
                     },
                 ))
             }))

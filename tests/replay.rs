@@ -218,6 +218,7 @@ fn the_same_seed_gives_the_same_report() {
         discipline: Discipline::Drf,
         strategy: Strategy::P2c,
         slo_admission: true,
+        adapter_affinity: true,
     };
     let a = run_variant(&p, &work, v, &opts(9)).0;
     let b = run_variant(&p, &work, v, &opts(9)).0;

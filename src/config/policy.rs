@@ -225,6 +225,11 @@ pub struct PoolPolicy {
     /// Outlier ejection (`eject_after_failures`, `ejection_time`,
     /// `max_ejection_time`, `max_ejected_share`).
     pub outlier: OutlierPolicy,
+    /// LoRA adapters its backends serve on top of `model`, by the names
+    /// clients request (more are found in the backends' `/v1/models`).
+    pub adapters: Vec<String>,
+    /// A request for an adapter prefers backends that have it loaded.
+    pub adapter_affinity: bool,
     pub backends: Vec<BackendPolicy>,
 }
 
@@ -337,6 +342,17 @@ pub struct TenantPolicy {
     /// `priority`: [`OnLate::default_for`]).
     #[serde(serialize_with = "as_display")]
     pub on_late: OnLate,
+    /// The LoRA adapters it may call; `None`: every adapter.
+    pub adapters: Option<Vec<String>>,
+}
+
+impl TenantPolicy {
+    /// Whether it may call adapter `name`.
+    pub fn may_use_adapter(&self, name: &str) -> bool {
+        self.adapters
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|a| a == name))
+    }
 }
 
 /// A tenant's latency objective; a served request meets it when both hold.
@@ -417,6 +433,7 @@ impl PoolPolicy {
                 success_rate_min_requests: self.outlier.success_rate_min_requests,
                 success_rate_interval: self.outlier.success_rate_interval,
             },
+            adapter_affinity: self.adapter_affinity,
             backends: self
                 .backends
                 .iter()

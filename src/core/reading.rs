@@ -25,4 +25,20 @@ pub struct Reading {
     /// GPU memory used and total, in bytes, when known.
     pub gpu_memory_used: Option<u64>,
     pub gpu_memory_total: Option<u64>,
+    /// LoRA adapters, when the engine reports them.
+    pub lora: Option<LoraReading>,
+}
+
+/// What an engine says of its LoRA adapters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoraReading {
+    /// Adapters it has loaded on the GPU (`resident`), or, from vLLM's
+    /// `lora_requests_info`, those its running and waiting requests use
+    /// (loaded, or about to be).
+    pub adapters: Vec<String>,
+    /// `true`: `adapters` is the engine's GPU residency
+    /// (`vllm:lora_adapter_loaded`), not only its activity.
+    pub resident: bool,
+    /// Most adapters it holds on the GPU at once (`--max-loras`).
+    pub max_loaded: Option<u32>,
 }

@@ -28,6 +28,7 @@
 //! now), `window` (the adaptive dispatch window), `preemption`, `views`
 //! (read-only state for metrics and admin) and `state` (the state types).
 
+mod adapters;
 mod admission;
 mod candidates;
 mod cost_model;
@@ -48,7 +49,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use crate::core::admission::Refusal;
-use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
+use crate::core::ids::{AdapterId, BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::queue::cost::{Work, cost};
 use crate::core::reading::Reading;
 use crate::core::routing::Candidate;
@@ -106,6 +107,9 @@ pub struct Arrival {
     pub choices: u32,
     /// The client's own deadline for dispatch, if shorter than `max_wait`.
     pub deadline: Option<Duration>,
+    /// The LoRA adapter it names ([`Scheduler::adapter`]), served by the
+    /// pool of its base model.
+    pub adapter: Option<AdapterId>,
 }
 
 /// What the scheduler measured for a request that ended after dispatch.
@@ -152,6 +156,7 @@ pub struct Scheduler {
     ejections_ended: Vec<BackendId>,
     rng: SmallRng,
     scratch: Vec<Candidate>,
+    adapters: adapters::Adapters,
 }
 
 impl Scheduler {
@@ -179,6 +184,7 @@ impl Scheduler {
             ejections_ended: Vec::new(),
             rng: SmallRng::seed_from_u64(seed),
             scratch: Vec::new(),
+            adapters: adapters::Adapters::default(),
         };
         s.apply_policy(spec, now);
         s
@@ -224,6 +230,7 @@ impl Scheduler {
             late,
             qcost,
             give_up,
+            adapter: a.adapter,
         });
         self.deadlines.insert((deadline, id));
         let ps = &mut self.pools[a.pool.0 as usize];
@@ -387,6 +394,7 @@ impl Scheduler {
         if let Some(kv) = reading.kv_tokens {
             b.kv_tokens = kv;
         }
+        b.lora.report(&mut self.adapters, reading.lora.as_ref());
         b.reading = Some(reading);
         let pool = b.pool;
         let mut out = Vec::new();

@@ -323,6 +323,9 @@ pub struct PoolSpec {
     pub ttft_p99_threshold: Duration,
     /// Passive ejection of backends that fail what the proxy sends them.
     pub outlier: OutlierSpec,
+    /// A request naming a LoRA adapter prefers backends that have it
+    /// loaded (see `scheduler::adapters`).
+    pub adapter_affinity: bool,
     pub backends: Vec<BackendSpec>,
 }
 
@@ -411,6 +414,7 @@ mod tests {
                     success_rate_min_requests: 20,
                     success_rate_interval: Duration::from_secs(10),
                 },
+                adapter_affinity: true,
                 backends: vec![BackendSpec {
                     name: "b".into(),
                     gpus: 1,

@@ -67,7 +67,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::policy::MetricsDialect;
-use crate::core::reading::Reading;
+use crate::core::reading::{LoraReading, Reading};
 use crate::core::time::Instant;
 use crate::poller::expo::{self, ParseError, Sample, parse_float};
 
@@ -319,6 +319,8 @@ impl AgentReading {
             gpu_memory_total: self
                 .gpu_memory_total_bytes
                 .or_else(|| gpu_sum(|g| g.memory_total_bytes)),
+            // The agent's document does not carry adapters (yet).
+            lora: None,
         }
     }
 }
@@ -396,6 +398,7 @@ impl Decoder {
             kv_tokens: signals.kv_tokens,
             gpu_memory_used: signals.gpu_used.and_then(bytes),
             gpu_memory_total: signals.gpu_total.and_then(bytes),
+            lora: signals.lora,
         })
     }
 }
@@ -415,6 +418,7 @@ struct Signals {
     e2e: Vec<Bucket>,
     e2e_scale: f64,
     sources: Sources,
+    lora: Option<LoraReading>,
 }
 
 /// Which series each of a reading's load signals came from, for the
@@ -485,7 +489,60 @@ fn vllm(samples: &[&Sample]) -> Signals {
         "vllm:e2e_request_latency_seconds",
         false,
     );
+    s.lora = vllm_lora(samples);
     s
+}
+
+/// vLLM's LoRA adapters: GPU residency from `vllm:lora_adapter_loaded`
+/// (`{adapter_name, level="gpu"}` = 1, with `vllm:max_gpu_lora_adapters`)
+/// where the engine exports it; else `vllm:lora_requests_info`, an info
+/// gauge whose newest series (the largest value, a timestamp) lists the
+/// adapters of running and waiting requests (`running_lora_adapters`,
+/// `waiting_lora_adapters`, comma-separated) and `max_lora`. vLLM fills
+/// both lists from one dict, so they are read as one set.
+fn vllm_lora(samples: &[&Sample]) -> Option<LoraReading> {
+    let resident: Vec<&Sample> = samples
+        .iter()
+        .copied()
+        .filter(|s| s.name == "vllm:lora_adapter_loaded")
+        .collect();
+    if !resident.is_empty() {
+        let mut adapters: Vec<String> = resident
+            .iter()
+            .filter(|s| s.value >= 1.0 && s.label("level").is_none_or(|l| l == "gpu"))
+            .filter_map(|s| s.label("adapter_name").map(str::to_owned))
+            .collect();
+        adapters.sort();
+        adapters.dedup();
+        let max_loaded = samples
+            .iter()
+            .find(|s| s.name == "vllm:max_gpu_lora_adapters")
+            .and_then(|s| count(s.value));
+        return Some(LoraReading {
+            adapters,
+            resident: true,
+            max_loaded,
+        });
+    }
+    let info = samples
+        .iter()
+        .filter(|s| s.name == "vllm:lora_requests_info" && s.value.is_finite())
+        .max_by(|a, b| a.value.total_cmp(&b.value))?;
+    let mut adapters: Vec<String> = ["running_lora_adapters", "waiting_lora_adapters"]
+        .iter()
+        .filter_map(|l| info.label(l))
+        .flat_map(|list| list.split(','))
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+        .collect();
+    adapters.sort();
+    adapters.dedup();
+    Some(LoraReading {
+        adapters,
+        resident: false,
+        max_loaded: info.label("max_lora").and_then(|m| m.trim().parse().ok()),
+    })
 }
 
 /// How far a reported KV fraction may be from `used`/`max` and still agree.

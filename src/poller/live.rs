@@ -14,6 +14,11 @@
 //!   serving, so the reading just goes stale and routing falls back to the
 //!   gateway's own counts. It is counted in `scrape_errors`.
 //!
+//! - An OpenAI-protocol backend's `/v1/models` is read at the first tick
+//!   and then every [`MODELS_EVERY`]: the LoRA adapters it lists (entries
+//!   with a `parent`) are served by its pool like those the policy names
+//!   ([`crate::proxy::adapters`]). A failed read keeps the last list.
+//!
 //! Tasks are matched to backends by name; a reload that changes a
 //! backend's address, dialect or poller settings restarts its task (and
 //! with it the histogram window), one that removes the backend stops it.
@@ -40,6 +45,8 @@ use crate::proxy::gateway::Gateway;
 
 /// Largest scrape body read; a larger one fails the scrape.
 const MAX_SCRAPE_BYTES: usize = 8 << 20;
+/// How often a backend's `/v1/models` is read for its adapters.
+const MODELS_EVERY: Duration = Duration::from_secs(30);
 
 /// What one backend's task talks to, and how often.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +56,9 @@ struct Target {
     metrics: Option<String>,
     /// `http://…` URL of the health probe.
     health: String,
+    /// `http://…/v1/models`, for an OpenAI-protocol backend, and its
+    /// pool's model.
+    models: Option<(String, String)>,
     interval: Duration,
     timeout: Duration,
 }
@@ -82,7 +92,11 @@ impl Pollers {
         sims: &HashMap<String, String>,
     ) {
         let mut wanted = HashMap::new();
-        for b in policy.pools.iter().flat_map(|p| &p.backends) {
+        let backends = policy
+            .pools
+            .iter()
+            .flat_map(|p| p.backends.iter().map(move |b| (p, b)));
+        for (pool, b) in backends {
             let authority = match &b.target {
                 BackendTarget::Url { authority } => authority.clone(),
                 BackendTarget::Sim { .. } => match sims.get(&b.name) {
@@ -101,6 +115,8 @@ impl Pollers {
                     dialect: b.metrics,
                     metrics,
                     health: format!("http://{authority}{}", b.health_path),
+                    models: (b.protocol == crate::core::spec::Api::OpenAi)
+                        .then(|| (format!("http://{authority}/v1/models"), pool.model.clone())),
                     interval: policy.poller.interval,
                     timeout: policy.poller.timeout,
                 },
@@ -110,6 +126,7 @@ impl Pollers {
             let keep = wanted.get(name) == Some(target);
             if !keep {
                 stop.cancel();
+                gw.adapters.forget(name);
             }
             keep
         });
@@ -188,12 +205,25 @@ async fn poll(
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // Log a failure when it starts or changes, not at every tick.
     let mut last_problem: Option<String> = None;
+    let models_every = (MODELS_EVERY.as_secs_f64() / target.interval.as_secs_f64().max(1e-3))
+        .ceil()
+        .max(1.0) as u64;
+    let mut ticks = 0u64;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
         let Some(gw) = gw.upgrade() else { return };
+        if ticks.is_multiple_of(models_every)
+            && let Some((url, model)) = &target.models
+            && let Ok((status, body)) = get(&gw, url, target.timeout, 1 << 20).await
+            && status.is_success()
+            && let Some(adapters) = crate::proxy::adapters::from_models_list(&body)
+        {
+            gw.adapters.report(&name, model, adapters);
+        }
+        ticks += 1;
         let (probe, scrape) = tokio::join!(probe(&gw, &target), scrape(&gw, &target, &mut decoder));
         let unreachable = match &scrape {
             Some(Err(ScrapeError::Unreachable(cause))) => Some(cause.clone()),

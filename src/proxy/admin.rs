@@ -110,20 +110,40 @@ pub async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<BoxBody
 }
 
 /// `GET /v1/models`: the models with OpenAI-compatible backends, OpenAI
-/// list format.
-pub fn models(gw: &Gateway) -> Response<BoxBody> {
+/// list format; with a tenant's key, also the LoRA adapters it may call
+/// (those the policy lists and those the backends list), each with its
+/// base model as `parent` (as vLLM lists them).
+pub fn models(gw: &Gateway, headers: &http::HeaderMap) -> Response<BoxBody> {
     let live = gw.live.load();
-    let data: Vec<_> = live
-        .policy
-        .pools
-        .iter()
-        .filter(|p| {
-            p.backends
-                .iter()
-                .any(|b| b.protocol == crate::core::spec::Api::OpenAi)
-        })
-        .map(|p| serde_json::json!({"id": p.model, "object": "model", "created": 0, "owned_by": "fairway"}))
-        .collect();
+    let tenant = crate::proxy::tenant::authenticate(&live, headers)
+        .ok()
+        .map(|t| live.tenant_policy.get(&t).map(|&i| &live.policy.tenants[i]));
+    let discovered = gw.adapters.all();
+    let mut data = Vec::new();
+    let openai = live.policy.pools.iter().filter(|p| {
+        p.backends
+            .iter()
+            .any(|b| b.protocol == crate::core::spec::Api::OpenAi)
+    });
+    for p in openai {
+        data.push(serde_json::json!({"id": p.model, "object": "model", "created": 0, "owned_by": "fairway"}));
+        let Some(tenant) = tenant else {
+            continue;
+        };
+        let mut adapters: Vec<&String> = p.adapters.iter().collect();
+        let mut listed: Vec<&String> = discovered
+            .iter()
+            .filter(|(a, base)| **base == p.model && !p.adapters.contains(a))
+            .map(|(a, _)| a)
+            .collect();
+        listed.sort();
+        adapters.extend(listed);
+        for a in adapters {
+            if tenant.is_none_or(|t| t.may_use_adapter(a)) {
+                data.push(serde_json::json!({"id": a, "object": "model", "created": 0, "owned_by": "fairway", "parent": p.model}));
+            }
+        }
+    }
     json(
         StatusCode::OK,
         &serde_json::json!({"object": "list", "data": data}),

@@ -193,8 +193,20 @@ async fn run(
         (parts, Payload::Whole(body), info, triton_path)
     };
     let api = call.api();
-    let (pool, pool_index) = live.pool(&info.model, api)?;
+    let (pool, pool_index, is_adapter) = gw.model_pool(live, &info.model, api)?;
     ticket.pool = Some((pool, pool_index));
+    let adapter = is_adapter.then_some(info.model.as_str());
+    if let Some(name) = adapter {
+        let allowed = live
+            .tenant_policy
+            .get(&tenant)
+            .is_none_or(|&i| live.policy.tenants[i].may_use_adapter(name));
+        if !allowed {
+            // As for a model it does not have: no hint that it exists.
+            return Err(ApiError::UnknownModel(name.to_owned()));
+        }
+        ticket.adapter = Some(Arc::from(name));
+    }
     closed_while_store_down(gw, live, tenant)?;
     ticket.prompt_estimate = info.prompt_tokens;
     ticket.max_tokens = info.max_tokens;
@@ -217,6 +229,7 @@ async fn run(
         },
         choices: info.choices,
         deadline: None,
+        adapter: None,
     };
 
     // Admit, and either dispatch now or wait for the scheduler's decision.
@@ -225,6 +238,10 @@ async fn run(
     {
         let now = gw.clock.now();
         let mut core = gw.core.lock();
+        let arrival = Arrival {
+            adapter: adapter.and_then(|a| core.sched.adapter(a)),
+            ..arrival
+        };
         if !core.sched.pool_is_ready(pool) {
             // Every backend is ejected: answer now rather than queue until
             // `max_wait` for a pool that may stay down.
@@ -309,6 +326,11 @@ async fn run(
             // A backend added by a reload after this request took its policy.
             None => Arc::from(gw.core.lock().sched.backend_name(backend)),
         };
+        if let Some(adapter) = &ticket.adapter {
+            let model = &live.policy.pools[pool_index].model;
+            gw.metrics
+                .record_adapter(model, adapter, &ticket.backend_name);
+        }
         let upstream_span = Phase::Upstream {
             backend: &ticket.backend_name,
         };

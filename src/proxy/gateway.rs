@@ -36,6 +36,8 @@ pub struct Live {
     pub tenant_policy: HashMap<TenantId, usize>,
     /// Model → its scheduler pools and index into `policy.pools`.
     pub pools: HashMap<String, ModelPools>,
+    /// LoRA adapter → its base model, as the policy lists them.
+    pub adapters: HashMap<String, String>,
     /// Backend id → `host:port` to connect to.
     pub authorities: HashMap<BackendId, String>,
     /// Backend id → its name (the access log's and spans' `backend`).
@@ -286,6 +288,8 @@ pub struct Gateway {
     pub cluster: Option<Arc<crate::cluster::Member>>,
     /// Which backend created each recent Responses API response.
     pub responses: crate::proxy::passthrough::ResponseOrigins,
+    /// The LoRA adapters the backends list.
+    pub adapters: crate::proxy::adapters::Discovered,
 }
 
 /// Builds the derived view of a policy against the scheduler's ids.
@@ -310,6 +314,7 @@ pub fn derive_live(
         }
     }
     let mut pools = HashMap::new();
+    let mut adapters = HashMap::new();
     let mut authorities = HashMap::new();
     let mut served_models = HashMap::new();
     let mut backend_names = HashMap::new();
@@ -322,6 +327,9 @@ pub fn derive_live(
                 triton: sched.pool_for(&p.model, Api::Triton),
             },
         );
+        for a in &p.adapters {
+            adapters.insert(a.clone(), p.model.clone());
+        }
         for b in &p.backends {
             let Some(bid) = sched.backend(&b.name) else {
                 continue;
@@ -361,6 +369,7 @@ pub fn derive_live(
         tenant_names,
         tenant_policy,
         pools,
+        adapters,
         authorities,
         backend_names,
         served_models,
@@ -392,6 +401,29 @@ impl Gateway {
         WORKER_CLIENT.with(|c| c.get().unwrap_or(&self.client).request(req))
     }
 
+    /// The pool of `model` over `api` as [`Live::pool`] finds it, where
+    /// `model` may also be a LoRA adapter (one the policy lists, or one a
+    /// backend lists): then its base model's pool, and `true`.
+    pub fn model_pool(
+        &self,
+        live: &Live,
+        model: &str,
+        api: Api,
+    ) -> Result<(PoolId, usize, bool), ApiError> {
+        if live.pools.contains_key(model) {
+            return live.pool(model, api).map(|(p, i)| (p, i, false));
+        }
+        let base = live
+            .adapters
+            .get(model)
+            .cloned()
+            .or_else(|| self.adapters.base_of(model))
+            .ok_or_else(|| ApiError::UnknownModel(model.to_owned()))?;
+        live.pool(&base, api)
+            .map(|(p, i)| (p, i, true))
+            .map_err(|_| ApiError::UnknownModel(model.to_owned()))
+    }
+
     /// A healthy backend of `model`'s `api` pool, for calls that need no
     /// queueing (metadata, tokenizer routes): 404 for a model not served
     /// over `api`, 503 when none is healthy.
@@ -401,7 +433,7 @@ impl Gateway {
         model: &str,
         api: Api,
     ) -> Result<BackendId, ApiError> {
-        let (pool, _) = live.pool(model, api)?;
+        let (pool, _, _) = self.model_pool(live, model, api)?;
         self.core
             .lock()
             .sched

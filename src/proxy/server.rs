@@ -192,6 +192,7 @@ impl Server {
             traces,
             cluster,
             responses: Default::default(),
+            adapters: Default::default(),
         });
         {
             let sims = gateway.sim_authorities.lock().clone();
@@ -739,7 +740,7 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
         {
             dispatch::handle(gw, req, Call::Triton).await
         }
-        (&Method::GET, "/v1/models") => admin::models(&gw),
+        (&Method::GET, "/v1/models") => admin::models(&gw, req.headers()),
         (&Method::GET, "/v2/health/live") => triton_status(true),
         (&Method::GET, "/v2/models") => crate::proxy::triton::list(&gw, req.headers())
             .unwrap_or_else(ApiError::into_triton_response),

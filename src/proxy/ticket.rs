@@ -41,6 +41,8 @@ pub struct Ticket {
     caller_trace: Option<TraceId>,
     pub(crate) tenant: Option<TenantId>,
     pub(crate) pool: Option<(PoolId, usize)>,
+    /// The LoRA adapter the request names, on its base model's pool.
+    pub(crate) adapter: Option<Arc<str>>,
     /// Set once admitted: the scheduler knows the request.
     pub(crate) id: Option<RequestId>,
     /// The tenant's buckets once admitted, for the answer's
@@ -236,6 +238,7 @@ impl Ticket {
             caller_trace,
             tenant: None,
             pool: None,
+            adapter: None,
             id: None,
             limits: RateLimits::default(),
             backend: None,
@@ -446,6 +449,7 @@ impl Drop for Ticket {
             trace_id = trace_id.map(tracing::field::display),
             tenant,
             model,
+            adapter = self.adapter.as_deref(),
             backend = %self.backend_name,
             outcome = outcome.as_str(),
             reason = outcome.reason(),

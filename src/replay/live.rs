@@ -150,6 +150,8 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
         output_tokens: 0,
         // Counted by the gateway (`fairway_preemptions_total`), not here.
         preempted: None,
+        // Loaded inside the engines, not seen here.
+        adapter_loads: None,
         // Charged and settled inside the gateway, not seen here.
         estimates: Vec::new(),
     }

@@ -44,6 +44,8 @@ pub enum Compare {
     Strategies,
     /// Every discipline with every strategy.
     All,
+    /// The policy's routing with LoRA adapter affinity on, then off.
+    Adapters,
 }
 
 /// One run of a comparison: a discipline, a routing strategy, and whether
@@ -55,6 +57,8 @@ pub struct Variant {
     /// `false`: every tenant's `on_late` is `serve`, as before SLO-aware
     /// admission (the baselines).
     pub slo_admission: bool,
+    /// Requests for a LoRA adapter prefer backends that have it loaded.
+    pub adapter_affinity: bool,
 }
 
 impl Variant {
@@ -68,6 +72,7 @@ impl Variant {
                 .first()
                 .map_or(Strategy::LeastOutstanding, |p| p.routing),
             slo_admission: policy.tenants.iter().any(|t| t.on_late != OnLate::Serve),
+            adapter_affinity: policy.pools.first().is_none_or(|p| p.adapter_affinity),
         }
     }
 }
@@ -83,11 +88,13 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
         discipline: d0,
         strategy: s0,
         slo_admission: admits,
+        adapter_affinity: affinity,
     } = Variant::of(policy);
     let v = |discipline, strategy, slo_admission| Variant {
         discipline,
         strategy,
         slo_admission,
+        adapter_affinity: affinity,
     };
     let disciplines = |s| {
         let mut out: Vec<Variant> = DISCIPLINES.iter().map(|&d| v(d, s, false)).collect();
@@ -101,6 +108,13 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
         Some(Compare::Disciplines) => disciplines(s0),
         Some(Compare::Strategies) => STRATEGIES.iter().map(|&s| v(d0, s, admits)).collect(),
         Some(Compare::All) => STRATEGIES.iter().flat_map(|&s| disciplines(s)).collect(),
+        Some(Compare::Adapters) => [true, false]
+            .into_iter()
+            .map(|adapter_affinity| Variant {
+                adapter_affinity,
+                ..v(d0, s0, admits)
+            })
+            .collect(),
     }
 }
 
@@ -117,6 +131,7 @@ pub fn run_variant(
     p.queue.discipline = variant.discipline;
     for pool in &mut p.pools {
         pool.routing = variant.strategy;
+        pool.adapter_affinity = variant.adapter_affinity;
     }
     if !variant.slo_admission {
         for t in &mut p.tenants {

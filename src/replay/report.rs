@@ -46,6 +46,11 @@ pub struct RunReport {
     pub strategy: Strategy,
     /// Whether the tenants' SLO-aware admission (`on_late`) was on.
     pub slo_admission: bool,
+    /// Whether requests for a LoRA adapter preferred backends with it loaded.
+    pub adapter_affinity: bool,
+    /// LoRA adapter loads on all engines (`null`: no request named an
+    /// adapter, or not known).
+    pub adapter_loads: Option<u64>,
     /// Jain's index of backlogged tenants' weighted service, over the
     /// periods they were backlogged together (`null`: never two backlogged
     /// tenants at once).
@@ -89,6 +94,16 @@ impl RunReport {
             self.discipline.to_string()
         }
     }
+
+    /// Its routing in tables: the strategy, `+lora` when requests for an
+    /// adapter preferred backends with it loaded.
+    pub fn routing(&self) -> String {
+        if self.adapter_affinity && self.adapter_loads.is_some() {
+            format!("{}+lora", self.strategy.as_str())
+        } else {
+            self.strategy.as_str().to_owned()
+        }
+    }
 }
 
 /// Summarises a trace.
@@ -97,6 +112,7 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
         discipline,
         strategy,
         slo_admission,
+        adapter_affinity,
     } = variant;
     let mut tenants = BTreeMap::new();
     // Rates are per second of offered load (first to last arrival), the
@@ -167,6 +183,8 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
         discipline,
         strategy,
         slo_admission,
+        adapter_affinity,
+        adapter_loads: trace.adapter_loads,
         jain: trace.jain,
         slo_jain: jain(
             &tenants
@@ -199,7 +217,7 @@ pub fn table(runs: &[RunReport]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<9} {:<17} {:>6} {:>6} {:>5} {:>7} {:>7} | {:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6} {:>6}",
+        "{:<9} {:<22} {:>6} {:>6} {:>5} {:>7} {:>7} | {:<8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>6} {:>6}",
         "queue",
         "routing",
         "jain",
@@ -221,9 +239,9 @@ pub fn table(runs: &[RunReport]) -> String {
         for (i, (name, t)) in r.tenants.iter().enumerate() {
             let head = if i == 0 {
                 format!(
-                    "{:<9} {:<17} {:>6} {:>6} {:>5.0}% {:>7.2} {:>7}",
+                    "{:<9} {:<22} {:>6} {:>6} {:>5.0}% {:>7.2} {:>7}",
                     r.label(),
-                    r.strategy.as_str(),
+                    r.routing(),
                     r.jain.map_or("-".into(), |j| format!("{j:.3}")),
                     r.slo_jain.map_or("-".into(), |j| format!("{j:.3}")),
                     r.utilisation * 100.0,
@@ -232,7 +250,7 @@ pub fn table(runs: &[RunReport]) -> String {
                 )
             } else {
                 format!(
-                    "{:<9} {:<17} {:>6} {:>6} {:>5} {:>7} {:>7}",
+                    "{:<9} {:<22} {:>6} {:>6} {:>5} {:>7} {:>7}",
                     "", "", "", "", "", "", ""
                 )
             };
@@ -264,6 +282,20 @@ pub fn table(runs: &[RunReport]) -> String {
             ))
         })
         .collect();
+    let loads: Vec<String> = runs
+        .iter()
+        .filter_map(|r| {
+            Some(format!(
+                "{} {}: {}",
+                r.label(),
+                r.routing(),
+                r.adapter_loads?
+            ))
+        })
+        .collect();
+    if !loads.is_empty() {
+        let _ = writeln!(s, "LoRA adapter loads: {}", loads.join("; "));
+    }
     if !estimates.is_empty() {
         let _ = writeln!(
             s,
@@ -494,6 +526,7 @@ mod tests {
             makespan: 1.0,
             output_tokens: 0,
             preempted: None,
+            adapter_loads: None,
             estimates,
             bound_ratio: None,
         };
@@ -501,6 +534,7 @@ mod tests {
             discipline: Discipline::Drf,
             strategy: Strategy::LeastOutstanding,
             slo_admission: false,
+            adapter_affinity: true,
         };
         let r = summarise(variant, &trace);
         assert_eq!(r.estimate_ratio_p50, Some(2.0));

@@ -17,6 +17,7 @@
 //! output_tokens = [80, 200]
 //! max_tokens = 256                                        # optional
 //! stream = true
+//! model = "sql-lora"                                      # optional: this tenant's model or adapter
 //!
 //! [[tenants]]
 //! name = "chat"
@@ -60,6 +61,9 @@ pub struct TenantLoad {
     pub max_tokens: Option<u32>,
     #[serde(default)]
     pub stream: bool,
+    /// The model (or LoRA adapter) it calls; default: the scenario's.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// When a tenant's requests arrive.
@@ -102,6 +106,7 @@ pub fn reference() -> Scenario {
                 output_tokens: [80, 200],
                 max_tokens: Some(256),
                 stream: true,
+                model: None,
             },
             TenantLoad {
                 name: "chat".into(),
@@ -115,6 +120,7 @@ pub fn reference() -> Scenario {
                 output_tokens: [100, 400],
                 max_tokens: Some(512),
                 stream: true,
+                model: None,
             },
             TenantLoad {
                 name: "evals".into(),
@@ -126,6 +132,7 @@ pub fn reference() -> Scenario {
                 output_tokens: [100, 300],
                 max_tokens: Some(300),
                 stream: false,
+                model: None,
             },
         ],
     }
@@ -209,7 +216,7 @@ impl Scenario {
                 out.push(WorkRequest {
                     t: at,
                     tenant: t.name.clone(),
-                    model: model.to_owned(),
+                    model: t.model.as_deref().unwrap_or(model).to_owned(),
                     prompt_tokens: rng.random_range(t.prompt_tokens[0]..=t.prompt_tokens[1]),
                     max_tokens: t.max_tokens,
                     output_tokens: rng.random_range(t.output_tokens[0]..=t.output_tokens[1]),

@@ -26,7 +26,7 @@ use crate::config::{BackendTarget, MetricsDialect, Policy};
 use crate::core::admission::{LeaseKind, SharedLimit};
 use crate::core::fairness::BackloggedService;
 use crate::core::ids::{BackendId, RequestId, TenantId, Usage};
-use crate::core::reading::Reading;
+use crate::core::reading::{LoraReading, Reading};
 use crate::core::scheduler::{Arrival, Decision, Scheduler};
 use crate::core::time::Instant;
 use crate::poller::{Bucket, quantile};
@@ -95,6 +95,9 @@ pub struct Trace {
     /// Requests preempted (each time counted); `None` when not known (a
     /// live run seen from the client).
     pub preempted: Option<u64>,
+    /// LoRA adapter loads on all engines; `None` when no request named an
+    /// adapter (or not known).
+    pub adapter_loads: Option<u64>,
 }
 
 /// Options of one run.
@@ -202,6 +205,10 @@ struct Sim<'p> {
     bound_ratio: Option<f64>,
     last_end: Instant,
     progress: Option<String>,
+    /// Per workload request: the LoRA adapter it names (engine id), and
+    /// the adapters' names by id.
+    adapter_of: Vec<Option<u32>>,
+    adapter_names: Vec<String>,
 }
 
 impl<'p> Sim<'p> {
@@ -270,6 +277,25 @@ impl<'p> Sim<'p> {
             .enumerate()
             .map(|(i, w)| opts.ingress.replica(i, tenant_index(w), n as usize))
             .collect();
+        // A model that is a pool's adapter: its name, as the engines know it.
+        let mut adapter_names: Vec<String> = Vec::new();
+        let adapter_of = workload
+            .iter()
+            .map(|w| {
+                policy
+                    .pools
+                    .iter()
+                    .find(|p| p.adapters.contains(&w.model))?;
+                let id = match adapter_names.iter().position(|a| *a == w.model) {
+                    Some(i) => i,
+                    None => {
+                        adapter_names.push(w.model.clone());
+                        adapter_names.len() - 1
+                    }
+                };
+                Some(id as u32)
+            })
+            .collect();
         Sim {
             policy,
             meters: (0..n).map(|_| DemandMeter::default()).collect(),
@@ -308,6 +334,8 @@ impl<'p> Sim<'p> {
                 .progress
                 .clone()
                 .filter(|_| std::io::stderr().is_terminal()),
+            adapter_of,
+            adapter_names,
         }
     }
 
@@ -405,10 +433,17 @@ impl<'p> Sim<'p> {
         // A model served only by Triton backends is replayed through its
         // Triton pool: the engines are the same, the wire format does not
         // enter.
+        // An adapter is served by its base model's pool.
+        let base = self
+            .policy
+            .pools
+            .iter()
+            .find(|p| p.adapters.contains(&w.model))
+            .map_or(w.model.as_str(), |p| p.model.as_str());
         let sched = &self.scheds[r];
         let pool = sched
-            .pool(&w.model)
-            .or_else(|| sched.pool_for(&w.model, crate::core::spec::Api::Triton));
+            .pool(base)
+            .or_else(|| sched.pool_for(base, crate::core::spec::Api::Triton));
         let Some(pool) = pool else {
             self.end(i, Outcome::Refused("model_not_found"), now, None, None);
             return;
@@ -420,6 +455,7 @@ impl<'p> Sim<'p> {
             max_tokens: w.max_tokens,
             choices: 1,
             deadline: None,
+            adapter: self.adapter_of[i].and_then(|_| self.scheds[r].adapter(&w.model)),
         };
         match self.scheds[r].on_arrival(now, arrival) {
             Ok((id, decisions)) => {
@@ -448,6 +484,7 @@ impl<'p> Sim<'p> {
                         id: i as u64,
                         prompt_tokens: w.prompt_tokens,
                         output_tokens: w.output_tokens,
+                        adapter: self.adapter_of[i],
                     };
                     if b.engine.submit(to_engine(now, b.scale), seq).is_err() {
                         // The engine refuses it (context too long): the
@@ -686,6 +723,18 @@ impl<'p> Sim<'p> {
                 kv_tokens: Some(stats.kv_blocks_total * u64::from(stats.block_size)),
                 gpu_memory_used: None,
                 gpu_memory_total: None,
+                // As vLLM's `lora_requests_info` gives it: the adapters of
+                // running and waiting requests.
+                lora: (!self.adapter_names.is_empty()).then(|| LoraReading {
+                    adapters: b
+                        .engine
+                        .active_adapters()
+                        .iter()
+                        .filter_map(|&a| self.adapter_names.get(a as usize).cloned())
+                        .collect(),
+                    resident: false,
+                    max_loaded: Some(b.engine.params().max_loras),
+                }),
             };
             for r in 0..self.scheds.len() {
                 let d = self.scheds[r].on_reading(now, BackendId(bi as u32), reading.clone());
@@ -756,6 +805,12 @@ impl<'p> Sim<'p> {
             makespan,
             output_tokens: self.output_tokens,
             preempted: Some(self.preempted),
+            adapter_loads: (!self.adapter_names.is_empty()).then(|| {
+                self.backends
+                    .iter()
+                    .map(|b| b.engine.stats().lora_loads_total)
+                    .sum()
+            }),
             estimates: self.estimates,
             bound_ratio: self.bound_ratio,
         }

@@ -70,6 +70,12 @@ pub struct SimBackendConfig {
     pub fault: Fault,
     /// The server it imitates.
     pub flavour: Flavour,
+    /// LoRA adapters served on top of `model` (vLLM's `--lora-modules`).
+    pub adapters: Vec<String>,
+    /// Export the LoRA residency series proposed for vLLM
+    /// (`vllm:lora_adapter_loaded`, `vllm:max_gpu_lora_adapters`,
+    /// `vllm:lora_adapter_load_seconds`) besides `vllm:lora_requests_info`.
+    pub residency_metrics: bool,
 }
 
 /// The server a simulated backend imitates, wire format and metric names.
@@ -145,6 +151,8 @@ impl SimBackend {
                 engine: EngineParams::default(),
                 fault: Fault::None,
                 flavour: Flavour::Vllm,
+                adapters: Vec::new(),
+                residency_metrics: false,
             },
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
@@ -201,6 +209,21 @@ impl SimBackendBuilder {
     /// Replaces all engine parameters.
     pub fn engine(mut self, params: EngineParams) -> Self {
         self.cfg.engine = params;
+        self
+    }
+
+    /// LoRA adapters it serves, by name, with at most `max_loras` on the
+    /// GPU at once.
+    pub fn lora(mut self, adapters: &[&str], max_loras: u32) -> Self {
+        self.cfg.adapters = adapters.iter().map(|a| a.to_string()).collect();
+        self.cfg.engine.max_loras = max_loras;
+        self
+    }
+
+    /// Also export the LoRA residency series (see
+    /// [`SimBackendConfig::residency_metrics`]).
+    pub fn lora_residency_metrics(mut self) -> Self {
+        self.cfg.residency_metrics = true;
         self
     }
 
@@ -371,6 +394,9 @@ struct State {
 #[derive(Debug)]
 struct Shared {
     model: String,
+    /// LoRA adapters it serves; an adapter's engine id is its index.
+    adapters: Vec<String>,
+    residency_metrics: bool,
     flavour: Flavour,
     max_model_len: u32,
     time_scale: f64,
@@ -404,6 +430,8 @@ impl Shared {
         };
         Arc::new(Shared {
             model: cfg.model,
+            adapters: cfg.adapters,
+            residency_metrics: cfg.residency_metrics,
             flavour: cfg.flavour,
             max_model_len: cfg.engine.max_model_len,
             time_scale,
@@ -493,9 +521,34 @@ impl Shared {
         }
     }
 
-    /// Puts a sequence in the engine; the guard cancels it when dropped.
+    /// Puts a sequence for the base model in the engine; the guard cancels
+    /// it when dropped.
     fn submit(
         self: &Arc<Self>,
+        prompt_tokens: u32,
+        output_tokens: u32,
+        reason: FinishReason,
+    ) -> Result<(SeqGuard, mpsc::UnboundedReceiver<Delivery>), EngineError> {
+        self.submit_for(None, prompt_tokens, output_tokens, reason)
+    }
+
+    /// The engine's adapter id of `model`: `None` for the base model, 404
+    /// for a name it does not serve.
+    fn adapter_of(&self, model: &str) -> Result<Option<u32>, openai::ApiError> {
+        if model == self.model {
+            return Ok(None);
+        }
+        match self.adapters.iter().position(|a| a == model) {
+            Some(i) => Ok(Some(i as u32)),
+            None => Err(openai::ApiError::model_not_found(model)),
+        }
+    }
+
+    /// Puts a sequence in the engine, with `adapter` (see
+    /// [`Shared::adapter_of`]).
+    fn submit_for(
+        self: &Arc<Self>,
+        adapter: Option<u32>,
         prompt_tokens: u32,
         output_tokens: u32,
         reason: FinishReason,
@@ -513,6 +566,7 @@ impl Shared {
                     id,
                     prompt_tokens,
                     output_tokens,
+                    adapter,
                 },
             )?;
             st.live.insert(
@@ -605,7 +659,26 @@ impl Shared {
         let stats = st.engine.stats();
         match self.flavour {
             Flavour::Vllm => {
-                metrics::render(&self.model, &stats, st.engine.kv_usage(), &st.metrics)
+                let mut text =
+                    metrics::render(&self.model, &stats, st.engine.kv_usage(), &st.metrics);
+                if !self.adapters.is_empty() {
+                    let name = |ids: &[u32]| -> Vec<&str> {
+                        ids.iter()
+                            .filter_map(|&i| self.adapters.get(i as usize).map(String::as_str))
+                            .collect()
+                    };
+                    let lora = metrics::Lora {
+                        max_loras: st.engine.params().max_loras,
+                        active: name(&st.engine.active_adapters()),
+                        loaded: name(st.engine.loaded_adapters()),
+                        loads: stats.lora_loads_total,
+                        load_seconds: st.engine.params().lora_load_time.as_secs_f64(),
+                        residency: self.residency_metrics,
+                        now_unix: crate::clock::unix_seconds() as f64,
+                    };
+                    metrics::render_lora(&mut text, &self.model, &lora);
+                }
+                text
             }
             Flavour::TritonTrtllm => triton::render_metrics(
                 &self.model,

@@ -19,6 +19,13 @@
 //!   free preempts the most recently admitted running sequence, which goes
 //!   back to the head of the queue and re-prefills prompt + generated tokens.
 //!
+//! - LoRA (vLLM's `--max-loras`): at most `max_loras` adapters are on the
+//!   GPU at once. A waiting sequence whose adapter is not loaded gets a
+//!   free slot, or the least recently used adapter that no running
+//!   sequence uses; loading it adds `lora_load_time` to the step. When
+//!   every slot is held by running sequences it is skipped for this step
+//!   (as vLLM's scheduler does) and those behind it may go first.
+//!
 //! Invariant: `kv_blocks_used` is the sum of the running sequences' blocks,
 //! and each running sequence holds `ceil(tokens_in_kv / block_size)` blocks.
 //! Work per step is O(batch); no allocation per token.
@@ -56,6 +63,11 @@ pub struct EngineParams {
     pub decode_step_per_seq: Duration,
     /// Simulated seconds per wall second (2.0 runs twice as fast as real).
     pub time_scale: f64,
+    /// LoRA adapters on the GPU at once (vLLM `--max-loras`); 0: no LoRA.
+    pub max_loras: u32,
+    /// Time to load an adapter onto the GPU, added to the step that does.
+    #[serde(skip)]
+    pub lora_load_time: Duration,
 }
 
 impl Default for EngineParams {
@@ -70,6 +82,8 @@ impl Default for EngineParams {
             decode_step_base: Duration::from_millis(10),
             decode_step_per_seq: Duration::from_micros(200),
             time_scale: 1.0,
+            max_loras: 4,
+            lora_load_time: Duration::from_millis(50),
         }
     }
 }
@@ -83,6 +97,8 @@ pub struct SeqRequest {
     pub prompt_tokens: u32,
     /// Tokens to generate before the sequence finishes (at least 1).
     pub output_tokens: u32,
+    /// The LoRA adapter it runs with (caller-chosen ids), if any.
+    pub adapter: Option<u32>,
 }
 
 /// Why [`Engine::submit`] refused a sequence.
@@ -113,6 +129,9 @@ pub enum EngineError {
     /// `output_tokens` was zero.
     #[error("output_tokens must be at least 1")]
     NoOutput,
+    /// The sequence names an adapter and the engine has no LoRA slots.
+    #[error("LoRA is not enabled on this engine (max_loras is 0)")]
+    LoraDisabled,
 }
 
 /// Something that happened inside the engine, at simulated time `at`.
@@ -175,6 +194,8 @@ pub struct EngineStats {
     pub generation_tokens_total: u64,
     /// Sequences that produced all their tokens.
     pub finished_total: u64,
+    /// LoRA adapters loaded onto the GPU (each load counted).
+    pub lora_loads_total: u64,
 }
 
 /// A sequence's state, waiting or running.
@@ -190,6 +211,7 @@ struct Seq {
     is_prefilling: bool,
     /// Prompt tokens were already counted in `prompt_tokens_total`.
     has_counted_prompt: bool,
+    adapter: Option<u32>,
 }
 
 impl Seq {
@@ -225,6 +247,8 @@ pub struct Engine {
     running: Vec<Seq>,
     phase: Phase,
     stats: EngineStats,
+    /// Adapters on the GPU, least recently used first.
+    loras: Vec<u32>,
 }
 
 impl Engine {
@@ -246,6 +270,7 @@ impl Engine {
             waiting: VecDeque::new(),
             running: Vec::with_capacity(params.max_num_seqs as usize),
             phase: Phase::Idle,
+            loras: Vec::new(),
             stats: EngineStats {
                 kv_blocks_total: blocks_total,
                 block_size: params.block_size.max(1),
@@ -267,6 +292,9 @@ impl Engine {
     pub fn submit(&mut self, now: Instant, req: SeqRequest) -> Result<(), EngineError> {
         if req.output_tokens == 0 {
             return Err(EngineError::NoOutput);
+        }
+        if req.adapter.is_some() && self.params.max_loras == 0 {
+            return Err(EngineError::LoraDisabled);
         }
         let requested = u64::from(req.prompt_tokens) + u64::from(req.output_tokens);
         if requested > u64::from(self.params.max_model_len) {
@@ -294,6 +322,7 @@ impl Engine {
             blocks: 0,
             is_prefilling: false,
             has_counted_prompt: false,
+            adapter: req.adapter,
         });
         if self.phase == Phase::Idle {
             self.phase = Phase::StartAt(now);
@@ -355,6 +384,46 @@ impl Engine {
         }
     }
 
+    /// The adapters on the GPU, least recently used first.
+    pub fn loaded_adapters(&self) -> &[u32] {
+        &self.loras
+    }
+
+    /// The adapters of running and waiting sequences, each once.
+    pub fn active_adapters(&self) -> Vec<u32> {
+        let mut out: Vec<u32> = self
+            .running
+            .iter()
+            .chain(self.waiting.iter())
+            .filter_map(|s| s.adapter)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Makes `adapter` resident for a sequence about to run: `Some(true)`
+    /// when it had to be loaded, `None` when every slot is held by a
+    /// running sequence's adapter.
+    fn make_resident(&mut self, adapter: u32) -> Option<bool> {
+        if let Some(i) = self.loras.iter().position(|&a| a == adapter) {
+            let a = self.loras.remove(i);
+            self.loras.push(a);
+            return Some(false);
+        }
+        if self.loras.len() >= self.params.max_loras as usize {
+            let running = &self.running;
+            let idle = self
+                .loras
+                .iter()
+                .position(|&a| !running.iter().any(|s| s.adapter == Some(a)))?;
+            self.loras.remove(idle);
+        }
+        self.loras.push(adapter);
+        self.stats.lora_loads_total += 1;
+        Some(true)
+    }
+
     /// Fraction of KV blocks in use, 0..=1 (vLLM `kv_cache_usage_perc`).
     pub fn kv_usage(&self) -> f64 {
         if self.blocks_total == 0 {
@@ -375,8 +444,11 @@ impl Engine {
     fn start_step(&mut self, at: Instant, out: &mut Vec<EngineEvent>) {
         let max_seqs = self.params.max_num_seqs.max(1) as usize;
         let mut prefill_tokens: u64 = 0;
+        let mut loads = 0u32;
+        // Sequences skipped for want of a LoRA slot stay in place.
+        let mut next = 0;
         while self.running.len() < max_seqs {
-            let Some(head) = self.waiting.front() else {
+            let Some(head) = self.waiting.get(next) else {
                 break;
             };
             let tokens = head.tokens_in_kv();
@@ -390,7 +462,16 @@ impl Engine {
             if self.blocks_for(tokens + 1) > self.blocks_free {
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else {
+            if let Some(a) = head.adapter {
+                match self.make_resident(a) {
+                    None => {
+                        next += 1;
+                        continue;
+                    }
+                    Some(loaded) => loads += u32::from(loaded),
+                }
+            }
+            let Some(mut seq) = self.waiting.remove(next) else {
                 break;
             };
             seq.blocks = self.blocks_for(tokens);
@@ -417,7 +498,8 @@ impl Engine {
             return;
         }
         let is_decoding = self.running.iter().any(|s| !s.is_prefilling);
-        let mut nanos = prefill_tokens as f64 * self.prefill_ns_per_token;
+        let mut nanos = prefill_tokens as f64 * self.prefill_ns_per_token
+            + (self.params.lora_load_time * loads).as_nanos() as f64;
         if is_decoding {
             let extra = (self.running.len() - 1) as u32;
             let decode = self.params.decode_step_base + self.params.decode_step_per_seq * extra;

@@ -175,12 +175,14 @@ pub struct RequestRecord {
 type TM = (String, String);
 
 /// What only changes off the request path: the series by tenant and
-/// model, reloads and ejections.
+/// model, reloads and ejections; and the requests for LoRA adapters.
 #[derive(Debug, Default)]
 struct Registry {
     series: BTreeMap<String, BTreeMap<String, Arc<Series>>>,
     reloads: BTreeMap<&'static str, u64>,
     ejections: BTreeMap<String, u64>,
+    /// By (base model, adapter, backend).
+    adapters: BTreeMap<(String, String, String), u64>,
 }
 
 /// The series' values at one scrape, keyed for the exposition.
@@ -599,6 +601,13 @@ impl Metrics {
             .or_default() += 1;
     }
 
+    /// Counts a request for LoRA `adapter` of `model` sent to `backend`
+    /// (each time it is sent).
+    pub fn record_adapter(&self, model: &str, adapter: &str, backend: &str) {
+        let key = (model.to_owned(), adapter.to_owned(), backend.to_owned());
+        *self.inner.lock().adapters.entry(key).or_default() += 1;
+    }
+
     /// Total requests counted with `outcome` (all tenants), for tests and `top`.
     pub fn requests_with_outcome(&self, outcome: &str) -> u64 {
         let g = self.inner.lock();
@@ -742,6 +751,21 @@ impl Metrics {
             let _ = writeln!(
                 w,
                 "fairway_backend_ejections_total{{backend=\"{}\"}} {v}",
+                esc(b)
+            );
+        }
+        header(
+            w,
+            "fairway_adapter_requests_total",
+            "counter",
+            "Requests for a LoRA adapter sent to a backend, by base model, adapter and backend (a request preempted and sent again counts each time).",
+        );
+        for ((m, a, b), v) in &g.adapters {
+            let _ = writeln!(
+                w,
+                "fairway_adapter_requests_total{{model=\"{}\",adapter=\"{}\",backend=\"{}\"}} {v}",
+                esc(m),
+                esc(a),
                 esc(b)
             );
         }

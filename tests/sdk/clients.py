@@ -54,6 +54,15 @@ try:
 except openai.NotFoundError:
     pass
 
+# A LoRA adapter by name: listed with its base model as parent, and
+# served (the engine answers as the adapter).
+listed = {m.id: getattr(m, "parent", None) for m in oa.models.list()}
+assert listed.get("m-lora") == "m", listed
+c = oa.chat.completions.create(
+    model="m-lora", max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
+)
+assert c.model == "m-lora" and c.usage.completion_tokens == 2, c
+
 # Chat with n: one choice each.
 c = oa.chat.completions.create(
     model="m", n=2, max_tokens=2, messages=[{"role": "user", "content": "Hi"}]

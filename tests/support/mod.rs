@@ -69,13 +69,15 @@ max_body_bytes = 65536
 drain_timeout = "5s"
 "#;
 
-/// Two tenants in front of two backends serving `m`: `alpha` (key `ka`,
-/// 100 requests/s, burst 50) and `beta` (key `kb`, a burst of one
-/// request). `tests/sdk/clients.py` relies on these keys and limits.
+/// Two tenants in front of two backends serving `m` and its LoRA adapter
+/// `m-lora`: `alpha` (key `ka`, 100 requests/s, burst 50) and `beta` (key
+/// `kb`, a burst of one request). `tests/sdk/clients.py` relies on these
+/// keys and limits.
 pub async fn two_tenant_gateway() -> ((SimHandle, SimHandle), Server) {
     const POLICY: &str = r#"
 [[pools]]
 model = "m"
+adapters = ["m-lora"]
 backends = [{ name = "b0", url = "http://{b0}" }, { name = "b1", url = "http://{b1}" }]
 
 [[tenants]]
@@ -90,8 +92,15 @@ api_keys = ["kb"]
 rate = 0.01
 burst = 1
 "#;
-    let b0 = sim("m", 8).await;
-    let b1 = sim("m", 8).await;
+    let lora_sim = || {
+        SimBackend::builder("m")
+            .max_num_seqs(8)
+            .decode_step(Duration::from_millis(2), Duration::from_micros(10))
+            .lora(&["m-lora"], 2)
+            .start()
+    };
+    let b0 = lora_sim().await.expect("sim backend starts");
+    let b1 = lora_sim().await.expect("sim backend starts");
     let gw = gateway(&format!("{SERVER}{POLICY}"), &[&b0, &b1]).await;
     ((b0, b1), gw)
 }

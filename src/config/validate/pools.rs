@@ -28,6 +28,8 @@ const POOL_KEYS: &[&str] = &[
     "success_rate_gap",
     "success_rate_min_requests",
     "success_rate_interval",
+    "adapters",
+    "adapter_affinity",
     "backends",
 ];
 const BACKEND_KEYS: &[&str] = &[
@@ -54,6 +56,8 @@ const SIM_KEYS: &[&str] = &[
     "decode_step_base",
     "decode_step_per_seq",
     "time_scale",
+    "max_loras",
+    "lora_load_time",
 ];
 const STRATEGIES: &[(&str, Strategy)] = &[
     ("least_outstanding", Strategy::LeastOutstanding),
@@ -79,6 +83,8 @@ const DEFAULT_KV_TOKENS: u64 = 65_536;
 struct Seen {
     models: HashMap<String, String>,
     backend_names: HashMap<String, String>,
+    /// Adapter names, with the value's span and path.
+    adapters: Vec<(String, std::ops::Range<usize>, String)>,
 }
 
 /// Reads the required, non-empty `pools` array.
@@ -98,10 +104,31 @@ pub(super) fn read_pools(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Vec<PoolPo
         r.error(value.span(), &path, "at least one pool is required");
     }
     let mut seen = Seen::default();
-    tables
+    let pools = tables
         .iter()
         .filter_map(|(_, t)| read_pool(r, t, &mut seen))
-        .collect()
+        .collect();
+    // An adapter name resolves to one pool: it is no model and no other
+    // pool's adapter.
+    let mut adapters: HashMap<&str, &str> = HashMap::new();
+    for (name, span, path) in &seen.adapters {
+        if let Some(pool) = seen.models.get(name) {
+            r.error(
+                span.clone(),
+                path,
+                format!("\"{name}\" is a model with its own pool ({pool}), not an adapter"),
+            );
+        } else if let Some(first) = adapters.insert(name, path) {
+            r.error(
+                span.clone(),
+                path,
+                format!(
+                    "adapter \"{name}\" is already listed ({first}); an adapter belongs to one pool"
+                ),
+            );
+        }
+    }
+    pools
 }
 
 fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<PoolPolicy> {
@@ -162,6 +189,18 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
             })
             .unwrap_or(Duration::from_secs(10)),
     };
+    let adapters = r
+        .opt(t, "adapters", |r, v, p| {
+            r.array(v, p, |r, v, p| {
+                let name = r.non_empty(v, p)?;
+                seen.adapters.push((name.clone(), v.span(), p.to_owned()));
+                Some(name)
+            })
+        })
+        .unwrap_or_default();
+    let adapter_affinity = r
+        .opt(t, "adapter_affinity", Reader::boolean)
+        .unwrap_or(true);
     let model_name = model.clone().unwrap_or_default();
     let backends = match t.get("backends") {
         None => {
@@ -194,6 +233,8 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
         kv_high_watermark,
         ttft_p99_threshold,
         outlier,
+        adapters,
+        adapter_affinity,
         backends,
     })
 }
@@ -504,6 +545,14 @@ fn read_sim(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<EngineParam
     }
     if let Some(v) = r.opt(&t, "time_scale", Reader::positive) {
         params.time_scale = v;
+    }
+    if let Some(v) = r.opt(&t, "max_loras", Reader::non_negative_int) {
+        params.max_loras = v;
+    }
+    if let Some(v) = r.opt(&t, "lora_load_time", |r, v, p| {
+        r.duration(v, p, Zero::Allowed)
+    }) {
+        params.lora_load_time = v;
     }
     Some(params)
 }

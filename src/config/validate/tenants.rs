@@ -28,6 +28,7 @@ const TENANT_KEYS: &[&str] = &[
     "gpu_seconds_per_hour",
     "slo",
     "on_late",
+    "adapters",
 ];
 const SLO_KEYS: &[&str] = &["ttft", "e2e"];
 const PRIORITIES: &[(&str, Priority)] = &[
@@ -125,6 +126,7 @@ fn read_tenant(
     let on_late = r
         .opt(t, "on_late", |r, v, p| r.choice(v, p, ON_LATE))
         .unwrap_or(OnLate::default_for(priority));
+    let adapters = r.opt(t, "adapters", |r, v, p| r.array(v, p, Reader::non_empty));
     Some(TenantPolicy {
         name: name?,
         key_digests,
@@ -136,6 +138,7 @@ fn read_tenant(
         gpu_seconds_per_hour,
         slo,
         on_late,
+        adapters,
     })
 }
 

@@ -846,6 +846,8 @@ fn minimal_file_gets_every_default() {
                 success_rate_min_requests: 20,
                 success_rate_interval: Duration::from_secs(10),
             },
+            adapters: Vec::new(),
+            adapter_affinity: true,
             backends: vec![BackendPolicy {
                 name: "10.0.0.5:8000".into(),
                 target: BackendTarget::Url {
@@ -997,6 +999,7 @@ burst = 3
                 e2e: Duration::from_secs(2)
             },
             on_late: OnLate::BestEffort,
+            adapters: None,
         }
     );
     assert_eq!(
@@ -1015,6 +1018,7 @@ burst = 3
                 e2e: Duration::from_secs(30)
             },
             on_late: OnLate::Refuse,
+            adapters: None,
         }
     );
 }

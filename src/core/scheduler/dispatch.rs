@@ -23,15 +23,14 @@ impl Scheduler {
         }
         while !self.pools[p].queue.is_empty() || !self.pools[p].late.is_empty() {
             self.collect_candidates(now, pool);
-            let reserve = self.in_reserve(pool).then(|| self.below_share(pool));
-            let ps = &mut self.pools[p];
-            let Some(i) = pick(ps.strategy, &self.scratch, &mut self.rng, &mut ps.rr_cursor) else {
+            if self.scratch.is_empty() {
                 if self.preempt_for_head(now, pool, out) {
                     continue;
                 }
                 break;
-            };
-            let backend = self.scratch[i].id;
+            }
+            let reserve = self.in_reserve(pool).then(|| self.below_share(pool));
+            let ps = &mut self.pools[p];
             let requests = &self.requests;
             let next = match &reserve {
                 // The last free slots go only to tenants below their share.
@@ -50,6 +49,20 @@ impl Scheduler {
             let Some((tenant, id)) = next else {
                 break;
             };
+            // The request is chosen first, so that its adapter can choose
+            // among the backends.
+            let adapter = self.requests.get(id).and_then(|r| r.adapter);
+            let best = self.order_for_adapter(pool, adapter);
+            let ps = &mut self.pools[p];
+            let Some(i) = pick(
+                ps.strategy,
+                &self.scratch[..best],
+                &mut self.rng,
+                &mut ps.rr_cursor,
+            ) else {
+                break;
+            };
+            let backend = self.scratch[i].id;
             self.dispatch(now, pool, tenant, id, backend, out);
         }
         self.pools[p].note_backlog(now);
@@ -147,6 +160,9 @@ impl Scheduler {
         };
         let b = &mut self.backends[backend.0 as usize];
         b.in_flight += 1;
+        if let Some(a) = req.adapter {
+            b.lora.sent(a);
+        }
         let mark = b.clock.start(now);
         self.deadlines.remove(&(req.deadline, id));
         req.phase = Phase::InFlight {

@@ -85,6 +85,7 @@ impl Scheduler {
                         kv_high_watermark: pp.kv_high_watermark,
                         ttft_p99_threshold: pp.ttft_p99_threshold,
                         outlier: pp.outlier.clone(),
+                        adapter_affinity: pp.adapter_affinity,
                         queue: FairQueue::new(spec.queue.discipline),
                         late: FairQueue::new(spec.queue.discipline),
                         queued_work: Vec::new(),
@@ -128,6 +129,7 @@ impl Scheduler {
                             window_ok: 0,
                             window_failed: 0,
                             gpu_cost: Default::default(),
+                            lora: Default::default(),
                         });
                         BackendId((self.backends.len() - 1) as u32)
                     });
@@ -136,6 +138,7 @@ impl Scheduler {
                     // Moved to another pool: keep accounting, reset routing state.
                     b.pool = pid;
                     b.reading = None;
+                    b.lora = Default::default();
                 }
                 b.retired = false;
                 b.gpus = bp.gpus;
@@ -152,6 +155,7 @@ impl Scheduler {
             p.kv_high_watermark = pp.kv_high_watermark;
             p.ttft_p99_threshold = pp.ttft_p99_threshold;
             p.outlier = pp.outlier.clone();
+            p.adapter_affinity = pp.adapter_affinity;
             p.backends = members;
         }
 

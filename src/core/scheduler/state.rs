@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::core::accounting::GpuClock;
 use crate::core::admission::{Bucket, BucketState, RateLimits};
-use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
+use crate::core::ids::{AdapterId, BackendId, PoolId, RequestId, TenantId};
 use crate::core::queue::FairQueue;
 use crate::core::queue::cost::PoolCapacity;
 use crate::core::reading::Reading;
@@ -91,6 +91,7 @@ pub(super) struct PoolState {
     pub(super) kv_high_watermark: f64,
     pub(super) ttft_p99_threshold: Duration,
     pub(super) outlier: OutlierSpec,
+    pub(super) adapter_affinity: bool,
     pub(super) queue: FairQueue,
     /// Requests that can no longer make their SLO, kept as best effort:
     /// dispatched only when `queue` is empty (`slo`).
@@ -167,6 +168,8 @@ pub(super) struct BackendState {
     /// GPU-seconds per token by concurrency on this backend (a slower GPU
     /// costs more per token than the pool's average).
     pub(super) gpu_cost: super::cost_model::GpuCostModel,
+    /// The LoRA adapters it is known or believed to have loaded.
+    pub(super) lora: super::adapters::LoraState,
 }
 
 impl BackendState {
@@ -209,6 +212,7 @@ pub(super) struct Req {
     pub(super) qcost: f64,
     /// When it can no longer make its SLO, if its tenant has one.
     pub(super) give_up: Option<Instant>,
+    pub(super) adapter: Option<AdapterId>,
 }
 
 #[derive(Debug, Default)]

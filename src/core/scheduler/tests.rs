@@ -57,6 +57,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
                 max_ejection_time: Duration::from_secs(25),
                 max_ejected_share: 0.5,
             },
+            adapter_affinity: true,
             backends: (0..backends)
                 .map(|i| BackendSpec {
                     name: format!("b{i}"),
@@ -78,6 +79,7 @@ fn arrival(s: &Scheduler, name: &str) -> Arrival {
         max_tokens: Some(100),
         choices: 1,
         deadline: None,
+        adapter: None,
     }
 }
 
@@ -1139,4 +1141,82 @@ fn a_best_effort_request_past_its_slo_waits_behind_those_that_can_still_make_it(
         late,
         "and is served when nothing else waits"
     );
+}
+
+#[test]
+fn an_adapter_goes_where_it_is_loaded_until_that_backend_is_full() {
+    use crate::core::reading::LoraReading;
+    let mut s = Scheduler::new(&spec(2, 3, vec![tenant("a", 1.0)]), t(0), 1);
+    let (b0, b1) = (s.backend("b0").unwrap(), s.backend("b1").unwrap());
+    // b1's engine runs "sql" (vLLM's lora_requests_info), two slots.
+    let lora = LoraReading {
+        adapters: vec!["sql".into()],
+        resident: false,
+        max_loaded: Some(2),
+    };
+    s.on_reading(
+        t(0),
+        b1,
+        Reading {
+            at: t(0),
+            lora: Some(lora),
+            ..Reading::default()
+        },
+    );
+    let sql = s.adapter("sql");
+    let mut sent = Vec::new();
+    for _ in 0..5 {
+        let a = Arrival {
+            adapter: sql,
+            ..arrival(&s, "a")
+        };
+        let (_, ds) = s.on_arrival(t(1), a).unwrap();
+        sent.extend(dispatched(&ds).into_iter().map(|(_, b)| b));
+    }
+    // Where it is loaded until that window is full, then the other.
+    assert_eq!(sent, vec![b1, b1, b1, b0, b0]);
+}
+
+#[test]
+fn adapters_without_readings_follow_what_was_sent_and_spread_by_free_slots() {
+    let run = |affinity: bool| {
+        let mut sp = spec(2, 4, vec![tenant("a", 1.0)]);
+        sp.pools[0].adapter_affinity = affinity;
+        let mut s = Scheduler::new(&sp, t(0), 3);
+        let (x, y) = (s.adapter("x"), s.adapter("y"));
+        let mut sent = Vec::new();
+        for adapter in [x, x, y, x, y, y] {
+            let a = Arrival {
+                adapter,
+                ..arrival(&s, "a")
+            };
+            let (_, ds) = s.on_arrival(t(1), a).unwrap();
+            sent.extend(dispatched(&ds).into_iter().map(|(_, b)| (adapter, b)));
+        }
+        sent
+    };
+    // With affinity, each adapter stays on one backend (one slot each, as
+    // vLLM's default, until a reading says more).
+    let with = run(true);
+    let home = |a| {
+        let mut bs: Vec<_> = with
+            .iter()
+            .filter(|(ad, _)| *ad == a)
+            .map(|(_, b)| *b)
+            .collect();
+        bs.dedup();
+        bs
+    };
+    let (x, y) = (with[0].0, with[2].0);
+    assert_eq!(home(x).len(), 1, "{with:?}");
+    assert_eq!(home(y).len(), 1, "{with:?}");
+    assert_ne!(home(x), home(y), "{with:?}");
+    // Without, least outstanding alternates them over both backends.
+    let without = run(false);
+    let backends_of_x: std::collections::BTreeSet<_> = without
+        .iter()
+        .filter(|(ad, _)| *ad == x)
+        .map(|(_, b)| *b)
+        .collect();
+    assert_eq!(backends_of_x.len(), 2, "{without:?}");
 }

@@ -706,3 +706,50 @@ fn failed_decode_keeps_the_histogram_baseline() {
     assert!(dur_approx(r.ttft_p99, 0.199));
     assert_eq!(d.dialect(), MetricsDialect::Sglang);
 }
+
+// ---------------------------------------------------------------- LoRA
+
+const VLLM_BASE: &str = "vllm:num_requests_running{model_name=\"m\"} 1\n\
+vllm:num_requests_waiting{model_name=\"m\"} 0\n\
+vllm:kv_cache_usage_perc{model_name=\"m\"} 0.1\n";
+
+#[test]
+fn lora_requests_info_newest_series_gives_the_active_adapters() {
+    // Two series of the info gauge: the newest (largest value) counts.
+    let body = format!(
+        "{VLLM_BASE}# TYPE vllm:lora_requests_info gauge\n\
+         vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"old\",waiting_lora_adapters=\"\"}} 1.7e9\n\
+         vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"sql,chat\",waiting_lora_adapters=\"sql\"}} 1.8e9\n"
+    );
+    let r = Decoder::new(MetricsDialect::Vllm)
+        .decode(&body, AT)
+        .unwrap();
+    let lora = r.lora.unwrap();
+    assert_eq!(lora.adapters, vec!["chat", "sql"]);
+    assert!(!lora.resident);
+    assert_eq!(lora.max_loaded, Some(4));
+    // No LoRA series: nothing known of adapters.
+    let r = Decoder::new(MetricsDialect::Vllm)
+        .decode(VLLM_BASE, AT)
+        .unwrap();
+    assert_eq!(r.lora, None);
+}
+
+#[test]
+fn lora_residency_series_win_over_the_info_gauge() {
+    let body = format!(
+        "{VLLM_BASE}vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"a\",waiting_lora_adapters=\"\"}} 1.8e9\n\
+         vllm:lora_adapter_loaded{{adapter_name=\"a\",level=\"gpu\",pinned=\"false\"}} 1\n\
+         vllm:lora_adapter_loaded{{adapter_name=\"b\",level=\"gpu\",pinned=\"true\"}} 1\n\
+         vllm:lora_adapter_loaded{{adapter_name=\"c\",level=\"cpu\",pinned=\"false\"}} 1\n\
+         vllm:lora_adapter_loaded{{adapter_name=\"d\",level=\"gpu\",pinned=\"false\"}} 0\n\
+         vllm:max_gpu_lora_adapters 2\n"
+    );
+    let r = Decoder::new(MetricsDialect::Vllm)
+        .decode(&body, AT)
+        .unwrap();
+    let lora = r.lora.unwrap();
+    assert_eq!(lora.adapters, vec!["a", "b"]);
+    assert!(lora.resident);
+    assert_eq!(lora.max_loaded, Some(2));
+}

@@ -225,6 +225,92 @@ pub(super) fn render(
     s
 }
 
+/// An engine's LoRA state, for the metrics.
+pub(super) struct Lora<'a> {
+    pub max_loras: u32,
+    /// Adapters of running and waiting requests.
+    pub active: Vec<&'a str>,
+    /// Adapters on the GPU.
+    pub loaded: Vec<&'a str>,
+    pub loads: u64,
+    /// Each load's time (the simulated loads all take the same).
+    pub load_seconds: f64,
+    /// Export the proposed residency series too.
+    pub residency: bool,
+    pub now_unix: f64,
+}
+
+/// vLLM's `lora_requests_info` (its value: when it was written, as vLLM
+/// sets it), and with `residency` the series vLLM's pending residency
+/// metrics add: one `lora_adapter_loaded` per GPU-resident adapter, the
+/// slot count, and the load-time histogram.
+pub(super) fn render_lora(s: &mut String, model: &str, l: &Lora<'_>) {
+    header(
+        s,
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        "gauge",
+    );
+    let active = escape(&l.active.join(","));
+    let _ = writeln!(
+        s,
+        "vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{active}\",waiting_lora_adapters=\"{active}\"}} {}",
+        l.max_loras,
+        number(l.now_unix)
+    );
+    if !l.residency {
+        return;
+    }
+    let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model));
+    header(
+        s,
+        "vllm:lora_adapter_loaded",
+        "LoRA adapters loaded, by adapter and memory level.",
+        "gauge",
+    );
+    for a in &l.loaded {
+        let _ = writeln!(
+            s,
+            "vllm:lora_adapter_loaded{{{labels},adapter_name=\"{}\",level=\"gpu\",pinned=\"false\"}} 1",
+            escape(a)
+        );
+    }
+    gauge(
+        s,
+        "vllm:max_gpu_lora_adapters",
+        "Most LoRA adapters on the GPU at once.",
+        &labels,
+        f64::from(l.max_loras),
+    );
+    header(
+        s,
+        "vllm:lora_adapter_load_seconds",
+        "Time to load a LoRA adapter.",
+        "histogram",
+    );
+    let le = number(l.load_seconds);
+    let _ = writeln!(
+        s,
+        "vllm:lora_adapter_load_seconds_bucket{{{labels},le=\"{le}\"}} {}",
+        l.loads
+    );
+    let _ = writeln!(
+        s,
+        "vllm:lora_adapter_load_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+        l.loads
+    );
+    let _ = writeln!(
+        s,
+        "vllm:lora_adapter_load_seconds_sum{{{labels}}} {}",
+        number(l.load_seconds * l.loads as f64)
+    );
+    let _ = writeln!(
+        s,
+        "vllm:lora_adapter_load_seconds_count{{{labels}}} {}",
+        l.loads
+    );
+}
+
 fn header(s: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(s, "# HELP {name} {help}");
     let _ = writeln!(s, "# TYPE {name} {kind}");

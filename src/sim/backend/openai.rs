@@ -608,8 +608,15 @@ fn embed(text: &str) -> Vec<f64> {
 }
 
 /// The `/v1/models` body.
-pub(super) fn models_response(model: &str, max_model_len: u32, created: u64) -> Bytes {
-    let v = json!({"object": "list", "data": [{
+/// `/v1/models`: the base model, then each LoRA adapter with the base as
+/// its `parent` (vLLM's shape).
+pub(super) fn models_response(
+    model: &str,
+    adapters: &[String],
+    max_model_len: u32,
+    created: u64,
+) -> Bytes {
+    let base = json!({
         "id": model,
         "object": "model",
         "created": created,
@@ -618,8 +625,21 @@ pub(super) fn models_response(model: &str, max_model_len: u32, created: u64) -> 
         "parent": null,
         "max_model_len": max_model_len,
         "permission": [],
-    }]});
-    Bytes::from(v.to_string())
+    });
+    let loras = adapters.iter().map(|a| {
+        json!({
+            "id": a,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": a,
+            "parent": model,
+            "max_model_len": max_model_len,
+            "permission": [],
+        })
+    });
+    let data: Vec<_> = std::iter::once(base).chain(loras).collect();
+    Bytes::from(json!({"object": "list", "data": data}).to_string())
 }
 
 #[cfg(test)]

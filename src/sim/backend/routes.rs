@@ -364,7 +364,7 @@ pub(super) async fn handle(
         ),
         (Method::GET, "/v1/models") => json(
             StatusCode::OK,
-            openai::models_response(&shared.model, shared.max_model_len, 0),
+            openai::models_response(&shared.model, &shared.adapters, shared.max_model_len, 0),
         ),
         (Method::POST, "/v1/chat/completions") => generate(&shared, Endpoint::Chat, req, fault)
             .await
@@ -447,7 +447,7 @@ fn engine_error(e: EngineError, endpoint: Endpoint) -> ApiError {
             max_model_len,
             ..
         } => ApiError::context_too_long(max_model_len, prompt, output, endpoint),
-        EngineError::ExceedsKvCache { .. } | EngineError::NoOutput => {
+        EngineError::ExceedsKvCache { .. } | EngineError::NoOutput | EngineError::LoraDisabled => {
             ApiError::bad_request(e.to_string())
         }
     }
@@ -461,9 +461,7 @@ async fn generate(
 ) -> Result<Response<Body>, ApiError> {
     let body = read_body(req).await?;
     let g = openai::parse_generation(endpoint, &body)?;
-    if g.model != shared.model {
-        return Err(ApiError::model_not_found(&g.model));
-    }
+    let adapter = shared.adapter_of(&g.model)?;
     // vLLM validates against max_tokens, not the (simulator-only) output.
     if u64::from(g.prompt_tokens) + u64::from(g.max_tokens) > u64::from(shared.max_model_len) {
         return Err(ApiError::context_too_long(
@@ -475,7 +473,7 @@ async fn generate(
     }
     let reason = g.finish_reason();
     let (guard, mut rx) = shared
-        .submit(g.prompt_tokens, g.output_tokens, reason)
+        .submit_for(adapter, g.prompt_tokens, g.output_tokens, reason)
         .map_err(|e| engine_error(e, endpoint))?;
     let head = StreamHead::new(
         endpoint,

@@ -499,6 +499,8 @@ async fn serve_stops_on_its_shutdown_future() {
         engine: EngineParams::default(),
         fault: Fault::None,
         flavour: Flavour::Vllm,
+        adapters: Vec::new(),
+        residency_metrics: false,
     };
     let server = tokio::spawn(serve(listener, cfg, async move {
         let _ = rx.await;

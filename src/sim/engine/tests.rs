@@ -18,6 +18,8 @@ fn params() -> EngineParams {
         decode_step_base: Duration::from_millis(10),
         decode_step_per_seq: Duration::from_millis(1),
         time_scale: 1.0,
+        max_loras: 2,
+        lora_load_time: Duration::from_millis(20),
     }
 }
 
@@ -26,6 +28,7 @@ fn req(id: u64, prompt_tokens: u32, output_tokens: u32) -> SeqRequest {
         id,
         prompt_tokens,
         output_tokens,
+        adapter: None,
     }
 }
 
@@ -428,4 +431,46 @@ fn a_step_prefills_at_most_the_token_budget() {
     big.submit(Instant::ZERO, req(9, 600, 1)).unwrap();
     big.advance(Instant::ZERO, &mut out);
     assert_eq!(big.stats().running, 1);
+}
+
+#[test]
+fn lora_slots_load_lru_and_skip_a_sequence_that_finds_none() {
+    // Two slots; three adapters and a base-model sequence behind them.
+    let mut e = Engine::new(params());
+    let with = |id, adapter, out| SeqRequest {
+        adapter,
+        ..req(id, 10, out)
+    };
+    e.submit(Instant::ZERO, with(0, Some(0), 2)).unwrap();
+    e.submit(Instant::ZERO, with(1, Some(1), 5)).unwrap();
+    e.submit(Instant::ZERO, with(2, Some(2), 2)).unwrap();
+    e.submit(Instant::ZERO, with(3, None, 2)).unwrap();
+    let mut out = Vec::new();
+    e.advance(Instant::ZERO, &mut out);
+    // Adapter 2 finds both slots held by running sequences: skipped, and
+    // the base-model sequence behind it runs.
+    assert_eq!(admitted(&out), vec![0, 1, 3]);
+    assert_eq!(e.stats().lora_loads_total, 2);
+    assert_eq!(e.loaded_adapters(), &[0, 1]);
+    assert_eq!(e.active_adapters(), vec![0, 1, 2]);
+    // Two loads make the first step 40 ms longer.
+    let first_end = e.next_event_at().unwrap();
+    assert_eq!(
+        first_end,
+        Instant::ZERO + Duration::from_nanos(3_000_000 + 40 * MS)
+    );
+    run_to_idle(&mut e, &mut out);
+    // Once 0 finished, 2 took its slot (the least recently used idle one).
+    assert_eq!(admitted(&out), vec![0, 1, 3, 2]);
+    assert_eq!(e.stats().lora_loads_total, 3);
+    assert_eq!(e.loaded_adapters(), &[1, 2]);
+    // No slots at all: refused at submit.
+    let mut off = Engine::new(EngineParams {
+        max_loras: 0,
+        ..params()
+    });
+    assert_eq!(
+        off.submit(Instant::ZERO, with(9, Some(0), 1)),
+        Err(EngineError::LoraDisabled)
+    );
 }

@@ -1,0 +1,109 @@
+//! LoRA adapters the backends list in their `/v1/models` (entries with a
+//! `parent`, as vLLM lists the adapters it was started with or loaded at
+//! run time), on top of those the policy names. The poller reports each
+//! backend's list; requests read the merged map without a lock.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+/// Adapter names a backend may list, at most: a misbehaving backend must
+/// not grow the map without bound.
+const MAX_PER_BACKEND: usize = 1024;
+
+/// The adapters the backends list, and the base model each belongs to.
+#[derive(Debug, Default)]
+pub struct Discovered {
+    /// By backend: its pool's model and the adapters it lists.
+    by_backend: Mutex<HashMap<String, (String, Vec<String>)>>,
+    /// Adapter → base model, merged over the backends.
+    merged: ArcSwap<HashMap<String, String>>,
+}
+
+impl Discovered {
+    /// `backend` (of `model`'s pool) lists `adapters` now.
+    pub fn report(&self, backend: &str, model: &str, mut adapters: Vec<String>) {
+        adapters.truncate(MAX_PER_BACKEND);
+        adapters.sort();
+        adapters.dedup();
+        let mut by = self.by_backend.lock();
+        let entry = (model.to_owned(), adapters);
+        if by.get(backend) == Some(&entry) {
+            return;
+        }
+        by.insert(backend.to_owned(), entry);
+        self.rebuild(&by);
+    }
+
+    /// `backend` is no longer polled.
+    pub fn forget(&self, backend: &str) {
+        let mut by = self.by_backend.lock();
+        if by.remove(backend).is_some() {
+            self.rebuild(&by);
+        }
+    }
+
+    fn rebuild(&self, by: &HashMap<String, (String, Vec<String>)>) {
+        let mut merged = HashMap::new();
+        for (model, adapters) in by.values() {
+            for a in adapters {
+                merged.insert(a.clone(), model.clone());
+            }
+        }
+        self.merged.store(Arc::new(merged));
+    }
+
+    /// The base model of adapter `name`, if a backend lists it.
+    pub fn base_of(&self, name: &str) -> Option<String> {
+        self.merged.load().get(name).cloned()
+    }
+
+    /// Every listed adapter with its base model.
+    pub fn all(&self) -> Arc<HashMap<String, String>> {
+        self.merged.load_full()
+    }
+}
+
+/// The adapters in a `/v1/models` answer: the entries with a `parent`.
+pub fn from_models_list(body: &[u8]) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct List {
+        data: Vec<Card>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Card {
+        id: String,
+        #[serde(default)]
+        parent: Option<String>,
+    }
+    let list: List = serde_json::from_slice(body).ok()?;
+    Some(
+        list.data
+            .into_iter()
+            .filter(|c| c.parent.is_some())
+            .map(|c| c.id)
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_adapters_merge_over_backends_and_go_with_them() {
+        let d = Discovered::default();
+        let body = br#"{"object":"list","data":[{"id":"base","parent":null},{"id":"sql","parent":"base"}]}"#;
+        let listed = from_models_list(body).unwrap();
+        assert_eq!(listed, ["sql"]);
+        d.report("b0", "base", listed);
+        d.report("b1", "base", vec!["chat".into()]);
+        assert_eq!(d.base_of("sql").as_deref(), Some("base"));
+        assert_eq!(d.base_of("chat").as_deref(), Some("base"));
+        d.forget("b1");
+        assert_eq!(d.base_of("chat"), None);
+        assert_eq!(from_models_list(b"not json"), None);
+    }
+}
