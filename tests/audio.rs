@@ -10,6 +10,7 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
@@ -107,7 +108,7 @@ async fn uploads_pass_in_either_field_order_and_are_charged_their_duration() {
 #[tokio::test]
 async fn bad_uploads_are_refused_with_one_outcome_each() {
     let policy = format!(
-        "{SERVER}max_upload_bytes = 1000000\n{}",
+        "{SERVER}max_upload_bytes = 1000000\nbody_read_timeout = \"1s\"\n{}",
         r#"
 [[pools]]
 model = "m"
@@ -143,6 +144,17 @@ api_keys = ["ka"]
             post(addr, path, Some("ka"), r#"{"model":"m"}"#),
             StatusCode::BAD_REQUEST,
         ),
+        // A second `model` after the file, with another value: the backend
+        // would serve that one, so the upload fails as it streams.
+        (
+            upload(addr, path, Some("ka"), {
+                let mut f = form("m", 200_000, true);
+                let end = f.len() - format!("--{BOUNDARY}--\r\n").len();
+                f.splice(end..end, field("model", "other"));
+                f
+            }),
+            StatusCode::BAD_REQUEST,
+        ),
     ];
     let sent = cases.len();
     for (req, want) in cases {
@@ -153,8 +165,13 @@ api_keys = ["ka"]
     // Chunked, so the length is only known as it streams: the model comes
     // first, the backend is already receiving, and the gateway stops at
     // the limit with a 413 (the backend is not blamed).
-    let r = chunked_upload(addr, "ka", 1_500_000).await;
+    let r = chunked_upload(addr, "ka", 1_500_000, Duration::ZERO).await;
     assert_eq!(r, StatusCode::PAYLOAD_TOO_LARGE);
+    // A client that stops sending mid-file: 408 once `body_read_timeout`
+    // passes, and the backend, which was waiting for the rest, is not
+    // blamed.
+    let r = chunked_upload(addr, "ka", 300_000, Duration::from_secs(3)).await;
+    assert_eq!(r, StatusCode::REQUEST_TIMEOUT);
     let r = send(&c, upload(addr, path, Some("ka"), small())).await;
     assert_eq!(
         r.status,
@@ -166,18 +183,21 @@ api_keys = ["ka"]
     let text = scrape(&gw).await;
     assert_eq!(
         metric_sum(&text, "fairway_requests_total{"),
-        (sent + 2) as f64,
+        (sent + 3) as f64,
         "{text}"
     );
+    assert_eq!(metric_sum(&text, "fairway_backend_ejections_total{"), 0.0);
     promtool_check(&text);
 }
 
 /// A body generated as it is sent, in 64 KiB frames: the model first, then
-/// a file of `file_len` bytes.
+/// a file of `file_len` bytes, with a pause of `stall` after its first
+/// 128 KiB.
 fn streamed_form(
     file_len: usize,
     model_first: bool,
-) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, std::io::Error>>> {
+    stall: Duration,
+) -> StreamBody<futures_util::stream::BoxStream<'static, Result<Frame<Bytes>, std::io::Error>>> {
     let mut head = Vec::new();
     if model_first {
         head.extend(field("model", "m"));
@@ -196,11 +216,22 @@ fn streamed_form(
     let frames = std::iter::once(Bytes::from(head))
         .chain(pieces)
         .chain(std::iter::once(Bytes::from(tail)))
-        .map(|b| Ok(Frame::data(b)));
-    StreamBody::new(futures_util::stream::iter(frames))
+        .enumerate();
+    let frames = futures_util::stream::iter(frames).then(move |(i, b)| async move {
+        if i == 3 && !stall.is_zero() {
+            tokio::time::sleep(stall).await;
+        }
+        Ok(Frame::data(b))
+    });
+    StreamBody::new(frames.boxed())
 }
 
-async fn chunked_upload(addr: std::net::SocketAddr, key: &str, file_len: usize) -> StatusCode {
+async fn chunked_upload(
+    addr: std::net::SocketAddr,
+    key: &str,
+    file_len: usize,
+    stall: Duration,
+) -> StatusCode {
     let c = Client::builder(TokioExecutor::new()).build_http();
     let req = Request::post(format!("http://{addr}/v1/audio/transcriptions"))
         .header(
@@ -208,7 +239,7 @@ async fn chunked_upload(addr: std::net::SocketAddr, key: &str, file_len: usize) 
             format!("multipart/form-data; boundary={BOUNDARY}"),
         )
         .header("authorization", format!("Bearer {key}"))
-        .body(streamed_form(file_len, true))
+        .body(streamed_form(file_len, true, stall))
         .unwrap();
     match c.request(req).await {
         Ok(r) => {
@@ -261,7 +292,7 @@ api_keys = ["ka"]
                     format!("multipart/form-data; boundary={BOUNDARY}"),
                 )
                 .header("authorization", "Bearer ka")
-                .body(streamed_form(16_000, true))
+                .body(streamed_form(16_000, true, Duration::ZERO))
                 .unwrap(),
         )
         .await
@@ -277,7 +308,7 @@ api_keys = ["ka"]
                 format!("multipart/form-data; boundary={BOUNDARY}"),
             )
             .header("authorization", "Bearer ka")
-            .body(streamed_form(FILE, model_first))
+            .body(streamed_form(FILE, model_first, Duration::ZERO))
             .unwrap();
         let r = tokio::time::timeout(Duration::from_secs(120), c.request(req))
             .await

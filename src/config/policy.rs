@@ -434,6 +434,7 @@ impl PoolPolicy {
                 success_rate_interval: self.outlier.success_rate_interval,
             },
             adapter_affinity: self.adapter_affinity,
+            adapters: self.adapters.clone(),
             backends: self
                 .backends
                 .iter()

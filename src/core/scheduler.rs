@@ -394,7 +394,7 @@ impl Scheduler {
         if let Some(kv) = reading.kv_tokens {
             b.kv_tokens = kv;
         }
-        b.lora.report(&mut self.adapters, reading.lora.as_ref());
+        b.lora.report(&self.adapters, reading.lora.as_ref());
         b.reading = Some(reading);
         let pool = b.pool;
         let mut out = Vec::new();

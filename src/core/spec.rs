@@ -326,6 +326,9 @@ pub struct PoolSpec {
     /// A request naming a LoRA adapter prefers backends that have it
     /// loaded (see `scheduler::adapters`).
     pub adapter_affinity: bool,
+    /// The LoRA adapters the policy lists for the pool (others are learnt
+    /// from the requests that name them).
+    pub adapters: Vec<String>,
     pub backends: Vec<BackendSpec>,
 }
 
@@ -415,6 +418,7 @@ mod tests {
                     success_rate_interval: Duration::from_secs(10),
                 },
                 adapter_affinity: true,
+                adapters: Vec::new(),
                 backends: vec![BackendSpec {
                     name: "b".into(),
                     gpus: 1,

@@ -3,7 +3,7 @@
 //! run time), on top of those the policy names. The poller reports each
 //! backend's list; requests read the merged map without a lock.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -17,7 +17,7 @@ const MAX_PER_BACKEND: usize = 1024;
 #[derive(Debug, Default)]
 pub struct Discovered {
     /// By backend: its pool's model and the adapters it lists.
-    by_backend: Mutex<HashMap<String, (String, Vec<String>)>>,
+    by_backend: Mutex<BTreeMap<String, (String, Vec<String>)>>,
     /// Adapter → base model, merged over the backends.
     merged: ArcSwap<HashMap<String, String>>,
 }
@@ -45,11 +45,14 @@ impl Discovered {
         }
     }
 
-    fn rebuild(&self, by: &HashMap<String, (String, Vec<String>)>) {
+    /// An adapter two pools' backends both list belongs to the pool of
+    /// the first backend by name (where names clash, list the adapter in
+    /// the policy: that decides).
+    fn rebuild(&self, by: &BTreeMap<String, (String, Vec<String>)>) {
         let mut merged = HashMap::new();
         for (model, adapters) in by.values() {
             for a in adapters {
-                merged.insert(a.clone(), model.clone());
+                merged.entry(a.clone()).or_insert_with(|| model.clone());
             }
         }
         self.merged.store(Arc::new(merged));

@@ -3,13 +3,22 @@
 //!
 //! The gateway reads the form only as far as it must: to its `model` field
 //! (needed to route) and the first bytes of the file (a WAV header gives
-//! the exact duration). What it read is held in memory up to
-//! [`HEAD_IN_MEMORY`], past that in an unnamed temporary file (a form
-//! whose file comes before `model`, as `curl -F file=@… -F model=…` sends
-//! it); then the backend gets those bytes followed by the rest of the
-//! client's body as it arrives. A form with `model` first, as the official
-//! Python SDK sends it, costs a few hundred bytes of memory whatever the
-//! file's size.
+//! the exact duration). What it read is held in memory while it is under
+//! [`HEAD_IN_MEMORY`]; past that all of it moves to an unnamed temporary
+//! file (a form whose file comes before `model`, as `curl -F file=@… -F
+//! model=…` sends it), within [`SPOOL_BUDGET`] for the whole process.
+//! Then the backend gets those bytes followed by the rest of the client's
+//! body as it arrives. A form with `model` first, as the official Python
+//! SDK sends it, costs a few hundred bytes of memory whatever the file's
+//! size.
+//!
+//! The rest of the form is still read as it passes: a second `model`
+//! field with another value fails the upload (400), since the backend
+//! would serve the last one and the gateway admitted the first. The head
+//! must arrive within `[server] body_read_timeout`, and the rest within as
+//! long again once it is being sent (the client cannot send it while the
+//! request is queued); else 408. A failure while the client is still
+//! sending is not held against the backend.
 //!
 //! The cost is the audio's duration in encoder positions: Whisper's
 //! encoder turns 30 s into 1,500, so [`TOKENS_PER_SECOND`] = 50. The
@@ -22,7 +31,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -52,6 +61,12 @@ const HEADER_LIMIT: usize = 8 << 10;
 const VALUE_LIMIT: usize = 1 << 10;
 /// File bytes kept to sniff the format (a WAV header is 44).
 const FILE_HEAD: usize = 64;
+/// Bytes spooled to disk at once, over every upload in the process;
+/// beyond it a file-first form is refused with 503.
+pub const SPOOL_BUDGET: u64 = 1 << 30;
+
+/// Bytes spooled now (see [`SPOOL_BUDGET`]).
+static SPOOLED: AtomicU64 = AtomicU64::new(0);
 
 /// What the gateway read of an audio form.
 #[derive(Debug, Default)]
@@ -116,6 +131,8 @@ pub struct Form {
     fed: u64,
     pub model: Option<String>,
     pub stream: bool,
+    /// A later `model` field gave another value.
+    pub conflicting_model: bool,
     /// Where the file's content starts in the body.
     file_start: Option<u64>,
     file_head: Vec<u8>,
@@ -134,6 +151,7 @@ impl Form {
             fed: 0,
             model: None,
             stream: false,
+            conflicting_model: false,
             file_start: None,
             file_head: Vec::new(),
             file_bytes: 0,
@@ -259,7 +277,10 @@ impl Form {
             Part::Field(name, value) => {
                 let value = String::from_utf8_lossy(&value).trim().to_owned();
                 match name {
-                    "model" => self.model = Some(value),
+                    "model" => match &self.model {
+                        None => self.model = Some(value),
+                        Some(first) => self.conflicting_model |= *first != value,
+                    },
                     _ => self.stream = value.eq_ignore_ascii_case("true") || value == "1",
                 }
             }
@@ -320,13 +341,22 @@ fn part_kind(headers: &[u8]) -> Part {
     }
 }
 
-/// A RIFF/WAVE header's byte rate.
+/// A canonical RIFF/WAVE header's byte rate: its `fmt ` chunk first,
+/// with a byte rate that agrees with its sample rate and block size (so a
+/// client cannot name any rate it likes; another layout is sized as a
+/// compressed file, and the usage settles it either way).
 fn wav_byte_rate(head: &[u8]) -> Option<u32> {
-    if head.len() < 44 || &head[..4] != b"RIFF" || &head[8..12] != b"WAVE" {
+    if head.len() < 44 || &head[..4] != b"RIFF" || &head[8..16] != b"WAVEfmt " {
         return None;
     }
-    let rate = u32::from_le_bytes(head[28..32].try_into().ok()?);
-    (rate > 0).then_some(rate)
+    let u32_at = |i: usize| Some(u32::from_le_bytes(head.get(i..i + 4)?.try_into().ok()?));
+    let u16_at = |i: usize| Some(u16::from_le_bytes(head.get(i..i + 2)?.try_into().ok()?));
+    let (channels, sample_rate, byte_rate) = (u16_at(22)?, u32_at(24)?, u32_at(28)?);
+    let (block_align, bits) = (u16_at(32)?, u16_at(34)?);
+    let consistent = byte_rate > 0
+        && u64::from(block_align) == u64::from(channels) * u64::from(bits).div_ceil(8)
+        && u64::from(byte_rate) == u64::from(sample_rate) * u64::from(block_align);
+    consistent.then_some(byte_rate)
 }
 
 /// Reads an audio request's form as far as routing needs (see the module
@@ -386,7 +416,8 @@ pub async fn read_head(
             .clamp(1.0, f64::from(u32::MAX)) as u32,
     };
     let source = head.into_source(body).await?;
-    Ok((parts, info, Upload::new(source)))
+    let upload = Upload::new(source, form, timeout);
+    Ok((parts, info, upload))
 }
 
 /// The body's error as the client's fault: too large, or gone.
@@ -406,6 +437,30 @@ struct Head {
     held: VecDeque<Bytes>,
     held_bytes: usize,
     spool: Option<tokio::fs::File>,
+    permit: SpoolPermit,
+}
+
+/// Bytes of [`SPOOL_BUDGET`] an upload holds, given back when it drops.
+#[derive(Debug, Default)]
+struct SpoolPermit(u64);
+
+impl SpoolPermit {
+    /// Takes `n` more bytes of the budget, or refuses.
+    fn grow(&mut self, n: u64) -> Result<(), ApiError> {
+        let taken = SPOOLED.fetch_add(n, Ordering::Relaxed);
+        if taken + n > SPOOL_BUDGET {
+            SPOOLED.fetch_sub(n, Ordering::Relaxed);
+            return Err(ApiError::SpoolFull(SPOOL_BUDGET));
+        }
+        self.0 += n;
+        Ok(())
+    }
+}
+
+impl Drop for SpoolPermit {
+    fn drop(&mut self) {
+        SPOOLED.fetch_sub(self.0, Ordering::Relaxed);
+    }
 }
 
 impl Head {
@@ -415,6 +470,12 @@ impl Head {
             self.held.push_back(data);
             return Ok(());
         }
+        let spooling = if self.spool.is_none() {
+            self.held_bytes + data.len()
+        } else {
+            data.len()
+        };
+        self.permit.grow(spooling as u64)?;
         let spool = match &mut self.spool {
             Some(f) => f,
             None => {
@@ -442,6 +503,7 @@ impl Head {
         Ok(Source {
             held: self.held,
             spool,
+            _permit: self.permit,
             rest,
         })
     }
@@ -454,6 +516,8 @@ fn spool_error(e: std::io::Error) -> ApiError {
 struct Source {
     held: VecDeque<Bytes>,
     spool: Option<ReaderStream<tokio::fs::File>>,
+    /// Held while the spooled file is.
+    _permit: SpoolPermit,
     rest: RequestBody,
 }
 
@@ -462,11 +526,18 @@ const SENDING: u8 = 0;
 const FINISHED: u8 = 1;
 const TOO_LARGE: u8 = 2;
 const CLIENT_GONE: u8 = 3;
+const TOO_SLOW: u8 = 4;
+const CONFLICTING_MODEL: u8 = 5;
+const BAD_FORM: u8 = 6;
 
 struct Shared {
-    /// The body, until a send takes it.
-    source: parking_lot::Mutex<Option<Source>>,
+    /// The body and the reader of the rest of its form, until a send
+    /// takes them.
+    source: parking_lot::Mutex<Option<Box<(Source, Form)>>>,
     end: AtomicU8,
+    /// The rest of the body must arrive within this of the send's start
+    /// (the client could not send it while the request was queued).
+    timeout: std::time::Duration,
 }
 
 /// An upload's body as the backend gets it: the bytes read before routing,
@@ -476,17 +547,22 @@ struct Shared {
 /// [`resend`]: Upload::resend
 pub struct Upload {
     shared: Arc<Shared>,
-    source: Option<Source>,
+    /// Boxed: the request body type of every backend call holds an
+    /// `Upload` in one variant.
+    source: Option<Box<(Source, Form)>>,
+    late: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Upload {
-    fn new(source: Source) -> Upload {
+    fn new(source: Source, form: Form, timeout: std::time::Duration) -> Upload {
         Upload {
             shared: Arc::new(Shared {
-                source: parking_lot::Mutex::new(Some(source)),
+                source: parking_lot::Mutex::new(Some(Box::new((source, form)))),
                 end: AtomicU8::new(SENDING),
+                timeout,
             }),
             source: None,
+            late: None,
         }
     }
 
@@ -496,7 +572,13 @@ impl Upload {
         Upload {
             shared: self.shared.clone(),
             source: None,
+            late: None,
         }
+    }
+
+    /// The client has not sent the whole body yet.
+    pub fn unfinished(&self) -> bool {
+        self.shared.end.load(Ordering::Acquire) == SENDING
     }
 
     /// The client's body was read to its end.
@@ -510,8 +592,21 @@ impl Upload {
         match self.shared.end.load(Ordering::Acquire) {
             TOO_LARGE => Some(ApiError::BodyTooLarge(limit)),
             CLIENT_GONE => Some(ApiError::ClientGone),
+            TOO_SLOW => Some(ApiError::BodyTimeout(self.shared.timeout)),
+            CONFLICTING_MODEL => Some(ApiError::InvalidRequest(
+                "The form gives `model` twice, with different values".into(),
+            )),
+            BAD_FORM => Some(ApiError::InvalidRequest(
+                "The multipart form is malformed".into(),
+            )),
             _ => None,
         }
+    }
+
+    /// Ends the upload from the client's side, with `end`.
+    fn fail(&self, end: u8, why: &'static str) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.shared.end.store(end, Ordering::Release);
+        Poll::Ready(Some(Err(why.into())))
     }
 }
 
@@ -524,13 +619,14 @@ impl Body for Upload {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        let src = match &mut this.source {
+        let state = match &mut this.source {
             Some(s) => s,
             None => match this.shared.source.lock().take() {
                 Some(s) => this.source.insert(s),
                 None => return Poll::Ready(Some(Err("the upload was already sent".into()))),
             },
         };
+        let (src, form) = &mut **state;
         if let Some(b) = src.held.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(b))));
         }
@@ -541,12 +637,31 @@ impl Body for Upload {
                 None => src.spool = None,
             }
         }
-        let frame = ready!(Pin::new(&mut src.rest).poll_frame(cx));
+        let frame = match Pin::new(&mut src.rest).poll_frame(cx) {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                let timeout = this.shared.timeout;
+                let late = this
+                    .late
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if late.as_mut().poll(cx).is_ready() {
+                    return this.fail(TOO_SLOW, "the client's upload was too slow");
+                }
+                return Poll::Pending;
+            }
+        };
         let end = match &frame {
             None => FINISHED,
             Some(Err(e)) if e.is::<http_body_util::LengthLimitError>() => TOO_LARGE,
             Some(Err(e)) if crate::proxy::dispatch::client_went_away(&**e) => CLIENT_GONE,
-            Some(_) => SENDING,
+            Some(Err(_)) => SENDING,
+            Some(Ok(f)) => match f.data_ref().map(|d| form.feed(d)) {
+                Some(Err(_)) => return this.fail(BAD_FORM, "malformed multipart form"),
+                _ if form.conflicting_model => {
+                    return this.fail(CONFLICTING_MODEL, "the form names two models");
+                }
+                _ => SENDING,
+            },
         };
         if end != SENDING {
             this.shared.end.store(end, Ordering::Release);
@@ -692,6 +807,47 @@ mod tests {
         assert!(f.feed(&body).is_err());
         let f = read(b"not a form at all", 4);
         assert!(f.model.is_none() && !f.has_enough());
+    }
+
+    #[test]
+    fn a_second_model_with_another_value_is_a_conflict() {
+        let audio = vec![3u8; 1000];
+        let f = read(
+            &form(&[("model", b"a"), ("file", &audio), ("model", b"b")], None),
+            7,
+        );
+        assert!(f.conflicting_model);
+        assert_eq!(f.model.as_deref(), Some("a"));
+        let f = read(
+            &form(&[("model", b"a"), ("file", &audio), ("model", b" a")], None),
+            7,
+        );
+        assert!(!f.conflicting_model);
+    }
+
+    #[test]
+    fn only_a_consistent_canonical_wav_header_sets_the_rate() {
+        let mut w = wav(2);
+        // A byte rate that disagrees with 16 kHz × 2 bytes.
+        w[28..32].copy_from_slice(&1u32.to_le_bytes());
+        let f = read(&form(&[("model", b"w"), ("file", &w)], Some("a.wav")), 100);
+        let by_size = w.len() as f64 / ASSUMED_BYTES_PER_SECOND as f64;
+        assert!((f.seconds(None) - by_size).abs() < 1e-9);
+        // A chunk before `fmt `: not the canonical layout.
+        let mut w = wav(2);
+        w[12..16].copy_from_slice(b"JUNK");
+        assert_eq!(wav_byte_rate(&w[..64]), None);
+        assert_eq!(wav_byte_rate(&wav(2)[..64]), Some(32_000));
+    }
+
+    #[test]
+    fn the_spool_budget_is_shared_and_given_back() {
+        let mut a = SpoolPermit::default();
+        a.grow(SPOOL_BUDGET - 10).unwrap();
+        let mut b = SpoolPermit::default();
+        assert!(matches!(b.grow(11), Err(ApiError::SpoolFull(_))));
+        drop(a);
+        b.grow(11).unwrap();
     }
 
     #[test]

@@ -193,20 +193,10 @@ async fn run(
         (parts, Payload::Whole(body), info, triton_path)
     };
     let api = call.api();
-    let (pool, pool_index, is_adapter) = gw.model_pool(live, &info.model, api)?;
+    let (pool, pool_index, is_adapter) = gw.model_pool(live, &info.model, api, Some(tenant))?;
     ticket.pool = Some((pool, pool_index));
     let adapter = is_adapter.then_some(info.model.as_str());
-    if let Some(name) = adapter {
-        let allowed = live
-            .tenant_policy
-            .get(&tenant)
-            .is_none_or(|&i| live.policy.tenants[i].may_use_adapter(name));
-        if !allowed {
-            // As for a model it does not have: no hint that it exists.
-            return Err(ApiError::UnknownModel(name.to_owned()));
-        }
-        ticket.adapter = Some(Arc::from(name));
-    }
+    ticket.adapter = adapter.map(Arc::from);
     closed_while_store_down(gw, live, tenant)?;
     ticket.prompt_estimate = info.prompt_tokens;
     ticket.max_tokens = info.max_tokens;
@@ -222,7 +212,9 @@ async fn run(
         tenant,
         pool,
         prompt_tokens: info.prompt_tokens,
-        max_tokens: if call == Call::Pooling {
+        // No output to estimate: pooling has none, and an audio call's
+        // is not reported (its duration settles it).
+        max_tokens: if matches!(call, Call::Pooling | Call::Audio) {
             Some(0)
         } else {
             info.max_tokens
@@ -286,7 +278,11 @@ async fn run(
         if preemptible
             && matches!(body, Payload::Upload(_))
             && let Some(id) = ticket.id
-            && !gw.core.lock().sched.on_response_started(id)
+            && {
+                // Under the lock, which every decision is sent under.
+                let mut core = gw.core.lock();
+                pending.preempted_already() || !core.sched.on_response_started(id)
+            }
         {
             // An upload cannot be sent twice, so it is never preempted
             // once sent; this one was preempted just before.
@@ -336,7 +332,13 @@ async fn run(
         };
         ticket.spans.next(gw, upstream_span);
         ticket.spans.inject(gw, up.headers_mut());
-        let sent = tokio::time::timeout(pool_policy.timeout, gw.upstream(up));
+        // An upload's backend answers once it has the whole body, which
+        // the client has `body_read_timeout` to send.
+        let allowed = match &body {
+            Payload::Upload(_) => pool_policy.timeout + server.body_read_timeout,
+            Payload::Whole(_) => pool_policy.timeout,
+        };
+        let sent = tokio::time::timeout(allowed, gw.upstream(up));
         let result = if preemptible {
             // Batch work: until its response starts, the scheduler may
             // take its slot back. Dropping the upstream call closes the
@@ -362,9 +364,13 @@ async fn run(
             ticket.preempted += 1;
             continue;
         };
-        if !result
-            .as_ref()
-            .is_ok_and(|r| r.as_ref().is_ok_and(|r| !r.status().is_server_error()))
+        // A failure while the client was still uploading may be the
+        // client's: it is not held against the backend.
+        let uploading = matches!(&body, Payload::Upload(u) if u.unfinished());
+        if !uploading
+            && !result
+                .as_ref()
+                .is_ok_and(|r| r.as_ref().is_ok_and(|r| !r.status().is_server_error()))
         {
             gw.backend_failed(backend);
         }
@@ -372,7 +378,7 @@ async fn run(
             Err(_) => {
                 return Err(ApiError::UpstreamTimeout {
                     backend: ticket.backend_name.to_string(),
-                    timeout: pool_policy.timeout,
+                    timeout: allowed,
                 });
             }
             Ok(Err(e)) => {

@@ -153,6 +153,12 @@ pub enum ApiError {
     Draining,
     #[error("The gateway is at its limit of {0} requests in flight; retry shortly.")]
     Overloaded(usize),
+    /// The uploads spooled to disk (audio forms with their file before
+    /// `model`) are at their budget, in bytes.
+    #[error(
+        "The gateway's space for uploads read ahead of their `model` field ({0} bytes) is in use; retry shortly, or put `model` before the file in the form."
+    )]
+    SpoolFull(u64),
     #[error("Not found.")]
     NotFound,
     /// A stored response this gateway did not create for the caller, or
@@ -262,7 +268,7 @@ impl ApiError {
                 None,
                 O::Shed,
             ),
-            ApiError::Overloaded(_) => (
+            ApiError::Overloaded(_) | ApiError::SpoolFull(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("overloaded"),
@@ -376,9 +382,10 @@ impl ApiError {
             ApiError::Refused { refusal, .. } => Some(refusal.retry_after),
             ApiError::Shed { retry_after } => Some(*retry_after),
             ApiError::StoreUnavailable(_, retry_after) => Some(*retry_after),
-            ApiError::Draining | ApiError::NoBackend(_) | ApiError::Overloaded(_) => {
-                Some(Duration::from_secs(1))
-            }
+            ApiError::Draining
+            | ApiError::NoBackend(_)
+            | ApiError::Overloaded(_)
+            | ApiError::SpoolFull(_) => Some(Duration::from_secs(1)),
             _ => None,
         };
         if let Some(d) = retry_after {

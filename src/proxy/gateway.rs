@@ -403,25 +403,40 @@ impl Gateway {
 
     /// The pool of `model` over `api` as [`Live::pool`] finds it, where
     /// `model` may also be a LoRA adapter (one the policy lists, or one a
-    /// backend lists): then its base model's pool, and `true`.
+    /// backend lists) on the OpenAI API: then its base model's pool, and
+    /// `true`. An adapter `tenant` may not call is as unknown to it as a
+    /// model the policy does not have.
     pub fn model_pool(
         &self,
         live: &Live,
         model: &str,
         api: Api,
+        tenant: Option<TenantId>,
     ) -> Result<(PoolId, usize, bool), ApiError> {
         if live.pools.contains_key(model) {
             return live.pool(model, api).map(|(p, i)| (p, i, false));
+        }
+        let unknown = || ApiError::UnknownModel(model.to_owned());
+        if api != Api::OpenAi {
+            // Triton names a model in the path, which is rewritten for
+            // the backend: adapters go by the OpenAI routes.
+            return Err(unknown());
         }
         let base = live
             .adapters
             .get(model)
             .cloned()
             .or_else(|| self.adapters.base_of(model))
-            .ok_or_else(|| ApiError::UnknownModel(model.to_owned()))?;
+            .ok_or_else(unknown)?;
+        let allowed = tenant
+            .and_then(|t| live.tenant_policy.get(&t))
+            .is_none_or(|&i| live.policy.tenants[i].may_use_adapter(model));
+        if !allowed {
+            return Err(unknown());
+        }
         live.pool(&base, api)
             .map(|(p, i)| (p, i, true))
-            .map_err(|_| ApiError::UnknownModel(model.to_owned()))
+            .map_err(|_| unknown())
     }
 
     /// A healthy backend of `model`'s `api` pool, for calls that need no
@@ -432,8 +447,9 @@ impl Gateway {
         live: &Live,
         model: &str,
         api: Api,
+        tenant: Option<TenantId>,
     ) -> Result<BackendId, ApiError> {
-        let (pool, _, _) = self.model_pool(live, model, api)?;
+        let (pool, _, _) = self.model_pool(live, model, api, tenant)?;
         self.core
             .lock()
             .sched

@@ -146,10 +146,14 @@ pub async fn to_model(
     anthropic: bool,
 ) -> Response<BoxBody> {
     let live = gw.live.load_full();
-    if let Err(e) = authenticate(&live, req.headers()) {
-        return answer(e, anthropic, &req);
-    }
-    let pick = |body: &[u8]| gw.healthy_backend(&live, &openai::parse(body)?.model, Api::OpenAi);
+    let tenant = match authenticate(&live, req.headers()) {
+        Ok(t) => t,
+        Err(e) => return answer(e, anthropic, &req),
+    };
+    let pick = |body: &[u8]| {
+        let model = openai::parse(body)?.model;
+        gw.healthy_backend(&live, &model, Api::OpenAi, Some(tenant))
+    };
     forward(&gw, &live, req, anthropic, pick).await
 }
 

@@ -166,7 +166,7 @@ pub async fn metadata(
 ) -> Result<http::Response<crate::proxy::body::BoxBody>, ApiError> {
     use http_body_util::BodyExt;
     let live = gw.live.load_full();
-    let backend = gw.healthy_backend(&live, p.model, crate::core::spec::Api::Triton)?;
+    let backend = gw.healthy_backend(&live, p.model, crate::core::spec::Api::Triton, None)?;
     let authority = live
         .authorities
         .get(&backend)

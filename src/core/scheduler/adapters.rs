@@ -7,12 +7,17 @@
 //! milliseconds to seconds, and every request in the batch waits for it.
 //! So a request naming an adapter goes, among the backends that may take
 //! a request now (window room and headroom: see `candidates`), to the best
-//! tier present, and the pool's strategy picks within it:
+//! tier present:
 //!
 //! 1. **loaded**: the engine reports it (fresh reading) or Fairway sent it
-//!    there among the last `max_loaded` adapters it sent there;
-//! 2. **free slot**: fewer adapters known there than it holds at once;
-//! 3. **evicts**: the rest.
+//!    there among the last `max_loaded` adapters it sent there; the pool's
+//!    strategy picks among them;
+//! 2. **free slot**: fewer adapters known there than it holds at once; the
+//!    strategy picks;
+//! 3. **evicts**: the backend whose least recently sent adapter was sent
+//!    longest ago, so that the eviction falls on the pool's coldest slot (a
+//!    pool-wide LRU) rather than on whichever backend is least busy, whose
+//!    evicted adapter may be the next request's.
 //!
 //! The guard: the preference only orders the candidates, and a backend
 //! whose window is full or whose KV or TTFT is past the pool's limits is
@@ -31,12 +36,13 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::core::ids::{AdapterId, BackendId, PoolId};
 use crate::core::reading::LoraReading;
+use crate::core::time::Instant;
 
 use super::Scheduler;
 
-/// Adapter names known at once, at most: names come from the policy and
-/// from engines' readings, and a misbehaving engine must not grow the
-/// table without bound.
+/// Adapter names known at once, at most. Names come from the policy and
+/// from requests (for adapters the policy or a backend lists); the bound
+/// is a backstop.
 const MAX_ADAPTERS: usize = 4096;
 
 /// The adapter names, interned.
@@ -47,7 +53,7 @@ pub(super) struct Adapters {
 }
 
 impl Adapters {
-    fn intern(&mut self, name: &str) -> Option<AdapterId> {
+    pub(super) fn intern(&mut self, name: &str) -> Option<AdapterId> {
         if let Some(&id) = self.ids.get(name) {
             return Some(id);
         }
@@ -71,9 +77,9 @@ pub(super) struct LoraState {
     /// Most adapters it holds at once, as it reported; 1 (vLLM's default)
     /// until it does.
     max_loaded: Option<u32>,
-    /// The adapters Fairway sent it, most recent last, at most
-    /// `max_loaded`.
-    sent: VecDeque<AdapterId>,
+    /// The adapters Fairway sent it and when it last did, most recent
+    /// last, at most `max_loaded`.
+    sent: VecDeque<(AdapterId, Instant)>,
 }
 
 /// How well a backend suits a request for an adapter; higher is better.
@@ -90,19 +96,25 @@ impl LoraState {
     }
 
     /// Takes an engine's report (`None`: it reports nothing of adapters).
-    pub(super) fn report(&mut self, names: &mut Adapters, reading: Option<&LoraReading>) {
+    /// Only adapters the policy lists or some request has named are kept:
+    /// an engine's names do not grow the table.
+    pub(super) fn report(&mut self, names: &Adapters, reading: Option<&LoraReading>) {
         let Some(r) = reading else {
             self.reported.clear();
             return;
         };
-        self.reported = r.adapters.iter().filter_map(|n| names.intern(n)).collect();
+        self.reported = r
+            .adapters
+            .iter()
+            .filter_map(|n| names.ids.get(n.as_str()).copied())
+            .collect();
         self.resident = r.resident;
         self.max_loaded = r.max_loaded.or(self.max_loaded);
         if self.resident {
             // Residency is exact: what was sent before it and is not in it
             // was evicted (or never loaded).
             let reported = &self.reported;
-            self.sent.retain(|a| reported.contains(a));
+            self.sent.retain(|(a, _)| reported.contains(a));
         }
         let slots = self.slots();
         while self.sent.len() > slots {
@@ -111,29 +123,36 @@ impl LoraState {
     }
 
     /// Fairway sends it a request for `adapter`.
-    pub(super) fn sent(&mut self, adapter: AdapterId) {
-        self.sent.retain(|&a| a != adapter);
-        self.sent.push_back(adapter);
+    pub(super) fn sent(&mut self, adapter: AdapterId, now: Instant) {
+        self.sent.retain(|&(a, _)| a != adapter);
+        self.sent.push_back((adapter, now));
         if self.sent.len() > self.slots() {
             self.sent.pop_front();
         }
     }
 
     pub(super) fn fit(&self, adapter: AdapterId) -> Fit {
-        if self.reported.contains(&adapter) || self.sent.contains(&adapter) {
+        let sent = |a: &AdapterId| self.sent.iter().any(|(s, _)| s == a);
+        if self.reported.contains(&adapter) || sent(&adapter) {
             return Fit::Loaded;
         }
         let known = self.reported.len()
             + self
                 .sent
                 .iter()
-                .filter(|a| !self.reported.contains(a))
+                .filter(|(a, _)| !self.reported.contains(a))
                 .count();
         if known < self.slots() {
             Fit::FreeSlot
         } else {
             Fit::Evicts
         }
+    }
+
+    /// When the least recently sent of its adapters was last sent: the
+    /// older, the cheaper an eviction there (`ZERO`: none sent).
+    fn coldest(&self) -> Instant {
+        self.sent.front().map_or(Instant::ZERO, |&(_, at)| at)
     }
 }
 
@@ -146,13 +165,8 @@ impl Scheduler {
     }
 
     /// Narrows the candidates (in `scratch`) for a request for `adapter`
-    /// to those the pool's strategy picks among: the first `n` after
-    /// this. Where the adapter is loaded, all such backends (the strategy
-    /// spreads its load over them); else the one backend that rendezvous
-    /// hashing ranks first for the adapter among the best tier, so an
-    /// adapter that must be loaded somewhere goes back to the same few
-    /// backends each time rather than to whichever is least busy, which
-    /// would evict another adapter there and start an eviction storm.
+    /// to those the pool's strategy picks among: the first `n` after this
+    /// (see the module docs for the tiers).
     pub(super) fn order_for_adapter(&mut self, pool: PoolId, adapter: Option<AdapterId>) -> usize {
         let Some(a) = adapter.filter(|_| self.pools[pool.0 as usize].adapter_affinity) else {
             return self.scratch.len();
@@ -169,24 +183,15 @@ impl Scheduler {
             .iter()
             .take_while(|c| fit(c.id) == best)
             .count();
-        if best == Fit::Loaded {
+        if best != Fit::Evicts {
             return n;
         }
-        if let Some(home) = (0..n).max_by_key(|&i| rendezvous(a, self.scratch[i].id)) {
+        let coldest = |i: usize| backends[self.scratch[i].id.0 as usize].lora.coldest();
+        if let Some(home) = (0..n).min_by_key(|&i| coldest(i)) {
             self.scratch.swap(0, home);
         }
         1
     }
-}
-
-/// Rendezvous (highest random weight) hashing: each adapter ranks the
-/// backends in its own fixed order.
-fn rendezvous(a: AdapterId, b: BackendId) -> u64 {
-    // SplitMix64's finaliser over the pair.
-    let mut x = (u64::from(a.0) << 32 | u64::from(b.0)).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 #[cfg(test)]
@@ -208,22 +213,25 @@ mod tests {
         let b = names.intern("b").unwrap();
         let c = names.intern("c").unwrap();
         let mut s = LoraState::default();
+        // Names no request used are not kept.
+        s.report(&names, Some(&reading(&["zzz"], false, None)));
+        assert!(s.reported.is_empty());
         // Nothing known: one slot (vLLM's default), free.
         assert_eq!(s.fit(a), Fit::FreeSlot);
-        s.sent(a);
+        s.sent(a, Instant::ZERO);
         assert_eq!((s.fit(a), s.fit(b)), (Fit::Loaded, Fit::Evicts));
         // The engine says it holds two; activity shows b.
-        s.report(&mut names, Some(&reading(&["b"], false, Some(2))));
+        s.report(&names, Some(&reading(&["b"], false, Some(2))));
         assert_eq!(
             (s.fit(a), s.fit(b), s.fit(c)),
             (Fit::Loaded, Fit::Loaded, Fit::Evicts)
         );
         // Residency is exact: a was evicted.
-        s.report(&mut names, Some(&reading(&["b"], true, Some(2))));
+        s.report(&names, Some(&reading(&["b"], true, Some(2))));
         assert_eq!((s.fit(a), s.fit(c)), (Fit::FreeSlot, Fit::FreeSlot));
         // Sends beyond the slots forget the oldest.
-        s.sent(a);
-        s.sent(c);
+        s.sent(a, Instant::ZERO);
+        s.sent(c, Instant::ZERO);
         assert_eq!(s.sent.len(), 2);
         assert_eq!(s.fit(a), Fit::Loaded);
     }

@@ -54,14 +54,14 @@ impl Scheduler {
             let adapter = self.requests.get(id).and_then(|r| r.adapter);
             let best = self.order_for_adapter(pool, adapter);
             let ps = &mut self.pools[p];
-            let Some(i) = pick(
+            // `best` ≥ 1 as there are candidates, so `pick` has one.
+            let i = pick(
                 ps.strategy,
                 &self.scratch[..best],
                 &mut self.rng,
                 &mut ps.rr_cursor,
-            ) else {
-                break;
-            };
+            )
+            .unwrap_or(0);
             let backend = self.scratch[i].id;
             self.dispatch(now, pool, tenant, id, backend, out);
         }
@@ -161,7 +161,7 @@ impl Scheduler {
         let b = &mut self.backends[backend.0 as usize];
         b.in_flight += 1;
         if let Some(a) = req.adapter {
-            b.lora.sent(a);
+            b.lora.sent(a, now);
         }
         let mark = b.clock.start(now);
         self.deadlines.remove(&(req.deadline, id));

@@ -157,6 +157,9 @@ impl Scheduler {
             p.outlier = pp.outlier.clone();
             p.adapter_affinity = pp.adapter_affinity;
             p.backends = members;
+            for a in &pp.adapters {
+                self.adapters.intern(a);
+            }
         }
 
         let requests = &self.requests;

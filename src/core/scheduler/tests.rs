@@ -58,6 +58,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
                 max_ejected_share: 0.5,
             },
             adapter_affinity: true,
+            adapters: Vec::new(),
             backends: (0..backends)
                 .map(|i| BackendSpec {
                     name: format!("b{i}"),
@@ -1146,7 +1147,9 @@ fn a_best_effort_request_past_its_slo_waits_behind_those_that_can_still_make_it(
 #[test]
 fn an_adapter_goes_where_it_is_loaded_until_that_backend_is_full() {
     use crate::core::reading::LoraReading;
-    let mut s = Scheduler::new(&spec(2, 3, vec![tenant("a", 1.0)]), t(0), 1);
+    let mut sp = spec(2, 3, vec![tenant("a", 1.0)]);
+    sp.pools[0].adapters = vec!["sql".into()];
+    let mut s = Scheduler::new(&sp, t(0), 1);
     let (b0, b1) = (s.backend("b0").unwrap(), s.backend("b1").unwrap());
     // b1's engine runs "sql" (vLLM's lora_requests_info), two slots.
     let lora = LoraReading {
@@ -1219,4 +1222,28 @@ fn adapters_without_readings_follow_what_was_sent_and_spread_by_free_slots() {
         .map(|(_, b)| *b)
         .collect();
     assert_eq!(backends_of_x.len(), 2, "{without:?}");
+}
+
+#[test]
+fn an_adapter_loaded_nowhere_evicts_the_pools_coldest_slot() {
+    // Three backends, one adapter slot each (vLLM's default), each given
+    // an adapter; "q"'s backend is the busiest but its slot the coldest.
+    let mut s = Scheduler::new(&spec(3, 4, vec![tenant("a", 1.0)]), t(0), 5);
+    let mut send = |name: &str, at: u64| {
+        let a = Arrival {
+            adapter: s.adapter(name),
+            ..arrival(&s, "a")
+        };
+        let (_, ds) = s.on_arrival(t(at), a).unwrap();
+        dispatched(&ds)[0].1
+    };
+    let p = send("p", 10);
+    let q = send("q", 15);
+    assert_eq!(send("q", 20), q);
+    let r = send("r", 30);
+    assert_eq!(send("p", 40), p);
+    assert!(p != q && q != r && p != r);
+    // "z" is loaded nowhere and no slot is free: it evicts "q" (last sent
+    // at 20), not "r" on the least busy backend (last sent at 30).
+    assert_eq!(send("z", 50), q);
 }
