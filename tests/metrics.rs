@@ -79,3 +79,53 @@ async fn outcomes_add_up_and_promtool_accepts_the_scrape() {
 
     promtool_check(&m);
 }
+
+#[tokio::test]
+async fn pool_gauges_give_an_autoscaler_demand_capacity_and_kv_headroom() {
+    let b0 = sim(M, 8).await;
+    let b1 = sim(M, 8).await;
+    let text = format!(
+        "{SERVER}\n[poller]\ninterval = \"50ms\"\n[[pools]]\nmodel = \"{M}\"\n\
+         backends = [{{ url = \"http://{{b0}}\", max_inflight = 2 }}, {{ url = \"http://{{b1}}\", max_inflight = 2 }}]\n"
+    );
+    let gw = gateway(&text, &[&b0, &b1]).await;
+    let c = client();
+    // Five long streams: four in flight (two windows of two), one queued.
+    let mut open_streams = Vec::new();
+    for _ in 0..4 {
+        let r = open(
+            &c,
+            post(gw.addr(), "/v1/chat/completions", None, chat(M, 400, true)),
+        )
+        .await;
+        open_streams.push(r);
+    }
+    let queued = {
+        let c = c.clone();
+        let addr = gw.addr();
+        tokio::spawn(async move {
+            send(
+                &c,
+                post(addr, "/v1/chat/completions", None, chat(M, 1, false)),
+            )
+            .await
+        })
+    };
+    let g = |text: &str, name: &str| metric(text, &format!("{name}{{model=\"{M}\"}}"));
+    let seen = eventually(std::time::Duration::from_secs(5), async || {
+        let text = scrape(&gw).await;
+        g(&text, "fairway_pool_queued_requests") == Some(1.0)
+            && g(&text, "fairway_pool_kv_headroom_ratio").is_some()
+    })
+    .await;
+    let text = scrape(&gw).await;
+    assert!(seen, "{text}");
+    assert_eq!(g(&text, "fairway_pool_in_flight"), Some(4.0));
+    assert_eq!(g(&text, "fairway_pool_capacity"), Some(4.0));
+    assert_eq!(g(&text, "fairway_pool_demand_ratio"), Some(1.25));
+    let headroom = g(&text, "fairway_pool_kv_headroom_ratio").unwrap();
+    assert!(headroom > 0.9 && headroom <= 1.0, "{headroom}");
+    promtool_check(&text);
+    drop(open_streams);
+    assert_eq!(queued.await.unwrap().status, http::StatusCode::OK);
+}

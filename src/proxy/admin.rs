@@ -207,9 +207,14 @@ pub fn snapshot(gw: &Gateway) -> Snapshot {
             }
         })
         .collect();
+    let queued_by_model = s
+        .pools()
+        .map(|p| (s.pool_model(p).to_owned(), s.queued_in_pool(p)))
+        .collect();
     Snapshot {
         tenants,
         backends,
+        queued_by_model,
         jain_index: core.fairness.last(),
         cluster: gw.cluster.as_ref().map(|c| c.view(&core.sched)),
     }

@@ -332,6 +332,8 @@ impl EdgeCounters {
 pub struct Snapshot {
     pub tenants: Vec<TenantGauges>,
     pub backends: Vec<BackendGauges>,
+    /// Queued requests per model (its pools' fair queues and late lanes).
+    pub queued_by_model: Vec<(String, u32)>,
     /// Jain's fairness index over backlogged tenants' weighted service in
     /// the recent window, if at least one tenant was backlogged.
     pub jain_index: Option<f64>,
@@ -404,6 +406,71 @@ pub struct EdgeCounters {
     pub panics: AtomicU64,
     /// Failed `accept` calls (out of file descriptors and the like).
     pub accept_errors: AtomicU64,
+}
+
+/// Per model, what an autoscaler scales on: demand against capacity and
+/// the KV headroom left (README, Observability).
+fn encode_pools(w: &mut String, snap: &Snapshot) {
+    #[derive(Default)]
+    struct Pool {
+        queued: u32,
+        in_flight: u32,
+        capacity: u32,
+        /// Sum of free KV fractions, and how many backends gave one.
+        kv_free: f64,
+        kv_read: u32,
+    }
+    let mut pools: BTreeMap<&str, Pool> = BTreeMap::new();
+    for (model, queued) in &snap.queued_by_model {
+        pools.entry(model).or_default().queued += queued;
+    }
+    for b in &snap.backends {
+        let p = pools.entry(&b.model).or_default();
+        p.in_flight += b.in_flight;
+        if b.healthy {
+            p.capacity += b.window;
+            if let Some(kv) = b.kv_usage {
+                p.kv_free += (1.0 - kv).clamp(0.0, 1.0);
+                p.kv_read += 1;
+            }
+        }
+    }
+    type Get = fn(&Pool) -> Option<f64>;
+    let gauges: [(&str, &str, Get); 5] = [
+        (
+            "fairway_pool_queued_requests",
+            "Requests queued in Fairway for the model, all tenants.",
+            |p| Some(f64::from(p.queued)),
+        ),
+        (
+            "fairway_pool_in_flight",
+            "Requests Fairway has in flight on the model's backends.",
+            |p| Some(f64::from(p.in_flight)),
+        ),
+        (
+            "fairway_pool_capacity",
+            "Requests the model's healthy backends take at once: the sum of their dispatch windows.",
+            |p| Some(f64::from(p.capacity)),
+        ),
+        (
+            "fairway_pool_demand_ratio",
+            "Queued plus in-flight requests over capacity: above 1, requests wait at the gateway (absent with no healthy backend).",
+            |p| (p.capacity > 0).then(|| f64::from(p.queued + p.in_flight) / f64::from(p.capacity)),
+        ),
+        (
+            "fairway_pool_kv_headroom_ratio",
+            "Mean free KV-cache fraction over the model's healthy backends with a fresh reading (absent without one).",
+            |p| (p.kv_read > 0).then(|| p.kv_free / f64::from(p.kv_read)),
+        ),
+    ];
+    for (name, help, get) in gauges {
+        header(w, name, "gauge", help);
+        for (model, p) in &pools {
+            if let Some(v) = get(p) {
+                let _ = writeln!(w, "{name}{{model=\"{}\"}} {v}", esc(model));
+            }
+        }
+    }
 }
 
 /// This replica's view of its cluster.
@@ -837,6 +904,7 @@ impl Metrics {
         if let Some(c) = &snap.cluster {
             encode_cluster(w, c);
         }
+        encode_pools(w, snap);
         let b = &snap.backends;
         backend_gauge(
             w,

@@ -115,6 +115,12 @@ impl Scheduler {
             .map(|i| BackendId(i as u32))
     }
 
+    /// Requests waiting in a pool: its fair queue and its late lane.
+    pub fn queued_in_pool(&self, pool: PoolId) -> u32 {
+        let p = &self.pools[pool.0 as usize];
+        u32::try_from(p.queue.len() + p.late.len()).unwrap_or(u32::MAX)
+    }
+
     /// Queued requests in a pool.
     pub fn queue_len(&self, pool: PoolId) -> usize {
         self.pools[pool.0 as usize].queue.len()
