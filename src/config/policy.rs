@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use crate::core::placement::OnStale;
+use crate::core::placement::PlacementSpec;
 use crate::core::spec::{
     Api, BackendSpec, OutlierSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
 };
@@ -34,6 +36,63 @@ pub struct Policy {
     /// `[cluster]`: the shared store of several replicas; `None`: this
     /// gateway is alone. Restart-only.
     pub cluster: Option<ClusterPolicy>,
+    /// `[placement]`: the rules for placing model server pods on GPU
+    /// nodes (`core::placement`).
+    pub placement: PlacementPolicy,
+}
+
+/// `[placement]`: where a model server pod may go
+/// ([`crate::core::placement`]; the defaults are the field guide's).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlacementPolicy {
+    /// A model may need at most this share of a GPU's free memory (0.8).
+    pub max_free_fraction: f64,
+    /// A GPU whose engines' TTFT p99 is above this takes no more (150 ms).
+    #[serde(with = "humantime_serde_compat")]
+    pub ttft_p99_threshold: Duration,
+    /// Most model engines on one GPU (2).
+    pub max_models_per_gpu: u32,
+    /// Two models share a GPU only while together under this share of its
+    /// memory (0.7).
+    pub shared_memory_fraction: f64,
+    /// A node's reading older than this is stale (30 s).
+    #[serde(with = "humantime_serde_compat")]
+    pub stale_after: Duration,
+    /// A pod for a node with a stale or missing reading: `allow`
+    /// (unchecked, the default) or `refuse`.
+    #[serde(serialize_with = "as_display")]
+    pub on_stale: OnStale,
+}
+
+impl Default for PlacementPolicy {
+    fn default() -> Self {
+        PlacementPolicy::from_spec(&PlacementSpec::default())
+    }
+}
+
+impl PlacementPolicy {
+    fn from_spec(s: &PlacementSpec) -> Self {
+        PlacementPolicy {
+            max_free_fraction: s.max_free_fraction,
+            ttft_p99_threshold: s.ttft_p99_threshold,
+            max_models_per_gpu: s.max_models_per_gpu,
+            shared_memory_fraction: s.shared_memory_fraction,
+            stale_after: s.stale_after,
+            on_stale: s.on_stale,
+        }
+    }
+
+    /// The rules' input.
+    pub fn spec(&self) -> PlacementSpec {
+        PlacementSpec {
+            max_free_fraction: self.max_free_fraction,
+            ttft_p99_threshold: self.ttft_p99_threshold,
+            max_models_per_gpu: self.max_models_per_gpu,
+            shared_memory_fraction: self.shared_memory_fraction,
+            stale_after: self.stale_after,
+            on_stale: self.on_stale,
+        }
+    }
 }
 
 /// `[cluster]`: several gateway replicas sharing one policy through a

@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use toml::de::DeTable;
 
-use self::reader::{Reader, Table, Zero};
+use self::reader::{Reader, Table, Value, Zero};
 use super::file::{ConfigError, parse_document};
 use super::policy::{
-    Discipline, Policy, PollerPolicy, PreemptionPolicy, QueuePolicy, ServerPolicy, TelemetryPolicy,
-    TlsPolicy,
+    Discipline, OnStale, PlacementPolicy, Policy, PollerPolicy, PreemptionPolicy, QueuePolicy,
+    ServerPolicy, TelemetryPolicy, TlsPolicy,
 };
 
 /// Looks an environment variable up; `None` when unset or not UTF-8.
@@ -113,6 +113,15 @@ const ROOT_KEYS: &[&str] = &[
     "tenants",
     "telemetry",
     "cluster",
+    "placement",
+];
+const PLACEMENT_KEYS: &[&str] = &[
+    "max_free_fraction",
+    "ttft_p99_threshold",
+    "max_models_per_gpu",
+    "shared_memory_fraction",
+    "stale_after",
+    "on_stale",
 ];
 const PREEMPTION_KEYS: &[&str] = &["enabled", "min_wait", "migration_threshold"];
 const TELEMETRY_KEYS: &[&str] = &[
@@ -174,6 +183,7 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
     let queue = section(r, root, "queue", &empty);
     let telemetry = section(r, root, "telemetry", &empty);
     let preemption = section(r, root, "preemption", &empty);
+    let placement = section(r, root, "placement", &empty);
     let server = read_server(r, &server, env);
     let trusts_header = server.trust_tenant_header.is_some();
     Policy {
@@ -184,7 +194,49 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
         tenants: tenants::read_tenants(r, root, trusts_header, env),
         telemetry: read_telemetry(r, &telemetry, env),
         cluster: cluster::read_cluster(r, root, env),
+        placement: read_placement(r, &placement),
         server,
+    }
+}
+
+fn read_placement(r: &mut Reader<'_>, t: &Table<'_, '_>) -> PlacementPolicy {
+    r.check_keys(t, PLACEMENT_KEYS);
+    let d = PlacementPolicy::default();
+    let fraction = |r: &mut Reader<'_>, v: &Value<'_>, p: &str| {
+        let n = r.share(v, p)?;
+        if n == 0.0 {
+            r.error(v.span(), p, "must be greater than 0 and at most 1");
+            return None;
+        }
+        Some(n)
+    };
+    PlacementPolicy {
+        max_free_fraction: r
+            .opt(t, "max_free_fraction", fraction)
+            .unwrap_or(d.max_free_fraction),
+        ttft_p99_threshold: r
+            .opt(t, "ttft_p99_threshold", |r, v, p| {
+                r.duration(v, p, Zero::Refused)
+            })
+            .unwrap_or(d.ttft_p99_threshold),
+        max_models_per_gpu: r
+            .opt(t, "max_models_per_gpu", Reader::positive_int)
+            .unwrap_or(d.max_models_per_gpu),
+        shared_memory_fraction: r
+            .opt(t, "shared_memory_fraction", fraction)
+            .unwrap_or(d.shared_memory_fraction),
+        stale_after: r
+            .opt(t, "stale_after", |r, v, p| r.duration(v, p, Zero::Refused))
+            .unwrap_or(d.stale_after),
+        on_stale: r
+            .opt(t, "on_stale", |r, v, p| {
+                r.choice(
+                    v,
+                    p,
+                    &[("allow", OnStale::Allow), ("refuse", OnStale::Refuse)],
+                )
+            })
+            .unwrap_or(d.on_stale),
     }
 }
 

@@ -11,6 +11,7 @@ pub mod accounting;
 pub mod admission;
 pub mod fairness;
 pub mod ids;
+pub mod placement;
 pub mod queue;
 pub mod reading;
 pub mod routing;

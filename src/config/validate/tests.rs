@@ -813,6 +813,14 @@ fn minimal_file_gets_every_default() {
             timeout: Duration::from_secs(1),
         },
         cluster: None,
+        placement: crate::config::PlacementPolicy {
+            max_free_fraction: 0.8,
+            ttft_p99_threshold: Duration::from_millis(150),
+            max_models_per_gpu: 2,
+            shared_memory_fraction: 0.7,
+            stale_after: Duration::from_secs(30),
+            on_stale: crate::config::OnStale::Allow,
+        },
         telemetry: TelemetryPolicy {
             otlp_endpoint: None,
             service_name: "fairway".into(),
@@ -1492,4 +1500,41 @@ fn triton_backends_name_their_protocol_and_served_model() {
     assert_one(&bad, 5, 12, "pools[0].backends[0].protocol", "openai");
     let bad = format!("{POOL}served_model = \"a/b\"\n");
     assert_one(&bad, 5, 16, "pools[0].backends[0].served_model", "URL path");
+}
+
+#[test]
+fn placement_is_read_and_checked() {
+    let p = parse(&format!(
+        "[placement]\nmax_free_fraction = 0.5\nttft_p99_threshold = \"200ms\"\nmax_models_per_gpu = 1\n\
+         shared_memory_fraction = 0.6\nstale_after = \"10s\"\non_stale = \"refuse\"\n{POOL}"
+    ))
+    .unwrap();
+    let spec = p.placement.spec();
+    assert_eq!(spec.max_free_fraction, 0.5);
+    assert_eq!(spec.ttft_p99_threshold, Duration::from_millis(200));
+    assert_eq!(spec.max_models_per_gpu, 1);
+    assert_eq!(spec.shared_memory_fraction, 0.6);
+    assert_eq!(spec.stale_after, Duration::from_secs(10));
+    assert_eq!(spec.on_stale, crate::config::OnStale::Refuse);
+    let errs = parse(&format!(
+        "[placement]\nmax_free_fraction = 0\nshared_memory_fraction = 1.5\nmax_models_per_gpu = 0\n\
+         on_stale = \"maybe\"\nstale_after = \"0s\"\nspread = true\n{POOL}"
+    ))
+    .unwrap_err();
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    for key in [
+        "max_free_fraction",
+        "shared_memory_fraction",
+        "max_models_per_gpu",
+        "on_stale",
+        "stale_after",
+        "spread",
+    ] {
+        let path = format!("placement.{key}");
+        assert_eq!(
+            paths.iter().filter(|p| **p == path).count(),
+            1,
+            "{path}: {errs:?}"
+        );
+    }
 }
