@@ -140,6 +140,7 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
     }
     Trace {
         bound_ratio: None,
+        slo_ttft: super::sim::slo_ttft(policy, &tenants),
         tenants,
         requests,
         queue: Vec::new(),

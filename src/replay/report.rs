@@ -356,7 +356,7 @@ pub fn svg(title: &str, trace: &Trace) -> String {
     let _ = writeln!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{}" font-family="sans-serif" font-size="12">"#,
-        2.0 * H + 60.0
+        2.0 * H + 120.0
     );
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
@@ -387,6 +387,14 @@ pub fn svg(title: &str, trace: &Trace) -> String {
         ymax = pts.iter().map(|p| p.1).fold(ymax, f64::max);
         series.push(pts);
     }
+    // The SLO lines are drawn inside the plot too.
+    let slos: Vec<(usize, f64)> = trace
+        .slo_ttft
+        .iter()
+        .enumerate()
+        .filter_map(|(ti, s)| s.filter(|s| s.is_finite() && *s > 0.0).map(|s| (ti, s)))
+        .collect();
+    ymax = slos.iter().map(|s| s.1).fold(ymax, f64::max);
     let (lo, hi) = (0.01f64.log10(), ymax.log10().ceil());
     let y1 = |v: f64| top1 + H - ((v.max(0.01).log10() - lo) / (hi - lo)) * H;
     axes(&mut s, top1, H, L, W, "TTFT p99 (s, log)", end);
@@ -412,9 +420,23 @@ pub fn svg(title: &str, trace: &Trace) -> String {
             COLOURS[ti % COLOURS.len()],
         );
     }
+    // Each tenant's TTFT SLO: a dashed line in its colour, labelled.
+    for (k, &(ti, slo)) in slos.iter().enumerate() {
+        let colour = COLOURS[ti % COLOURS.len()];
+        let y = y1(slo);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{L}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="{colour}" stroke-dasharray="6 4"/><text x="{}" y="{:.1}" text-anchor="end" fill="{colour}">{} SLO {}</text>"#,
+            W - 20.0,
+            W - 24.0 - k as f64 * 110.0,
+            y - 4.0,
+            escape(&trace.tenants[ti]),
+            secs_label(slo)
+        );
+    }
 
     // Queue depth.
-    let top2 = top1 + H + 40.0;
+    let top2 = top1 + H + 50.0;
     let qmax = trace
         .queue
         .iter()
@@ -468,14 +490,56 @@ fn axes(s: &mut String, top: f64, h: f64, l: f64, w: f64, label: &str, end: f64)
     );
     let _ = writeln!(
         s,
-        r#"<text x="{}" y="{}">{}</text><text x="{}" y="{}" text-anchor="end">{:.0} s</text>"#,
+        r#"<text x="{}" y="{}">{}</text>"#,
         l + 6.0,
         top + 12.0,
         escape(label),
-        w - 20.0,
-        top + h + 16.0,
-        end
     );
+    // The time axis: ticks at a round step, at most ten, labelled.
+    let step = TIME_STEPS
+        .iter()
+        .copied()
+        .find(|st| end / st <= 10.0)
+        .unwrap_or_else(|| (end / 10.0).ceil());
+    let x = |t: f64| l + (t / end) * (w - l - 20.0);
+    let mut t = 0.0;
+    while t <= end + 1e-9 {
+        let _ = writeln!(
+            s,
+            r##"<line x1="{0:.1}" x2="{0:.1}" y1="{1}" y2="{2}" stroke="#333"/><text x="{0:.1}" y="{3}" text-anchor="middle">{4}</text>"##,
+            x(t),
+            top + h,
+            top + h + 4.0,
+            top + h + 16.0,
+            secs_label(t)
+        );
+        t += step;
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="end">time since the first arrival</text>"#,
+        w - 20.0,
+        top + h + 30.0
+    );
+}
+
+/// Round steps for a time axis, in seconds.
+const TIME_STEPS: [f64; 14] = [
+    0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+];
+
+/// A duration for a label: milliseconds under a second, else seconds, or
+/// minutes from two minutes.
+fn secs_label(v: f64) -> String {
+    if v > 0.0 && v < 1.0 {
+        format!("{:.0} ms", v * 1e3)
+    } else if v >= 120.0 && (v / 60.0).fract() == 0.0 {
+        format!("{:.0} min", v / 60.0)
+    } else if v.fract() == 0.0 {
+        format!("{v:.0} s")
+    } else {
+        format!("{v:.1} s")
+    }
 }
 
 fn polyline(s: &mut String, pts: impl Iterator<Item = (f64, f64)>, colour: &str) {
@@ -518,6 +582,7 @@ mod tests {
         estimates.push((1.0, 0.0));
         let trace = Trace {
             tenants: Vec::new(),
+            slo_ttft: Vec::new(),
             requests: Vec::new(),
             queue: Vec::new(),
             jain: None,
@@ -541,5 +606,51 @@ mod tests {
         assert_eq!(r.estimate_ratio_p99, Some(2.0));
         assert_eq!(r.estimate_ratio_p1, Some(0.25));
         assert!(table(&[r]).contains("drf: p1 0.25x p50 2.00x p99 2.00x"));
+    }
+
+    #[test]
+    fn the_svg_draws_each_slo_and_labels_time() {
+        use crate::replay::sim::{QueueSample, RequestResult};
+        let served = |arrived: f64, ttft: f64| RequestResult {
+            outcome: Outcome::Served,
+            arrived,
+            queue_wait: Some(0.0),
+            ttft: Some(ttft),
+            e2e: Some(ttft),
+            good: true,
+        };
+        let trace = Trace {
+            tenants: vec!["api".into(), "<b>evals</b>".into()],
+            slo_ttft: vec![Some(0.4), None],
+            requests: vec![(0, served(1.0, 0.2)), (1, served(50.0, 3.0))],
+            queue: vec![QueueSample {
+                at: 95.0,
+                queued: vec![0, 3],
+            }],
+            jain: None,
+            shares: Vec::new(),
+            utilisation: 0.0,
+            makespan: 95.0,
+            output_tokens: 0,
+            preempted: None,
+            adapter_loads: None,
+            estimates: Vec::new(),
+            bound_ratio: None,
+        };
+        let svg = svg("run", &trace);
+        // One SLO line (api's), dashed, labelled with its target.
+        assert_eq!(svg.matches("stroke-dasharray").count(), 1, "{svg}");
+        assert!(svg.contains(">api SLO 400 ms</text>"), "{svg}");
+        // Ticks every 10 s from 0 to 90 on both plots, and the axis named.
+        assert!(
+            svg.contains(">0 s</text>") && svg.contains(">90 s</text>"),
+            "{svg}"
+        );
+        assert_eq!(
+            svg.matches(">time since the first arrival</text>").count(),
+            2
+        );
+        // Names are text, not markup.
+        assert!(svg.contains("&lt;b&gt;evals&lt;/b&gt;") && !svg.contains("<b>"));
     }
 }

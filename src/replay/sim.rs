@@ -71,6 +71,9 @@ pub struct QueueSample {
 pub struct Trace {
     /// Tenant names, by scheduler tenant id.
     pub tenants: Vec<String>,
+    /// Each tenant's TTFT SLO in seconds (`None`: none declared), in
+    /// [`Trace::tenants`] order.
+    pub slo_ttft: Vec<Option<f64>>,
     /// Per workload request (same order), with its tenant's index.
     pub requests: Vec<(usize, RequestResult)>,
     pub queue: Vec<QueueSample>,
@@ -778,6 +781,7 @@ impl<'p> Sim<'p> {
             .tenants()
             .map(|t| sched.tenant_name(t).to_owned())
             .collect();
+        let slo_ttft = slo_ttft(self.policy, &tenants);
         let requests = self
             .results
             .into_iter()
@@ -797,6 +801,7 @@ impl<'p> Sim<'p> {
             .collect();
         Trace {
             tenants,
+            slo_ttft,
             requests,
             queue: self.queue,
             jain: self.fairness.index(),
@@ -854,4 +859,18 @@ fn to_gateway(t: Instant, scale: f64) -> Instant {
     } else {
         Instant::from_nanos((t.as_nanos() as f64 / scale).ceil() as u64)
     }
+}
+
+/// The TTFT SLO of each of `tenants`, from the policy, in seconds.
+pub fn slo_ttft(policy: &Policy, tenants: &[String]) -> Vec<Option<f64>> {
+    tenants
+        .iter()
+        .map(|name| {
+            policy
+                .tenants
+                .iter()
+                .find(|t| t.name == *name)
+                .map(|t| t.slo.ttft.as_secs_f64())
+        })
+        .collect()
 }
