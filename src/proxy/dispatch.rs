@@ -365,8 +365,10 @@ async fn run(
             continue;
         };
         // A failure while the client was still uploading may be the
-        // client's: it is not held against the backend.
-        let uploading = matches!(&body, Payload::Upload(u) if u.unfinished());
+        // client's: it is not held against the backend (a refused
+        // connection still is).
+        let uploading = matches!(&body, Payload::Upload(u) if u.unfinished())
+            && !matches!(&result, Ok(Err(e)) if e.is_connect());
         if !uploading
             && !result
                 .as_ref()
