@@ -20,6 +20,17 @@ use support::*;
 
 const BOUNDARY: &str = "fairway-test-boundary";
 
+/// One backend serving `m`, one tenant `alpha` with key `ka`.
+const ONE_BACKEND: &str = r#"
+[[pools]]
+model = "m"
+backends = [{ name = "b0", url = "http://{b0}" }]
+
+[[tenants]]
+name = "alpha"
+api_keys = ["ka"]
+"#;
+
 fn field(name: &str, value: &str) -> Vec<u8> {
     format!("--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n")
         .into_bytes()
@@ -107,18 +118,8 @@ async fn uploads_pass_in_either_field_order_and_are_charged_their_duration() {
 
 #[tokio::test]
 async fn bad_uploads_are_refused_with_one_outcome_each() {
-    let policy = format!(
-        "{SERVER}max_upload_bytes = 1000000\nbody_read_timeout = \"1s\"\n{}",
-        r#"
-[[pools]]
-model = "m"
-backends = [{ name = "b0", url = "http://{b0}" }]
-
-[[tenants]]
-name = "alpha"
-api_keys = ["ka"]
-"#
-    );
+    let policy =
+        format!("{SERVER}max_upload_bytes = 1000000\nbody_read_timeout = \"1s\"\n{ONE_BACKEND}");
     let b0 = sim("m", 8).await;
     let gw = gateway(&policy, &[&b0]).await;
     let c = client();
@@ -267,19 +268,8 @@ async fn a_large_upload_streams_through_without_the_gateway_holding_it() {
     let b0 = sim("m", 8).await;
     let policy = temp_policy(
         "audio-memory",
-        &format!(
-            "{SERVER}max_upload_bytes = 268435456\n{}",
-            r#"
-[[pools]]
-model = "m"
-backends = [{ name = "b0", url = "http://{b0}" }]
-
-[[tenants]]
-name = "alpha"
-api_keys = ["ka"]
-"#
-            .replace("{b0}", &b0.addr().to_string())
-        ),
+        &format!("{SERVER}max_upload_bytes = 268435456\n{ONE_BACKEND}")
+            .replace("{b0}", &b0.addr().to_string()),
     );
     let gw = ServeProcess::start(&[], &[], &policy, "warn", std::process::Stdio::null());
     let c = Client::builder(TokioExecutor::new()).build_http();

@@ -83,8 +83,14 @@ pub fn is_upload_route(path: &str) -> bool {
     matches!(path, "/v1/audio/transcriptions" | "/v1/audio/translations")
 }
 
+/// The boundary of a `multipart/form-data` request, from its headers.
+pub fn boundary(headers: &http::HeaderMap) -> Option<&str> {
+    let content_type = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    boundary_of(content_type)
+}
+
 /// The boundary of a `multipart/form-data` content type.
-pub fn boundary(content_type: &str) -> Option<&str> {
+fn boundary_of(content_type: &str) -> Option<&str> {
     let mut params = content_type.split(';');
     let kind = params.next()?.trim();
     if !kind.eq_ignore_ascii_case("multipart/form-data") {
@@ -367,23 +373,18 @@ pub async fn read_head(
     timeout: std::time::Duration,
 ) -> Result<(http::request::Parts, AudioInfo, Upload), ApiError> {
     let (parts, mut body) = req.into_parts();
-    let boundary = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(boundary)
-        .ok_or_else(|| {
-            ApiError::InvalidRequest(
-                "An audio request must be multipart/form-data with a boundary".into(),
-            )
-        })?;
+    let boundary = boundary(&parts.headers).ok_or_else(|| {
+        ApiError::InvalidRequest(
+            "An audio request must be multipart/form-data with a boundary".into(),
+        )
+    })?;
     let mut form = Form::new(boundary);
     let mut head = Head::default();
     let read = async {
         while !form.has_enough() {
             match body.frame().await {
                 None => break,
-                Some(Err(e)) => return Err(body_error(&e, limit)),
+                Some(Err(e)) => return Err(crate::proxy::dispatch::read_error(&e, limit)),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         form.feed(&data).map_err(ApiError::InvalidRequest)?;
@@ -418,17 +419,6 @@ pub async fn read_head(
     let source = head.into_source(body).await?;
     let upload = Upload::new(source, form, timeout);
     Ok((parts, info, upload))
-}
-
-/// The body's error as the client's fault: too large, or gone.
-fn body_error(e: &BodyError, limit: usize) -> ApiError {
-    if e.is::<http_body_util::LengthLimitError>() {
-        ApiError::BodyTooLarge(limit)
-    } else if crate::proxy::dispatch::client_went_away(&**e) {
-        ApiError::ClientGone
-    } else {
-        ApiError::InvalidRequest(format!("Could not read request body: {e}"))
-    }
 }
 
 /// The bytes read before routing: in memory, then in a temporary file.
@@ -852,12 +842,15 @@ mod tests {
 
     #[test]
     fn boundaries_from_content_types() {
-        assert_eq!(boundary("multipart/form-data; boundary=abc"), Some("abc"));
         assert_eq!(
-            boundary("Multipart/Form-Data;boundary=\"a b\""),
+            boundary_of("multipart/form-data; boundary=abc"),
+            Some("abc")
+        );
+        assert_eq!(
+            boundary_of("Multipart/Form-Data;boundary=\"a b\""),
             Some("a b")
         );
-        assert_eq!(boundary("application/json"), None);
-        assert_eq!(boundary("multipart/form-data"), None);
+        assert_eq!(boundary_of("application/json"), None);
+        assert_eq!(boundary_of("multipart/form-data"), None);
     }
 }

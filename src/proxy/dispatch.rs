@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use crate::core::ids::BackendId;
 use crate::core::scheduler::{Arrival, Decision};
 use crate::core::spec::Api;
-use crate::proxy::body::{BoxBody, RequestBody};
+use crate::proxy::body::{BodyError, BoxBody, RequestBody};
 use crate::proxy::error::{ApiError, Outcome, RefusedBy, close_if_body_unread, rate_limit_headers};
 use crate::proxy::gateway::{Gateway, Live, Pending};
 use crate::proxy::relay::{Mode, RelayBody};
@@ -35,13 +35,19 @@ pub(crate) async fn read_body(
     match tokio::time::timeout(timeout, body.collect()).await {
         Err(_) => Err(ApiError::BodyTimeout(timeout)),
         Ok(Ok(c)) => Ok((parts, c.to_bytes())),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ApiError::BodyTooLarge(limit))
-        }
-        Ok(Err(e)) if client_went_away(&*e) => Err(ApiError::ClientGone),
-        Ok(Err(e)) => Err(ApiError::InvalidRequest(format!(
-            "Could not read request body: {e}"
-        ))),
+        Ok(Err(e)) => Err(read_error(&e, limit)),
+    }
+}
+
+/// A failed read of a client's body under the edge's `limit`: too large,
+/// the client gone, or a bad request.
+pub(crate) fn read_error(e: &BodyError, limit: usize) -> ApiError {
+    if e.is::<http_body_util::LengthLimitError>() {
+        ApiError::BodyTooLarge(limit)
+    } else if client_went_away(&**e) {
+        ApiError::ClientGone
+    } else {
+        ApiError::InvalidRequest(format!("Could not read request body: {e}"))
     }
 }
 

@@ -225,11 +225,7 @@ async fn transcription(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     use crate::proxy::audio;
-    let boundary = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(audio::boundary)
+    let boundary = audio::boundary(req.headers())
         .map(str::to_owned)
         .ok_or_else(|| ApiError::bad_request("Expected a multipart/form-data body".into()))?;
     let mut form = audio::Form::new(&boundary);
