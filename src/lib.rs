@@ -24,6 +24,7 @@ pub mod config;
 pub mod core;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod placement;
 pub mod poller;
 pub mod proxy;
 pub mod replay;

@@ -46,6 +46,14 @@ enum Command {
         #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
         watch_interval: Duration,
     },
+    /// Run the placement service: a kube-scheduler extender and a
+    /// validating admission webhook over HTTPS, judging GPU nodes by what
+    /// their agents read ([placement] in the policy).
+    Placement {
+        /// The policy file (its [placement] section).
+        #[arg(long, short, default_value = "config/fairway.toml")]
+        config: PathBuf,
+    },
     /// Validate policy files without serving.
     Check {
         #[arg(required = true)]
@@ -93,14 +101,30 @@ enum Command {
         #[arg(long, short)]
         out: Option<PathBuf>,
     },
-    /// Run the GPU-node sidecar: serves the local engine's metrics and NVML's
-    /// GPU readings as one JSON reading (`metrics = "agent"`).
+    /// Run the GPU-node agent: beside an engine, serves its metrics and
+    /// NVML's GPU readings as one JSON reading (`metrics = "agent"`);
+    /// without --engine-metrics, the node's GPUs only (for placement).
     Agent {
         #[arg(long, default_value = "127.0.0.1:9400")]
         listen: SocketAddr,
-        /// The engine's metrics URL, e.g. http://127.0.0.1:8000/metrics.
+        /// The engine's metrics URL, e.g. http://127.0.0.1:8000/metrics;
+        /// without it the agent serves the node's GPUs only.
         #[arg(long)]
-        engine_metrics: String,
+        engine_metrics: Option<String>,
+        /// The Kubernetes node name (default: this host's name).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: Option<String>,
+        /// The model the engine serves, as placement counts it.
+        #[arg(long, env = "FAIRWAY_MODEL")]
+        model: Option<String>,
+        /// The GPU indices the engine runs on, e.g. 0,1 (default: every GPU
+        /// the agent reads).
+        #[arg(long, value_delimiter = ',')]
+        engine_gpus: Option<Vec<u32>>,
+        /// Report these GPUs instead of NVML's, TOTAL_GB:USED_GB each,
+        /// comma-separated (tests and demos without a GPU).
+        #[arg(long)]
+        simulate_gpus: Option<String>,
         /// How the engine names its metrics.
         #[arg(long, value_enum, default_value_t = EngineDialect::Vllm)]
         dialect: EngineDialect,
@@ -218,17 +242,38 @@ fn run(cli: Cli) -> ExitCode {
         Command::Agent {
             listen,
             engine_metrics,
+            node_name,
+            model,
+            engine_gpus,
+            simulate_gpus,
             dialect,
             timeout,
             nvml_lib,
         } => {
+            let simulated_gpus = match simulate_gpus.as_deref() {
+                Some(text) => match fairway::agent::parse_simulated_gpus(text) {
+                    Ok(gpus) => Some(gpus),
+                    Err(e) => {
+                        eprintln!("fairway: --simulate-gpus: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+                None => None,
+            };
             let cfg = AgentConfig {
                 engine_metrics,
                 dialect: dialect.into(),
                 timeout,
                 nvml_lib,
+                node: node_name.unwrap_or_else(fairway::agent::node::host_name),
+                model,
+                engine_gpus,
+                simulated_gpus,
             };
             report(runtime().and_then(|rt| rt.block_on(agent(listen, cfg))))
+        }
+        Command::Placement { config } => {
+            report(runtime().and_then(|rt| rt.block_on(placement(config))))
         }
         Command::Serve {
             config,
@@ -466,7 +511,34 @@ impl From<EngineDialect> for MetricsDialect {
     }
 }
 
-/// Runs the sidecar until SIGTERM or Ctrl-C.
+/// Runs the placement service until SIGTERM or Ctrl-C.
+async fn placement(config: PathBuf) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let policy = fairway::placement::load(&config)?;
+    let listener = tokio::net::TcpListener::bind(policy.listen)
+        .await
+        .with_context(|| format!("binding {}", policy.listen))?;
+    let mut term = signal(SignalKind::terminate()).context("installing signal handlers")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing signal handlers")?;
+    println!(
+        "fairway placement listening on https://{} ({} agents, {} agent names)",
+        listener.local_addr()?,
+        policy.agents.len(),
+        policy.agents_dns.len()
+    );
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("shutdown signal received");
+    };
+    fairway::placement::serve(listener, config, shutdown).await?;
+    tracing::info!("fairway placement stopped");
+    Ok(())
+}
+
+/// Runs the agent until SIGTERM or Ctrl-C.
 async fn agent(listen: SocketAddr, cfg: AgentConfig) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     cfg.validate()?;
@@ -477,9 +549,10 @@ async fn agent(listen: SocketAddr, cfg: AgentConfig) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing signal handlers")?;
     let mut int = signal(SignalKind::interrupt()).context("installing signal handlers")?;
     println!(
-        "fairway agent listening on http://{} ({})",
+        "fairway agent listening on http://{} (node {}, {})",
         listener.local_addr()?,
-        cfg.engine_metrics
+        cfg.node,
+        cfg.engine_metrics.as_deref().unwrap_or("no engine")
     );
     let shutdown = async move {
         tokio::select! {

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
-use fairway::agent::{AgentConfig, serve};
+use fairway::agent::{AgentConfig, NodeReading, serve};
 use fairway::config::policy::MetricsDialect;
 use fairway::core::time::Instant;
 use fairway::poller::dialect::{AgentReading, Decoder};
@@ -30,15 +30,17 @@ struct Agent {
 
 impl Agent {
     async fn start(engine_metrics: String, timeout: Duration) -> Agent {
+        Agent::with(AgentConfig {
+            timeout,
+            ..AgentConfig::for_engine(engine_metrics)
+        })
+        .await
+    }
+
+    async fn with(cfg: AgentConfig) -> Agent {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let cfg = AgentConfig {
-            engine_metrics,
-            dialect: MetricsDialect::Vllm,
-            timeout,
-            nvml_lib: None,
-        };
         tokio::spawn(serve(listener, cfg, async move {
             let _ = stopped.await;
         }));
@@ -106,6 +108,72 @@ async fn reading_carries_the_engine_signals_and_windows_the_p99s() {
     assert!(second.e2e_p99.is_some(), "{doc}");
     let parsed: AgentReading = serde_json::from_value(doc).unwrap();
     assert_eq!(parsed.running, Some(0));
+}
+
+/// `/node`, for placement: a node agent serves its GPUs only; an engine
+/// agent adds the engine's model, GPUs and TTFT p99 over its own window
+/// (the gateway's `/reading` does not consume it), and names a failed
+/// scrape instead of failing.
+#[tokio::test]
+async fn node_reading_for_placement() {
+    let gpus = fairway::agent::parse_simulated_gpus("80:10,80:0").unwrap();
+    let node = Agent::with(AgentConfig {
+        simulated_gpus: Some(gpus.clone()),
+        ..AgentConfig::for_node("gpu-node-1")
+    })
+    .await;
+    let reply = node.get("/node").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let doc: NodeReading = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(
+        (doc.node.as_str(), doc.gpus.len(), doc.engine),
+        ("gpu-node-1", 2, None)
+    );
+    assert_eq!(doc.gpus[0].memory_used_bytes, 10_000_000_000);
+    let no_engine = node.get("/reading").await;
+    assert_eq!(no_engine.status, StatusCode::NOT_FOUND);
+    assert!(
+        no_engine.text().contains("GET /node"),
+        "{}",
+        no_engine.text()
+    );
+
+    let sim = sim().await;
+    let engine = Agent::with(AgentConfig {
+        model: Some("llama".into()),
+        engine_gpus: Some(vec![1]),
+        node: "gpu-node-1".into(),
+        ..AgentConfig::for_engine(format!("{}/metrics", sim.url()))
+    })
+    .await;
+    engine.get("/node").await;
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}"#;
+    let reply = send(
+        &client(),
+        post(sim.addr(), "/v1/chat/completions", None, chat),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    decode(&engine.get("/reading").await);
+    let doc: NodeReading = serde_json::from_slice(&engine.get("/node").await.body).unwrap();
+    let e = doc.engine.unwrap();
+    assert_eq!(
+        (e.model.as_deref(), e.gpus.as_slice(), e.error),
+        (Some("llama"), &[1][..], None)
+    );
+    assert!(
+        e.ttft_p99_seconds.is_some(),
+        "the /reading in between took the window"
+    );
+
+    let dead = Agent::with(AgentConfig {
+        node: "gpu-node-2".into(),
+        ..AgentConfig::for_engine(format!("http://{}/metrics", dead_addr().await))
+    })
+    .await;
+    let doc: NodeReading = serde_json::from_slice(&dead.get("/node").await.body).unwrap();
+    let error = doc.engine.unwrap().error.unwrap();
+    assert!(error.contains("/metrics"), "{error}");
 }
 
 #[tokio::test]
@@ -176,12 +244,7 @@ async fn wrong_endpoint_is_a_502_not_an_empty_reading() {
 #[tokio::test]
 async fn invalid_config_is_refused_before_serving() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = AgentConfig {
-        engine_metrics: "https://127.0.0.1:1/metrics".to_owned(),
-        dialect: MetricsDialect::Vllm,
-        timeout: Duration::from_secs(1),
-        nvml_lib: None,
-    };
+    let cfg = AgentConfig::for_engine("https://127.0.0.1:1/metrics");
     assert!(cfg.validate().is_err());
     let err = serve(listener, cfg, std::future::pending())
         .await
@@ -225,7 +288,7 @@ async fn binary_prints_its_address_serves_readings_and_stops_on_sigterm() {
         .strip_prefix("fairway agent listening on http://")
         .unwrap_or_else(|| panic!("unexpected listen line: {line:?}"));
     let (addr, engine) = rest.trim_end().split_once(' ').unwrap();
-    assert_eq!(engine, format!("({engine_url})"));
+    assert!(engine.ends_with(&format!(", {engine_url})")), "{engine}");
 
     let reply = get(&client(), format!("http://{addr}/reading")).await;
     decode(&reply);

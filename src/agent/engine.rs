@@ -41,6 +41,9 @@ pub enum AgentConfigError {
     /// A zero timeout would fail every scrape.
     #[error("the scrape timeout must be above zero")]
     ZeroTimeout,
+    /// Placement could not tell this node from another.
+    #[error("the node name is empty; pass --node-name or set NODE_NAME")]
+    NoNode,
 }
 
 /// Why one engine scrape gave no reading.
@@ -81,8 +84,8 @@ pub enum ScrapeError {
     },
 }
 
-/// Checks `cfg` and returns the URI to scrape.
-pub(super) fn check(cfg: &AgentConfig) -> Result<Uri, AgentConfigError> {
+/// Checks `cfg` for scraping `url` and returns the URI to scrape.
+pub(super) fn check(url: &str, cfg: &AgentConfig) -> Result<Uri, AgentConfigError> {
     if matches!(cfg.dialect, MetricsDialect::Agent | MetricsDialect::None) {
         return Err(AgentConfigError::Dialect {
             dialect: cfg.dialect,
@@ -91,7 +94,7 @@ pub(super) fn check(cfg: &AgentConfig) -> Result<Uri, AgentConfigError> {
     if cfg.timeout.is_zero() {
         return Err(AgentConfigError::ZeroTimeout);
     }
-    parse_url(&cfg.engine_metrics)
+    parse_url(url)
 }
 
 /// Splits `http://host:port/path?query`; no path means [`DEFAULT_PATH`].
@@ -128,7 +131,17 @@ fn parse_url(url: &str) -> Result<Uri, AgentConfigError> {
         .map_err(|_| bad("not a URL"))
 }
 
-/// The local engine and the decoder of its scrapes.
+/// Who reads the engine: each reader has its own decoder, so that its
+/// latency windows are its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Reader {
+    /// The gateway's poller, `GET /reading`.
+    Gateway,
+    /// The placement service, `GET /node`.
+    Placement,
+}
+
+/// The local engine and the decoders of its scrapes.
 #[derive(Debug)]
 pub(super) struct Engine {
     uri: Uri,
@@ -137,13 +150,15 @@ pub(super) struct Engine {
     timeout: Duration,
     client: Client<HttpConnector, Full<Bytes>>,
     clock: Clock,
-    decoder: Mutex<Decoder>,
+    /// One per [`Reader`].
+    decoders: [Mutex<Decoder>; 2],
 }
 
 impl Engine {
-    /// Checks `cfg` and builds the client; connects on the first scrape.
-    pub(super) fn new(cfg: &AgentConfig) -> Result<Self, AgentConfigError> {
-        let uri = check(cfg)?;
+    /// Checks `cfg` for `url` and builds the client; connects on the first
+    /// scrape.
+    pub(super) fn new(url: &str, cfg: &AgentConfig) -> Result<Self, AgentConfigError> {
+        let uri = check(url, cfg)?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(cfg.timeout));
@@ -156,7 +171,10 @@ impl Engine {
             timeout: cfg.timeout,
             client,
             clock: Clock::new(),
-            decoder: Mutex::new(Decoder::new(cfg.dialect)),
+            decoders: [
+                Mutex::new(Decoder::new(cfg.dialect)),
+                Mutex::new(Decoder::new(cfg.dialect)),
+            ],
         })
     }
 
@@ -165,8 +183,8 @@ impl Engine {
         &self.url
     }
 
-    /// Scrapes the engine once and decodes the body.
-    pub(super) async fn read(&self) -> Result<Reading, ScrapeError> {
+    /// Scrapes the engine once and decodes the body with `reader`'s decoder.
+    pub(super) async fn read(&self, reader: Reader) -> Result<Reading, ScrapeError> {
         let body = tokio::time::timeout(self.timeout, self.fetch())
             .await
             .map_err(|_| ScrapeError::Timeout {
@@ -177,7 +195,7 @@ impl Engine {
         let text = std::str::from_utf8(&body).map_err(|_| ScrapeError::NotUtf8 {
             url: self.url.clone(),
         })?;
-        let decoded = self.decoder.lock().decode(text, at);
+        let decoded = self.decoders[reader as usize].lock().decode(text, at);
         decoded.map_err(|source| ScrapeError::Decode {
             url: self.url.clone(),
             source,
@@ -230,12 +248,11 @@ mod tests {
     use super::*;
 
     fn cfg(url: &str) -> AgentConfig {
-        AgentConfig {
-            engine_metrics: url.to_owned(),
-            dialect: MetricsDialect::Vllm,
-            timeout: Duration::from_secs(1),
-            nvml_lib: None,
-        }
+        AgentConfig::for_engine(url)
+    }
+
+    fn check(cfg: &AgentConfig) -> Result<Uri, AgentConfigError> {
+        super::check(cfg.engine_metrics.as_deref().unwrap_or_default(), cfg)
     }
 
     #[test]

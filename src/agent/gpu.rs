@@ -14,11 +14,23 @@ use crate::poller::dialect::AgentGpu;
 /// This node's GPUs, or nothing to read.
 #[derive(Clone, Debug)]
 pub(super) struct Gpus {
+    /// Reported instead of NVML's (`--simulate-gpus`).
+    simulated: Option<Vec<AgentGpu>>,
     #[cfg(feature = "nvml")]
     nvml: Option<std::sync::Arc<nvml_wrapper::Nvml>>,
 }
 
 impl Gpus {
+    /// Reports `gpus` at every reading, never loading NVML.
+    pub(super) fn simulated(gpus: Vec<AgentGpu>) -> Self {
+        tracing::info!(gpus = gpus.len(), "reporting simulated GPUs");
+        Gpus {
+            simulated: Some(gpus),
+            #[cfg(feature = "nvml")]
+            nvml: None,
+        }
+    }
+
     /// Loads NVML (from `lib` when given), logging once what is available.
     #[cfg(feature = "nvml")]
     pub(super) fn open(lib: Option<&Path>) -> Self {
@@ -35,6 +47,7 @@ impl Gpus {
                     Err(e) => tracing::warn!(error = %e, "NVML ready, but counting GPUs failed"),
                 }
                 Gpus {
+                    simulated: None,
                     nvml: Some(std::sync::Arc::new(nvml)),
                 }
             }
@@ -43,7 +56,10 @@ impl Gpus {
                     nvml_lib = lib.map(|p| p.display().to_string()),
                     "NVML unavailable ({e}); serving the engine reading only"
                 );
-                Gpus { nvml: None }
+                Gpus {
+                    simulated: None,
+                    nvml: None,
+                }
             }
         }
     }
@@ -55,12 +71,15 @@ impl Gpus {
             nvml_lib = lib.map(|p| p.display().to_string()),
             "built without the `nvml` feature; serving the engine reading only"
         );
-        Gpus {}
+        Gpus { simulated: None }
     }
 
     /// Every GPU NVML can read now, in index order; empty without NVML.
     #[cfg(feature = "nvml")]
     pub(super) async fn read(&self) -> Vec<AgentGpu> {
+        if let Some(gpus) = &self.simulated {
+            return gpus.clone();
+        }
         let Some(nvml) = self.nvml.clone() else {
             return Vec::new();
         };
@@ -75,10 +94,11 @@ impl Gpus {
         }
     }
 
-    /// Without the `nvml` feature there are no GPUs to read.
+    /// Without the `nvml` feature there are no GPUs to read, unless
+    /// simulated.
     #[cfg(not(feature = "nvml"))]
     pub(super) async fn read(&self) -> Vec<AgentGpu> {
-        Vec::new()
+        self.simulated.clone().unwrap_or_default()
     }
 }
 

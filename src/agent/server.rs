@@ -4,6 +4,10 @@
 //!   with an [`AgentReading`], or 502 `{"error": "..."}` naming the engine
 //!   URL and the cause when the scrape failed (the gateway counts a failed
 //!   scrape; it never sees a stale or empty reading).
+//!   A node agent (no engine) answers 404 here.
+//! - `GET /node`: 200 with a [`NodeReading`] for the placement service: the
+//!   node's GPUs and the engine's model, GPUs and TTFT p99 (a failed scrape
+//!   is named in `engine.error`, never a 502: the GPUs are still news).
 //! - `GET /health`: 200 `ok` while the agent runs. It says nothing about the
 //!   engine: the gateway probes the engine's own health endpoint.
 //! - Other paths 404, other methods 405, both with a JSON error body.
@@ -28,8 +32,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use super::AgentConfig;
-use super::engine::{Engine, ScrapeError};
+use super::engine::{Engine, Reader, ScrapeError};
 use super::gpu::Gpus;
+use super::node::{EngineOnNode, NodeReading};
 use crate::poller::dialect::AgentReading;
 
 /// How long a drain waits for in-flight readings beyond one scrape timeout.
@@ -38,8 +43,12 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// Everything a request needs.
 #[derive(Debug)]
 struct Agent {
-    engine: Engine,
+    /// `None`: a node agent.
+    engine: Option<Engine>,
     gpus: Gpus,
+    node: String,
+    model: Option<String>,
+    engine_gpus: Option<Vec<u32>>,
     /// Whether the last scrape failed, so that only changes log above debug.
     is_failing: AtomicBool,
 }
@@ -55,11 +64,22 @@ pub async fn serve(
     cfg: AgentConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let engine =
-        Engine::new(&cfg).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let invalid = |e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    cfg.validate().map_err(invalid)?;
+    let engine = match &cfg.engine_metrics {
+        Some(url) => Some(Engine::new(url, &cfg).map_err(invalid)?),
+        None => None,
+    };
+    let gpus = match cfg.simulated_gpus {
+        Some(gpus) => Gpus::simulated(gpus),
+        None => Gpus::open(cfg.nvml_lib.as_deref()),
+    };
     let agent = Arc::new(Agent {
         engine,
-        gpus: Gpus::open(cfg.nvml_lib.as_deref()),
+        gpus,
+        node: cfg.node,
+        model: cfg.model,
+        engine_gpus: cfg.engine_gpus,
         is_failing: AtomicBool::new(false),
     });
     // Every connection task lives in this set: dropping the serve future
@@ -92,12 +112,13 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let resp = match (req.method(), req.uri().path()) {
         (&Method::GET, "/reading") => reading(&agent).await,
+        (&Method::GET, "/node") => node(&agent).await,
         (&Method::GET, "/health") => {
             let mut resp = respond(StatusCode::OK, Bytes::from_static(b"ok"));
             set_content_type(&mut resp, "text/plain; charset=utf-8");
             resp
         }
-        (method, path @ ("/reading" | "/health")) => {
+        (method, path @ ("/reading" | "/node" | "/health")) => {
             let mut resp = error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 &format!("method {method} is not allowed on {path}; use GET"),
@@ -108,7 +129,9 @@ async fn handle(
         }
         (_, path) => error(
             StatusCode::NOT_FOUND,
-            &format!("no endpoint {path}; the agent serves GET /reading and GET /health"),
+            &format!(
+                "no endpoint {path}; the agent serves GET /reading, GET /node and GET /health"
+            ),
         ),
     };
     Ok(resp)
@@ -116,22 +139,22 @@ async fn handle(
 
 /// One reading: the engine scrape and the GPUs, read concurrently.
 async fn reading(agent: &Agent) -> Response<Full<Bytes>> {
-    let (engine, gpus) = tokio::join!(agent.engine.read(), agent.gpus.read());
+    let Some(engine) = &agent.engine else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "this agent runs without an engine (no --engine-metrics); placement reads GET /node",
+        );
+    };
+    let (engine, gpus) = tokio::join!(engine.read(Reader::Gateway), agent.gpus.read());
     let reading = match engine {
         Ok(reading) => reading,
         Err(e) => {
             let cause = chain(&e);
-            if agent.is_failing.swap(true, Ordering::Relaxed) {
-                tracing::debug!(error = %cause, "engine scrape failed");
-            } else {
-                tracing::warn!(error = %cause, "engine scrape failing; answering 502");
-            }
+            agent.failing(&cause);
             return error(StatusCode::BAD_GATEWAY, &cause);
         }
     };
-    if agent.is_failing.swap(false, Ordering::Relaxed) {
-        tracing::info!(url = agent.engine.url(), "engine scrape recovered");
-    }
+    agent.recovered();
     let mut doc = AgentReading::from_reading(&reading, gpus);
     if !doc.gpus.is_empty() {
         // NVML sees every process on the GPUs, the engine only its own.
@@ -141,7 +164,74 @@ async fn reading(agent: &Agent) -> Response<Full<Bytes>> {
         doc.gpu_memory_used_bytes = Some(sum(|g| g.memory_used_bytes));
         doc.gpu_memory_total_bytes = Some(sum(|g| g.memory_total_bytes));
     }
-    match serde_json::to_vec(&doc) {
+    to_json(&doc)
+}
+
+/// The node's GPUs and, beside an engine, what it runs where.
+async fn node(agent: &Agent) -> Response<Full<Bytes>> {
+    let (engine, gpus) = match &agent.engine {
+        Some(engine) => {
+            let (read, gpus) = tokio::join!(engine.read(Reader::Placement), agent.gpus.read());
+            (Some(read), gpus)
+        }
+        None => (None, agent.gpus.read().await),
+    };
+    let engine = engine.map(|read| {
+        let gpus = agent
+            .engine_gpus
+            .clone()
+            .unwrap_or_else(|| gpus.iter().map(|g| g.index).collect());
+        match read {
+            Ok(reading) => {
+                agent.recovered();
+                EngineOnNode {
+                    model: agent.model.clone(),
+                    gpus,
+                    ttft_p99_seconds: reading.ttft_p99.map(|d| d.as_secs_f64()),
+                    kv_usage: reading.kv_usage,
+                    error: None,
+                }
+            }
+            Err(e) => {
+                let cause = chain(&e);
+                agent.failing(&cause);
+                EngineOnNode {
+                    model: agent.model.clone(),
+                    gpus,
+                    error: Some(cause),
+                    ..EngineOnNode::default()
+                }
+            }
+        }
+    });
+    to_json(&NodeReading {
+        node: agent.node.clone(),
+        gpus,
+        engine,
+    })
+}
+
+impl Agent {
+    /// Logs a failing scrape at warn when it starts failing.
+    fn failing(&self, cause: &str) {
+        if self.is_failing.swap(true, Ordering::Relaxed) {
+            tracing::debug!(error = %cause, "engine scrape failed");
+        } else {
+            tracing::warn!(error = %cause, "engine scrape failing");
+        }
+    }
+
+    /// Logs a recovery once.
+    fn recovered(&self) {
+        if self.is_failing.swap(false, Ordering::Relaxed) {
+            let url = self.engine.as_ref().map(Engine::url);
+            tracing::info!(url, "engine scrape recovered");
+        }
+    }
+}
+
+fn to_json(doc: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(doc) {
         Ok(body) => json(StatusCode::OK, Bytes::from(body)),
         Err(e) => {
             tracing::error!(error = %e, "serializing the reading failed");

@@ -128,12 +128,15 @@ pub fn load_policy(path: &Path) -> Result<(Policy, String), Vec<ConfigError>> {
         }]
     })?;
     let mut policy = super::validate::parse_policy(&source, &file)?;
-    if let (Some(tls), Some(dir)) = (policy.server.tls.as_mut(), path.parent()) {
-        if tls.cert.is_relative() {
-            tls.cert = dir.join(&tls.cert);
-        }
-        if tls.key.is_relative() {
-            tls.key = dir.join(&tls.key);
+    if let Some(dir) = path.parent() {
+        let tls = [policy.server.tls.as_mut(), policy.placement.tls.as_mut()];
+        for tls in tls.into_iter().flatten() {
+            if tls.cert.is_relative() {
+                tls.cert = dir.join(&tls.cert);
+            }
+            if tls.key.is_relative() {
+                tls.key = dir.join(&tls.key);
+            }
         }
     }
     Ok((policy, source))

@@ -62,6 +62,24 @@ pub struct PlacementPolicy {
     /// (unchecked, the default) or `refuse`.
     #[serde(serialize_with = "as_display")]
     pub on_stale: OnStale,
+    /// Where `fairway placement` listens (`0.0.0.0:9443`). Restart-only.
+    pub listen: std::net::SocketAddr,
+    /// Its certificate and key; `fairway placement` refuses to start
+    /// without them (Kubernetes calls webhooks over HTTPS only). Read again
+    /// at reload.
+    pub tls: Option<TlsPolicy>,
+    /// Agents to read, as `http://host:port` URLs.
+    pub agents: Vec<String>,
+    /// Names whose every address is an agent, as `host:port` (a headless
+    /// Service); resolved at each poll.
+    pub agents_dns: Vec<String>,
+    /// How often every agent is read (2 s).
+    #[serde(with = "humantime_serde_compat")]
+    pub poll_interval: Duration,
+    /// How long an allowed binding holds its model's memory on its GPU
+    /// when the readings do not show the engine yet (10 min).
+    #[serde(with = "humantime_serde_compat")]
+    pub reservation_ttl: Duration,
 }
 
 impl Default for PlacementPolicy {
@@ -79,6 +97,12 @@ impl PlacementPolicy {
             shared_memory_fraction: s.shared_memory_fraction,
             stale_after: s.stale_after,
             on_stale: s.on_stale,
+            listen: std::net::SocketAddr::from(([0, 0, 0, 0], 9443)),
+            tls: None,
+            agents: Vec::new(),
+            agents_dns: Vec::new(),
+            poll_interval: Duration::from_secs(2),
+            reservation_ttl: Duration::from_secs(600),
         }
     }
 

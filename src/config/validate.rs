@@ -122,6 +122,12 @@ const PLACEMENT_KEYS: &[&str] = &[
     "shared_memory_fraction",
     "stale_after",
     "on_stale",
+    "listen",
+    "tls",
+    "agents",
+    "agents_dns",
+    "poll_interval",
+    "reservation_ttl",
 ];
 const PREEMPTION_KEYS: &[&str] = &["enabled", "min_wait", "migration_threshold"];
 const TELEMETRY_KEYS: &[&str] = &[
@@ -237,7 +243,67 @@ fn read_placement(r: &mut Reader<'_>, t: &Table<'_, '_>) -> PlacementPolicy {
                 )
             })
             .unwrap_or(d.on_stale),
+        listen: r.opt(t, "listen", Reader::socket_addr).unwrap_or(d.listen),
+        tls: r.opt(t, "tls", read_tls),
+        agents: r
+            .opt(t, "agents", |r, v, p| r.array(v, p, read_agent_url))
+            .unwrap_or_default(),
+        agents_dns: r
+            .opt(t, "agents_dns", |r, v, p| r.array(v, p, read_host_port))
+            .unwrap_or_default(),
+        poll_interval: r
+            .opt(t, "poll_interval", |r, v, p| {
+                r.duration(v, p, Zero::Refused)
+            })
+            .unwrap_or(d.poll_interval),
+        reservation_ttl: r
+            .opt(t, "reservation_ttl", |r, v, p| {
+                r.duration(v, p, Zero::Allowed)
+            })
+            .unwrap_or(d.reservation_ttl),
     }
+}
+
+/// An agent's base URL: `http://host:port`, nothing after.
+fn read_agent_url(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<String> {
+    let s = r.non_empty(v, path)?;
+    let ok = s
+        .strip_prefix("http://")
+        .map(|rest| rest.trim_end_matches('/'))
+        .is_some_and(valid_host_port);
+    if !ok {
+        r.error(
+            v.span(),
+            path,
+            format!("\"{s}\" is not an agent URL; expected http://host:port"),
+        );
+        return None;
+    }
+    Some(s.trim_end_matches('/').to_owned())
+}
+
+/// A `host:port` to resolve.
+fn read_host_port(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<String> {
+    let s = r.non_empty(v, path)?;
+    if !valid_host_port(&s) {
+        r.error(
+            v.span(),
+            path,
+            format!(
+                "\"{s}\" is not host:port, e.g. \"fairway-agent.fairway.svc.cluster.local:9400\""
+            ),
+        );
+        return None;
+    }
+    Some(s)
+}
+
+fn valid_host_port(s: &str) -> bool {
+    s.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && !host.contains(['/', '@', ' '])
+            && port.parse::<u16>().is_ok_and(|p| p != 0)
+    })
 }
 
 /// The OpenTelemetry variable naming a collector when the policy does not.

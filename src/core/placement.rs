@@ -147,10 +147,9 @@ pub struct Fit {
     pub score: u8,
 }
 
-const GIB: f64 = (1u64 << 30) as f64;
-
-fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / GIB)
+/// Memory in messages: decimal GB, as the `model-size-gb` annotation.
+fn gb(bytes: u64) -> String {
+    format!("{:.1} GB", bytes as f64 / 1e9)
 }
 
 /// The best GPU of `node` for `pod` at `now`, or why none fits (one
@@ -237,10 +236,10 @@ fn gpu_fit(
             format!(
                 "model {} needs {}, over {:.0} % of the {} free ({})",
                 pod.model,
-                gib(pod.memory),
+                gb(pod.memory),
                 spec.max_free_fraction * 100.0,
-                gib(free),
-                gib(allowed)
+                gb(free),
+                gb(allowed)
             ),
         ));
     }
@@ -273,10 +272,10 @@ fn gpu_fit(
             format!(
                 "shared with {}, together they would use {}, over {:.0} % of its {} ({})",
                 gpu.models.join(", "),
-                gib(together),
+                gb(together),
                 spec.shared_memory_fraction * 100.0,
-                gib(gpu.memory_total),
-                gib(shared_limit)
+                gb(gpu.memory_total),
+                gb(shared_limit)
             ),
         ));
     }
@@ -291,7 +290,7 @@ fn gpu_fit(
 mod tests {
     use super::*;
 
-    const G: u64 = 1 << 30;
+    const G: u64 = 1_000_000_000;
 
     fn t(s: u64) -> Instant {
         Instant::ZERO + Duration::from_secs(s)
@@ -345,7 +344,7 @@ mod tests {
     #[test]
     fn each_rule_refuses_with_its_numbers() {
         let spec = PlacementSpec::default();
-        // 80 GiB GPU, 60 used: 20 free, 16 allowed; the model needs 17.
+        // 80 GB GPU, 60 used: 20 free, 16 allowed; the model needs 17.
         let r = refused(assess(
             &spec,
             t(110),
@@ -354,7 +353,7 @@ mod tests {
         ));
         assert_eq!(r[0].0, Rule::Memory);
         assert!(
-            r[0].1.contains("17.0 GiB") && r[0].1.contains("20.0 GiB free (16.0 GiB)"),
+            r[0].1.contains("17.0 GB") && r[0].1.contains("20.0 GB free (16.0 GB)"),
             "{}",
             r[0].1
         );
@@ -378,7 +377,7 @@ mod tests {
         ));
         assert_eq!(r[0].0, Rule::ModelsPerGpu);
         assert!(r[0].1.contains("a, b"), "{}", r[0].1);
-        // One model using 40 of 80 GiB: with 20 more, 60 > 56 (70 %).
+        // One model using 40 of 80 GB: with 20 more, 60 > 56 (70 %).
         let r = refused(assess(
             &spec,
             t(110),
@@ -387,7 +386,7 @@ mod tests {
         ));
         assert_eq!(r[0].0, Rule::SharedMemory);
         assert!(
-            r[0].1.contains("60.0 GiB") && r[0].1.contains("56.0 GiB"),
+            r[0].1.contains("60.0 GB") && r[0].1.contains("56.0 GB"),
             "{}",
             r[0].1
         );

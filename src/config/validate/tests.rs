@@ -820,6 +820,12 @@ fn minimal_file_gets_every_default() {
             shared_memory_fraction: 0.7,
             stale_after: Duration::from_secs(30),
             on_stale: crate::config::OnStale::Allow,
+            listen: "0.0.0.0:9443".parse().unwrap(),
+            tls: None,
+            agents: Vec::new(),
+            agents_dns: Vec::new(),
+            poll_interval: Duration::from_secs(2),
+            reservation_ttl: Duration::from_secs(600),
         },
         telemetry: TelemetryPolicy {
             otlp_endpoint: None,
@@ -1537,4 +1543,39 @@ fn placement_is_read_and_checked() {
             "{path}: {errs:?}"
         );
     }
+}
+
+#[test]
+fn placement_service_keys_are_read_and_checked() {
+    let p = parse(&format!(
+        "[placement]\nlisten = \"127.0.0.1:9443\"\ntls = {{ cert = \"c.pem\", key = \"k.pem\" }}\n\
+         agents = [\"http://10.0.0.1:9400/\"]\nagents_dns = [\"fairway-agent.fairway.svc:9400\"]\n\
+         poll_interval = \"1s\"\nreservation_ttl = \"5m\"\n{POOL}"
+    ))
+    .unwrap();
+    let pl = &p.placement;
+    assert_eq!(pl.listen.to_string(), "127.0.0.1:9443");
+    assert_eq!(pl.tls.as_ref().unwrap().cert.to_str(), Some("c.pem"));
+    assert_eq!(pl.agents, ["http://10.0.0.1:9400"]);
+    assert_eq!(pl.agents_dns, ["fairway-agent.fairway.svc:9400"]);
+    assert_eq!(pl.poll_interval, Duration::from_secs(1));
+    assert_eq!(pl.reservation_ttl, Duration::from_secs(300));
+    let errs = parse(&format!(
+        "[placement]\nagents = [\"https://a:1\", \"http://a\", \"http://a:1/x\"]\n\
+         agents_dns = [\"svc\", \"svc:0\"]\npoll_interval = \"0s\"\n{POOL}"
+    ))
+    .unwrap_err();
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "placement.agents[0]",
+            "placement.agents[1]",
+            "placement.agents[2]",
+            "placement.agents_dns[0]",
+            "placement.agents_dns[1]",
+            "placement.poll_interval"
+        ],
+        "{errs:?}"
+    );
 }
