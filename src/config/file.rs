@@ -111,23 +111,17 @@ pub fn parse_document<'s>(
 }
 
 /// Reads and validates the policy file at `path`, returning the policy and
-/// the source text (kept for reload diffs and `/admin/policy`).
+/// the source text (kept for reload diffs and `/admin/policy`): the file
+/// with the tenant resources it names appended ([`read_source`]).
 ///
 /// An unreadable file is one error at 1:1. Relative TLS paths are resolved
 /// against the policy file's directory, so a policy means the same thing
 /// whatever the working directory of `fairway serve`.
 pub fn load_policy(path: &Path) -> Result<(Policy, String), Vec<ConfigError>> {
     let file = path.display().to_string();
-    let source = std::fs::read_to_string(path).map_err(|err| {
-        vec![ConfigError {
-            file: file.clone(),
-            line: 1,
-            column: 1,
-            path: String::new(),
-            message: format!("cannot read the policy file: {err}"),
-        }]
-    })?;
-    let mut policy = super::validate::parse_policy(&source, &file)?;
+    let source = read_source(path)?;
+    let mut policy = super::validate::parse_policy(&source.text, &file)
+        .map_err(|errors| super::resources::relocate(&source, errors))?;
     if let Some(dir) = path.parent() {
         let tls = [policy.server.tls.as_mut(), policy.placement.tls.as_mut()];
         for tls in tls.into_iter().flatten() {
@@ -139,5 +133,21 @@ pub fn load_policy(path: &Path) -> Result<(Policy, String), Vec<ConfigError>> {
             }
         }
     }
-    Ok((policy, source))
+    Ok((policy, source.text))
+}
+
+/// The policy file at `path` with the `TokenBucketAdmission` resources its
+/// `tenant_resources` names appended as `[[tenants]]` tables
+/// ([`super::resources`]): what [`load_policy`] validates and reload hashes.
+pub fn read_source(path: &Path) -> Result<super::resources::Source, Vec<ConfigError>> {
+    let text = std::fs::read_to_string(path).map_err(|err| {
+        vec![ConfigError {
+            file: path.display().to_string(),
+            line: 1,
+            column: 1,
+            path: String::new(),
+            message: format!("cannot read the policy file: {err}"),
+        }]
+    })?;
+    super::resources::expand(path, text)
 }

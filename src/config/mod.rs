@@ -4,8 +4,9 @@
 
 pub mod file;
 pub mod policy;
+pub mod resources;
 pub mod validate;
 
-pub use file::{ConfigError, load_policy};
+pub use file::{ConfigError, load_policy, read_source};
 pub use policy::*;
 pub use validate::{parse_policy, parse_policy_with_env, summary};

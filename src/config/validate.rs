@@ -114,6 +114,7 @@ const ROOT_KEYS: &[&str] = &[
     "telemetry",
     "cluster",
     "placement",
+    "tenant_resources",
 ];
 const PLACEMENT_KEYS: &[&str] = &[
     "max_free_fraction",
@@ -190,6 +191,10 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
     let telemetry = section(r, root, "telemetry", &empty);
     let preemption = section(r, root, "preemption", &empty);
     let placement = section(r, root, "placement", &empty);
+    // Read by `load_policy`, which appends the resources as `[[tenants]]`.
+    r.opt(root, "tenant_resources", |r, v, p| {
+        r.array(v, p, Reader::non_empty)
+    });
     let server = read_server(r, &server, env);
     let trusts_header = server.trust_tenant_header.is_some();
     Policy {

@@ -154,7 +154,8 @@ async fn reload_inner(gw: &Arc<Gateway>) -> Result<Reloaded, ReloadError> {
 }
 
 /// Watches the policy file by content: every `period` it re-reads the file
-/// and reloads when its hash changed. Polling the content (rather than
+/// (and the tenant resource files it names) and reloads when their hash
+/// changed. Polling the content (rather than
 /// inotify on the file) sees atomic-rename saves, editors that replace the
 /// inode, and Kubernetes ConfigMap symlink swaps alike, with no extra
 /// dependency; the cost is one small read per period.
@@ -168,10 +169,15 @@ pub async fn watch(gw: Arc<Gateway>, period: Duration, stop: tokio_util::sync::C
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        let Ok(bytes) = tokio::fs::read(&path).await else {
+        // The file and the tenant resources it names.
+        let read = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || crate::config::read_source(&path)
+        });
+        let Ok(Ok(source)) = read.await else {
             continue;
         };
-        let hash = hex(&Sha256::digest(&bytes));
+        let hash = hex(&Sha256::digest(source.text.as_bytes()));
         if hash != last && hash != gw.live.load().source_hash {
             tracing::info!(path = %path.display(), "policy file changed");
             let _ = reload(&gw).await;
