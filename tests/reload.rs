@@ -173,6 +173,43 @@ async fn a_change_to_the_file_is_picked_up() {
     );
 }
 
+/// Tenants kept as TokenBucketAdmission resources: editing the resource
+/// file (not the policy) reloads, as a ConfigMap update would.
+#[tokio::test]
+async fn a_change_to_a_tenant_resource_file_is_picked_up() {
+    let b = sim(M, 8).await;
+    let text = format!("tenant_resources = [\"tenants.yaml\"]\n{}", policy(&b.addr().to_string(), &[]));
+    let path = temp_policy("resources", &text);
+    let resource = |name: &str, key_digest: &str| {
+        format!(
+            "apiVersion: slo.fairway.dev/v1\nkind: TokenBucketAdmission\nmetadata:\n  name: {name}\n\
+             spec:\n  apiKeySha256: [{key_digest}]\n  perTenantRate: 100\n"
+        )
+    };
+    let digest = |key: &str| {
+        use sha2::Digest;
+        fairway::proxy::gateway::hex(&sha2::Sha256::digest(key.as_bytes()))
+    };
+    let yaml = path.with_file_name("tenants.yaml");
+    write_atomically(&yaml, &resource("a", &digest("ka")));
+    let gw = start(&path).await;
+    tokio::spawn(fairway::proxy::reload::watch(
+        gw.gateway().clone(),
+        Duration::from_millis(50),
+        gw.shutdown_token(),
+    ));
+    assert_eq!(status_with(&gw, "ka").await, 200);
+    assert_eq!(status_with(&gw, "kb").await, 401);
+    let two = format!("{}---\n{}", resource("a", &digest("ka")), resource("b", &digest("kb")));
+    write_atomically(&yaml, &two);
+    assert!(
+        eventually(Duration::from_secs(5), async || status_with(&gw, "kb")
+            .await
+            == 200)
+        .await
+    );
+}
+
 #[tokio::test]
 async fn sighup_reloads_and_sigterm_drains_the_real_binary() {
     let b = sim(M, 8).await;
