@@ -240,9 +240,10 @@ model = "m"
 [[pools.backends]]
 url = "http://127.0.0.1:9"
 
+# The gateway's secrets are not in placement's environment.
 [[tenants]]
 name = "t"
-api_keys = ["k"]
+api_key_env = "FAIRWAY_TEST_KEY_ONLY_THE_GATEWAY_HAS"
 "#,
         urls.join(", ")
     );

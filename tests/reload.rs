@@ -178,7 +178,10 @@ async fn a_change_to_the_file_is_picked_up() {
 #[tokio::test]
 async fn a_change_to_a_tenant_resource_file_is_picked_up() {
     let b = sim(M, 8).await;
-    let text = format!("tenant_resources = [\"tenants.yaml\"]\n{}", policy(&b.addr().to_string(), &[]));
+    let text = format!(
+        "tenant_resources = [\"tenants.yaml\"]\n{}",
+        policy(&b.addr().to_string(), &[])
+    );
     let path = temp_policy("resources", &text);
     let resource = |name: &str, key_digest: &str| {
         format!(
@@ -200,7 +203,11 @@ async fn a_change_to_a_tenant_resource_file_is_picked_up() {
     ));
     assert_eq!(status_with(&gw, "ka").await, 200);
     assert_eq!(status_with(&gw, "kb").await, 401);
-    let two = format!("{}---\n{}", resource("a", &digest("ka")), resource("b", &digest("kb")));
+    let two = format!(
+        "{}---\n{}",
+        resource("a", &digest("ka")),
+        resource("b", &digest("kb"))
+    );
     write_atomically(&yaml, &two);
     assert!(
         eventually(Duration::from_secs(5), async || status_with(&gw, "kb")

@@ -7,7 +7,8 @@
 #
 # With no arguments it also runs each fuzz target for a few seconds under
 # libFuzzer (fuzz/run.sh; `cargo test` alone replays the fuzz seeds and
-# regressions and a short mutation run, but not the coverage-guided one).
+# regressions and a short mutation run, but not the coverage-guided one),
+# and validates the Kubernetes manifests (deploy/kubernetes/validate.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,4 +50,7 @@ fi
 CI=true cargo test "$@"
 if [ $# -eq 0 ]; then
   fuzz/run.sh --seconds "${FAIRWAY_FUZZ_SECONDS:-10}"
+  # The Kubernetes manifests against the Kubernetes schemas (installs its
+  # validators into target/ on first use).
+  deploy/kubernetes/validate.sh
 fi

@@ -118,9 +118,18 @@ pub fn parse_document<'s>(
 /// against the policy file's directory, so a policy means the same thing
 /// whatever the working directory of `fairway serve`.
 pub fn load_policy(path: &Path) -> Result<(Policy, String), Vec<ConfigError>> {
+    load_policy_with_env(path, &|name| std::env::var(name).ok())
+}
+
+/// [`load_policy`] with the environment `env` instead of the process's
+/// (for `api_key_env` and the admin token's variable).
+pub fn load_policy_with_env(
+    path: &Path,
+    env: super::validate::EnvLookup<'_>,
+) -> Result<(Policy, String), Vec<ConfigError>> {
     let file = path.display().to_string();
     let source = read_source(path)?;
-    let mut policy = super::validate::parse_policy(&source.text, &file)
+    let mut policy = super::validate::parse_policy_with_env(&source.text, &file, env)
         .map_err(|errors| super::resources::relocate(&source, errors))?;
     if let Some(dir) = path.parent() {
         let tls = [policy.server.tls.as_mut(), policy.placement.tls.as_mut()];

@@ -7,6 +7,6 @@ pub mod policy;
 pub mod resources;
 pub mod validate;
 
-pub use file::{ConfigError, load_policy, read_source};
+pub use file::{ConfigError, load_policy, load_policy_with_env, read_source};
 pub use policy::*;
 pub use validate::{parse_policy, parse_policy_with_env, summary};

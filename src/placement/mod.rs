@@ -64,7 +64,7 @@ use self::k8s::{
 use self::nodes::{AgentEntry, Nodes, Reservation};
 use crate::agent::NodeReading;
 use crate::clock::{Clock, unix_seconds};
-use crate::config::{PlacementPolicy, load_policy};
+use crate::config::{ConfigError, PlacementPolicy, Policy, load_policy_with_env};
 use crate::core::placement::{Fit, PodRequest, Refusal, assess};
 use crate::core::time::Instant;
 
@@ -123,6 +123,18 @@ struct Placement {
     decisions: Mutex<VecDeque<Decision>>,
     polled: AtomicBool,
     client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// The shared policy file, read without the gateway's secrets: placement
+/// checks no API key, so a variable the policy names for a key, a token or
+/// a password, missing from its environment, stands for a value it never
+/// uses. (The OpenTelemetry variables keep their meaning.)
+fn load_policy(path: &std::path::Path) -> Result<(Policy, String), Vec<ConfigError>> {
+    load_policy_with_env(path, &|name| {
+        std::env::var(name).ok().or_else(|| {
+            (!name.starts_with("OTEL_")).then(|| format!("unused by fairway placement: {name}"))
+        })
+    })
 }
 
 /// Loads the policy at `path` and checks that the service can serve it.

@@ -1,0 +1,635 @@
+#!/usr/bin/env python3
+"""Checks deploy/kubernetes; validate.sh runs it in target/k8s-venv.
+
+    check.py RENDER_BASE RENDER_ALL THIRD_PARTY_OUT
+
+RENDER_BASE and RENDER_ALL are `kubectl kustomize` of the base and of the
+base with every component. Checks:
+  files        every file under deploy/kubernetes is covered by some check;
+               every path a kustomization names exists
+  k8s          built-in objects against Kubernetes' schemas (kubernetes-validate,
+               strict: unknown fields are errors), for each of K8S_VERSIONS
+  crd          the TokenBucketAdmission CRD is a structural schema; every
+               TokenBucketAdmission against it (unknown fields are errors, as
+               with kubectl's strict field validation); broken ones rejected;
+               the acme-corp example equals config/acme-corp.toml's tenant
+  scheduler    the KubeSchedulerConfiguration's fields, by the kube-scheduler
+               v1 Go types' names
+  consistency  the policy, the manifests and the examples name the same
+               ports, paths, Services, Secrets keys, models and backends;
+               every Fairway container is non-root, read-only, unprivileged
+Third-party custom resources (cert-manager, Prometheus Operator, KEDA) are
+written to THIRD_PARTY_OUT for crs.mjs.
+"""
+
+import copy
+import json
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import yaml
+from kubernetes_validate import utils as kv_utils
+
+K8S_VERSIONS = ["1.30", "1.37"]
+THIRD_PARTY_GROUPS = {"cert-manager.io", "monitoring.coreos.com", "keda.sh"}
+
+HERE = Path(__file__).resolve().parent
+KDIR = HERE.parent                       # deploy/kubernetes
+REPO = KDIR.parent.parent
+
+# The schema files are read once, not once per object.
+_schema_contents = kv_utils.schema_contents
+_cache = {}
+
+
+def _cached_schema_contents(filename, desired_version):
+    if filename not in _cache:
+        _cache[filename] = _schema_contents(filename, desired_version)
+    return _cache[filename]
+
+
+kv_utils.schema_contents = _cached_schema_contents
+
+
+class Report:
+    def __init__(self):
+        self.passed = 0
+        self.failures = []
+
+    def ok(self, what):
+        self.passed += 1
+        print(f"  ok    {what}")
+
+    def fail(self, what, why):
+        self.failures.append(f"{what}: {why}")
+        print(f"  FAIL  {what}: {why}")
+
+    def check(self, cond, what, why):
+        if cond:
+            self.ok(what)
+        else:
+            self.fail(what, why)
+        return cond
+
+
+R = Report()
+
+
+def rel(p):
+    return str(Path(p).resolve().relative_to(REPO))
+
+
+def load_docs(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def kind_key(doc):
+    return (doc.get("apiVersion", ""), doc.get("kind", ""))
+
+
+def group_of(doc):
+    api = doc.get("apiVersion", "")
+    return api.split("/")[0] if "/" in api else ""
+
+
+def name_of(doc):
+    meta = doc.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{doc.get('kind')}/{(ns + '/') if ns else ''}{meta.get('name')}"
+
+
+# ---------------------------------------------------------------- files
+
+def kustomization_paths(kfile):
+    """Every file a kustomization names, and the components it includes."""
+    k = yaml.safe_load(open(kfile))
+    base = kfile.parent
+    files, dirs = [], []
+    for r in k.get("resources", []) + k.get("components", []):
+        p = base / r
+        (dirs if p.is_dir() else files).append(p)
+    for gen in k.get("configMapGenerator", []) + k.get("secretGenerator", []):
+        for f in gen.get("files", []):
+            files.append(base / f.split("=", 1)[-1])
+    for patch in k.get("patches", []):
+        if "path" in patch:
+            files.append(base / patch["path"])
+    return files, dirs
+
+
+def check_files():
+    print("files")
+    covered = set()
+    kfiles = [KDIR / "kustomization.yaml"] + sorted(KDIR.glob("components/*/kustomization.yaml"))
+    for kfile in kfiles:
+        covered.add(kfile)
+        files, dirs = kustomization_paths(kfile)
+        missing = [rel(p) for p in files + dirs if not p.exists()]
+        R.check(not missing, f"{rel(kfile)}: every path it names exists", f"missing: {missing}")
+        covered.update(p.resolve() for p in files)
+        for d in dirs:
+            if (d / "kustomization.yaml").exists():
+                covered.add((d / "kustomization.yaml").resolve())
+    covered.update(p.resolve() for p in KDIR.glob("examples/*.yaml"))     # validated one by one
+    covered.add((KDIR / "secret-api-keys.example.yaml").resolve())
+    covered.add((KDIR / "scheduler/kube-scheduler-config.yaml").resolve())
+    covered = {Path(p).resolve() for p in covered}
+    orphans = []
+    for p in sorted(KDIR.rglob("*")):
+        if p.is_dir() or p.suffix not in {".yaml", ".yml", ".toml", ".json"}:
+            continue
+        if p.resolve().is_relative_to(HERE):                       # this checker's own files
+            continue
+        if p.resolve() not in covered:
+            orphans.append(rel(p))
+    R.check(not orphans, "every manifest, policy and dashboard file is checked",
+            f"not covered by any check (list it in a kustomization, examples/, or check.py): {orphans}")
+
+
+# ---------------------------------------------------------------- k8s
+
+def validate_builtin(doc, source):
+    for version in K8S_VERSIONS:
+        what = f"{source}: {name_of(doc)} [k8s {version} strict]"
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+            R.ok(what)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(x) for x in e.path)
+            R.fail(what, f"{path}: {e.message}")
+        except kubernetes_validate.SchemaNotFoundError as e:
+            R.fail(what, e.message)
+
+
+# ---------------------------------------------------------------- crd
+
+JUNCTOR_FORBIDDEN = {"type", "additionalProperties", "description", "default", "nullable",
+                     "title", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-embedded-resource",
+                     "x-kubernetes-map-type", "x-kubernetes-list-type", "x-kubernetes-validations"}
+
+
+def structural_problems(schema, path="openAPIV3Schema", in_junctor=False):
+    """The structural-schema rules the API server applies to a CRD that a
+    plain JSON-schema check does not: every node has a type; junctors
+    (allOf, anyOf, oneOf, not) carry only value validations."""
+    out = []
+    if in_junctor:
+        bad = JUNCTOR_FORBIDDEN & set(schema)
+        if bad:
+            out.append(f"{path}: {sorted(bad)} not allowed inside allOf/anyOf/oneOf/not")
+    elif "type" not in schema and not schema.get("x-kubernetes-int-or-string") \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out.append(f"{path}: no type")
+    if "properties" in schema and "additionalProperties" in schema:
+        out.append(f"{path}: properties and additionalProperties together")
+    for name, sub in (schema.get("properties") or {}).items():
+        out += structural_problems(sub, f"{path}.properties.{name}", in_junctor)
+    if isinstance(schema.get("items"), dict):
+        out += structural_problems(schema["items"], f"{path}.items", in_junctor)
+    if isinstance(schema.get("additionalProperties"), dict):
+        out += structural_problems(schema["additionalProperties"], f"{path}.additionalProperties", in_junctor)
+    for j in ("allOf", "anyOf", "oneOf"):
+        for i, sub in enumerate(schema.get(j) or []):
+            out += structural_problems(sub, f"{path}.{j}[{i}]", True)
+    if "not" in schema:
+        out += structural_problems(schema["not"], f"{path}.not", True)
+    return out
+
+
+def strict_schema(schema):
+    """The schema with unknown fields refused, as kubectl's default strict
+    field validation refuses them (the API server would otherwise prune them)."""
+    s = copy.deepcopy(schema)
+
+    def walk(node, top):
+        if not isinstance(node, dict):
+            return
+        if "properties" in node and "additionalProperties" not in node \
+                and not node.get("x-kubernetes-preserve-unknown-fields") and not top:
+            node["additionalProperties"] = False
+        for sub in (node.get("properties") or {}).values():
+            walk(sub, False)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], False)
+        for j in ("allOf", "anyOf", "oneOf"):
+            for sub in node.get(j) or []:
+                walk(sub, False)
+    walk(s, True)
+    # The object's top: apiVersion, kind, metadata, spec and nothing else.
+    s["additionalProperties"] = False
+    return s
+
+
+TENANT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class TbaValidator:
+    def __init__(self, crd):
+        spec = crd["spec"]
+        self.api_version = f"{spec['group']}/{spec['versions'][0]['name']}"
+        self.kind = spec["names"]["kind"]
+        schema = spec["versions"][0]["schema"]["openAPIV3Schema"]
+        # OpenAPI 3.0 schemas are draft-4 style (boolean exclusiveMinimum).
+        self.validator = jsonschema.Draft4Validator(strict_schema(schema))
+
+    def errors(self, doc):
+        errs = []
+        if kind_key(doc) != (self.api_version, self.kind):
+            errs.append(f"apiVersion/kind {kind_key(doc)}, expected {(self.api_version, self.kind)}")
+        name = (doc.get("metadata") or {}).get("name", "")
+        if not TENANT_NAME.match(name or ""):
+            errs.append(f"metadata.name {name!r}: lowercase letters, digits and '-'")
+        for e in sorted(self.validator.iter_errors(doc), key=lambda e: list(e.path)):
+            errs.append(f"{'.'.join(str(x) for x in e.path) or '(top)'}: {e.message}")
+        return errs
+
+
+def check_crd(crd_doc, tba_docs):
+    print("crd")
+    schema = crd_doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    problems = structural_problems(schema)
+    R.check(not problems, "TokenBucketAdmission CRD: structural schema", "; ".join(problems))
+    try:
+        jsonschema.Draft4Validator.check_schema(schema)
+        R.ok("TokenBucketAdmission CRD: openAPIV3Schema is a valid JSON schema")
+    except jsonschema.SchemaError as e:
+        R.fail("TokenBucketAdmission CRD: openAPIV3Schema is a valid JSON schema", e.message)
+    v = TbaValidator(crd_doc)
+    for source, doc in tba_docs:
+        errs = v.errors(doc)
+        R.check(not errs, f"{source}: {name_of(doc)} against the CRD", "; ".join(errs))
+
+    # Broken resources must be refused.
+    good = next(d for s, d in tba_docs if s.endswith("tokenbucketadmission-acme-corp.yaml"))
+
+    def mutated(fn):
+        d = copy.deepcopy(good)
+        fn(d)
+        return d
+
+    def drop_keys(d):
+        d["spec"].pop("apiKeySha256", None)
+        d["spec"].pop("apiKeyEnv", None)
+
+    broken = {
+        "perTenantRate: -1": lambda d: d["spec"].update(perTenantRate=-1),
+        "perTenantRate: 0": lambda d: d["spec"].update(perTenantRate=0),
+        "perTenantBurst: 0": lambda d: d["spec"].update(perTenantBurst=0),
+        "perTenantBurst: 1.5": lambda d: d["spec"].update(perTenantBurst=1.5),
+        "maxConcurrency: 0": lambda d: d["spec"].update(maxConcurrency=0),
+        "gpuSecondsPerHour: 0": lambda d: d["spec"].update(gpuSecondsPerHour=0),
+        "weight: 0": lambda d: d["spec"].update(weight=0),
+        "no key source": drop_keys,
+        "apiKeySha256 not 64 hex": lambda d: d["spec"].update(apiKeySha256=["abc123"]),
+        "apiKeySha256 empty list": lambda d: d["spec"].update(apiKeySha256=[]),
+        "apiKeyEnv not a variable name": lambda d: d["spec"].update(apiKeyEnv="1-BAD"),
+        "priority: urgent": lambda d: d["spec"].update(priority="urgent"),
+        "onLate: drop": lambda d: d["spec"].update(onLate="drop"),
+        "slo.ttft without unit": lambda d: d["spec"]["slo"].update(ttft="500"),
+        "slo unknown key": lambda d: d["spec"]["slo"].update(p99="1s"),
+        "burst without rate": lambda d: d["spec"].pop("perTenantRate"),
+        "unknown spec field perTenantRates": lambda d: d["spec"].update(perTenantRates=5),
+        "policy-style key rate": lambda d: d["spec"].update(rate=5),
+        "unknown top-level field": lambda d: d.update(status={}),
+        "matchExpressions operator Like": lambda d: d["spec"]["namespaceSelector"].update(
+            matchExpressions=[{"key": "tenant", "operator": "Like", "values": ["x"]}]),
+        "metadata.name with a dot": lambda d: d["metadata"].update(name="acme.corp"),
+        "wrong apiVersion": lambda d: d.update(apiVersion="slo.fairway.dev/v2"),
+    }
+    for label, fn in broken.items():
+        errs = v.errors(mutated(fn))
+        R.check(bool(errs), f"negative: {label} is refused", "the CRD schema accepted it")
+
+    # The twin: the example is config/acme-corp.toml's tenant, field for field.
+    tenant = tomllib.load(open(REPO / "config/acme-corp.toml", "rb"))["tenants"][0]
+    s = good["spec"]
+    as_policy = {"name": good["metadata"]["name"]}
+    mapping = {"perTenantRate": "rate", "perTenantBurst": "burst", "maxConcurrency": "max_concurrency",
+               "gpuSecondsPerHour": "gpu_seconds_per_hour", "weight": "weight", "priority": "priority",
+               "apiKeyEnv": "api_key_env", "onLate": "on_late", "adapters": "adapters", "slo": "slo"}
+    for k, pk in mapping.items():
+        if k in s:
+            as_policy[pk] = s[k]
+    if "apiKeySha256" in s:
+        keys = s["apiKeySha256"]
+        as_policy["api_key_sha256"] = keys[0] if len(keys) == 1 else keys
+    R.check(as_policy == tenant, "examples/tokenbucketadmission-acme-corp.yaml equals config/acme-corp.toml's tenant",
+            f"CR as policy {as_policy} != toml {tenant}")
+
+
+# ---------------------------------------------------------------- scheduler
+
+# kube-scheduler's config v1 Go types (k8s.io/kube-scheduler/config/v1),
+# their JSON names.
+SCHED_TOP = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
+             "enableProfiling", "enableContentionProfiling", "percentageOfNodesToScore",
+             "podInitialBackoffSeconds", "podMaxBackoffSeconds", "profiles", "extenders",
+             "delayCacheUntilActive"}
+EXTENDER = {"urlPrefix": str, "filterVerb": str, "preemptVerb": str, "prioritizeVerb": str,
+            "bindVerb": str, "weight": int, "enableHTTPS": bool, "tlsConfig": dict,
+            "httpTimeout": str, "nodeCacheCapable": bool, "managedResources": list, "ignorable": bool}
+EXTENDER_TLS = {"insecure": bool, "serverName": str, "certFile": str, "keyFile": str, "caFile": str,
+                "certData": str, "keyData": str, "caData": str}
+MANAGED_RESOURCE = {"name": str, "ignoredByScheduler": bool}
+PROFILE = {"schedulerName", "plugins", "pluginConfig"}
+GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+
+
+def typed_fields(obj, fields, where):
+    out = []
+    if not isinstance(obj, dict):
+        return [f"{where}: not a mapping"]
+    for k, v in obj.items():
+        if k not in fields:
+            out.append(f"{where}.{k}: unknown field")
+        elif fields[k] is int and (isinstance(v, bool) or not isinstance(v, int)):
+            out.append(f"{where}.{k}: not an integer")
+        elif fields[k] is not int and not isinstance(v, fields[k]):
+            out.append(f"{where}.{k}: not a {fields[k].__name__}")
+    return out
+
+
+def scheduler_problems(cfg):
+    out = []
+    if cfg.get("apiVersion") != "kubescheduler.config.k8s.io/v1":
+        out.append(f"apiVersion {cfg.get('apiVersion')!r}, expected kubescheduler.config.k8s.io/v1")
+    if cfg.get("kind") != "KubeSchedulerConfiguration":
+        out.append(f"kind {cfg.get('kind')!r}, expected KubeSchedulerConfiguration")
+    out += [f"{k}: unknown top-level field" for k in cfg if k not in SCHED_TOP]
+    for i, p in enumerate(cfg.get("profiles") or []):
+        out += [f"profiles[{i}].{k}: unknown field" for k in p if k not in PROFILE]
+    extenders = cfg.get("extenders") or []
+    if not extenders:
+        out.append("no extenders")
+    for i, e in enumerate(extenders):
+        w = f"extenders[{i}]"
+        out += typed_fields(e, EXTENDER, w)
+        if not isinstance(e, dict):
+            continue
+        if "urlPrefix" not in e:
+            out.append(f"{w}.urlPrefix: required")
+        if e.get("enableHTTPS") != str(e.get("urlPrefix", "")).startswith("https://"):
+            out.append(f"{w}: enableHTTPS must match the urlPrefix's scheme")
+        if "weight" in e and isinstance(e["weight"], int) and e["weight"] <= 0:
+            out.append(f"{w}.weight: must be positive")
+        if "prioritizeVerb" in e and "weight" not in e:
+            out.append(f"{w}.weight: needed with prioritizeVerb")
+        if "httpTimeout" in e and not GO_DURATION.match(str(e["httpTimeout"])):
+            out.append(f"{w}.httpTimeout: not a Go duration")
+        if "tlsConfig" in e:
+            out += typed_fields(e["tlsConfig"], EXTENDER_TLS, f"{w}.tlsConfig")
+        for j, m in enumerate(e.get("managedResources") or []):
+            out += typed_fields(m, MANAGED_RESOURCE, f"{w}.managedResources[{j}]")
+            if isinstance(m, dict) and "name" not in m:
+                out.append(f"{w}.managedResources[{j}].name: required")
+    return out
+
+
+def check_scheduler(path):
+    print("scheduler")
+    cfg = yaml.safe_load(open(path))
+    problems = scheduler_problems(cfg)
+    R.check(not problems, f"{rel(path)}: KubeSchedulerConfiguration fields", "; ".join(problems))
+    for label, fn in {
+        "misspelled extender field prioritiseVerb": lambda c: c["extenders"][0].update(prioritiseVerb="x"),
+        "weight as a string": lambda c: c["extenders"][0].update(weight="5"),
+        "httpTimeout without unit": lambda c: c["extenders"][0].update(httpTimeout="5"),
+        "unknown tlsConfig field caFiles": lambda c: c["extenders"][0]["tlsConfig"].update(caFiles="x"),
+        "apiVersion v1beta3": lambda c: c.update(apiVersion="kubescheduler.config.k8s.io/v1beta3"),
+    }.items():
+        c = copy.deepcopy(cfg)
+        fn(c)
+        R.check(bool(scheduler_problems(c)), f"negative: scheduler config with {label} is refused", "accepted")
+    return cfg
+
+
+# ---------------------------------------------------------------- consistency
+
+def port_of(addr):
+    return int(str(addr).rsplit(":", 1)[1])
+
+
+def find(docs, kind, name, namespace=None):
+    for d in docs:
+        m = d.get("metadata") or {}
+        if d.get("kind") == kind and m.get("name") == name and (namespace is None or m.get("namespace") == namespace):
+            return d
+    return None
+
+
+def container(workload, name):
+    for c in workload["spec"]["template"]["spec"]["containers"]:
+        if c["name"] == name:
+            return c
+    return None
+
+
+def named_port(c, name):
+    return next((p["containerPort"] for p in c.get("ports", []) if p.get("name") == name), None)
+
+
+def check_consistency(docs, cfg_sched):
+    print("consistency")
+    policy_text = (KDIR / "config/fairway.toml").read_bytes()
+    try:
+        pol = tomllib.loads(policy_text.decode())
+        R.ok("config/fairway.toml parses as TOML")
+    except tomllib.TOMLDecodeError as e:
+        R.fail("config/fairway.toml parses as TOML", str(e))
+        return
+    cm = find(docs, "ConfigMap", "fairway-policy", "fairway")
+    R.check(cm and set(cm.get("data", {})) >= {"fairway.toml", *pol.get("tenant_resources", [])},
+            "ConfigMap fairway-policy holds fairway.toml and every tenant_resources file",
+            f"data keys {sorted((cm or {}).get('data', {}))}, tenant_resources {pol.get('tenant_resources')}")
+    R.check(cm and cm["data"].get("fairway.toml", "").encode() == policy_text,
+            "ConfigMap fairway-policy's fairway.toml is config/fairway.toml", "differs")
+
+    gw = find(docs, "Deployment", "fairway-gateway", "fairway")
+    pl = find(docs, "Deployment", "fairway-placement", "fairway")
+    gc, pc = container(gw, "gateway"), container(pl, "placement")
+    srv, plc = pol.get("server", {}), pol.get("placement", {})
+    R.check(named_port(gc, "api") == port_of(srv["listen"]) and named_port(gc, "admin") == port_of(srv["admin_listen"]),
+            "gateway ports api/admin match [server] listen/admin_listen",
+            f"{named_port(gc, 'api')}/{named_port(gc, 'admin')} vs {srv.get('listen')}/{srv.get('admin_listen')}")
+    R.check(named_port(pc, "https") == port_of(plc["listen"]), "placement port https matches [placement] listen",
+            f"{named_port(pc, 'https')} vs {plc.get('listen')}")
+    for wl, c, label in ((gw, gc, "gateway"), (pl, pc, "placement")):
+        args = c.get("args", [])
+        cfg_path = args[args.index("--config") + 1] if "--config" in args else None
+        mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+        vols = {v["name"]: v for v in wl["spec"]["template"]["spec"]["volumes"]}
+        pm = mounts.get("policy", {})
+        R.check(cfg_path == f"{pm.get('mountPath')}/fairway.toml" and "subPath" not in pm
+                and vols.get("policy", {}).get("configMap", {}).get("name") == "fairway-policy",
+                f"{label}: --config is fairway.toml in the fairway-policy ConfigMap, mounted as a directory",
+                f"--config {cfg_path}, mount {pm}")
+    tls_mount = next((m for m in pc["volumeMounts"] if m["name"] == "tls"), {})
+    tls_vol = next((v for v in pl["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"), {})
+    tls = plc.get("tls", {})
+    R.check(all(str(tls.get(k, "")).startswith(tls_mount.get("mountPath", "?") + "/") for k in ("cert", "key")),
+            "[placement] tls files are in the mounted Secret", f"{tls} vs mount {tls_mount}")
+
+    # The agents placement reads are headless Services with that port.
+    for entry in plc.get("agents_dns", []):
+        host, port = entry.rsplit(":", 1)
+        parts = host.split(".")
+        svc = find(docs, "Service", parts[0], parts[1])
+        R.check(svc is not None and svc["spec"].get("clusterIP") == "None"
+                and any(p["port"] == int(port) for p in svc["spec"]["ports"])
+                and host.endswith(".svc.cluster.local"),
+                f"agents_dns {entry}: a headless Service with that port", "no such Service in the manifests")
+
+    # Secrets: every key variable the gateway needs is in the example Secret.
+    secret = find(docs, "Secret", "fairway-api-keys", "fairway")
+    names = {d["spec"]["apiKeyEnv"] for d in docs if d.get("kind") == "TokenBucketAdmission"
+             and "apiKeyEnv" in d["spec"] and d.get("_source", "").startswith("config/")}
+    if "admin_token_env" in srv:
+        names.add(srv["admin_token_env"])
+    have = set((secret or {}).get("stringData", {})) | set((secret or {}).get("data", {}))
+    R.check(names <= have, "secret-api-keys.example.yaml has every apiKeyEnv and admin_token_env variable",
+            f"missing {sorted(names - have)}")
+    env_from = [e["secretRef"]["name"] for e in gc.get("envFrom", []) if "secretRef" in e]
+    R.check(env_from == ["fairway-api-keys"], "gateway takes its environment from Secret fairway-api-keys",
+            f"envFrom {env_from}")
+
+    # The webhook calls the placement Service; its CA comes from the Certificate.
+    vwc = find(docs, "ValidatingWebhookConfiguration", "fairway-placement")
+    psvc = find(docs, "Service", "fairway-placement", "fairway")
+    svc_port = psvc["spec"]["ports"][0]
+    for wh in vwc["webhooks"]:
+        s = wh["clientConfig"]["service"]
+        R.check((s["name"], s["namespace"], s.get("port"), s.get("path")) ==
+                ("fairway-placement", "fairway", svc_port["port"], "/validate")
+                and svc_port["targetPort"] in ("https", named_port(pc, "https")),
+                f"webhook {wh['name']} calls fairway-placement:9443/validate", str(s))
+    cert = find(docs, "Certificate", "fairway-placement", "fairway")
+    inject = (vwc["metadata"].get("annotations") or {}).get("cert-manager.io/inject-ca-from")
+    R.check(cert is not None and inject == "fairway/fairway-placement"
+            and cert["spec"]["secretName"] == tls_vol.get("secret", {}).get("secretName")
+            and "fairway-placement.fairway.svc" in cert["spec"]["dnsNames"],
+            "Certificate fairway-placement: the mounted Secret, the webhook's CA, the Service's DNS name",
+            f"inject {inject}, cert {cert and cert['spec']}")
+    ext = cfg_sched["extenders"][0]
+    R.check(ext["urlPrefix"] == f"https://fairway-placement.fairway.svc:{svc_port['port']}"
+            and ext.get("tlsConfig", {}).get("serverName") in cert["spec"]["dnsNames"],
+            "scheduler extender: the placement Service's URL and a name the certificate has", ext["urlPrefix"])
+
+    # Every Fairway container: the restricted Pod Security Standard, and more.
+    for d in docs:
+        if d.get("kind") not in ("Deployment", "DaemonSet", "StatefulSet"):
+            continue
+        pod = d["spec"]["template"]["spec"]
+        psc = pod.get("securityContext", {})
+        for c in pod["containers"]:
+            if not c["image"].startswith("fairway:"):
+                continue
+            sc = {**psc, **c.get("securityContext", {})}
+            problems = [k for k, good in (
+                ("runAsNonRoot", sc.get("runAsNonRoot") is True),
+                ("runAsUser 10001", sc.get("runAsUser") == 10001),
+                ("readOnlyRootFilesystem", sc.get("readOnlyRootFilesystem") is True),
+                ("allowPrivilegeEscalation false", sc.get("allowPrivilegeEscalation") is False),
+                ("capabilities drop ALL", sc.get("capabilities", {}).get("drop") == ["ALL"]),
+                ("seccompProfile RuntimeDefault", sc.get("seccompProfile", {}).get("type") == "RuntimeDefault"),
+                ("no service account token", pod.get("automountServiceAccountToken") is False),
+                ("no hostPath", not any("hostPath" in v for v in pod.get("volumes", []))),
+                ("not privileged", not sc.get("privileged")),
+            ) if not good]
+            R.check(not problems, f"{name_of(d)} container {c['name']}: non-root, read-only, no privileges",
+                    f"missing: {problems}")
+    sa_docs = [d for d in docs if d.get("kind") == "ServiceAccount"]
+    R.check(sa_docs and all(d.get("automountServiceAccountToken") is False for d in sa_docs)
+            and not any(d.get("kind") in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding") for d in docs),
+            "ServiceAccounts mount no token and no RBAC rule is granted", str([name_of(d) for d in sa_docs]))
+
+    # The example model server, the pool, the agent sidecar and the ScaledObject.
+    sts = find(docs, "StatefulSet", "vllm-llama-3-1-8b", "models")
+    so = find(docs, "ScaledObject", "vllm-llama-3-1-8b", "models")
+    pools = pol.get("pools", [])
+    model = pools[0]["model"]
+    tmpl = sts["spec"]["template"]
+    ann = tmpl["metadata"].get("annotations", {})
+    vllm, agent = container(sts, "vllm"), container(sts, "fairway-agent")
+    served = [a.split("=", 1)[1] for a in vllm["args"] if a.startswith("--served-model-name=")]
+    agent_model = [a.split("=", 1)[1] for a in agent["args"] if a.startswith("--model=")]
+    R.check(ann.get("fairway.dev/model") == model and served == [model] and agent_model == [model]
+            and f'model="{model}"' in so["spec"]["triggers"][0]["metadata"]["query"],
+            f"model {model!r}: pool, pod annotation, vLLM --served-model-name, agent --model, KEDA query",
+            f"annotation {ann.get('fairway.dev/model')}, served {served}, agent {agent_model}")
+    R.check(re.fullmatch(r"[0-9]+(\.[0-9]+)?", ann.get("fairway.dev/model-size-gb", "")) is not None
+            and tmpl["metadata"]["labels"].get("fairway.dev/placement") == "enabled",
+            "model pod: fairway.dev/model-size-gb is a number of GB, label fairway.dev/placement=enabled",
+            str(tmpl["metadata"]))
+    R.check(so["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "vllm-llama-3-1-8b"},
+            "ScaledObject scales the example StatefulSet", str(so["spec"]["scaleTargetRef"]))
+    gov = sts["spec"]["serviceName"]
+    expected = [f"http://{sts['metadata']['name']}-{i}.{gov}.models.svc.cluster.local:8000"
+                for i in range(so["spec"]["maxReplicaCount"])]
+    urls = [b["url"] for b in pools[0]["backends"]]
+    R.check(urls == expected and find(docs, "Service", gov, "models") is not None,
+            "pool backends: one per StatefulSet pod up to maxReplicaCount, by the governing Service's DNS",
+            f"{urls} vs {expected}")
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    render_base, render_all, third_party_out = sys.argv[1:4]
+    docs = []                       # (source, doc)
+    base_docs = load_docs(render_base)
+    all_docs = load_docs(render_all)
+    base_names = {name_of(d) for d in base_docs}
+    all_names = {name_of(d) for d in all_docs}
+    print("render")
+    R.check(base_names <= all_names, "the components only add to the base", f"lost {base_names - all_names}")
+    for d in all_docs:
+        docs.append(("kustomize build", d))
+    for p in sorted(KDIR.glob("examples/*.yaml")) + [KDIR / "secret-api-keys.example.yaml"]:
+        for d in load_docs(p):
+            docs.append((rel(p).removeprefix("deploy/kubernetes/"), d))
+    for d in load_docs(KDIR / "config/tenants.yaml"):
+        docs.append(("config/tenants.yaml", d))
+
+    check_files()
+
+    print("k8s (kubernetes-validate %s; Kubernetes %s)" % (kubernetes_validate.__version__, ", ".join(K8S_VERSIONS)))
+    third_party, tba = [], []
+    for source, d in docs:
+        if d.get("kind") == "TokenBucketAdmission":
+            tba.append((source, d))
+        elif group_of(d) in THIRD_PARTY_GROUPS:
+            third_party.append({"source": source, "doc": d})
+        else:
+            validate_builtin(d, source)
+    # The negative case: strict validation refuses an unknown field.
+    gw = copy.deepcopy(find(all_docs, "Deployment", "fairway-gateway"))
+    gw["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGets"] = {}
+    try:
+        kubernetes_validate.validate(gw, K8S_VERSIONS[0], strict=True)
+        R.fail("negative: a Deployment with an unknown field is refused", "accepted")
+    except kubernetes_validate.ValidationError:
+        R.ok("negative: a Deployment with an unknown field is refused")
+
+    crd = find(all_docs, "CustomResourceDefinition", "tokenbucketadmissions.slo.fairway.dev")
+    check_crd(crd, tba)
+    cfg_sched = check_scheduler(KDIR / "scheduler/kube-scheduler-config.yaml")
+    flat = []
+    for source, d in docs:
+        d = dict(d)
+        d["_source"] = source
+        flat.append(d)
+    check_consistency(flat, cfg_sched)
+
+    with open(third_party_out, "w") as f:
+        json.dump(third_party, f, indent=1)
+    print(f"check.py: {R.passed} passed, {len(R.failures)} failed")
+    return 1 if R.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
