@@ -41,6 +41,14 @@ pub fn unix_seconds() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Seconds since the Unix epoch, with a fraction (usage windows).
+#[allow(clippy::disallowed_methods)]
+pub fn unix_seconds_f64() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 impl Default for Clock {
     fn default() -> Self {
         Self::new()

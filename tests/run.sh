@@ -18,6 +18,8 @@ declare -A need_pkg=(
   [prlimit]=util-linux    # runs the gateway at a low fd limit (accept back-off test)
   [c++]=g++               # builds libFuzzer for fuzz/run.sh
   [redis-server]=redis-server  # the shared store of the cluster tests
+  [chromium]=chromium          # the usage page in a real browser (tests/usage.rs)
+  [chromedriver]=chromium-driver
 )
 missing=()
 for tool in "${!need_pkg[@]}"; do
@@ -45,6 +47,14 @@ if ! "$venv/bin/python" -c "import openai, anthropic" >/dev/null 2>&1; then
     python3 -m venv "$venv"
   fi
   "$venv/bin/pip" install -q -r tests/sdk/requirements.txt
+fi
+
+# Selenium, which drives Chromium through chromedriver (tests/usage.rs).
+bvenv=target/browser-venv
+if ! "$bvenv/bin/python" -c "import selenium" >/dev/null 2>&1; then
+  echo "installing Selenium into $bvenv"
+  python3 -m venv "$bvenv"
+  "$bvenv/bin/pip" install -q -r tests/browser/requirements.txt
 fi
 
 CI=true cargo test "$@"

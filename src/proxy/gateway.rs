@@ -49,6 +49,8 @@ pub struct Live {
     /// Metric series by `[tenant][pool]`: `policy.tenants` by index, then
     /// "default" (undeclared tenants); `policy.pools` by index.
     pub series: Vec<Vec<Arc<Series>>>,
+    /// Usage windows by tenant, indexed as `series`.
+    pub usage: Vec<Arc<parking_lot::Mutex<crate::telemetry::usage::TenantWindows>>>,
     /// Hex SHA-256 of the policy file text, and when it was loaded (unix seconds).
     pub source_hash: String,
     pub loaded_at_unix: u64,
@@ -362,10 +364,18 @@ pub fn derive_live(
             pools.map(|p| metrics.series(t, &p.model)).collect()
         })
         .collect();
+    let usage = policy
+        .tenants
+        .iter()
+        .map(|t| t.name.as_str())
+        .chain(["default"])
+        .map(|t| metrics.usage(t))
+        .collect();
     Live {
         policy,
         keys,
         series,
+        usage,
         tenant_names,
         tenant_policy,
         pools,

@@ -21,3 +21,4 @@ pub mod ticket;
 pub mod tls;
 pub mod triton;
 pub mod upstream;
+pub mod usage;

@@ -741,6 +741,7 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
             dispatch::handle(gw, req, Call::Triton).await
         }
         (&Method::GET, "/v1/models") => admin::models(&gw, req.headers()),
+        (_, path) if crate::proxy::usage::owns(path) => crate::proxy::usage::route(&gw, &req),
         (&Method::GET, "/v2/health/live") => triton_status(true),
         (&Method::GET, "/v2/models") => crate::proxy::triton::list(&gw, req.headers())
             .unwrap_or_else(ApiError::into_triton_response),

@@ -21,6 +21,7 @@ use crate::proxy::gateway::{Gateway, Live};
 use crate::proxy::layers::request_id::X_REQUEST_ID;
 use crate::telemetry::metrics::RequestRecord;
 use crate::telemetry::otel;
+use crate::telemetry::usage::UsageRecord;
 
 /// How a relayed body ended.
 #[derive(Debug)]
@@ -438,6 +439,20 @@ impl Drop for Ticket {
                 overhead,
             },
         );
+        if let Some(windows) = tenant_index.and_then(|t| live.usage.get(t)) {
+            windows.lock().record(
+                crate::clock::unix_seconds_f64(),
+                &UsageRecord {
+                    outcome,
+                    goodput,
+                    ttft: ttft.map(|d| d.as_secs_f64()),
+                    e2e: e2e.as_secs_f64(),
+                    queue_wait: self.queue_wait.map(|d| d.as_secs_f64()),
+                    preempted: self.preempted > 0,
+                    gpu_seconds: self.gpu_seconds,
+                },
+            );
+        }
         self.close_spans(tenant, model, outcome);
         let trace_id = otel::trace_id(&self.spans.request).or(self.caller_trace);
         // Inside the request span, when traces are on: the log line and

@@ -183,6 +183,8 @@ struct Registry {
     ejections: BTreeMap<String, u64>,
     /// By (base model, adapter, backend).
     adapters: BTreeMap<(String, String, String), u64>,
+    /// Each tenant's usage windows (the tenant usage API).
+    usage: BTreeMap<String, Arc<Mutex<super::usage::TenantWindows>>>,
 }
 
 /// The series' values at one scrape, keyed for the exposition.
@@ -636,6 +638,17 @@ impl Metrics {
             .or_default()
             .entry(model.to_owned())
             .or_insert_with(|| Arc::new(Series::new()))
+            .clone()
+    }
+
+    /// The usage windows of `tenant`, made on first use and kept for the
+    /// process's life, like its series. Called when a policy is loaded.
+    pub fn usage(&self, tenant: &str) -> Arc<Mutex<super::usage::TenantWindows>> {
+        self.inner
+            .lock()
+            .usage
+            .entry(tenant.to_owned())
+            .or_default()
             .clone()
     }
 

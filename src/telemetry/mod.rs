@@ -8,6 +8,7 @@ use tracing_subscriber::registry::LookupSpan;
 pub mod log_writer;
 pub mod metrics;
 pub mod otel;
+pub mod usage;
 
 /// How logs are written: text or JSON lines, on stderr (through
 /// [`log_writer`], off the request path).

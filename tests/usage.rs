@@ -1,0 +1,269 @@
+//! The tenant usage API and page (`/fairway/usage`, `/fairway/`): numbers
+//! that agree with what the test sent, each tenant reading only itself, the
+//! operator reading all, and the page in a real headless Chromium
+//! (`tests/browser/usage_page.py`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use fairway::proxy::server::Server;
+use fairway::sim::backend::SimHandle;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use serde_json::Value;
+use support::*;
+
+const ADMIN: &str = "operator-token-for-tests";
+
+/// Three tenants: `alpha` (no limits), `beta` (a burst of one request),
+/// `gamma` (a GPU-seconds budget a single request spends); the admin token
+/// in a file.
+async fn start() -> (SimHandle, Server) {
+    let dir = std::env::temp_dir().join(format!("fairway-usage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("admin-token");
+    std::fs::write(&token, ADMIN).unwrap();
+    let policy = format!(
+        r#"{SERVER}admin_token_file = "{}"
+
+[[pools]]
+model = "m"
+backends = [{{ name = "b0", url = "http://{{b0}}" }}]
+
+[[tenants]]
+name = "alpha"
+api_keys = ["ka"]
+slo = {{ ttft = "5s", e2e = "30s" }}
+
+[[tenants]]
+name = "beta"
+api_keys = ["kb"]
+rate = 0.01
+burst = 1
+
+[[tenants]]
+name = "gamma"
+api_keys = ["kc"]
+gpu_seconds_per_hour = 0.0001
+"#,
+        token.display()
+    );
+    let b = sim("m", 8).await;
+    let gw = gateway(&policy, &[&b]).await;
+    (b, gw)
+}
+
+async fn chat_as(gw: &Server, key: &str) -> StatusCode {
+    let req = post(
+        gw.addr(),
+        "/v1/chat/completions",
+        Some(key),
+        chat("m", 4, false),
+    );
+    send(&client(), req).await.status
+}
+
+async fn usage(gw: &Server, path: &str, auth: Option<&str>) -> (StatusCode, Value) {
+    let mut req = Request::get(format!("http://{}{path}", gw.addr()));
+    if let Some(a) = auth {
+        req = req.header("authorization", format!("Bearer {a}"));
+    }
+    let reply = send(&client(), req.body(Full::default()).unwrap()).await;
+    let json = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    (reply.status, json)
+}
+
+/// Sends what the usage numbers must then show: alpha served twice, beta
+/// served once and refused once by its rate, gamma refused by its budget.
+async fn traffic(gw: &Server) {
+    assert_eq!(chat_as(gw, "ka").await, StatusCode::OK);
+    assert_eq!(chat_as(gw, "ka").await, StatusCode::OK);
+    assert_eq!(chat_as(gw, "kb").await, StatusCode::OK);
+    assert_eq!(chat_as(gw, "kb").await, StatusCode::TOO_MANY_REQUESTS);
+    let mut refused = false;
+    for _ in 0..10 {
+        if chat_as(gw, "kc").await == StatusCode::TOO_MANY_REQUESTS {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "gamma's budget never refused");
+}
+
+#[tokio::test]
+async fn usage_numbers_agree_with_what_was_sent() {
+    let (_b, gw) = start().await;
+    traffic(&gw).await;
+
+    let (status, a) = usage(&gw, "/fairway/usage", Some("ka")).await;
+    assert_eq!(status, StatusCode::OK, "{a}");
+    assert_eq!(a["tenant"], "alpha");
+    assert_eq!(a["slo"]["ttft_seconds"], 5.0);
+    let five = &a["windows"]["5m"];
+    assert_eq!(
+        (five["requests"].as_u64(), five["served"].as_u64()),
+        (Some(2), Some(2)),
+        "{a}"
+    );
+    assert_eq!(five["goodput"], 2);
+    assert_eq!(five["slo_attainment"], 1.0);
+    assert!(five["ttft_seconds"]["p50"].as_f64().unwrap() > 0.0);
+    assert_eq!(a["windows"]["24h"]["served"], 2);
+    assert_eq!(
+        a["minutes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["requests"].as_u64().unwrap())
+            .sum::<u64>(),
+        2
+    );
+    assert_eq!(a["refusal_events"], serde_json::json!([]));
+    assert!(a["limits"]["rate"]["requests_per_second"].is_null());
+
+    let (_, b) = usage(&gw, "/fairway/usage", Some("kb")).await;
+    assert_eq!(b["tenant"], "beta");
+    assert_eq!(b["windows"]["1h"]["outcomes"]["refused"], 1, "{b}");
+    assert_eq!(b["windows"]["1h"]["refusals"]["rate"], 1);
+    assert_eq!(b["limits"]["rate"]["refused_1h"], 1);
+    assert_eq!(b["limits"]["rate"]["burst"], 1.0);
+    assert_eq!(b["refusal_events"][0]["reason"], "rate");
+    assert_eq!(b["refusal_events"][0]["count_1h"], 1);
+
+    let (_, c) = usage(&gw, "/fairway/usage", Some("kc")).await;
+    let budget = &c["limits"]["gpu_seconds"];
+    assert_eq!(budget["per_hour"], 0.0001);
+    assert!(budget["refused_1h"].as_u64().unwrap() >= 1, "{c}");
+    assert!(budget["used_1h"].as_f64().unwrap() > 0.0, "{c}");
+    assert!(budget["available"].as_f64().unwrap() <= 0.0, "{c}");
+    assert!(
+        budget["available_again_unix"].as_f64().unwrap() > 0.0,
+        "{c}"
+    );
+    assert_eq!(c["refusal_events"][0]["reason"], "gpu_seconds");
+
+    // The operator sees all three.
+    let (status, all) = usage(&gw, "/fairway/usage", Some(ADMIN)).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = all["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 3, "{all}");
+    for n in ["alpha", "beta", "gamma"] {
+        assert!(names.contains(&n), "{names:?}");
+    }
+    let (_, one) = usage(&gw, "/fairway/usage/beta", Some(ADMIN)).await;
+    assert_eq!(one["tenant"], "beta");
+    // Shares: alpha's weight share among the three active tenants is a third.
+    let share = a["share"]["weight_share"].as_f64().unwrap();
+    assert!((share - 1.0 / 3.0).abs() < 1e-9, "{share}");
+}
+
+#[tokio::test]
+async fn a_tenant_reads_only_itself() {
+    let (_b, gw) = start().await;
+    traffic(&gw).await;
+    // Its own name is fine.
+    let (status, own) = usage(&gw, "/fairway/usage/alpha", Some("ka")).await;
+    assert_eq!(
+        (status, own["tenant"].as_str()),
+        (StatusCode::OK, Some("alpha"))
+    );
+    // Another tenant's, real or not, and tricks in the path or query.
+    for path in [
+        "/fairway/usage/beta",
+        "/fairway/usage/nobody",
+        "/fairway/usage/beta?tenant=alpha",
+        "/fairway/usage/%62eta",
+        "/fairway/usage/alpha/../beta",
+        "/fairway/usage/../usage/beta",
+        "/fairway/usage/beta/",
+        "/fairway/usage//beta",
+        "/fairway/usage/alpha%2F..%2Fbeta",
+    ] {
+        let (status, body) = usage(&gw, path, Some("ka")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert!(!body.to_string().contains("\"beta\""), "{path}: {body}");
+    }
+    // A query cannot widen the view either.
+    let (status, body) = usage(&gw, "/fairway/usage?tenant=beta&all=1", Some("ka")).await;
+    assert_eq!(
+        (status, body["tenant"].as_str()),
+        (StatusCode::OK, Some("alpha"))
+    );
+    assert!(body.get("tenants").is_none());
+    // No key, a wrong key, a tenant key where the admin token goes.
+    for auth in [None, Some("nope"), Some("Bearer ka")] {
+        let (status, body) = usage(&gw, "/fairway/usage", auth).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{auth:?}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    }
+    // Other methods.
+    let req = post(gw.addr(), "/fairway/usage", Some("ka"), "{}");
+    let reply = send(&client(), req).await;
+    assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(reply.headers.get("allow").unwrap(), "GET");
+    // The page is one self-contained document with a strict policy.
+    let reply = get(&client(), format!("http://{}/fairway/", gw.addr())).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.text().starts_with("<!doctype html>"));
+    let csp = reply
+        .headers
+        .get("content-security-policy")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    let page = reply.text().replace("http://www.w3.org/2000/svg", "");
+    assert!(
+        !page.contains("http://") && !page.contains("https://") && !page.contains("//cdn"),
+        "the page loads nothing from elsewhere"
+    );
+}
+
+/// The page in a real headless Chromium: sign in with a key, see the
+/// attainment and the refusal the test caused explained, a name with
+/// markup shown as text, the operator's view; screenshots kept in
+/// `target/artifacts/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_in_a_real_browser() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("target/browser-venv/bin/python");
+    let ready = python.exists() && std::path::Path::new("/usr/bin/chromedriver").exists();
+    if !ready {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install chromium, chromium-driver and Selenium (tests/run.sh)"
+        );
+        eprintln!("skipped: no browser (run tests/run.sh)");
+        return;
+    }
+    let (_b, gw) = start().await;
+    traffic(&gw).await;
+    let base = format!("http://{}", gw.addr());
+    let script = root.join("tests/browser/usage_page.py");
+    let out_dir = root.join("target/artifacts");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .args([base.as_str(), "beta", "kb", ADMIN])
+            .arg(out_dir)
+            .output()
+            .expect("python runs")
+    })
+    .await
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && text.contains("ok"), "{text}");
+    assert!(root.join("target/artifacts/usage-page.png").exists());
+}
