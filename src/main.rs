@@ -117,8 +117,9 @@ enum Command {
         /// The model the engine serves, as placement counts it.
         #[arg(long, env = "FAIRWAY_MODEL")]
         model: Option<String>,
-        /// The GPU indices the engine runs on, e.g. 0,1 (default: every GPU
-        /// the agent reads).
+        /// The node's indices of the GPUs the engine runs on, e.g. 0,1
+        /// (default: not known; placement then holds the engine's latency
+        /// against every GPU of the node).
         #[arg(long, value_delimiter = ',')]
         engine_gpus: Option<Vec<u32>>,
         /// Report these GPUs instead of NVML's, TOTAL_GB:USED_GB each,

@@ -629,3 +629,32 @@ async fn extender_and_webhook_judge_nodes_from_agent_readings_over_tls() {
     );
     busy.abort();
 }
+
+/// Without a certificate, or with one that does not load, the service
+/// refuses to start and says why.
+#[test]
+fn placement_needs_a_certificate() {
+    let dir = std::env::temp_dir().join(format!("fairway-placement-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pool = "[[pools]]\nmodel = \"m\"\n[[pools.backends]]\nurl = \"http://127.0.0.1:9\"\n";
+    for (placement, expect) in [
+        (
+            "[placement]\nlisten = \"127.0.0.1:0\"\n",
+            "[placement] tls is not set",
+        ),
+        (
+            "[placement]\nlisten = \"127.0.0.1:0\"\ntls = { cert = \"missing.pem\", key = \"missing.key\" }\n",
+            "placement.tls.cert",
+        ),
+    ] {
+        let path = dir.join("fairway.toml");
+        write_atomically(&path, &format!("{placement}{pool}"));
+        let out = Command::new(env!("CARGO_BIN_EXE_fairway"))
+            .args(["placement", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(expect), "{stderr}");
+    }
+}

@@ -67,8 +67,10 @@ pub struct AgentConfig {
     pub node: String,
     /// The model the engine serves, as placement counts it on its GPUs.
     pub model: Option<String>,
-    /// The GPU indices the engine runs on; `None`: not known (placement
-    /// then holds the engine's latency against every GPU of the node).
+    /// The node's indices (NVML's order on the host) of the GPUs the
+    /// engine runs on; `None`: not known (placement then holds the
+    /// engine's latency against every GPU of the node and counts its model
+    /// on none).
     pub engine_gpus: Option<Vec<u32>>,
     /// GPUs reported instead of NVML's.
     pub simulated_gpus: Option<Vec<AgentGpu>>,

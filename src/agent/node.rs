@@ -28,15 +28,16 @@ pub struct NodeReading {
 pub struct EngineOnNode {
     /// The served model, when the agent was told (`--model`).
     pub model: Option<String>,
-    /// The GPU indices it runs on; empty: not known.
+    /// The node's indices of the GPUs it runs on (`--engine-gpus`);
+    /// empty: not known.
     #[serde(default)]
     pub gpus: Vec<u32>,
     /// TTFT p99 since the previous `/node` request, seconds.
     pub ttft_p99_seconds: Option<f64>,
     /// KV-cache usage, 0..1.
     pub kv_usage: Option<f64>,
-    /// Why the engine could not be read this time; the other fields are
-    /// then empty.
+    /// Why the engine could not be read this time; the latency and KV
+    /// fields are then empty.
     pub error: Option<String>,
 }
 

@@ -177,10 +177,9 @@ async fn node(agent: &Agent) -> Response<Full<Bytes>> {
         None => (None, agent.gpus.read().await),
     };
     let engine = engine.map(|read| {
-        let gpus = agent
-            .engine_gpus
-            .clone()
-            .unwrap_or_else(|| gpus.iter().map(|g| g.index).collect());
+        // Not the GPUs this agent sees: inside a container NVML numbers
+        // them from 0, whatever they are on the node.
+        let gpus = agent.engine_gpus.clone().unwrap_or_default();
         match read {
             Ok(reading) => {
                 agent.recovered();

@@ -142,7 +142,7 @@ pub fn load(path: &std::path::Path) -> Result<PlacementPolicy, StartError> {
     let (policy, _) = load_policy(path).map_err(StartError::Policy)?;
     let placement = policy.placement;
     let tls = placement.tls.as_ref().ok_or(StartError::NoTls)?;
-    crate::proxy::tls::load(tls)?;
+    crate::proxy::tls::load_section(tls, "placement.tls")?;
     Ok(placement)
 }
 
@@ -155,7 +155,7 @@ pub async fn serve(
     let (policy, text) = load_policy(&path).map_err(StartError::Policy)?;
     let placement = policy.placement;
     let tls_policy = placement.tls.clone().ok_or(StartError::NoTls)?;
-    let tls = crate::proxy::tls::load(&tls_policy)?;
+    let tls = crate::proxy::tls::load_section(&tls_policy, "placement.tls")?;
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(2)));
@@ -294,7 +294,7 @@ async fn watch_files(svc: Arc<Placement>) {
         };
         let cert_hash = cert_digest(&tls);
         if cert_hash != svc.hashes.lock().1 {
-            match crate::proxy::tls::load(&tls) {
+            match crate::proxy::tls::load_section(&tls, "placement.tls") {
                 Ok(config) => {
                     tracing::info!("certificate reloaded");
                     svc.tls.store(config);

@@ -21,40 +21,57 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Why the TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("server.tls.cert {path}: {msg}")]
-    Cert { path: String, msg: String },
-    #[error("server.tls.key {path}: {msg}")]
-    Key { path: String, msg: String },
-    #[error("server.tls: certificate and key do not make a valid configuration: {0}")]
-    Config(rustls::Error),
+    #[error("{section}.cert {path}: {msg}")]
+    Cert {
+        section: &'static str,
+        path: String,
+        msg: String,
+    },
+    #[error("{section}.key {path}: {msg}")]
+    Key {
+        section: &'static str,
+        path: String,
+        msg: String,
+    },
+    #[error("{0}: certificate and key do not make a valid configuration: {1}")]
+    Config(&'static str, rustls::Error),
 }
 
-/// Reads the PEM files and builds the server configuration.
+/// Reads the PEM files of `[server] tls` and builds the server
+/// configuration.
 pub fn load(tls: &TlsPolicy) -> Result<Arc<ServerConfig>, TlsError> {
+    load_section(tls, "server.tls")
+}
+
+/// [`load`] for the policy key `section` (named in errors).
+pub fn load_section(tls: &TlsPolicy, section: &'static str) -> Result<Arc<ServerConfig>, TlsError> {
     let cert_path = tls.cert.display().to_string();
     let certs = CertificateDer::pem_file_iter(&tls.cert)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| TlsError::Cert {
+            section,
             path: cert_path.clone(),
             msg: e.to_string(),
         })?;
     if certs.is_empty() {
         return Err(TlsError::Cert {
+            section,
             path: cert_path,
             msg: "no CERTIFICATE block found".to_owned(),
         });
     }
     let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| TlsError::Key {
+        section,
         path: tls.key.display().to_string(),
         msg: e.to_string(),
     })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(TlsError::Config)?
+        .map_err(|e| TlsError::Config(section, e))?
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(TlsError::Config)?;
+        .map_err(|e| TlsError::Config(section, e))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
