@@ -148,8 +148,12 @@ fn usage(gw: &Arc<Gateway>, headers: &HeaderMap, name: Option<&str>) -> Response
     let everyone: Vec<Subject> = if live.policy.tenants.is_empty() {
         subject_named(gw, &live, "default").into_iter().collect()
     } else {
-        (0..live.policy.tenants.len())
-            .filter_map(|i| subject_named(gw, &live, &live.policy.tenants[i].name))
+        let tenants = live.policy.tenants.iter().enumerate();
+        tenants
+            .map(|(index, t)| Subject {
+                index,
+                id: live.tenant_names.get(&t.name).copied(),
+            })
             .collect()
     };
     let shares = Shares::of(&live, &everyone, now);
