@@ -627,6 +627,24 @@ async fn extender_and_webhook_judge_nodes_from_agent_readings_over_tls() {
         "{}",
         last.1
     );
+
+    // What happened is counted for Prometheus, in a form promtool accepts.
+    let (status, metrics) = call(at, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    let metrics = metrics.as_str().unwrap().to_owned();
+    for line in [
+        "fairway_placement_decisions_total{kind=\"binding\",result=\"refused\"}",
+        "fairway_placement_decisions_total{kind=\"filter\",result=\"allowed\"}",
+        "fairway_placement_decisions_total{kind=\"pod\",result=\"refused\"}",
+        "fairway_placement_refusals_total{rule=\"latency\"}",
+        "fairway_placement_refusals_total{rule=\"shared_memory\"}",
+        "fairway_placement_refusals_total{rule=\"stale_reading\"}",
+        "fairway_placement_nodes{reading=\"fresh\"} 3",
+        "fairway_placement_reservations 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+    support::promtool_check(&metrics);
     busy.abort();
 }
 

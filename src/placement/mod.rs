@@ -19,6 +19,8 @@
 //!   GPU chosen, unless `dryRun`);
 //! - `GET /nodes`: the nodes as the rules see them, the reservations and
 //!   the latest decisions with their messages;
+//! - `GET /metrics`: decisions by kind and result, refusals by rule, agent
+//!   reads, nodes known and fresh, reservations (Prometheus text);
 //! - `GET /healthz` (always 200), `GET /readyz` (200 once the agents have
 //!   been polled once).
 //!
@@ -109,6 +111,17 @@ struct Decision {
     message: String,
 }
 
+/// What `GET /metrics` counts.
+#[derive(Debug, Default)]
+struct Counters {
+    /// By (kind, allowed).
+    decisions: std::collections::BTreeMap<(&'static str, bool), u64>,
+    /// By rule.
+    refusals: std::collections::BTreeMap<&'static str, u64>,
+    /// Agent reads by success.
+    reads: [u64; 2],
+}
+
 /// The service's state.
 struct Placement {
     path: PathBuf,
@@ -121,6 +134,7 @@ struct Placement {
     /// Pods seen at `CREATE`, by `namespace/name`.
     pods: Mutex<HashMap<String, (PodRequest, Instant)>>,
     decisions: Mutex<VecDeque<Decision>>,
+    counters: Mutex<Counters>,
     polled: AtomicBool,
     client: Client<HttpConnector, Full<Bytes>>,
 }
@@ -167,6 +181,7 @@ pub async fn serve(
         nodes: Mutex::new(Nodes::default()),
         pods: Mutex::new(HashMap::new()),
         decisions: Mutex::new(VecDeque::new()),
+        counters: Mutex::new(Counters::default()),
         polled: AtomicBool::new(false),
         client: Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(2)
@@ -328,7 +343,9 @@ async fn poll_agents(svc: Arc<Placement>) {
         {
             let mut nodes = svc.nodes.lock();
             nodes.agents.retain(|url, _| urls.contains(url));
+            let mut counters = svc.counters.lock();
             for (url, result) in urls.iter().zip(results) {
+                counters.reads[usize::from(result.is_ok())] += 1;
                 match result {
                     Ok(reading) => {
                         nodes.agents.insert(url.clone(), AgentEntry { reading, at });
@@ -336,6 +353,7 @@ async fn poll_agents(svc: Arc<Placement>) {
                     Err(e) => tracing::debug!(url, error = %e, "reading an agent failed"),
                 }
             }
+            drop(counters);
             nodes.settle(at, policy.stale_after);
         }
         svc.polled.store(true, Ordering::Relaxed);
@@ -381,6 +399,11 @@ impl Placement {
                 }
             }
             (&Method::GET, "/nodes") => json(StatusCode::OK, &self.report()),
+            (&Method::GET, "/metrics") => respond(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                self.metrics().into_bytes(),
+            ),
             (&Method::POST, "/filter" | "/prioritize" | "/validate") => {
                 let body = match read_body(req).await {
                     Ok(body) => body,
@@ -403,7 +426,7 @@ impl Placement {
                 StatusCode::NOT_FOUND,
                 &format!(
                     "no endpoint {path}; placement serves POST /filter, /prioritize, /validate \
-                     and GET /nodes, /healthz, /readyz"
+                     and GET /nodes, /metrics, /healthz, /readyz"
                 ),
             ),
         }
@@ -439,6 +462,15 @@ impl Placement {
         });
     }
 
+    /// Counts one decision of `kind` and the rules that refused it.
+    fn count(&self, kind: &'static str, allowed: bool, refusals: &[Refusal]) {
+        let mut c = self.counters.lock();
+        *c.decisions.entry((kind, allowed)).or_default() += 1;
+        for r in refusals {
+            *c.refusals.entry(r.rule.as_str()).or_default() += 1;
+        }
+    }
+
     fn filter(&self, body: &[u8]) -> Response<Full<Bytes>> {
         let args: ExtenderArgs = match serde_json::from_slice(body) {
             Ok(a) => a,
@@ -461,8 +493,12 @@ impl Placement {
         let mut passed = Vec::new();
         for name in names {
             match self.assess(&name, &pod) {
-                Ok(_) => passed.push(name),
+                Ok(_) => {
+                    self.count("filter", true, &[]);
+                    passed.push(name);
+                }
                 Err(refusals) => {
+                    self.count("filter", false, &refusals);
                     let message = joined(&refusals);
                     self.record(
                         "filter",
@@ -572,6 +608,7 @@ impl Placement {
                     let message = format!(
                         "no GPU node has reported to fairway placement, and placement.on_stale is \"refuse\" (pod {key})"
                     );
+                    self.count("pod", false, &[]);
                     self.record("pod", key, None, false, message.clone());
                     Verdict::deny(403, message)
                 }
@@ -580,7 +617,10 @@ impl Placement {
         let mut refusals = Vec::new();
         for name in &names {
             match self.assess(name, &request) {
-                Ok(_) => return Verdict::allow(),
+                Ok(_) => {
+                    self.count("pod", true, &[]);
+                    return Verdict::allow();
+                }
                 Err(mut r) => refusals.append(&mut r),
             }
         }
@@ -590,6 +630,7 @@ impl Placement {
             request.memory as f64 / 1e9,
             joined(&refusals)
         );
+        self.count("pod", false, &refusals);
         self.record("pod", key, None, false, message.clone());
         Verdict::deny(403, message)
     }
@@ -629,6 +670,11 @@ impl Placement {
         node: &str,
         request: PodRequest,
     ) -> Verdict {
+        let (what, kind) = if req.dry_run {
+            ("binding (dry run)", "binding_dry_run")
+        } else {
+            ("binding", "binding")
+        };
         match self.assess(node, &request) {
             Ok(fit) => {
                 let message = match fit.gpu {
@@ -646,21 +692,13 @@ impl Placement {
                     });
                     self.pods.lock().remove(&key);
                 }
-                let what = if req.dry_run {
-                    "binding (dry run)"
-                } else {
-                    "binding"
-                };
+                self.count(kind, true, &[]);
                 self.record(what, key, Some(node.to_owned()), true, message);
                 Verdict::allow()
             }
             Err(refusals) => {
                 let message = format!("pod {key} cannot go on node {node}: {}", joined(&refusals));
-                let what = if req.dry_run {
-                    "binding (dry run)"
-                } else {
-                    "binding"
-                };
+                self.count(kind, false, &refusals);
                 self.record(what, key, Some(node.to_owned()), false, message.clone());
                 Verdict::deny(403, message)
             }
@@ -682,6 +720,63 @@ impl Placement {
             }
         }
         pods.insert(key.to_owned(), (request, now));
+    }
+
+    /// `GET /metrics`, Prometheus text.
+    fn metrics(&self) -> String {
+        use std::fmt::Write;
+        let policy = self.policy.load();
+        let now = self.clock.now();
+        let (known, fresh, reservations) = {
+            let nodes = self.nodes.lock();
+            let names = nodes.names();
+            let fresh = names
+                .iter()
+                .filter(|n| !nodes.state(n, now, policy.stale_after).gpus.is_empty())
+                .count();
+            (names.len(), fresh, nodes.reservations.len())
+        };
+        let c = self.counters.lock();
+        let mut w = String::new();
+        let _ = writeln!(
+            w,
+            "# HELP fairway_placement_decisions_total Placement decisions by kind (filter: one per node judged) and result.\n\
+             # TYPE fairway_placement_decisions_total counter"
+        );
+        for ((kind, allowed), n) in &c.decisions {
+            let result = if *allowed { "allowed" } else { "refused" };
+            let _ = writeln!(
+                w,
+                "fairway_placement_decisions_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            w,
+            "# HELP fairway_placement_refusals_total Refusals by rule (one per GPU or node that failed it).\n\
+             # TYPE fairway_placement_refusals_total counter"
+        );
+        for (rule, n) in &c.refusals {
+            let _ = writeln!(w, "fairway_placement_refusals_total{{rule=\"{rule}\"}} {n}");
+        }
+        let _ = writeln!(
+            w,
+            "# HELP fairway_placement_agent_reads_total Reads of the agents' GET /node by result.\n\
+             # TYPE fairway_placement_agent_reads_total counter\n\
+             fairway_placement_agent_reads_total{{result=\"ok\"}} {}\n\
+             fairway_placement_agent_reads_total{{result=\"failed\"}} {}",
+            c.reads[1], c.reads[0]
+        );
+        let _ = writeln!(
+            w,
+            "# HELP fairway_placement_nodes Nodes an agent has reported, and those with a fresh reading.\n\
+             # TYPE fairway_placement_nodes gauge\n\
+             fairway_placement_nodes{{reading=\"any\"}} {known}\n\
+             fairway_placement_nodes{{reading=\"fresh\"}} {fresh}\n\
+             # HELP fairway_placement_reservations Memory reservations held for allowed bindings.\n\
+             # TYPE fairway_placement_reservations gauge\n\
+             fairway_placement_reservations {reservations}"
+        );
+        w
     }
 
     /// `GET /nodes`.
