@@ -114,7 +114,8 @@ enum Command {
         /// The Kubernetes node name (default: this host's name).
         #[arg(long, env = "NODE_NAME")]
         node_name: Option<String>,
-        /// The model the engine serves, as placement counts it.
+        /// The model the engine serves, as placement counts it (default:
+        /// the one its metrics name in a `model_name` or `model` label).
         #[arg(long, env = "FAIRWAY_MODEL")]
         model: Option<String>,
         /// The node's indices of the GPUs the engine runs on, e.g. 0,1

@@ -166,6 +166,11 @@ async fn node_reading_for_placement() {
         "the /reading in between took the window"
     );
 
+    // Without --model, the model the engine's metrics name.
+    let unnamed = Agent::with(AgentConfig::for_engine(format!("{}/metrics", sim.url()))).await;
+    let doc: NodeReading = serde_json::from_slice(&unnamed.get("/node").await.body).unwrap();
+    assert_eq!(doc.engine.unwrap().model.as_deref(), Some("m"));
+
     let dead = Agent::with(AgentConfig {
         node: "gpu-node-2".into(),
         ..AgentConfig::for_engine(format!("http://{}/metrics", dead_addr().await))

@@ -152,6 +152,9 @@ pub(super) struct Engine {
     clock: Clock,
     /// One per [`Reader`].
     decoders: [Mutex<Decoder>; 2],
+    /// The model its metrics name (`model_name` or `model` label), from
+    /// the last scrape that named one.
+    model: Mutex<Option<String>>,
 }
 
 impl Engine {
@@ -175,12 +178,18 @@ impl Engine {
                 Mutex::new(Decoder::new(cfg.dialect)),
                 Mutex::new(Decoder::new(cfg.dialect)),
             ],
+            model: Mutex::new(None),
         })
     }
 
     /// The scraped URL.
     pub(super) fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The model the engine's metrics name, if a scrape has seen one.
+    pub(super) fn model(&self) -> Option<String> {
+        self.model.lock().clone()
     }
 
     /// Scrapes the engine once and decodes the body with `reader`'s decoder.
@@ -195,6 +204,12 @@ impl Engine {
         let text = std::str::from_utf8(&body).map_err(|_| ScrapeError::NotUtf8 {
             url: self.url.clone(),
         })?;
+        if let Some(model) = served_model(text) {
+            let mut known = self.model.lock();
+            if known.as_deref() != Some(model) {
+                *known = Some(model.to_owned());
+            }
+        }
         let decoded = self.decoders[reader as usize].lock().decode(text, at);
         decoded.map_err(|source| ScrapeError::Decode {
             url: self.url.clone(),
@@ -243,9 +258,38 @@ impl Engine {
     }
 }
 
+/// The first `model_name="…"` (vLLM, SGLang) or `model="…"` (Triton)
+/// label value of a scrape; values with escapes are skipped.
+fn served_model(text: &str) -> Option<&str> {
+    ["model_name=\"", "model=\""].iter().find_map(|key| {
+        text.match_indices(key).find_map(|(at, _)| {
+            let start = at + key.len();
+            // `model="` inside `model_name="`'s value or another label's
+            // name (`engine_model="`) does not count.
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return None;
+            }
+            let value = &text[start..start + text[start..].find('"')?];
+            (!value.is_empty() && !value.contains('\\')).then_some(value)
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_served_model_comes_from_the_metrics_labels() {
+        let vllm = "# HELP x\nvllm:num_requests_running{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B\"} 1\n";
+        assert_eq!(served_model(vllm), Some("meta-llama/Llama-3.1-8B"));
+        let triton = "nv_inference_count{model=\"ensemble\",version=\"1\"} 3\n";
+        assert_eq!(served_model(triton), Some("ensemble"));
+        assert_eq!(served_model("x{engine_model=\"a\"} 1\n"), None);
+        assert_eq!(served_model("x{model_name=\"\"} 1\n"), None);
+        assert_eq!(served_model("x 1\n"), None);
+    }
 
     fn cfg(url: &str) -> AgentConfig {
         AgentConfig::for_engine(url)

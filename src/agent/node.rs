@@ -26,7 +26,8 @@ pub struct NodeReading {
 /// One engine on the node, as placement counts it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EngineOnNode {
-    /// The served model, when the agent was told (`--model`).
+    /// The served model: `--model`, else the one the engine's metrics
+    /// name; `None` when neither says.
     pub model: Option<String>,
     /// The node's indices of the GPUs it runs on (`--engine-gpus`);
     /// empty: not known.

@@ -176,6 +176,13 @@ async fn node(agent: &Agent) -> Response<Full<Bytes>> {
         }
         None => (None, agent.gpus.read().await),
     };
+    // `--model`, else the model the engine's metrics name.
+    let model = || {
+        agent
+            .model
+            .clone()
+            .or_else(|| agent.engine.as_ref().and_then(Engine::model))
+    };
     let engine = engine.map(|read| {
         // Not the GPUs this agent sees: inside a container NVML numbers
         // them from 0, whatever they are on the node.
@@ -184,7 +191,7 @@ async fn node(agent: &Agent) -> Response<Full<Bytes>> {
             Ok(reading) => {
                 agent.recovered();
                 EngineOnNode {
-                    model: agent.model.clone(),
+                    model: model(),
                     gpus,
                     ttft_p99_seconds: reading.ttft_p99.map(|d| d.as_secs_f64()),
                     kv_usage: reading.kv_usage,
@@ -195,7 +202,7 @@ async fn node(agent: &Agent) -> Response<Full<Bytes>> {
                 let cause = chain(&e);
                 agent.failing(&cause);
                 EngineOnNode {
-                    model: agent.model.clone(),
+                    model: model(),
                     gpus,
                     error: Some(cause),
                     ..EngineOnNode::default()
