@@ -399,6 +399,7 @@ async fn serve(config: PathBuf, watch_interval: Duration, log: LogFormat) -> any
     println!(
         "try: curl -s http://{addr}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":16}}'"
     );
+    println!("each tenant's own usage page: http://{addr}/fairway/ (sign in with its API key)");
     let options = ServeOptions {
         source: PolicySource {
             path: Some(config.clone()),
