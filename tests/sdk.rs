@@ -24,20 +24,7 @@ async fn official_sdks_work_through_the_gateway() {
     let (_b, gw) = two_tenant_gateway().await;
     let url = format!("http://{}", gw.addr());
     let script = root.join("tests/sdk/clients.py");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .arg(url)
-            .output()
-            .expect("python runs")
-    })
-    .await
-    .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "SDK checks failed:\n{text}");
+    let (ok, text) = run_python(python, script, vec![url.into()]).await;
+    assert!(ok, "SDK checks failed:\n{text}");
     assert!(text.contains("sdk checks ok"), "{text}");
 }

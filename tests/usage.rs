@@ -249,21 +249,14 @@ async fn the_page_in_a_real_browser() {
     let base = format!("http://{}", gw.addr());
     let script = root.join("tests/browser/usage_page.py");
     let out_dir = root.join("target/artifacts");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .args([base.as_str(), "beta", "kb", ADMIN])
-            .arg(out_dir)
-            .output()
-            .expect("python runs")
-    })
-    .await
-    .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success() && text.contains("ok"), "{text}");
+    let args = vec![
+        base.into(),
+        "beta".into(),
+        "kb".into(),
+        ADMIN.into(),
+        out_dir.into(),
+    ];
+    let (ok, text) = run_python(python, script, args).await;
+    assert!(ok && text.contains("ok"), "{text}");
     assert!(root.join("target/artifacts/usage-page.png").exists());
 }

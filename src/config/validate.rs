@@ -311,8 +311,9 @@ fn valid_host_port(s: &str) -> bool {
     })
 }
 
-/// The OpenTelemetry variable naming a collector when the policy does not.
-const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+/// The OpenTelemetry variable naming a collector when the policy does not:
+/// the one variable the policy reads that it does not name itself.
+pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
 fn read_telemetry(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> TelemetryPolicy {
     r.check_keys(t, TELEMETRY_KEYS);

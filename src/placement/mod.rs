@@ -47,8 +47,6 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -66,6 +64,7 @@ use self::k8s::{
 use self::nodes::{AgentEntry, Nodes, Reservation};
 use crate::agent::NodeReading;
 use crate::clock::{Clock, unix_seconds};
+use crate::config::validate::OTLP_ENDPOINT_ENV;
 use crate::config::{ConfigError, PlacementPolicy, Policy, load_policy_with_env};
 use crate::core::placement::{Fit, PodRequest, Refusal, assess};
 use crate::core::time::Instant;
@@ -136,17 +135,18 @@ struct Placement {
     decisions: Mutex<VecDeque<Decision>>,
     counters: Mutex<Counters>,
     polled: AtomicBool,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: crate::proxy::gateway::UpstreamClient,
 }
 
 /// The shared policy file, read without the gateway's secrets: placement
 /// checks no API key, so a variable the policy names for a key, a token or
 /// a password, missing from its environment, stands for a value it never
-/// uses. (The OpenTelemetry variables keep their meaning.)
+/// uses. (The collector's variable, which the policy does not name, keeps
+/// its meaning.)
 fn load_policy(path: &std::path::Path) -> Result<(Policy, String), Vec<ConfigError>> {
     load_policy_with_env(path, &|name| {
         std::env::var(name).ok().or_else(|| {
-            (!name.starts_with("OTEL_")).then(|| format!("unused by fairway placement: {name}"))
+            (name != OTLP_ENDPOINT_ENV).then(|| format!("unused by fairway placement: {name}"))
         })
     })
 }
@@ -170,9 +170,6 @@ pub async fn serve(
     let placement = policy.placement;
     let tls_policy = placement.tls.clone().ok_or(StartError::NoTls)?;
     let tls = crate::proxy::tls::load_section(&tls_policy, "placement.tls")?;
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(2)));
     let svc = Arc::new(Placement {
         clock: Clock::new(),
         policy: ArcSwap::from_pointee(placement),
@@ -183,9 +180,7 @@ pub async fn serve(
         decisions: Mutex::new(VecDeque::new()),
         counters: Mutex::new(Counters::default()),
         polled: AtomicBool::new(false),
-        client: Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(2)
-            .build(connector),
+        client: crate::proxy::gateway::upstream_client(),
         path,
     });
     let stop = tokio_util::sync::CancellationToken::new();
@@ -214,27 +209,15 @@ pub async fn serve(
                 tracing::debug!(%peer, "too many connections; closed");
                 return;
             };
-            let acceptor = tokio_rustls::TlsAcceptor::from(svc.tls.load_full());
+            let config = svc.tls.load_full();
             let svc = Arc::clone(&svc);
             let builder = builder.clone();
             let watcher = graceful.watcher();
             while tasks.try_join_next().is_some() {}
             tasks.spawn(async move {
                 let _slot = slot;
-                let handshake = tokio::time::timeout(
-                    crate::proxy::tls::HANDSHAKE_TIMEOUT,
-                    acceptor.accept(stream),
-                );
-                let tls = match handshake.await {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
+                let Some(tls) = crate::proxy::tls::handshake(config, stream, peer).await else {
+                    return;
                 };
                 let handler = service_fn(move |req| {
                     let svc = Arc::clone(&svc);
@@ -363,28 +346,14 @@ async fn poll_agents(svc: Arc<Placement>) {
 
 impl Placement {
     async fn read_agent(&self, url: &str, timeout: Duration) -> Result<NodeReading, String> {
-        let uri: http::Uri = format!("{url}/node").parse().map_err(|e| format!("{e}"))?;
-        let mut req = Request::new(Full::new(Bytes::new()));
-        *req.uri_mut() = uri;
-        req.headers_mut().insert(
-            header::USER_AGENT,
-            HeaderValue::from_static("fairway-placement"),
-        );
-        let read = async {
-            let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
-            if !resp.status().is_success() {
-                return Err(format!("answered {}", resp.status()));
-            }
-            let body = Limited::new(resp.into_body(), MAX_READING)
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            serde_json::from_slice::<NodeReading>(&body).map_err(|e| e.to_string())
-        };
-        tokio::time::timeout(timeout, read)
+        let url = format!("{url}/node");
+        let (status, body) = crate::poller::live::get(&self.client, &url, timeout, MAX_READING)
             .await
-            .map_err(|_| format!("no answer within {timeout:?}"))?
+            .map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!("answered {status}"));
+        }
+        serde_json::from_slice::<NodeReading>(&body).map_err(|e| e.to_string())
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {

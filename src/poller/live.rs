@@ -175,7 +175,7 @@ impl Pollers {
 
 /// Why a `GET` (a health probe or a scrape) gave no usable answer.
 #[derive(Debug)]
-enum ScrapeError {
+pub(crate) enum ScrapeError {
     /// No HTTP answer: connection failed, reset, or no response head
     /// within the timeout.
     Unreachable(String),
@@ -217,7 +217,7 @@ async fn poll(
         let Some(gw) = gw.upgrade() else { return };
         if ticks.is_multiple_of(models_every)
             && let Some((url, model)) = &target.models
-            && let Ok((status, body)) = get(&gw, url, target.timeout, 1 << 20).await
+            && let Ok((status, body)) = get(&gw.client, url, target.timeout, 1 << 20).await
             && status.is_success()
             && let Some(adapters) = crate::proxy::adapters::from_models_list(&body)
         {
@@ -287,7 +287,7 @@ async fn poll(
 /// `GET` the health URL: `Ok` on a 2xx answer, body included, within the
 /// timeout.
 async fn probe(gw: &Gateway, target: &Target) -> Result<(), String> {
-    let (status, _) = get(gw, &target.health, target.timeout, 64 << 10)
+    let (status, _) = get(&gw.client, &target.health, target.timeout, 64 << 10)
         .await
         .map_err(|e| e.to_string())?;
     if status.is_success() {
@@ -304,7 +304,7 @@ async fn scrape(
     decoder: &mut Decoder,
 ) -> Option<Result<Reading, ScrapeError>> {
     let url = target.metrics.as_deref()?;
-    let (status, body) = match get(gw, url, target.timeout, MAX_SCRAPE_BYTES).await {
+    let (status, body) = match get(&gw.client, url, target.timeout, MAX_SCRAPE_BYTES).await {
         Ok(answer) => answer,
         Err(e) => return Some(Err(e)),
     };
@@ -322,8 +322,8 @@ async fn scrape(
 /// One `GET` with a deadline over the whole exchange, body included. No
 /// response head in time is `Unreachable`; a head followed by a body that
 /// is too large, broken or not complete in time is `Unusable`.
-async fn get(
-    gw: &Gateway,
+pub(crate) async fn get(
+    client: &crate::proxy::gateway::UpstreamClient,
     url: &str,
     timeout: Duration,
     limit: usize,
@@ -334,7 +334,7 @@ async fn get(
         .map_err(|e| ScrapeError::Unreachable(e.to_string()))?;
     let deadline = tokio::time::Instant::now() + timeout;
     let late = || format!("no answer within {}", humantime::format_duration(timeout));
-    let resp = match tokio::time::timeout_at(deadline, gw.client.request(req)).await {
+    let resp = match tokio::time::timeout_at(deadline, client.request(req)).await {
         Err(_) => return Err(ScrapeError::Unreachable(late())),
         Ok(Err(e)) => return Err(ScrapeError::Unreachable(crate::proxy::upstream::cause(&e))),
         Ok(Ok(resp)) => resp,

@@ -26,18 +26,20 @@ fn authorized(gw: &Gateway, req: &Request<Incoming>) -> bool {
     let path = req.uri().path();
     let guarded =
         path.starts_with("/admin/") || (path == "/metrics" && server.admin_token_for_metrics);
-    if !guarded {
-        return true;
-    }
-    let given = req
-        .headers()
+    !guarded || bears_token(req.headers(), &want)
+}
+
+/// Whether `headers` carry `Authorization: Bearer TOKEN` for the admin
+/// token whose SHA-256 is `want` (compared in constant time).
+pub(crate) fn bears_token(headers: &http::HeaderMap, want: &[u8; 32]) -> bool {
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     given.is_some_and(|t| {
         let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
-        constant_time_eq(&digest, &want)
+        constant_time_eq(&digest, want)
     })
 }
 

@@ -424,23 +424,13 @@ async fn run(
                         Some(config) => {
                             // The handshake runs in the connection's own task, so a
                             // slow client never holds up the accept loop.
-                            let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
-                            match tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, accept).await {
-                                Ok(Ok(tls_stream)) => {
-                                    let io = TokioIo::new(tls_stream);
-                                    let conn = builder.serve_connection(io, svc);
-                                    conn::drive(conn.into_owned(), &activity, idle_timeout, &stop)
-                                        .await
-                                }
-                                Ok(Err(e)) => {
-                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                                    return;
-                                }
-                                Err(_) => {
-                                    tracing::debug!(%peer, "TLS handshake timed out");
-                                    return;
-                                }
-                            }
+                            let Some(tls_stream) = tls::handshake(config, stream, peer).await
+                            else {
+                                return;
+                            };
+                            let io = TokioIo::new(tls_stream);
+                            let conn = builder.serve_connection(io, svc);
+                            conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
                         }
                     };
                     connection_ended(&conn_gw, peer, ended);

@@ -37,6 +37,29 @@ pub enum TlsError {
     Config(&'static str, rustls::Error),
 }
 
+/// Completes the TLS handshake of `stream` from `peer` within
+/// [`HANDSHAKE_TIMEOUT`]; a failed or slow handshake is logged at debug and
+/// gives `None`. Run it in the connection's own task, so that a slow client
+/// never holds up the accept loop.
+pub async fn handshake(
+    config: Arc<ServerConfig>,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
 /// Reads the PEM files of `[server] tls` and builds the server
 /// configuration.
 pub fn load(tls: &TlsPolicy) -> Result<Arc<ServerConfig>, TlsError> {

@@ -19,14 +19,14 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::core::admission::LimitKind;
 use crate::core::ids::TenantId;
+use crate::proxy::admin::bears_token;
 use crate::proxy::body::{self, BoxBody};
 use crate::proxy::error::{ApiError, Outcome};
 use crate::proxy::gateway::{Gateway, Live};
-use crate::proxy::tenant::{authenticate, constant_time_eq};
+use crate::proxy::tenant::authenticate;
 
 /// The page.
 const PAGE: &str = include_str!("usage.html");
@@ -97,18 +97,9 @@ enum Caller {
 }
 
 fn caller(live: &Live, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    if let Some(want) = live.policy.server.admin_token {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        if given.is_some_and(|t| {
-            let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
-            constant_time_eq(&digest, &want)
-        }) {
-            return Ok(Caller::Operator);
-        }
+    let operator = live.policy.server.admin_token;
+    if operator.is_some_and(|want| bears_token(headers, &want)) {
+        return Ok(Caller::Operator);
     }
     authenticate(live, headers).map(Caller::Tenant)
 }

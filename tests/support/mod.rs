@@ -447,3 +447,27 @@ impl Drop for RedisServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Runs `python script args...` off the async workers and returns whether
+/// it exited 0, with its stdout and stderr together.
+pub async fn run_python(
+    python: std::path::PathBuf,
+    script: std::path::PathBuf,
+    args: Vec<std::ffi::OsString>,
+) -> (bool, String) {
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .args(args)
+            .output()
+            .expect("python runs")
+    })
+    .await
+    .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
