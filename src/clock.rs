@@ -42,11 +42,16 @@ pub fn unix_seconds() -> u64 {
 }
 
 /// Seconds since the Unix epoch, with a fraction (usage windows).
-#[allow(clippy::disallowed_methods)]
 pub fn unix_seconds_f64() -> f64 {
+    unix_time().as_secs_f64()
+}
+
+/// The time since the Unix epoch (zero before it).
+#[allow(clippy::disallowed_methods)]
+pub fn unix_time() -> std::time::Duration {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
+        .unwrap_or_default()
 }
 
 impl Default for Clock {

@@ -295,11 +295,11 @@ async fn run(
             ticket.preempted += 1;
             continue;
         }
-        let authority = live.authorities.get(&backend).cloned().or_else(|| {
+        let address = live.addresses.get(&backend).cloned().or_else(|| {
             // A backend added by a reload after this request took its policy.
-            gw.live.load().authorities.get(&backend).cloned()
+            gw.live.load().addresses.get(&backend).cloned()
         });
-        let Some(authority) = authority else {
+        let Some(address) = address else {
             return Err(ApiError::NoBackend(info.model.clone()));
         };
         let up_path = match &triton_path {
@@ -311,13 +311,19 @@ async fn run(
             ),
             None => path.clone(),
         };
-        let mut up = upstream::request(live, &parts, &up_path, &authority, body.to_send())?;
+        let mut up = upstream::request(
+            server.trust_tenant_header.as_deref(),
+            &parts,
+            &up_path,
+            &address,
+            body.to_send(),
+        )?;
         if let Some(p) = &triton_path
             && p.action != "infer"
             && let Some(id) = parts.headers.get("triton-request-id")
         {
             ticket.stop_call = Some(StopCall {
-                url: format!("http://{authority}{up_path}"),
+                url: format!("http://{address}{up_path}"),
                 request_id: id.clone(),
             });
         }

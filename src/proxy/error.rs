@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::core::admission::{LimitKind, RateLimits, Refusal};
 use crate::proxy::body::{self, BoxBody};
@@ -393,14 +393,14 @@ impl ApiError {
             let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
             h.insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
             h.insert(
-                "retry-after-ms",
+                RETRY_AFTER_MS,
                 HeaderValue::from(d.as_millis().max(1) as u64),
             );
         }
         if let ApiError::Refused { refusal, .. } = &self {
             rate_limit_headers(h, &refusal.limits);
             if refusal.limit == LimitKind::GpuSeconds {
-                h.insert("x-should-retry", HeaderValue::from_static("true"));
+                h.insert(SHOULD_RETRY, HeaderValue::from_static("true"));
             }
         }
         resp
@@ -419,57 +419,101 @@ pub fn close_if_body_unread(resp: &mut Response<BoxBody>, version: http::Version
     }
 }
 
-/// OpenAI's reset format: `1s`, `20ms`, `6m0s`.
 /// The `x-ratelimit-*` headers of a tenant's buckets, on every answer to
 /// it (success or refusal): `-requests` for its request rate (whole
 /// requests, the OpenAI convention) and `-gpu-seconds` for its
 /// GPU-seconds budget. The latter are not OpenAI's `-tokens`: Fairway has
 /// no token budget, and a client pacing itself by tokens would read
 /// GPU-seconds as tokens.
+///
+/// Most answers carry them, so they cost no more than they must: the names
+/// are constants (a name given as a string is parsed, and a custom one
+/// copied, at every insert) and the values are formatted on the stack.
 pub fn rate_limit_headers(h: &mut http::HeaderMap, limits: &RateLimits) {
+    // Room for them and the `x-request-id` the edge adds after, at once:
+    // a map grown one header at a time reallocates and rehashes at each
+    // doubling.
+    let buckets =
+        usize::from(limits.requests.is_some()) + usize::from(limits.gpu_seconds.is_some());
+    if buckets > 0 {
+        h.reserve(3 * buckets + 1);
+    }
     if let Some(b) = &limits.requests {
+        h.insert(LIMIT_REQUESTS, HeaderValue::from(b.limit as u64));
         h.insert(
-            "x-ratelimit-limit-requests",
-            HeaderValue::from(b.limit as u64),
-        );
-        h.insert(
-            "x-ratelimit-remaining-requests",
+            REMAINING_REQUESTS,
             HeaderValue::from(b.remaining.floor() as u64),
         );
-        if let Ok(v) = HeaderValue::from_str(&format_reset(b.reset)) {
-            h.insert("x-ratelimit-reset-requests", v);
+        if let Some(v) = reset_value(b.reset) {
+            h.insert(RESET_REQUESTS, v);
         }
     }
     if let Some(b) = &limits.gpu_seconds {
         for (name, value) in [
-            ("x-ratelimit-limit-gpu-seconds", b.limit),
-            ("x-ratelimit-remaining-gpu-seconds", b.remaining),
+            (LIMIT_GPU_SECONDS, b.limit),
+            (REMAINING_GPU_SECONDS, b.remaining),
         ] {
-            if let Ok(v) = HeaderValue::from_str(&format_amount(value)) {
+            if let Some(v) = amount_value(value) {
                 h.insert(name, v);
             }
         }
-        if let Ok(v) = HeaderValue::from_str(&format_reset(b.reset)) {
-            h.insert("x-ratelimit-reset-gpu-seconds", v);
+        if let Some(v) = reset_value(b.reset) {
+            h.insert(RESET_GPU_SECONDS, v);
         }
     }
 }
 
-/// A non-negative amount with at most three decimals, trailing zeros cut.
-fn format_amount(x: f64) -> String {
-    let s = format!("{:.3}", x.max(0.0));
-    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
+const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+const LIMIT_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-limit-requests");
+const REMAINING_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-requests");
+const RESET_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-reset-requests");
+const LIMIT_GPU_SECONDS: HeaderName = HeaderName::from_static("x-ratelimit-limit-gpu-seconds");
+const REMAINING_GPU_SECONDS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-gpu-seconds");
+const RESET_GPU_SECONDS: HeaderName = HeaderName::from_static("x-ratelimit-reset-gpu-seconds");
+
+/// A header value formatted on the stack (at most 48 bytes), then cut to
+/// what `cut` keeps of it.
+fn header_value(args: std::fmt::Arguments<'_>, cut: fn(&[u8]) -> &[u8]) -> Option<HeaderValue> {
+    let mut buf = [0u8; 48];
+    let mut rest = &mut buf[..];
+    std::io::Write::write_fmt(&mut rest, args).ok()?;
+    let len = 48 - rest.len();
+    HeaderValue::from_bytes(cut(&buf[..len])).ok()
 }
 
-fn format_reset(d: Duration) -> String {
+/// A non-negative amount with at most three decimals, trailing zeros cut.
+/// (In whole thousandths: formatting a float to three decimals exactly
+/// costs more than the rest of these headers together.)
+fn amount_value(x: f64) -> Option<HeaderValue> {
+    let milli = (x.max(0.0) * 1000.0).round();
+    if milli >= 1e18 {
+        return HeaderValue::from_str(&format!("{:.0}", x)).ok();
+    }
+    let milli = milli as u64;
+    let (whole, frac) = (milli / 1000, milli % 1000);
+    if frac == 0 {
+        return Some(HeaderValue::from(whole));
+    }
+    // `frac` is not 0: cutting the trailing zeros stops after the point.
+    header_value(format_args!("{whole}.{frac:03}"), |s| {
+        let end = s.iter().rposition(|&b| b != b'0').map_or(0, |i| i + 1);
+        &s[..end]
+    })
+}
+
+/// OpenAI's reset format: `1s`, `20ms`, `6m0s`.
+fn reset_value(d: Duration) -> Option<HeaderValue> {
     let ms = d.as_millis();
+    let whole: fn(&[u8]) -> &[u8] = |s| s;
     if ms < 1000 {
-        format!("{}ms", ms.max(1))
+        header_value(format_args!("{}ms", ms.max(1)), whole)
     } else if ms < 60_000 {
-        format!("{}s", ms.div_ceil(1000))
+        header_value(format_args!("{}s", ms.div_ceil(1000)), whole)
     } else {
         let s = ms.div_ceil(1000);
-        format!("{}m{}s", s / 60, s % 60)
+        header_value(format_args!("{}m{}s", s / 60, s % 60), whole)
     }
 }
 
@@ -479,9 +523,26 @@ mod tests {
 
     #[test]
     fn reset_format_matches_openai() {
-        assert_eq!(format_reset(Duration::from_millis(20)), "20ms");
-        assert_eq!(format_reset(Duration::from_millis(1500)), "2s");
-        assert_eq!(format_reset(Duration::from_secs(360)), "6m0s");
+        let reset = |d| reset_value(d).unwrap();
+        assert_eq!(reset(Duration::from_millis(0)), "1ms");
+        assert_eq!(reset(Duration::from_millis(20)), "20ms");
+        assert_eq!(reset(Duration::from_millis(1500)), "2s");
+        assert_eq!(reset(Duration::from_secs(360)), "6m0s");
+    }
+
+    #[test]
+    fn amounts_have_at_most_three_decimals_and_no_trailing_zeros() {
+        let amount = |x| amount_value(x).unwrap();
+        assert_eq!(amount(3600.0), "3600");
+        assert_eq!(amount(100.0), "100");
+        assert_eq!(amount(0.0), "0");
+        assert_eq!(amount(-2.0), "0");
+        assert_eq!(amount(12.5), "12.5");
+        assert_eq!(amount(0.1234), "0.123");
+        assert_eq!(amount(1e9), "1000000000");
+        assert_eq!(amount(0.0005), "0.001");
+        assert_eq!(amount(2.1), "2.1");
+        assert_eq!(amount(1e30), "1000000000000000019884624838656");
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub struct Live {
     /// LoRA adapter → its base model, as the policy lists them.
     pub adapters: HashMap<String, String>,
     /// Backend id → `host:port` to connect to.
-    pub authorities: HashMap<BackendId, String>,
+    pub addresses: HashMap<BackendId, crate::proxy::upstream::Address>,
     /// Backend id → its name (the access log's and spans' `backend`).
     pub backend_names: HashMap<BackendId, Arc<str>>,
     /// Backend id → the model's name on it, where it is not the pool's.
@@ -317,7 +317,7 @@ pub fn derive_live(
     }
     let mut pools = HashMap::new();
     let mut adapters = HashMap::new();
-    let mut authorities = HashMap::new();
+    let mut addresses = HashMap::new();
     let mut served_models = HashMap::new();
     let mut backend_names = HashMap::new();
     for (i, p) in policy.pools.iter().enumerate() {
@@ -341,8 +341,9 @@ pub fn derive_live(
                 BackendTarget::Url { authority } => Some(authority.clone()),
                 BackendTarget::Sim { .. } => sim.get(&b.name).cloned(),
             };
-            if let Some(a) = authority {
-                authorities.insert(bid, a);
+            // (A URL's authority was checked when the policy was read.)
+            if let Some(a) = authority.and_then(|a| crate::proxy::upstream::Address::parse(&a)) {
+                addresses.insert(bid, a);
             }
             if let Some(m) = &b.served_model {
                 served_models.insert(bid, m.clone());
@@ -380,7 +381,7 @@ pub fn derive_live(
         tenant_policy,
         pools,
         adapters,
-        authorities,
+        addresses,
         backend_names,
         served_models,
         default_tenant,

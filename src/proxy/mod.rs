@@ -2,6 +2,7 @@
 //! (`dispatch`), the streaming relay (`relay`), the admin listener
 //! (`admin`), reload, and the edge error type (`error`).
 
+pub mod access;
 pub mod adapters;
 pub mod admin;
 pub mod audio;

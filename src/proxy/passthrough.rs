@@ -212,15 +212,21 @@ async fn send(
     pick: impl FnOnce(&[u8]) -> Result<BackendId, ApiError>,
 ) -> Result<Response<BoxBody>, ApiError> {
     let backend = pick(&body)?;
-    let authority = live
-        .authorities
+    let address = live
+        .addresses
         .get(&backend)
         .ok_or_else(|| ApiError::Internal("the backend left the policy".into()))?;
     let name = live
         .backend_names
         .get(&backend)
-        .map_or_else(|| authority.clone(), |n| n.to_string());
-    let up = upstream::request(live, parts, path, authority, upstream::whole(body))?;
+        .map_or_else(|| address.to_string(), |n| n.to_string());
+    let up = upstream::request(
+        live.policy.server.trust_tenant_header.as_deref(),
+        parts,
+        path,
+        address,
+        upstream::whole(body),
+    )?;
     let resp = match tokio::time::timeout(TIMEOUT, gw.upstream(up)).await {
         Err(_) => {
             return Err(ApiError::UpstreamTimeout {

@@ -15,6 +15,7 @@ use opentelemetry::trace::TraceId;
 use crate::core::admission::RateLimits;
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::time::Instant;
+use crate::proxy::access::AccessLine;
 use crate::proxy::body::BoxBody;
 use crate::proxy::error::{ApiError, Outcome, close_if_body_unread};
 use crate::proxy::gateway::{Gateway, Live};
@@ -439,9 +440,10 @@ impl Drop for Ticket {
                 overhead,
             },
         );
+        let wall = crate::clock::unix_time();
         if let Some(windows) = tenant_index.and_then(|t| live.usage.get(t)) {
             windows.lock().record(
-                crate::clock::unix_seconds_f64(),
+                wall.as_secs_f64(),
                 &UsageRecord {
                     outcome,
                     goodput,
@@ -457,30 +459,28 @@ impl Drop for Ticket {
         let trace_id = otel::trace_id(&self.spans.request).or(self.caller_trace);
         // Inside the request span, when traces are on: the log line and
         // the trace are one tree.
-        tracing::info!(
-            target: "fairway::access",
-            parent: &self.spans.request,
-            request_id = self.request_id.as_ref().and_then(|v| v.to_str().ok()),
-            trace_id = trace_id.map(tracing::field::display),
+        AccessLine {
+            unix_micros: i64::try_from(wall.as_micros()).unwrap_or(i64::MAX),
+            request_id: self.request_id.as_ref().and_then(|v| v.to_str().ok()),
+            trace_id: trace_id.map(|t| u128::from_be_bytes(t.to_bytes())),
             tenant,
             model,
-            adapter = self.adapter.as_deref(),
-            backend = %self.backend_name,
-            outcome = outcome.as_str(),
-            reason = outcome.reason(),
-            status = self.status,
-            queue_wait_ms = self.queue_wait.map(|d| d.as_secs_f64() * 1e3),
-            ttft_ms = ttft.map(|d| d.as_secs_f64() * 1e3),
-            e2e_ms = e2e.as_secs_f64() * 1e3,
-            prompt_tokens = usage.prompt_tokens,
-            completion_tokens = usage.completion_tokens,
-            prompt_tokens_estimate = self.prompt_estimate,
-            max_tokens = self.max_tokens,
-            stream = self.stream_requested,
-            preempted = self.preempted,
-            gpu_seconds = self.gpu_seconds,
-            "request"
-        );
+            adapter: self.adapter.as_deref(),
+            backend: &self.backend_name,
+            outcome,
+            status: self.status,
+            queue_wait_ms: self.queue_wait.map(|d| d.as_secs_f64() * 1e3),
+            ttft_ms: ttft.map(|d| d.as_secs_f64() * 1e3),
+            e2e_ms: e2e.as_secs_f64() * 1e3,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            prompt_tokens_estimate: self.prompt_estimate,
+            max_tokens: self.max_tokens,
+            stream: self.stream_requested,
+            preempted: self.preempted,
+            gpu_seconds: self.gpu_seconds,
+        }
+        .log(&self.spans.request);
     }
 }
 

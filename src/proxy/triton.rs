@@ -167,8 +167,8 @@ pub async fn metadata(
     use http_body_util::BodyExt;
     let live = gw.live.load_full();
     let backend = gw.healthy_backend(&live, p.model, crate::core::spec::Api::Triton, None)?;
-    let authority = live
-        .authorities
+    let address = live
+        .addresses
         .get(&backend)
         .ok_or_else(|| ApiError::NoBackend(p.model.to_owned()))?;
     let served = live
@@ -176,14 +176,14 @@ pub async fn metadata(
         .get(&backend)
         .map_or(p.model, String::as_str);
     let url = format!(
-        "http://{authority}{}",
+        "http://{address}{}",
         p.upstream(served).trim_end_matches('/')
     );
     let req = http::Request::get(url)
         .body(crate::proxy::upstream::whole(bytes::Bytes::new()))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let unavailable = |cause: String| ApiError::Upstream {
-        backend: authority.clone(),
+        backend: address.to_string(),
         cause,
     };
     let resp = tokio::time::timeout(METADATA_TIMEOUT, gw.client.request(req))

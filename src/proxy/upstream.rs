@@ -3,39 +3,43 @@
 //! behind.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, header};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, header};
 use http_body::Body;
 use http_body_util::{Either, Full};
 
 use crate::proxy::error::ApiError;
-use crate::proxy::gateway::Live;
+
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Request headers that never go upstream: hop-by-hop, and the client's
-/// credentials for Fairway.
-const DROP_REQUEST_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "api-key",
-    "x-api-key",
-    "host",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "transfer-encoding",
-    "upgrade",
-    "content-length",
-    "expect",
+/// credentials for Fairway. (Constants, not strings: every request checks
+/// each header against them.)
+const DROP_REQUEST_HEADERS: [HeaderName; 13] = [
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-api-key"),
+    header::HOST,
+    header::CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::CONTENT_LENGTH,
+    header::EXPECT,
 ];
 /// Response headers that never go back to the client: hop-by-hop.
-const DROP_RESPONSE_HEADERS: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "upgrade",
-    "te",
-    "trailer",
+const DROP_RESPONSE_HEADERS: [HeaderName; 7] = [
+    header::CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::TE,
+    header::TRAILER,
 ];
 
 /// True when `connection` lists `name` (RFC 9110 §7.6.1: such headers are
@@ -56,7 +60,7 @@ pub fn strip_response_headers(h: &mut HeaderMap) {
         }
     }
     for name in DROP_RESPONSE_HEADERS {
-        h.remove(*name);
+        h.remove(name);
     }
 }
 
@@ -75,23 +79,58 @@ pub fn whole(b: impl Into<Bytes>) -> UpBody {
     Either::Left(Full::new(b.into()))
 }
 
+/// Where a backend is reached: its authority, and the `Host` header that
+/// names it (made once at policy load; hyper's client would otherwise
+/// format it for every request).
+#[derive(Clone, Debug)]
+pub struct Address {
+    pub authority: Authority,
+    host: HeaderValue,
+}
+
+impl Address {
+    /// The address of `authority` (`host:port`), if it is one.
+    pub fn parse(authority: &str) -> Option<Address> {
+        let authority: Authority = authority.parse().ok()?;
+        // As an HTTP client writes it: no port when it is the default.
+        let host = match authority.port_u16() {
+            None | Some(80) => authority.host(),
+            Some(_) => authority.as_str(),
+        };
+        let host = HeaderValue::from_str(host).ok()?;
+        Some(Address { authority, host })
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.authority.fmt(f)
+    }
+}
+
 /// The request to forward: the client's method, path and headers (less
 /// hop-by-hop ones and its credentials for Fairway) and `body`.
 pub fn request(
-    live: &Live,
+    trust_tenant_header: Option<&str>,
     parts: &http::request::Parts,
     path: &str,
-    authority: &str,
+    address: &Address,
     body: UpBody,
 ) -> Result<Request<UpBody>, ApiError> {
-    let mut up = Request::builder()
-        .method(parts.method.clone())
-        .uri(format!("http://{authority}{path}"));
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(Scheme::HTTP);
+    uri.authority = Some(address.authority.clone());
+    uri.path_and_query =
+        Some(PathAndQuery::try_from(path).map_err(|e| ApiError::Internal(e.to_string()))?);
+    let uri = http::Uri::from_parts(uri).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let mut up = Request::builder().method(parts.method.clone()).uri(uri);
     let connection = parts.headers.get(header::CONNECTION);
     if let Some(h) = up.headers_mut() {
+        h.reserve(parts.headers.len() + 1);
+        h.insert(header::HOST, address.host.clone());
         for (name, value) in &parts.headers {
-            if !DROP_REQUEST_HEADERS.contains(&name.as_str())
-                && live.policy.server.trust_tenant_header.as_deref() != Some(name.as_str())
+            if !DROP_REQUEST_HEADERS.contains(name)
+                && trust_tenant_header != Some(name.as_str())
                 && !named_in_connection(connection, name.as_str())
             {
                 h.append(name.clone(), value.clone());
@@ -117,6 +156,37 @@ pub fn request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_names_its_host_as_a_client_would() {
+        let host = |a: &str| Address::parse(a).map(|a| a.host);
+        assert_eq!(host("10.0.0.7:8000").unwrap(), "10.0.0.7:8000");
+        assert_eq!(host("vllm.svc:80").unwrap(), "vllm.svc");
+        assert_eq!(host("vllm.svc").unwrap(), "vllm.svc");
+        assert_eq!(host("[::1]:9000").unwrap(), "[::1]:9000");
+        assert!(host("not an authority").is_none());
+    }
+
+    #[test]
+    fn the_upstream_request_carries_the_backend_host_not_the_clients() {
+        let req = Request::post("/v1/chat/completions")
+            .header(header::HOST, "gateway.example")
+            .header(header::AUTHORIZATION, "Bearer sk-secret")
+            .header("x-kept", "1")
+            .header("x-tenant", "evals")
+            .body(())
+            .unwrap();
+        let (parts, ()) = req.into_parts();
+        let address = Address::parse("10.0.0.7:8000").unwrap();
+        let path = "/v1/chat/completions?x=1";
+        let up = request(Some("x-tenant"), &parts, path, &address, whole("{}")).unwrap();
+        assert_eq!(up.uri(), "http://10.0.0.7:8000/v1/chat/completions?x=1");
+        assert_eq!(up.headers()[header::HOST], "10.0.0.7:8000");
+        assert_eq!(up.headers()[header::CONTENT_LENGTH], "2");
+        assert_eq!(up.headers()["x-kept"], "1");
+        assert!(up.headers().get(header::AUTHORIZATION).is_none());
+        assert!(up.headers().get("x-tenant").is_none());
+    }
 
     #[test]
     fn headers_named_in_connection_are_hop_by_hop() {

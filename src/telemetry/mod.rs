@@ -1,6 +1,8 @@
 //! Telemetry: Prometheus metrics (`metrics`), traces (`otel`) and the log
 //! layer that the process and a traced gateway's dispatch share.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use tracing::Subscriber;
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
@@ -16,6 +18,21 @@ pub mod usage;
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// The format of the process's log layer when it writes no colour codes;
+/// 0 until [`log_layer`] makes one.
+static PLAIN_FORMAT: AtomicU8 = AtomicU8::new(0);
+
+/// The format in which the process's log layer writes, if it has made one
+/// that writes no colour codes: code of our own may then write lines as it
+/// would (`proxy::access`).
+pub fn plain_log_format() -> Option<LogFormat> {
+    match PLAIN_FORMAT.load(Ordering::Relaxed) {
+        1 => Some(LogFormat::Text),
+        2 => Some(LogFormat::Json),
+        _ => None,
+    }
 }
 
 /// The log layer: `RUST_LOG` (default `info`) as its own filter, so that
@@ -39,8 +56,15 @@ where
     // Colour codes only for a person at a terminal: in a file or a log
     // pipeline they are noise, and formatting them costs every request.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if !ansi {
+        let code = match format {
+            LogFormat::Text => 1,
+            LogFormat::Json => 2,
+        };
+        PLAIN_FORMAT.store(code, Ordering::Relaxed);
+    }
     let layer = tracing_subscriber::fmt::layer()
-        .with_writer(log_writer::writer())
+        .with_writer(log_writer::writer().clone())
         .with_ansi(ansi);
     match format {
         LogFormat::Text => layer.with_filter(filter).boxed(),
