@@ -206,6 +206,14 @@ fn init_logging(json: bool) {
         .init();
 }
 
+/// jemalloc, not the system's allocator: about a tenth less CPU per request
+/// through the gateway, and memory that returns to the same level after a
+/// burst of streams (measured in docs/benchmarks/2026-12-05.md; its
+/// settings are in .cargo/config.toml).
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     fairway::telemetry::log_writer::set_capacity(cli.log_buffer);

@@ -17,6 +17,7 @@ declare -A need_pkg=(
   [promtool]=prometheus   # checks our exposition format; a real Prometheus scrapes the gateway
   [prlimit]=util-linux    # runs the gateway at a low fd limit (accept back-off test)
   [c++]=g++               # builds libFuzzer for fuzz/run.sh
+  [make]=make             # builds jemalloc, the gateway's allocator
   [redis-server]=redis-server  # the shared store of the cluster tests
   [chromium]=chromium          # the usage page in a real browser (tests/usage.rs)
   [chromedriver]=chromium-driver
