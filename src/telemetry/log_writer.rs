@@ -133,21 +133,26 @@ impl LogWriter {
     /// Adds one line (one formatted event), or drops it if the buffer has
     /// no room for it.
     pub fn push(&self, line: &[u8]) {
-        self.add(None, |lines| lines.extend_from_slice(line));
+        self.add(None, line.len(), |lines| lines.extend_from_slice(line));
     }
 
     /// Adds one line as its fields: `encode` appends them to the buffer,
     /// and the writer thread calls `format` on them. The line is dropped if
     /// the buffer has no room for its fields.
     pub fn push_deferred(&self, format: Format, encode: impl FnOnce(&mut Vec<u8>)) {
-        self.add(Some(format), encode);
+        self.add(Some(format), 0, encode);
     }
 
-    fn add(&self, format: Option<Format>, append: impl FnOnce(&mut Vec<u8>)) {
+    /// Appends a line of `len` bytes or more (checked before, so that an
+    /// outsized line never grows the buffer) with `append`.
+    fn add(&self, format: Option<Format>, len: usize, append: impl FnOnce(&mut Vec<u8>)) {
         let mut s = self.shared.state.lock();
         let start = s.lines.len();
-        append(&mut s.lines);
-        if s.lines.len() > self.shared.capacity {
+        let fits = start + len <= self.shared.capacity && {
+            append(&mut s.lines);
+            s.lines.len() <= self.shared.capacity
+        };
+        if !fits {
             s.lines.truncate(start);
             drop(s);
             self.shared.dropped.fetch_add(1, Ordering::Relaxed);
@@ -354,6 +359,15 @@ mod tests {
         sink.open(true);
         w.flush(Duration::from_secs(5));
         assert_eq!(sink.got.lock().as_slice(), b"first\ndeferred 7\n");
+    }
+
+    #[test]
+    fn an_outsized_line_is_dropped_without_growing_the_buffer() {
+        let sink = Sink::default();
+        let w = LogWriter::spawn(100, sink.clone());
+        w.push(&vec![b'x'; 1 << 20]);
+        assert_eq!(w.dropped(), 1);
+        assert!(w.shared.state.lock().lines.capacity() <= 100);
     }
 
     #[test]
