@@ -92,12 +92,13 @@ impl Address {
     /// The address of `authority` (`host:port`), if it is one.
     pub fn parse(authority: &str) -> Option<Address> {
         let authority: Authority = authority.parse().ok()?;
-        // As an HTTP client writes it: no port when it is the default.
+        // As an HTTP client writes it: no user information, and no port
+        // when it is the default.
         let host = match authority.port_u16() {
-            None | Some(80) => authority.host(),
-            Some(_) => authority.as_str(),
-        };
-        let host = HeaderValue::from_str(host).ok()?;
+            None | Some(80) => HeaderValue::from_str(authority.host()),
+            Some(port) => HeaderValue::from_str(&format!("{}:{port}", authority.host())),
+        }
+        .ok()?;
         Some(Address { authority, host })
     }
 }
@@ -164,6 +165,7 @@ mod tests {
         assert_eq!(host("vllm.svc:80").unwrap(), "vllm.svc");
         assert_eq!(host("vllm.svc").unwrap(), "vllm.svc");
         assert_eq!(host("[::1]:9000").unwrap(), "[::1]:9000");
+        assert_eq!(host("user:pw@10.0.0.7:8000").unwrap(), "10.0.0.7:8000");
         assert!(host("not an authority").is_none());
     }
 
