@@ -1,6 +1,37 @@
 # Shared by the end-to-end benches (sourced): the shipped configuration's
-# request, CPU accounting of the proxy processes and one table row from a
-# wrk run.
+# gateway and request, CPU accounting of the proxy processes and one table
+# row from a wrk run.
+
+shipped_gateway() { # binary workdir → $GW: the gateway as shipped (text log at info, poller on)
+  # on 127.0.0.1:18211 (admin :18221), in front of two zero-delay backends
+  # on :18201 and :18202; its policy and log in workdir.
+  local bin=$1 dir=$2
+  for port in 18201 18202; do
+    $bin sim-backend --listen 127.0.0.1:$port --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
+      --decode-step-base 1us --decode-step-per-seq 0s >/dev/null 2>&1 &
+  done
+  cat > $dir/g.toml <<CONF
+[server]
+listen = "127.0.0.1:18211"
+admin_listen = "127.0.0.1:18221"
+[[pools]]
+model = "bench"
+[[pools.backends]]
+url = "http://127.0.0.1:18201"
+max_inflight = 4096
+[[pools.backends]]
+url = "http://127.0.0.1:18202"
+max_inflight = 4096
+[[tenants]]
+name = "bench"
+api_keys = ["sk-bench"]
+rate = 1000000
+burst = 1000000
+gpu_seconds_per_hour = 1000000000
+CONF
+  env -u RUST_LOG $bin serve --config $dir/g.toml --watch-interval 0s >/dev/null 2>$dir/g.log &
+  GW=$!
+}
 
 shipped_request() { # → a wrk script: a chat of about 200 bytes asking for 20 tokens, as tenant "bench"
 cat <<'LUA'

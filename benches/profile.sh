@@ -19,31 +19,7 @@ WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf $WORK' EXIT
 cargo build --release --quiet
 BIN=${BIN:-target/release/fairway}
-for port in 18201 18202; do
-  $BIN sim-backend --listen 127.0.0.1:$port --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
-    --decode-step-base 1us --decode-step-per-seq 0s >/dev/null 2>&1 &
-done
-cat > $WORK/g.toml <<CONF
-[server]
-listen = "127.0.0.1:18211"
-admin_listen = "127.0.0.1:18221"
-[[pools]]
-model = "bench"
-[[pools.backends]]
-url = "http://127.0.0.1:18201"
-max_inflight = 4096
-[[pools.backends]]
-url = "http://127.0.0.1:18202"
-max_inflight = 4096
-[[tenants]]
-name = "bench"
-api_keys = ["sk-bench"]
-rate = 1000000
-burst = 1000000
-gpu_seconds_per_hour = 1000000000
-CONF
-env -u RUST_LOG $BIN serve --config $WORK/g.toml --watch-interval 0s >/dev/null 2>$WORK/g.log &
-GW=$!
+shipped_gateway "$BIN" $WORK
 shipped_request > $WORK/ship.lua
 sleep 1
 wrk -t2 -c64 -d2s -s $WORK/ship.lua http://127.0.0.1:18211/v1/chat/completions >/dev/null

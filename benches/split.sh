@@ -18,31 +18,7 @@ W=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; [ -f $W/nginx.pid ] && kill $(cat $W/nginx.pid) 2>/dev/null; rm -rf $W' EXIT
 cargo build --release --quiet
 BIN=${BIN:-target/release/fairway}
-for port in 18201 18202; do
-  $BIN sim-backend --listen 127.0.0.1:$port --model bench --max-num-seqs 4096 --prefill-tokens-per-s 1e12 \
-    --decode-step-base 1us --decode-step-per-seq 0s >/dev/null 2>&1 &
-done
-cat > $W/g.toml <<CONF
-[server]
-listen = "127.0.0.1:18211"
-admin_listen = "127.0.0.1:18221"
-[[pools]]
-model = "bench"
-[[pools.backends]]
-url = "http://127.0.0.1:18201"
-max_inflight = 4096
-[[pools.backends]]
-url = "http://127.0.0.1:18202"
-max_inflight = 4096
-[[tenants]]
-name = "bench"
-api_keys = ["sk-bench"]
-rate = 1000000
-burst = 1000000
-gpu_seconds_per_hour = 1000000000
-CONF
-env -u RUST_LOG $BIN serve --config $W/g.toml --watch-interval 0s >/dev/null 2>$W/g.log &
-GW=$!
+shipped_gateway "$BIN" $W
 cat > $W/nginx.conf <<CONF
 worker_processes 2;
 pid $W/nginx.pid;

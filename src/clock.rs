@@ -34,11 +34,8 @@ impl Clock {
 }
 
 /// Seconds since the Unix epoch, for the admin views.
-#[allow(clippy::disallowed_methods)]
 pub fn unix_seconds() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    unix_time().as_secs()
 }
 
 /// Seconds since the Unix epoch, with a fraction (usage windows).
