@@ -21,7 +21,7 @@ use crate::proxy::gateway::{Gateway, Live, Pending};
 use crate::proxy::relay::{Mode, RelayBody};
 use crate::proxy::tenant::authenticate;
 use crate::proxy::ticket::{Phase, StopCall, Ticket};
-use crate::proxy::{audio, openai, triton, upstream};
+use crate::proxy::{audio, openai, pool, triton, upstream};
 
 /// Reads the whole body within `timeout` (408 after it); the edge's body
 /// limit caps it at `limit`. A client that hangs up mid-body is
@@ -163,7 +163,7 @@ async fn run(
     req: Request<RequestBody>,
     call: Call,
     ticket: &mut Ticket,
-) -> Result<(Response<hyper::body::Incoming>, Mode), ApiError> {
+) -> Result<(Response<pool::Body>, Mode), ApiError> {
     let tenant = authenticate(live, req.headers())?;
     ticket.tenant = Some(tenant);
     let path = req.uri().path().to_owned();
@@ -323,7 +323,8 @@ async fn run(
             && let Some(id) = parts.headers.get("triton-request-id")
         {
             ticket.stop_call = Some(StopCall {
-                url: format!("http://{address}{up_path}"),
+                address: address.clone(),
+                path: up_path.clone(),
                 request_id: id.clone(),
             });
         }
@@ -350,7 +351,7 @@ async fn run(
             Payload::Upload(_) => pool_policy.timeout + server.body_read_timeout,
             Payload::Whole(_) => pool_policy.timeout,
         };
-        let sent = tokio::time::timeout(allowed, gw.upstream(up));
+        let sent = tokio::time::timeout(allowed, pool::send(&address.authority, up));
         let result = if preemptible {
             // Batch work: until its response starts, the scheduler may
             // take its slot back. Dropping the upstream call closes the
@@ -396,7 +397,7 @@ async fn run(
                 });
             }
             Ok(Err(e)) => {
-                let cause = upstream::cause(&e);
+                let cause = e.to_string();
                 if !e.is_connect() {
                     return Err(ApiError::Upstream {
                         backend: ticket.backend_name.to_string(),

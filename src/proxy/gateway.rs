@@ -224,39 +224,23 @@ impl Pending {
     }
 }
 
-/// The client that carries requests to backends.
+/// The client of the pollers, the trace exporter and the placement
+/// service. (Requests go through [`crate::proxy::pool`].)
 pub type UpstreamClient = Client<HttpConnector, crate::proxy::upstream::UpBody>;
 
-/// A new upstream client: keep-alive connections pooled per backend,
-/// `TCP_NODELAY`, 5 s to connect. Reads from a backend go into a 4 KiB
-/// buffer rather than hyper's adaptive one (8 KiB to start): every held
-/// stream keeps its upstream connection's buffer, and the smaller one
-/// saves about 1 KiB of RSS per idle stream at no measured CPU cost
-/// (docs/benchmarks/2026-12-04.md).
+/// A new client: keep-alive connections pooled per host, `TCP_NODELAY`,
+/// 5 s to connect, as [`crate::proxy::pool`] does.
 pub fn upstream_client() -> UpstreamClient {
+    use crate::proxy::pool;
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
+    connector.set_connect_timeout(Some(pool::CONNECT_TIMEOUT));
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(std::time::Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .http1_read_buf_exact_size(4096)
+        .pool_idle_timeout(pool::IDLE_TIMEOUT)
+        .pool_max_idle_per_host(pool::MAX_IDLE)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .build(connector)
-}
-
-thread_local! {
-    /// A worker thread's own upstream client (see [`Gateway::upstream`]).
-    static WORKER_CLIENT: std::cell::OnceCell<UpstreamClient> = const { std::cell::OnceCell::new() };
-}
-
-/// Gives this thread (a worker serving client connections) an upstream
-/// client of its own.
-pub fn enter_worker() {
-    WORKER_CLIENT.with(|c| {
-        let _ = c.set(upstream_client());
-    });
 }
 
 /// The running gateway.
@@ -265,8 +249,7 @@ pub struct Gateway {
     pub live: ArcSwap<Live>,
     pub core: Mutex<CoreState>,
     pub metrics: Metrics,
-    /// The shared upstream client: pollers, traces, and requests served
-    /// off the worker threads.
+    /// The pollers' and the trace exporter's client.
     pub client: UpstreamClient,
     /// Wakes the deadline task when a request is queued.
     pub wake: Notify,
@@ -402,16 +385,6 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 impl Gateway {
-    /// Sends a request to a backend. On a worker thread it goes through
-    /// that thread's own client, whose connections that thread drives: a
-    /// request and its upstream connection never hop between threads.
-    pub fn upstream(
-        &self,
-        req: http::Request<crate::proxy::upstream::UpBody>,
-    ) -> hyper_util::client::legacy::ResponseFuture {
-        WORKER_CLIENT.with(|c| c.get().unwrap_or(&self.client).request(req))
-    }
-
     /// The pool of `model` over `api` as [`Live::pool`] finds it, where
     /// `model` may also be a LoRA adapter (one the policy lists, or one a
     /// backend lists) on the OpenAI API: then its base model's pool, and

@@ -1,5 +1,6 @@
 //! The I/O shell: listeners (`server`), the scheduling path of a request
-//! (`dispatch`), the streaming relay (`relay`), the admin listener
+//! (`dispatch`), the backend connections (`pool`), the streaming relay
+//! (`relay`), the admin listener
 //! (`admin`), reload, and the edge error type (`error`).
 
 pub mod access;
@@ -14,6 +15,7 @@ pub mod gateway;
 pub mod layers;
 pub mod openai;
 pub mod passthrough;
+pub mod pool;
 pub mod relay;
 pub mod reload;
 pub mod server;

@@ -29,7 +29,7 @@ use crate::proxy::body::{BoxBody, RequestBody};
 use crate::proxy::error::{ApiError, close_if_body_unread};
 use crate::proxy::gateway::{Gateway, Live};
 use crate::proxy::tenant::authenticate;
-use crate::proxy::{openai, upstream};
+use crate::proxy::{openai, pool, upstream};
 
 /// How long the gateway remembers which backend created a response.
 pub const RESPONSE_MEMORY: Duration = Duration::from_secs(3600);
@@ -132,7 +132,7 @@ pub async fn stored_response(gw: Arc<Gateway>, req: Request<RequestBody>) -> Res
             .ok_or_else(|| ApiError::UnknownResponse(id.to_owned()))
     });
     match origin {
-        Ok(backend) => forward(&gw, &live, req, false, |_| Ok(backend)).await,
+        Ok(backend) => forward(&live, req, false, |_| Ok(backend)).await,
         Err(e) => answer(e, false, &req),
     }
 }
@@ -154,7 +154,7 @@ pub async fn to_model(
         let model = openai::parse(body)?.model;
         gw.healthy_backend(&live, &model, Api::OpenAi, Some(tenant))
     };
-    forward(&gw, &live, req, anthropic, pick).await
+    forward(&live, req, anthropic, pick).await
 }
 
 /// Fairway's error, in the route's shape, closing an HTTP/1 connection
@@ -178,7 +178,6 @@ fn render(e: ApiError, anthropic: bool, version: http::Version, unread: bool) ->
 /// it, sends the request there as the client made it (less its
 /// credentials and hop-by-hop headers) and relays the answer unread.
 async fn forward(
-    gw: &Gateway,
     live: &Live,
     req: Request<RequestBody>,
     anthropic: bool,
@@ -197,14 +196,13 @@ async fn forward(
         Ok(r) => r,
         Err(e) => return render(e, anthropic, version, unread),
     };
-    send(gw, live, &parts, &path, body, pick)
+    send(live, &parts, &path, body, pick)
         .await
         .unwrap_or_else(|e| render(e, anthropic, version, false))
 }
 
 /// Sends the read request to the backend `pick` names.
 async fn send(
-    gw: &Gateway,
     live: &Live,
     parts: &http::request::Parts,
     path: &str,
@@ -227,7 +225,7 @@ async fn send(
         address,
         upstream::whole(body),
     )?;
-    let resp = match tokio::time::timeout(TIMEOUT, gw.upstream(up)).await {
+    let resp = match tokio::time::timeout(TIMEOUT, pool::send(&address.authority, up)).await {
         Err(_) => {
             return Err(ApiError::UpstreamTimeout {
                 backend: name,
@@ -237,7 +235,7 @@ async fn send(
         Ok(Err(e)) => {
             return Err(ApiError::Upstream {
                 backend: name,
-                cause: upstream::cause(&e),
+                cause: e.to_string(),
             });
         }
         Ok(Ok(r)) => r,

@@ -224,7 +224,7 @@ pin_project_lite::pin_project! {
     /// The relayed body. Holds the request's ticket until it ends.
     pub struct RelayBody {
         #[pin]
-        inner: hyper::body::Incoming,
+        inner: crate::proxy::pool::Body,
         mode: Mode,
         // JSON: the body so far (up to `MAX_SCAN`), for its usage. SSE: the
         // start of an event not yet complete, held back (up to `MAX_HOLD`)
@@ -241,7 +241,7 @@ pin_project_lite::pin_project! {
 
 impl RelayBody {
     /// Wraps a backend body.
-    pub fn new(inner: hyper::body::Incoming, mode: Mode, ticket: Ticket) -> Self {
+    pub fn new(inner: crate::proxy::pool::Body, mode: Mode, ticket: Ticket) -> Self {
         RelayBody {
             inner,
             mode,

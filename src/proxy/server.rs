@@ -29,7 +29,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -64,10 +64,47 @@ impl Listeners {
     /// Binds the policy's `listen` and `admin_listen`.
     pub async fn bind(policy: &Policy) -> std::io::Result<Listeners> {
         Ok(Listeners {
-            api: TcpListener::bind(policy.server.listen).await?,
+            api: bind_shared(policy.server.listen)?,
             admin: TcpListener::bind(policy.server.admin_listen).await?,
         })
     }
+}
+
+/// A listener on `addr` that more sockets of this process can join
+/// (`SO_REUSEPORT`): each worker accepts on a socket of its own, and the
+/// kernel spreads new connections over them. (The kernel lets only
+/// sockets of the same user join.)
+fn bind_shared(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// The client listener's sockets, one per worker: `api` and, bound to its
+/// address, `workers - 1` more. A listener the caller bound without
+/// `SO_REUSEPORT` cannot be joined: then fewer workers serve (with a
+/// warning).
+fn worker_sockets(api: TcpListener, workers: usize) -> Vec<std::net::TcpListener> {
+    let addr = api.local_addr();
+    let mut sockets: Vec<_> = api.into_std().into_iter().collect();
+    let Ok(addr) = addr else {
+        return sockets;
+    };
+    for _ in 1..workers {
+        match bind_shared(addr).and_then(TcpListener::into_std) {
+            Ok(s) => sockets.push(s),
+            Err(e) => {
+                tracing::warn!(error = %e, workers = sockets.len(), "cannot share the client listener with more workers");
+                break;
+            }
+        }
+    }
+    sockets
 }
 
 /// How a served policy is reloaded.
@@ -363,89 +400,81 @@ async fn run(
     // ends (admin connections, which serve `/readyz` meanwhile).
     let drain_clients = CancellationToken::new();
     let stop_admin = CancellationToken::new();
-    let mut workers = Workers::start(server_policy.workers, &gw);
     let mut admin_conns = JoinSet::new();
-    let accept_error = || {
-        gw.metrics
-            .edge
-            .accept_errors
-            .fetch_add(1, Ordering::Relaxed);
-    };
     let Listeners {
         api: api_listener,
         admin: admin_listener,
     } = listeners;
-    // The client listener stops at shutdown, then drains; the admin
+    // What a worker does with a connection it accepted: the connection's
+    // whole life, as a task for that worker's runtime.
+    let accepted: Accepted = {
+        let gw = gw.clone();
+        let drain_clients = drain_clients.clone();
+        let builders = Builders::new(&builder);
+        Arc::new(move |stream: TcpStream, peer: SocketAddr| {
+            let slot = match caps.acquire(peer.ip(), &gw) {
+                Ok(slot) => slot,
+                Err(refusal) => {
+                    connection_refused(&gw, peer, refusal);
+                    return None;
+                }
+            };
+            let activity = conn::Activity::new();
+            let tracked = conn::Tracked::new(edge.clone(), activity.clone());
+            let svc = TowerToHyperService::new(tracked);
+            let builders = builders.clone();
+            let stop = drain_clients.clone();
+            let tls = gw.tls.load_full();
+            let dispatch = gw.traces.as_ref().map(|t| t.dispatch().clone());
+            let conn_gw = gw.clone();
+            let serve = async move {
+                let _slot = slot;
+                let ended = match tls {
+                    None => {
+                        // hyper's header-read timeout starts once it knows
+                        // the protocol, which it learns from the first
+                        // bytes: a client that sends none is closed here.
+                        // The bytes seen tell the protocol too.
+                        let mut head = [0u8; H2_PREFACE.len()];
+                        let first =
+                            tokio::time::timeout(header_read_timeout, stream.peek(&mut head));
+                        let Ok(Ok(seen @ 1..)) = first.await else {
+                            tracing::debug!(%peer, "closed: no request in time");
+                            return;
+                        };
+                        let builder = builders.for_first_bytes(&head[..seen]);
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                        conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
+                    }
+                    Some(config) => {
+                        // The handshake runs in the connection's own task, so a
+                        // slow client never holds up the accept loop.
+                        let Some(tls_stream) = tls::handshake(config, stream, peer).await else {
+                            return;
+                        };
+                        let io = TokioIo::new(tls_stream);
+                        let conn = builders.auto.serve_connection(io, svc);
+                        conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
+                    }
+                };
+                connection_ended(&conn_gw, peer, ended);
+            };
+            // With traces on, the connection runs under the gateway's
+            // dispatch: its requests' spans and log lines are one tree.
+            Some(match dispatch {
+                None => Box::pin(serve) as ConnTask,
+                Some(d) => Box::pin(serve.with_subscriber(d)),
+            })
+        })
+    };
+    let sockets = worker_sockets(api_listener, server_policy.workers.max(1));
+    let mut workers = Workers::start(sockets, &accepted, &shutdown, &gw);
+    // The workers stop accepting at shutdown, then drain; the admin
     // listener serves on (`/readyz` answers "draining") until the drain
     // ends.
     let clients = async {
-        accept_loop(
-            &api_listener,
-            shutdown.cancelled(),
-            "client listener",
-            accept_error,
-            |stream: TcpStream, peer| {
-                let slot = match caps.acquire(peer.ip(), &gw) {
-                    Ok(slot) => slot,
-                    Err(refusal) => return connection_refused(&gw, peer, refusal),
-                };
-                let activity = conn::Activity::new();
-                let tracked = conn::Tracked::new(edge.clone(), activity.clone());
-                let svc = TowerToHyperService::new(tracked);
-                let builder = builder.clone();
-                let stop = drain_clients.clone();
-                let tls = gw.tls.load_full();
-                let dispatch = gw.traces.as_ref().map(|t| t.dispatch().clone());
-                let conn_gw = gw.clone();
-                // Served on a worker thread, on that thread's runtime.
-                let Ok(stream) = stream.into_std() else {
-                    return;
-                };
-                let serve = async move {
-                    let _slot = slot;
-                    let Ok(stream) = TcpStream::from_std(stream) else {
-                        return;
-                    };
-                    let ended = match tls {
-                        None => {
-                            // hyper's header-read timeout starts once it knows
-                            // the protocol, which it learns from the first
-                            // bytes: a client that sends none is closed here.
-                            let mut byte = [0u8; 1];
-                            let first =
-                                tokio::time::timeout(header_read_timeout, stream.peek(&mut byte));
-                            if !matches!(first.await, Ok(Ok(1..))) {
-                                tracing::debug!(%peer, "closed: no request in time");
-                                return;
-                            }
-                            let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                            conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
-                        }
-                        Some(config) => {
-                            // The handshake runs in the connection's own task, so a
-                            // slow client never holds up the accept loop.
-                            let Some(tls_stream) = tls::handshake(config, stream, peer).await
-                            else {
-                                return;
-                            };
-                            let io = TokioIo::new(tls_stream);
-                            let conn = builder.serve_connection(io, svc);
-                            conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
-                        }
-                    };
-                    connection_ended(&conn_gw, peer, ended);
-                };
-                // With traces on, the connection runs under the gateway's
-                // dispatch: its requests' spans and log lines are one tree.
-                match dispatch {
-                    None => workers.serve(Box::pin(serve)),
-                    Some(d) => workers.serve(Box::pin(serve.with_subscriber(d))),
-                };
-            },
-        )
-        .await;
+        shutdown.cancelled().await;
         gw.draining.store(true, Ordering::Relaxed);
-        drop(api_listener);
         let drain = gw.live.load().policy.server.drain_timeout;
         tracing::info!(?drain, "draining");
         drain_clients.cancel();
@@ -456,7 +485,7 @@ async fn run(
         &admin_listener,
         stop_admin.cancelled(),
         "admin listener",
-        accept_error,
+        || accept_error(&gw),
         |stream: TcpStream, _| {
             let gw = gw.clone();
             let svc = tower::service_fn(move |req| {
@@ -498,35 +527,81 @@ async fn run(
     .await;
 }
 
+/// What an HTTP/2 client sends first (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The client listener's connection builders: by protocol, and the one
+/// that reads the first bytes to tell.
+#[derive(Clone)]
+struct Builders {
+    auto: auto::Builder<TokioExecutor>,
+    http1: auto::Builder<TokioExecutor>,
+    http2: auto::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn new(auto: &auto::Builder<TokioExecutor>) -> Builders {
+        Builders {
+            auto: auto.clone(),
+            http1: auto.clone().http1_only(),
+            http2: auto.clone().http2_only(),
+        }
+    }
+
+    /// The builder for a plain-text connection whose first bytes are
+    /// `seen` (peeked, still unread): HTTP/1 unless they begin the h2
+    /// preface, h2 when they are all of it. On a part of it, the auto
+    /// builder reads on to tell; otherwise hyper reads the request at
+    /// once, without a read of its own for the preface first.
+    fn for_first_bytes(&self, seen: &[u8]) -> &auto::Builder<TokioExecutor> {
+        if !H2_PREFACE.starts_with(seen) {
+            &self.http1
+        } else if seen.len() == H2_PREFACE.len() {
+            &self.http2
+        } else {
+            &self.auto
+        }
+    }
+}
+
 /// A client connection's whole life, ready to run on a worker.
 type ConnTask = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// Makes the task for a connection a worker accepted; `None`: refused at
+/// a cap (and counted).
+type Accepted = Arc<dyn Fn(TcpStream, SocketAddr) -> Option<ConnTask> + Send + Sync>;
+
+/// Counts a failed accept.
+fn accept_error(gw: &Gateway) {
+    gw.metrics
+        .edge
+        .accept_errors
+        .fetch_add(1, Ordering::Relaxed);
+}
+
 /// The threads that serve client connections: each runs a current-thread
-/// runtime of its own, with its own upstream client, and serves the
-/// connections handed to it from accept to close. A request's read, its
-/// scheduling, its upstream call and its response write all happen on one
-/// thread, with no work stealing and no cross-thread wake-ups between
-/// them; the scheduler, the policy and the metrics are shared.
+/// runtime of its own, with its own backend connections, accepts on its own
+/// socket of the client listener (`SO_REUSEPORT`) and serves what it
+/// accepts until close. A connection's accept, its requests' reads, their
+/// scheduling, upstream calls and response writes all happen on one
+/// thread, with no hand-off, no work stealing and no cross-thread
+/// wake-ups between them; the scheduler, the policy and the metrics are
+/// shared.
 struct Workers {
-    queues: Vec<tokio::sync::mpsc::UnboundedSender<ConnTask>>,
-    /// Connections open on each worker: a new one goes to the least busy.
-    open: Vec<Arc<std::sync::atomic::AtomicUsize>>,
     done: Vec<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl Workers {
-    fn start(n: usize, gw: &Arc<Gateway>) -> Workers {
-        let mut w = Workers {
-            queues: Vec::new(),
-            open: Vec::new(),
-            done: Vec::new(),
-        };
-        for i in 0..n.max(1) {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    fn start(
+        sockets: Vec<std::net::TcpListener>,
+        accepted: &Accepted,
+        shutdown: &CancellationToken,
+        gw: &Arc<Gateway>,
+    ) -> Workers {
+        let mut done = Vec::new();
+        for (i, socket) in sockets.into_iter().enumerate() {
             let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-            let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let thread_open = open.clone();
-            let gw = gw.clone();
+            let (accepted, shutdown, gw) = (accepted.clone(), shutdown.clone(), gw.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("fairway-worker-{i}"))
                 .spawn(move || {
@@ -534,65 +609,66 @@ impl Workers {
                         .enable_all()
                         .build()
                     {
-                        Ok(rt) => {
-                            crate::proxy::gateway::enter_worker();
-                            rt.block_on(worker(rx, thread_open, gw));
-                        }
+                        Ok(rt) => rt.block_on(worker(socket, accepted, shutdown, gw)),
                         Err(e) => tracing::error!(error = %e, "cannot start a worker runtime"),
                     }
                     let _ = done_tx.send(());
                 });
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "cannot start a worker thread");
-                continue;
+            match spawned {
+                Ok(_) => done.push(done_rx),
+                Err(e) => tracing::error!(error = %e, "cannot start a worker thread"),
             }
-            w.queues.push(tx);
-            w.open.push(open);
-            w.done.push(done_rx);
         }
-        w
+        Workers { done }
     }
 
-    /// Hands a connection to the worker with the fewest open.
-    fn serve(&mut self, conn: ConnTask) {
-        let least = (0..self.queues.len())
-            .min_by_key(|i| self.open[*i].load(Ordering::Relaxed))
-            .unwrap_or(0);
-        if let Some(q) = self.queues.get(least) {
-            self.open[least].fetch_add(1, Ordering::Relaxed);
-            let _ = q.send(conn);
-        }
-    }
-
-    /// Stops handing out connections and waits until every worker has
-    /// drained: its connections ended or, past `[server] drain_timeout`,
-    /// cut.
+    /// Waits until every worker has drained: stopped accepting, and its
+    /// connections ended or, past `[server] drain_timeout`, cut.
     async fn drain(&mut self) {
-        self.queues.clear();
         for done in &mut self.done {
             let _ = done.await;
         }
     }
 }
 
-/// One worker: serves the connections it is handed until the accept loop
-/// ends, then lets them drain for `[server] drain_timeout` and cuts the
-/// rest.
+/// One worker: accepts and serves connections until shutdown, then lets
+/// them drain for `[server] drain_timeout` and cuts the rest.
 async fn worker(
-    mut conns_in: tokio::sync::mpsc::UnboundedReceiver<ConnTask>,
-    open: Arc<std::sync::atomic::AtomicUsize>,
+    socket: std::net::TcpListener,
+    accepted: Accepted,
+    shutdown: CancellationToken,
     gw: Arc<Gateway>,
 ) {
+    let listener = match TcpListener::from_std(socket) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "a worker cannot listen");
+            return;
+        }
+    };
     let mut conns = JoinSet::new();
-    while let Some(conn) = conns_in.recv().await {
-        while conns.try_join_next().is_some() {}
-        let open = open.clone();
-        conns.spawn(async move {
-            conn.await;
-            open.fetch_sub(1, Ordering::Relaxed);
-        });
-    }
-    // The accept loop has ended and the drain begun.
+    // This thread's idle backend connections are closed in time.
+    let sweep = tokio::spawn(async {
+        let mut every = tokio::time::interval(crate::proxy::pool::IDLE_TIMEOUT / 3);
+        loop {
+            every.tick().await;
+            crate::proxy::pool::sweep();
+        }
+    });
+    accept_loop(
+        &listener,
+        shutdown.cancelled(),
+        "client listener",
+        || accept_error(&gw),
+        |stream, peer| {
+            while conns.try_join_next().is_some() {}
+            if let Some(conn) = accepted(stream, peer) {
+                conns.spawn(conn);
+            }
+        },
+    )
+    .await;
+    drop(listener);
     let timeout = gw.live.load().policy.server.drain_timeout;
     let all_ended = async { while conns.join_next().await.is_some() {} };
     if tokio::time::timeout(timeout, all_ended).await.is_err() {
@@ -601,6 +677,7 @@ async fn worker(
     // Whatever the drain left is cut.
     conns.abort_all();
     while conns.join_next().await.is_some() {}
+    sweep.abort();
 }
 
 /// Connections refused at a cap, logged at most once a minute (a flood
@@ -764,4 +841,26 @@ fn triton_status(ok: bool) -> Response<BoxBody> {
         *resp.status_mut() = StatusCode::BAD_REQUEST;
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_bytes_pick_the_protocol() {
+        let builders = Builders::new(&auto::Builder::new(TokioExecutor::new()));
+        let serves = |seen: &[u8]| {
+            let b = builders.for_first_bytes(seen);
+            (b.is_http1_available(), b.is_http2_available())
+        };
+        let (http1, http2, either) = ((true, false), (false, true), (true, true));
+        assert_eq!(serves(b"POST /v1/chat/completions HTTP/1.1\r\n"), http1);
+        assert_eq!(serves(b"GET"), http1);
+        assert_eq!(serves(b"PRI * HTTP/1.1"), http1);
+        assert_eq!(serves(H2_PREFACE), http2);
+        // Too few bytes to tell: read on.
+        assert_eq!(serves(b"P"), either);
+        assert_eq!(serves(b"PRI * HTTP/2.0\r\n"), either);
+    }
 }

@@ -79,21 +79,24 @@ pub struct Ticket {
 }
 
 /// The TensorRT-LLM LLM-API model's cancellation: the same generate URL
-/// with `{"stop": true}` and the call's `triton-request-id`.
+/// (`path` at `address`) with `{"stop": true}` and the call's
+/// `triton-request-id`.
 #[derive(Debug, Clone)]
 pub(crate) struct StopCall {
-    pub(crate) url: String,
+    pub(crate) address: crate::proxy::upstream::Address,
+    pub(crate) path: String,
     pub(crate) request_id: http::HeaderValue,
 }
 
 impl StopCall {
     /// Sends it in the background (at most 5 s); the outcome is the
     /// cancelled call's, whatever the answer.
-    fn send(self, gw: &Gateway) {
+    fn send(self) {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let Ok(req) = http::Request::post(&self.url)
+        let Ok(req) = http::Request::post(&self.path)
+            .header(http::header::HOST, self.address.host.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
             .header("triton-request-id", self.request_id)
             .body(crate::proxy::upstream::whole(bytes::Bytes::from_static(
@@ -102,8 +105,8 @@ impl StopCall {
         else {
             return;
         };
-        let call = gw.upstream(req);
         handle.spawn(async move {
+            let call = crate::proxy::pool::send(&self.address.authority, req);
             match tokio::time::timeout(Duration::from_secs(5), call).await {
                 Ok(Ok(r)) => tracing::debug!(status = r.status().as_u16(), "stop request sent"),
                 Ok(Err(e)) => tracing::debug!(error = %e, "stop request failed"),
@@ -387,7 +390,7 @@ impl Drop for Ticket {
             && self.sent.is_some()
             && let Some(stop) = self.stop_call.take()
         {
-            stop.send(&self.gw);
+            stop.send();
         }
         self.settle_core(now);
         let outcome = self.outcome.unwrap_or(Outcome::Cancelled);

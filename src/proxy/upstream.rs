@@ -3,7 +3,7 @@
 //! behind.
 
 use bytes::Bytes;
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, header};
 use http_body::Body;
 use http_body_util::{Either, Full};
@@ -64,8 +64,9 @@ pub fn strip_response_headers(h: &mut HeaderMap) {
     }
 }
 
-/// What went wrong with a call to a backend: the underlying error (the
-/// connection's), which says more than the client's wrapper.
+/// What went wrong with a call through hyper-util's client (the pollers'):
+/// the underlying error (the connection's), which says more than the
+/// client's wrapper.
 pub fn cause(e: &hyper_util::client::legacy::Error) -> String {
     std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
 }
@@ -80,12 +81,11 @@ pub fn whole(b: impl Into<Bytes>) -> UpBody {
 }
 
 /// Where a backend is reached: its authority, and the `Host` header that
-/// names it (made once at policy load; hyper's client would otherwise
-/// format it for every request).
+/// names it (made once at policy load).
 #[derive(Clone, Debug)]
 pub struct Address {
     pub authority: Authority,
-    host: HeaderValue,
+    pub host: HeaderValue,
 }
 
 impl Address {
@@ -109,8 +109,9 @@ impl std::fmt::Display for Address {
     }
 }
 
-/// The request to forward: the client's method, path and headers (less
-/// hop-by-hop ones and its credentials for Fairway) and `body`.
+/// The request to forward to `address` (see [`crate::proxy::pool::send`]):
+/// the client's method, path and headers (less hop-by-hop ones and its
+/// credentials for Fairway) and `body`.
 pub fn request(
     trust_tenant_header: Option<&str>,
     parts: &http::request::Parts,
@@ -118,13 +119,11 @@ pub fn request(
     address: &Address,
     body: UpBody,
 ) -> Result<Request<UpBody>, ApiError> {
-    let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(Scheme::HTTP);
-    uri.authority = Some(address.authority.clone());
-    uri.path_and_query =
-        Some(PathAndQuery::try_from(path).map_err(|e| ApiError::Internal(e.to_string()))?);
-    let uri = http::Uri::from_parts(uri).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let mut up = Request::builder().method(parts.method.clone()).uri(uri);
+    // Origin form: the connection is the backend's already.
+    let uri = PathAndQuery::try_from(path).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let mut up = Request::builder()
+        .method(parts.method.clone())
+        .uri(http::Uri::from(uri));
     let connection = parts.headers.get(header::CONNECTION);
     if let Some(h) = up.headers_mut() {
         h.reserve(parts.headers.len() + 1);
@@ -182,7 +181,7 @@ mod tests {
         let address = Address::parse("10.0.0.7:8000").unwrap();
         let path = "/v1/chat/completions?x=1";
         let up = request(Some("x-tenant"), &parts, path, &address, whole("{}")).unwrap();
-        assert_eq!(up.uri(), "http://10.0.0.7:8000/v1/chat/completions?x=1");
+        assert_eq!(up.uri(), "/v1/chat/completions?x=1");
         assert_eq!(up.headers()[header::HOST], "10.0.0.7:8000");
         assert_eq!(up.headers()[header::CONTENT_LENGTH], "2");
         assert_eq!(up.headers()["x-kept"], "1");
