@@ -64,10 +64,20 @@ impl Listeners {
     /// Binds the policy's `listen` and `admin_listen`.
     pub async fn bind(policy: &Policy) -> std::io::Result<Listeners> {
         Ok(Listeners {
-            api: bind_shared(policy.server.listen)?,
+            api: bind_api(policy.server.listen)?,
             admin: TcpListener::bind(policy.server.admin_listen).await?,
         })
     }
+}
+
+/// The client listener on `addr`, for the workers to share. The port
+/// must be free: it is bound once without `SO_REUSEPORT` first, which
+/// fails if anything listens there, even a socket that allows sharing (a
+/// second gateway started on the same port would otherwise join this
+/// one's listener silently, and take part of its traffic).
+fn bind_api(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let addr = std::net::TcpListener::bind(addr)?.local_addr()?;
+    bind_shared(addr)
 }
 
 /// A listener on `addr` that more sockets of this process can join
@@ -845,7 +855,22 @@ fn triton_status(ok: bool) -> Response<BoxBody> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[tokio::test]
+    async fn the_client_port_must_be_free_even_of_shared_listeners() {
+        let shared = bind_api("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = shared.local_addr().unwrap();
+        // The workers' sockets join it...
+        let _worker = bind_shared(addr).unwrap();
+        // ...but a second gateway on the same port is refused.
+        let e = bind_api(addr).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+        let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let e = bind_api(plain.local_addr().unwrap()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+    }
 
     #[test]
     fn the_first_bytes_pick_the_protocol() {
