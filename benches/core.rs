@@ -1,5 +1,6 @@
 //! Criterion benches for the scheduling core: one full request cycle
-//! (admit → enqueue → dispatch → complete) with many backlogged tenants, and
+//! (admit → enqueue → dispatch → complete) with many backlogged tenants,
+//! the same cycle from several threads behind one lock (`contended`), and
 //! the routing pick.
 
 use std::collections::VecDeque;
@@ -160,5 +161,81 @@ fn routing(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, cycle, routing);
+/// The cycle of [`cycle`] from several threads at once, on one scheduler
+/// behind one lock, as the gateway's workers share it (`CoreState` under
+/// a `parking_lot::Mutex`): the time per cycle, all threads together, is
+/// what the lock lets through. Flat from one thread to more: the lock
+/// serialises the core, and a cycle's time is the most cycles per second
+/// the gateway can schedule, whatever its core count; rising: the lock's
+/// cache line and the scheduler's data move between cores. Threads beyond
+/// the machine's cores are not measured (a preempted holder would stall
+/// the others).
+fn contended(c: &mut Criterion) {
+    let mut g = c.benchmark_group("contended");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    for threads in [1usize, 2, 4, 8, 16, 32, 64]
+        .into_iter()
+        .filter(|&t| t <= cores)
+    {
+        let (s, in_flight, ids, now) = saturated(10, 8);
+        let pool = s.pool("m").unwrap_or_else(|| panic!("pool"));
+        let shared = parking_lot::Mutex::new((s, in_flight, now, 0usize));
+        g.bench_with_input(BenchmarkId::new("threads", threads), &threads, |b, &n| {
+            b.iter_custom(|iters| {
+                let per_thread = iters.div_ceil(n as u64);
+                let clock = fairway::clock::Clock::new();
+                let start = clock.now();
+                std::thread::scope(|scope| {
+                    for _ in 0..n {
+                        scope.spawn(|| {
+                            for _ in 0..per_thread {
+                                let mut guard = shared.lock();
+                                let (s, in_flight, now, next_tenant) = &mut *guard;
+                                *now += 1_000;
+                                let t = Instant::from_nanos(*now);
+                                let id =
+                                    in_flight.pop_front().unwrap_or_else(|| panic!("in flight"));
+                                let usage = Usage {
+                                    prompt_tokens: 200,
+                                    completion_tokens: 80,
+                                };
+                                if let Some((_, ds)) = s.on_completion(t, id, Some(usage)) {
+                                    for d in ds {
+                                        if let Decision::Dispatch { id, .. } = d {
+                                            in_flight.push_back(id);
+                                        }
+                                    }
+                                }
+                                let tenant = ids[*next_tenant % ids.len()];
+                                *next_tenant += 1;
+                                let a = Arrival {
+                                    tenant,
+                                    pool,
+                                    prompt_tokens: 200,
+                                    max_tokens: Some(100),
+                                    choices: 1,
+                                    deadline: None,
+                                    adapter: None,
+                                };
+                                if let Ok((_, ds)) = s.on_arrival(t, a) {
+                                    for d in ds {
+                                        if let Decision::Dispatch { id, .. } = d {
+                                            in_flight.push_back(id);
+                                        }
+                                    }
+                                }
+                            }
+                        });
+                    }
+                });
+                clock.now() - start
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, cycle, contended, routing);
 criterion_main!(benches);
