@@ -999,3 +999,47 @@ async fn a_log_output_that_never_drains_drops_lines_counted_and_requests_go_on()
     assert!(dropped <= N as f64 + 50.0, "dropped {dropped}");
     assert_eq!(metric_sum(&m, "fairway_requests_total{"), N as f64, "{m}");
 }
+
+/// Listening sockets on `port` (IPv4), from `/proc/net/tcp`.
+fn listening_sockets(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // local_address is ADDR:PORT in hex; state 0A is LISTEN.
+            f.len() > 3 && f[1].ends_with(&format!(":{port:04X}")) && f[3] == "0A"
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn every_worker_accepts_on_its_own_socket_of_the_client_port() {
+    let (backend, _) = recorder(COMPLETION).await;
+    let gw = gateway(&policy("workers = 3", &backend.to_string()), &[]).await;
+    let port = gw.addr().port();
+    assert_eq!(listening_sockets(port), 3);
+    // Connections spread over them are all served, each on its own
+    // connection.
+    for _ in 0..30 {
+        let r = chat_once(&client(), gw.addr()).await;
+        assert_eq!(r.status, 200);
+    }
+    // A second gateway on the same port is refused, not let in.
+    let second = fairway::Listeners::bind(
+        &fairway::config::parse_policy(
+            &policy("", &backend.to_string())
+                .replace("127.0.0.1:0\"\nadmin", &format!("{}\"\nadmin", gw.addr())),
+            "second.toml",
+        )
+        .unwrap_or_else(|_| panic!("policy")),
+    )
+    .await;
+    assert_eq!(
+        second.err().map(|e| e.kind()),
+        Some(std::io::ErrorKind::AddrInUse)
+    );
+    gw.shutdown().await;
+    assert_eq!(listening_sockets(port), 0);
+}

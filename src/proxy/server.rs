@@ -168,7 +168,10 @@ impl Server {
         Server::from_listeners(listeners, policy, options).await
     }
 
-    /// Starts serving on listeners the caller bound.
+    /// Starts serving on listeners the caller bound. The client listener
+    /// is joined by a socket per further worker, which needs it bound as
+    /// [`Listeners::bind`] binds it (`SO_REUSEPORT`); one bound otherwise
+    /// is served by one worker.
     pub async fn from_listeners(
         listeners: Listeners,
         policy: Policy,
@@ -186,6 +189,8 @@ impl Server {
         };
         let addr = listeners.api.local_addr()?;
         let admin_addr = listeners.admin.local_addr()?;
+        // Every worker's socket is bound before this returns.
+        let sockets = worker_sockets(listeners.api, policy.server.workers.max(1));
         let clock = Clock::new();
         let sims = start_sims(&policy, &HashMap::new()).await?;
         let sim_authorities: HashMap<String, String> = sims
@@ -259,7 +264,13 @@ impl Server {
         if let Some(signal) = reload_signal {
             tasks.spawn(reload_on_signal(gateway.clone(), signal, shutdown.clone()));
         }
-        let task = tokio::spawn(run(gateway.clone(), listeners, shutdown.clone(), tasks));
+        let task = tokio::spawn(run(
+            gateway.clone(),
+            sockets,
+            listeners.admin,
+            shutdown.clone(),
+            tasks,
+        ));
         Ok(Server {
             addr,
             admin_addr,
@@ -376,7 +387,8 @@ pub fn edge(
 
 async fn run(
     gw: Arc<Gateway>,
-    listeners: Listeners,
+    sockets: Vec<std::net::TcpListener>,
+    admin_listener: TcpListener,
     shutdown: CancellationToken,
     mut tasks: JoinSet<()>,
 ) {
@@ -411,10 +423,6 @@ async fn run(
     let drain_clients = CancellationToken::new();
     let stop_admin = CancellationToken::new();
     let mut admin_conns = JoinSet::new();
-    let Listeners {
-        api: api_listener,
-        admin: admin_listener,
-    } = listeners;
     // What a worker does with a connection it accepted: the connection's
     // whole life, as a task for that worker's runtime.
     let accepted: Accepted = {
@@ -477,7 +485,6 @@ async fn run(
             })
         })
     };
-    let sockets = worker_sockets(api_listener, server_policy.workers.max(1));
     let mut workers = Workers::start(sockets, &accepted, &shutdown, &gw);
     // The workers stop accepting at shutdown, then drain; the admin
     // listener serves on (`/readyz` answers "draining") until the drain
