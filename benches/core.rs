@@ -36,52 +36,97 @@ fn policy_text(tenants: usize, backends: usize) -> String {
     s
 }
 
-/// A scheduler whose windows are full and whose every tenant is backlogged.
-fn saturated(
-    tenants: usize,
-    backends: usize,
-) -> (
-    Scheduler,
-    VecDeque<RequestId>,
-    Vec<fairway::core::ids::TenantId>,
-    u64,
-) {
-    let policy = parse_policy(&policy_text(tenants, backends), "bench.toml")
-        .unwrap_or_else(|_| panic!("bench policy"));
-    let mut s = Scheduler::new(&policy.scheduler_spec(), Instant::ZERO, 1);
-    let pool = s.pool("m").unwrap_or_else(|| panic!("pool"));
-    let ids: Vec<_> = (0..tenants)
-        .map(|t| {
-            s.tenant(&format!("t{t}"))
-                .unwrap_or_else(|| panic!("tenant"))
-        })
-        .collect();
-    let mut in_flight = VecDeque::new();
-    let mut now = 1;
-    // Enough arrivals that every window is full and every tenant still queues.
-    let rounds = backends * 4 / tenants + 2;
-    for _ in 0..rounds {
-        for &t in &ids {
-            let a = Arrival {
-                tenant: t,
-                pool,
-                prompt_tokens: 200,
-                max_tokens: Some(100),
-                choices: 1,
-                deadline: None,
-                adapter: None,
-            };
-            if let Ok((_, ds)) = s.on_arrival(Instant::from_nanos(now), a) {
-                for d in ds {
-                    if let Decision::Dispatch { id, .. } = d {
-                        in_flight.push_back(id);
-                    }
-                }
+/// A scheduler whose windows are full and whose every tenant is
+/// backlogged, and the requests it has in flight.
+struct Load {
+    s: Scheduler,
+    pool: fairway::core::ids::PoolId,
+    tenants: Vec<fairway::core::ids::TenantId>,
+    in_flight: VecDeque<RequestId>,
+    next_tenant: usize,
+    now: u64,
+}
+
+impl Load {
+    fn saturated(tenants: usize, backends: usize) -> Load {
+        let policy = parse_policy(&policy_text(tenants, backends), "bench.toml")
+            .unwrap_or_else(|_| panic!("bench policy"));
+        let s = Scheduler::new(&policy.scheduler_spec(), Instant::ZERO, 1);
+        let pool = s.pool("m").unwrap_or_else(|| panic!("pool"));
+        let ids: Vec<_> = (0..tenants)
+            .map(|t| {
+                s.tenant(&format!("t{t}"))
+                    .unwrap_or_else(|| panic!("tenant"))
+            })
+            .collect();
+        let mut load = Load {
+            s,
+            pool,
+            tenants: ids,
+            in_flight: VecDeque::new(),
+            next_tenant: 0,
+            now: 1,
+        };
+        // Enough arrivals that every window is full and every tenant still queues.
+        for _ in 0..backends * 4 / tenants + 2 {
+            for _ in 0..tenants {
+                black_box(load.arrive());
+                load.now += 1;
             }
-            now += 1;
+        }
+        load
+    }
+
+    /// The next tenant's request arrives; whether it was admitted (then
+    /// queued or dispatched).
+    fn arrive(&mut self) -> bool {
+        let a = Arrival {
+            tenant: self.tenants[self.next_tenant % self.tenants.len()],
+            pool: self.pool,
+            prompt_tokens: 200,
+            max_tokens: Some(100),
+            choices: 1,
+            deadline: None,
+            adapter: None,
+        };
+        self.next_tenant += 1;
+        match self.s.on_arrival(Instant::from_nanos(self.now), a) {
+            Ok((_, ds)) => {
+                self.track(ds);
+                true
+            }
+            Err(_) => false,
         }
     }
-    (s, in_flight, ids, now)
+
+    /// The requests `ds` dispatches are in flight.
+    fn track(&mut self, ds: Vec<Decision>) {
+        for d in ds {
+            if let Decision::Dispatch { id, .. } = d {
+                self.in_flight.push_back(id);
+            }
+        }
+    }
+
+    /// One request cycle, 1 µs later: a response ends (its slot goes to
+    /// the next request in fair order), and a new request arrives;
+    /// whether it was admitted.
+    fn cycle(&mut self) -> bool {
+        self.now += 1_000;
+        let t = Instant::from_nanos(self.now);
+        let id = self
+            .in_flight
+            .pop_front()
+            .unwrap_or_else(|| panic!("in flight"));
+        let usage = Usage {
+            prompt_tokens: 200,
+            completion_tokens: 80,
+        };
+        if let Some((_, ds)) = self.s.on_completion(t, id, Some(usage)) {
+            self.track(ds);
+        }
+        self.arrive()
+    }
 }
 
 fn cycle(c: &mut Criterion) {
@@ -89,44 +134,11 @@ fn cycle(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_secs(1));
     for &(tenants, backends) in &[(10, 8), (1_000, 8), (10_000, 8), (10, 128), (10_000, 128)] {
-        let (mut s, mut in_flight, ids, mut now) = saturated(tenants, backends);
-        let pool = s.pool("m").unwrap_or_else(|| panic!("pool"));
-        let mut next_tenant = 0;
+        let mut load = Load::saturated(tenants, backends);
         g.bench_with_input(
             BenchmarkId::new(format!("{backends}_backends"), tenants),
             &tenants,
-            |b, _| {
-                b.iter(|| {
-                    now += 1_000;
-                    let t = Instant::from_nanos(now);
-                    // A response ends: its slot goes to the next request in fair order.
-                    let id = in_flight.pop_front().unwrap_or_else(|| panic!("in flight"));
-                    let usage = Usage {
-                        prompt_tokens: 200,
-                        completion_tokens: 80,
-                    };
-                    if let Some((_, ds)) = s.on_completion(t, id, Some(usage)) {
-                        for d in ds {
-                            if let Decision::Dispatch { id, .. } = d {
-                                in_flight.push_back(id);
-                            }
-                        }
-                    }
-                    // A new request arrives and is admitted and queued.
-                    let tenant = ids[next_tenant % ids.len()];
-                    next_tenant += 1;
-                    let a = Arrival {
-                        tenant,
-                        pool,
-                        prompt_tokens: 200,
-                        max_tokens: Some(100),
-                        choices: 1,
-                        deadline: None,
-                        adapter: None,
-                    };
-                    black_box(s.on_arrival(t, a).is_ok());
-                })
-            },
+            |b, _| b.iter(|| black_box(load.cycle())),
         );
     }
     g.finish();
@@ -179,9 +191,7 @@ fn contended(c: &mut Criterion) {
         .into_iter()
         .filter(|&t| t <= cores)
     {
-        let (s, in_flight, ids, now) = saturated(10, 8);
-        let pool = s.pool("m").unwrap_or_else(|| panic!("pool"));
-        let shared = parking_lot::Mutex::new((s, in_flight, now, 0usize));
+        let shared = parking_lot::Mutex::new(Load::saturated(10, 8));
         g.bench_with_input(BenchmarkId::new("threads", threads), &threads, |b, &n| {
             b.iter_custom(|iters| {
                 let per_thread = iters.div_ceil(n as u64);
@@ -191,41 +201,7 @@ fn contended(c: &mut Criterion) {
                     for _ in 0..n {
                         scope.spawn(|| {
                             for _ in 0..per_thread {
-                                let mut guard = shared.lock();
-                                let (s, in_flight, now, next_tenant) = &mut *guard;
-                                *now += 1_000;
-                                let t = Instant::from_nanos(*now);
-                                let id =
-                                    in_flight.pop_front().unwrap_or_else(|| panic!("in flight"));
-                                let usage = Usage {
-                                    prompt_tokens: 200,
-                                    completion_tokens: 80,
-                                };
-                                if let Some((_, ds)) = s.on_completion(t, id, Some(usage)) {
-                                    for d in ds {
-                                        if let Decision::Dispatch { id, .. } = d {
-                                            in_flight.push_back(id);
-                                        }
-                                    }
-                                }
-                                let tenant = ids[*next_tenant % ids.len()];
-                                *next_tenant += 1;
-                                let a = Arrival {
-                                    tenant,
-                                    pool,
-                                    prompt_tokens: 200,
-                                    max_tokens: Some(100),
-                                    choices: 1,
-                                    deadline: None,
-                                    adapter: None,
-                                };
-                                if let Ok((_, ds)) = s.on_arrival(t, a) {
-                                    for d in ds {
-                                        if let Decision::Dispatch { id, .. } = d {
-                                            in_flight.push_back(id);
-                                        }
-                                    }
-                                }
+                                black_box(shared.lock().cycle());
                             }
                         });
                     }
