@@ -64,14 +64,7 @@ CONF
   for b in "$@"; do
     printf '[[pools.backends]]\nurl = "http://127.0.0.1:%s"\nmax_inflight = 20000\n' $b
   done
-  cat <<CONF
-[[tenants]]
-name = "bench"
-api_keys = ["sk-bench"]
-rate = 1000000
-burst = 1000000
-gpu_seconds_per_hour = 1000000000
-CONF
+  bench_tenant
 }
 BASE_NAME=base
 CLUSTER_CONF=""

@@ -2,6 +2,17 @@
 # gateway and request, CPU accounting of the proxy processes and one table
 # row from a wrk run.
 
+bench_tenant() { # → the policy's tenant "bench" (key sk-bench), with limits no bench reaches
+cat <<CONF
+[[tenants]]
+name = "bench"
+api_keys = ["sk-bench"]
+rate = 1000000
+burst = 1000000
+gpu_seconds_per_hour = 1000000000
+CONF
+}
+
 shipped_gateway() { # binary workdir → $GW: the gateway as shipped (text log at info, poller on)
   # on 127.0.0.1:18211 (admin :18221), in front of two zero-delay backends
   # on :18201 and :18202; its policy and log in workdir.
@@ -22,12 +33,7 @@ max_inflight = 4096
 [[pools.backends]]
 url = "http://127.0.0.1:18202"
 max_inflight = 4096
-[[tenants]]
-name = "bench"
-api_keys = ["sk-bench"]
-rate = 1000000
-burst = 1000000
-gpu_seconds_per_hour = 1000000000
+$(bench_tenant)
 CONF
   env -u RUST_LOG $bin serve --config $dir/g.toml --watch-interval 0s >/dev/null 2>$dir/g.log &
   GW=$!
