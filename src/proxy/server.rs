@@ -428,7 +428,9 @@ async fn run(
     let accepted: Accepted = {
         let gw = gw.clone();
         let drain_clients = drain_clients.clone();
-        let builders = Builders::new(&builder);
+        // Shared, not cloned per connection: a connection whose protocol
+        // the first bytes tell keeps no builder of its own.
+        let builders = Arc::new(Builders::new(&builder));
         Arc::new(move |stream: TcpStream, peer: SocketAddr| {
             let slot = match caps.acquire(peer.ip(), &gw) {
                 Ok(slot) => slot,
@@ -549,7 +551,6 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The client listener's connection builders: by protocol, and the one
 /// that reads the first bytes to tell.
-#[derive(Clone)]
 struct Builders {
     auto: auto::Builder<TokioExecutor>,
     http1: auto::Builder<TokioExecutor>,
