@@ -137,8 +137,9 @@ pub fn sweep() {
     POOL.with(|p| p.borrow_mut().sweep(now));
 }
 
-/// Idle connections this thread holds (tests).
-pub fn idle_count() -> usize {
+/// Idle connections this thread holds.
+#[cfg(test)]
+fn idle_count() -> usize {
     POOL.with(|p| p.borrow().idle.values().map(VecDeque::len).sum())
 }
 
