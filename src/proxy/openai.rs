@@ -81,57 +81,151 @@ struct Message {
     content: Option<Text>,
 }
 
-/// A string, a list of strings, a list of content parts, or something else.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Text {
-    One(String),
-    Many(Vec<Part>),
-    Other(IgnoredAny),
-}
-
-/// A string, or an object with text in it: a content part or block
-/// (`text`), a Responses API input item (`content`, itself text or parts),
-/// or a function call's `output`.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Part {
-    Str(String),
-    Obj {
-        #[serde(default)]
-        text: Option<String>,
-        #[serde(default)]
-        content: Option<Box<Text>>,
-        #[serde(default)]
-        output: Option<Box<Text>>,
-    },
-    Other(IgnoredAny),
-}
+/// Prompt text wherever a route puts it, read as its estimated tokens: a
+/// string; a list of strings or content parts; anything else counts 0. A
+/// content part is a string, or an object whose `text` (a string), `content`
+/// and `output` (text again) count: a content part or block, a Responses API
+/// input item, a function call's output. A part of another shape, an object
+/// whose `text` is not a string included, counts 0.
+///
+/// Counted as the parser reads it, with no copy of the text: serde's
+/// untagged enums, used before, buffered every string of the prompt twice
+/// (about a third of the request parse for a short chat, more for a long
+/// prompt; docs/benchmarks/2026-12-05.md).
+struct Text(u32);
 
 impl Text {
     fn tokens(&self) -> u32 {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Count::Text).map(|n| Text(n.unwrap_or(0)))
+    }
+}
+
+/// What a value is read as, and so what it counts: `None` for a content
+/// part's `text` that is not a string (the part then counts 0).
+#[derive(Clone, Copy)]
+enum Count {
+    /// [`Text`].
+    Text,
+    /// One element of a list of text.
+    Part,
+    /// A part's `text`: a string or null.
+    PartText,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Count {
+    type Value = Option<u32>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Option<u32>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Count {
+    type Value = Option<u32>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Option<u32>, E> {
+        Ok(Some(crate::tokens::estimate(s)))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Option<u32>, A::Error> {
+        let mut n = 0u32;
         match self {
-            Text::One(s) => crate::tokens::estimate(s),
-            Text::Many(parts) => parts
-                .iter()
-                .map(|p| match p {
-                    Part::Str(s) => crate::tokens::estimate(s),
-                    Part::Obj {
-                        text,
-                        content,
-                        output,
-                    } => [content, output]
-                        .into_iter()
-                        .flatten()
-                        .map(|t| t.tokens())
-                        .fold(
-                            text.as_deref().map_or(0, crate::tokens::estimate),
-                            u32::saturating_add,
-                        ),
-                    Part::Other(_) => 0,
-                })
-                .fold(0u32, u32::saturating_add),
-            Text::Other(_) => 0,
+            Count::Text => {
+                while let Some(t) = seq.next_element_seed(Count::Part)? {
+                    n = n.saturating_add(t.unwrap_or(0));
+                }
+                Ok(Some(n))
+            }
+            Count::Part | Count::PartText => {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(self.other())
+            }
+        }
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Option<u32>, A::Error> {
+        if !matches!(self, Count::Part) {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            return Ok(self.other());
+        }
+        let (mut n, mut valid) = (0u32, true);
+        let mut seen = [false; 3];
+        while let Some(PartKey(key)) = map.next_key()? {
+            let (i, seed) = match key {
+                Some(i @ 0) => (i, Count::PartText),
+                Some(i) => (i, Count::Text),
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            let t = map.next_value_seed(seed)?;
+            // A repeated field is refused by a struct's reader, as a
+            // `text` that is not a string is: the part counts 0.
+            valid &= !std::mem::replace(&mut seen[i], true) && t.is_some();
+            n = n.saturating_add(t.unwrap_or(0));
+        }
+        Ok(Some(if valid { n } else { 0 }))
+    }
+
+    fn visit_unit<E>(self) -> Result<Option<u32>, E> {
+        Ok(Some(0))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Option<u32>, E> {
+        Ok(self.other())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Option<u32>, E> {
+        Ok(self.other())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Option<u32>, E> {
+        Ok(self.other())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Option<u32>, E> {
+        Ok(self.other())
+    }
+}
+
+/// A content part's key: `text`, `content` or `output` (0, 1, 2), or
+/// another.
+struct PartKey(Option<usize>);
+
+impl<'de> Deserialize<'de> for PartKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = PartKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E>(self, key: &str) -> Result<PartKey, E> {
+                Ok(PartKey(
+                    ["text", "content", "output"].iter().position(|k| *k == key),
+                ))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl Count {
+    /// A value of no text shape: 0, or not a string where one must be.
+    fn other(self) -> Option<u32> {
+        match self {
+            Count::Text | Count::Part => Some(0),
+            Count::PartText => None,
         }
     }
 }
@@ -380,6 +474,63 @@ mod tests {
         let body = Bytes::from_static(br#"{"model":"m","stream_options":{"include_usage":false}}"#);
         let v: serde_json::Value = serde_json::from_slice(&with_usage_requested(&body)).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
+    }
+
+    /// The prompt count as [`Text`]'s doc states it, over a parsed value.
+    fn reference(v: &serde_json::Value, part: bool) -> u32 {
+        use serde_json::Value;
+        match v {
+            Value::String(s) => crate::tokens::estimate(s),
+            Value::Array(items) if !part => items.iter().map(|i| reference(i, true)).sum(),
+            Value::Object(o) if part => {
+                let text = match o.get("text") {
+                    None | Some(Value::Null) => 0,
+                    Some(Value::String(s)) => crate::tokens::estimate(s),
+                    Some(_) => return 0,
+                };
+                text + ["content", "output"]
+                    .iter()
+                    .filter_map(|k| o.get(*k))
+                    .map(|t| reference(t, false))
+                    .sum::<u32>()
+            }
+            _ => 0,
+        }
+    }
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i32>().prop_map(Value::from),
+            "[a-z\\\\\"é]{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    prop_oneof![Just("text"), Just("content"), Just("output"), Just("type")]
+                        .prop_map(String::from),
+                    inner,
+                    0..4
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+        #[test]
+        fn prompt_counts_follow_the_text_shapes(v in json_value()) {
+            // `v` as text (`prompt`, a message's `content`) and as a part
+            // (in `input`'s list).
+            let body = serde_json::json!({"model": "m", "prompt": v, "messages": [{"content": v}], "input": [v]});
+            let info = parse(body.to_string().as_bytes()).unwrap();
+            let expected = 2 * reference(&v, false) + reference(&v, true) + TOKENS_PER_MESSAGE;
+            prop_assert_eq!(info.prompt_tokens, expected);
+        }
     }
 
     proptest! {
