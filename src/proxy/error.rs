@@ -428,7 +428,10 @@ pub fn close_if_body_unread(resp: &mut Response<BoxBody>, version: http::Version
 ///
 /// Most answers carry them, so they cost no more than they must: the names
 /// are constants (a name given as a string is parsed, and a custom one
-/// copied, at every insert) and the values are formatted on the stack.
+/// copied, at every insert), the values are formatted on the stack, and a
+/// value equal to the one this thread last gave the same header (a limit
+/// always, a reset often) is that value again, with no formatting and no
+/// allocation.
 pub fn rate_limit_headers(h: &mut http::HeaderMap, limits: &RateLimits) {
     // Room for them and the `x-request-id` the edge adds after, at once:
     // a map grown one header at a time reallocates and rehashes at each
@@ -438,29 +441,69 @@ pub fn rate_limit_headers(h: &mut http::HeaderMap, limits: &RateLimits) {
     if buckets > 0 {
         h.reserve(3 * buckets + 1);
     }
-    if let Some(b) = &limits.requests {
-        h.insert(LIMIT_REQUESTS, HeaderValue::from(b.limit as u64));
-        h.insert(
-            REMAINING_REQUESTS,
-            HeaderValue::from(b.remaining.floor() as u64),
-        );
-        if let Some(v) = reset_value(b.reset) {
-            h.insert(RESET_REQUESTS, v);
-        }
-    }
-    if let Some(b) = &limits.gpu_seconds {
-        for (name, value) in [
-            (LIMIT_GPU_SECONDS, b.limit),
-            (REMAINING_GPU_SECONDS, b.remaining),
-        ] {
-            if let Some(v) = amount_value(value) {
-                h.insert(name, v);
+    LAST_VALUES.with_borrow_mut(|last| {
+        let mut set = |slot: Slot, key: u64, make: &dyn Fn() -> Option<HeaderValue>| {
+            let cached = &mut last[slot as usize];
+            let value = match cached {
+                Some((k, v)) if *k == key => Some(v.clone()),
+                _ => make().inspect(|v| *cached = Some((key, v.clone()))),
+            };
+            if let Some(v) = value {
+                h.insert(slot.name(), v);
             }
+        };
+        if let Some(b) = &limits.requests {
+            let (limit, remaining) = (b.limit as u64, b.remaining.floor() as u64);
+            set(Slot::LimitRequests, limit, &|| Some(limit.into()));
+            set(Slot::RemainingRequests, remaining, &|| {
+                Some(remaining.into())
+            });
+            let reset = Reset::of(b.reset);
+            set(Slot::ResetRequests, reset.key(), &|| reset.value());
         }
-        if let Some(v) = reset_value(b.reset) {
-            h.insert(RESET_GPU_SECONDS, v);
+        if let Some(b) = &limits.gpu_seconds {
+            let (limit, remaining) = (b.limit, b.remaining);
+            set(Slot::LimitGpuSeconds, limit.to_bits(), &|| {
+                amount_value(limit)
+            });
+            set(Slot::RemainingGpuSeconds, remaining.to_bits(), &|| {
+                amount_value(remaining)
+            });
+            let reset = Reset::of(b.reset);
+            set(Slot::ResetGpuSeconds, reset.key(), &|| reset.value());
+        }
+    });
+}
+
+/// The headers [`rate_limit_headers`] remembers a value of.
+#[derive(Clone, Copy)]
+enum Slot {
+    LimitRequests,
+    RemainingRequests,
+    ResetRequests,
+    LimitGpuSeconds,
+    RemainingGpuSeconds,
+    ResetGpuSeconds,
+}
+
+impl Slot {
+    fn name(self) -> HeaderName {
+        match self {
+            Slot::LimitRequests => LIMIT_REQUESTS,
+            Slot::RemainingRequests => REMAINING_REQUESTS,
+            Slot::ResetRequests => RESET_REQUESTS,
+            Slot::LimitGpuSeconds => LIMIT_GPU_SECONDS,
+            Slot::RemainingGpuSeconds => REMAINING_GPU_SECONDS,
+            Slot::ResetGpuSeconds => RESET_GPU_SECONDS,
         }
     }
+}
+
+thread_local! {
+    /// Each header's last value on this thread, with the number it was
+    /// made from.
+    static LAST_VALUES: std::cell::RefCell<[Option<(u64, HeaderValue)>; 6]> =
+        const { std::cell::RefCell::new([const { None }; 6]) };
 }
 
 const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
@@ -503,17 +546,45 @@ fn amount_value(x: f64) -> Option<HeaderValue> {
     })
 }
 
-/// OpenAI's reset format: `1s`, `20ms`, `6m0s`.
-fn reset_value(d: Duration) -> Option<HeaderValue> {
-    let ms = d.as_millis();
-    let whole: fn(&[u8]) -> &[u8] = |s| s;
-    if ms < 1000 {
-        header_value(format_args!("{}ms", ms.max(1)), whole)
-    } else if ms < 60_000 {
-        header_value(format_args!("{}s", ms.div_ceil(1000)), whole)
-    } else {
-        let s = ms.div_ceil(1000);
-        header_value(format_args!("{}m{}s", s / 60, s % 60), whole)
+/// A time to reset as OpenAI's headers give it: `20ms` under a second
+/// (at least `1ms`), else whole seconds rounded up, `2s` or `6m0s`.
+#[derive(Clone, Copy)]
+enum Reset {
+    Millis(u64),
+    /// Under a minute.
+    Secs(u64),
+    /// A minute or more.
+    Minutes(u64),
+}
+
+impl Reset {
+    fn of(d: Duration) -> Reset {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        if ms < 1000 {
+            Reset::Millis(ms.max(1))
+        } else if ms < 60_000 {
+            Reset::Secs(ms.div_ceil(1000))
+        } else {
+            Reset::Minutes(ms.div_ceil(1000))
+        }
+    }
+
+    /// A number that two resets share only when they are written alike.
+    fn key(self) -> u64 {
+        match self {
+            Reset::Millis(ms) => ms,
+            Reset::Secs(s) => s.saturating_mul(1000),
+            Reset::Minutes(s) => s.saturating_mul(1000).saturating_add(1),
+        }
+    }
+
+    fn value(self) -> Option<HeaderValue> {
+        let whole: fn(&[u8]) -> &[u8] = |s| s;
+        match self {
+            Reset::Millis(ms) => header_value(format_args!("{ms}ms"), whole),
+            Reset::Secs(s) => header_value(format_args!("{s}s"), whole),
+            Reset::Minutes(s) => header_value(format_args!("{}m{}s", s / 60, s % 60), whole),
+        }
     }
 }
 
@@ -523,11 +594,54 @@ mod tests {
 
     #[test]
     fn reset_format_matches_openai() {
-        let reset = |d| reset_value(d).unwrap();
+        let reset = |d| Reset::of(d).value().unwrap();
         assert_eq!(reset(Duration::from_millis(0)), "1ms");
         assert_eq!(reset(Duration::from_millis(20)), "20ms");
         assert_eq!(reset(Duration::from_millis(1500)), "2s");
         assert_eq!(reset(Duration::from_secs(360)), "6m0s");
+        assert_eq!(reset(Duration::from_millis(59_500)), "60s");
+        assert_eq!(reset(Duration::from_millis(60_000)), "1m0s");
+    }
+
+    #[test]
+    fn remembered_values_are_given_only_to_equal_numbers() {
+        use crate::core::admission::BucketState;
+        let limits = |limit: f64, remaining: f64, reset_ms: u64| {
+            let b = BucketState {
+                limit,
+                remaining,
+                reset: Duration::from_millis(reset_ms),
+            };
+            RateLimits {
+                requests: Some(b),
+                gpu_seconds: Some(b),
+            }
+        };
+        let headers = |l: &RateLimits| {
+            let mut h = http::HeaderMap::new();
+            rate_limit_headers(&mut h, l);
+            let mut v: Vec<_> = h
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v.to_str().unwrap()))
+                .collect();
+            v.sort();
+            v.join(" ")
+        };
+        let a = limits(100.0, 99.5, 20);
+        let b = limits(3600.0, 12.25, 59_500);
+        let c = limits(3600.0, 12.25, 60_000);
+        let expect_a = "x-ratelimit-limit-gpu-seconds=100 x-ratelimit-limit-requests=100 \
+            x-ratelimit-remaining-gpu-seconds=99.5 x-ratelimit-remaining-requests=99 \
+            x-ratelimit-reset-gpu-seconds=20ms x-ratelimit-reset-requests=20ms";
+        let expect_b = "x-ratelimit-limit-gpu-seconds=3600 x-ratelimit-limit-requests=3600 \
+            x-ratelimit-remaining-gpu-seconds=12.25 x-ratelimit-remaining-requests=12 \
+            x-ratelimit-reset-gpu-seconds=60s x-ratelimit-reset-requests=60s";
+        let normal = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        for _ in 0..2 {
+            assert_eq!(headers(&a), normal(expect_a));
+            assert_eq!(headers(&b), normal(expect_b));
+            assert_eq!(headers(&c), normal(&expect_b.replace("=60s", "=1m0s")));
+        }
     }
 
     #[test]
