@@ -8,7 +8,12 @@
 #
 #   benches/e2e.sh [seconds-per-run] [rounds]
 #
-# Two configurations, each measured for all three targets:
+# Two configurations, each measured for all three targets, and for a
+# fourth, "floor": benches/floor.rs, a proxy with the gateway's runtime
+# shape (a current-thread runtime per core on SO_REUSEPORT sockets, hyper,
+# the gateway's backend pool) and no policy, no parsing and no log: what
+# any proxy built on hyper and tokio costs here, so the gateway's CPU
+# above it is what its policy costs.
 # - "shipped": as users run it: the text log at its default level (the
 #   access log on, one line per request, to a file), the poller on, two
 #   backends, a chat body of about 200 bytes and a 20-token JSON answer;
@@ -34,6 +39,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; [ -f $WORK/nginx.pid ] && kill $(cat 
 
 cargo build --release --quiet
 cargo bench --bench streams --no-run --quiet 2>/dev/null
+cargo bench --bench floor --no-run --quiet 2>/dev/null
 BIN=target/release/fairway
 ROWS=$WORK/rows.tsv
 
@@ -134,6 +140,10 @@ LUA
 sed 's/"max_tokens":1/"max_tokens":2/' $WORK/min.lua > $WORK/slow.lua
 
 nginx_pids() { echo "$(cat $WORK/nginx.pid)"; }
+FLOOR=$(ls -t target/release/deps/floor-* | grep -v '\.d$' | head -1)
+WORKERS_N=${WORKERS:-$(nproc)}
+$FLOOR 127.0.0.1:18041 $WORKERS_N 127.0.0.1:18001 127.0.0.1:18003 & PID_floorship=$!
+$FLOOR 127.0.0.1:18042 $WORKERS_N 127.0.0.1:18005 & PID_floormin=$!
 
 run() { # table name url script conns pids...
   local table=$1 name=$2 url=$3 script=$WORK/$4.lua conns=$5; shift 5
@@ -144,12 +154,12 @@ run() { # table name url script conns pids...
   wrk_row "$name" $((after - before)) $WORK/out.txt | tee -a $ROWS.$table
 }
 
-# table NAME TITLE CONNS DIRECT-PORT FAIRWAY-PORT BASE-PORT NGINX-PORT: the
-# targets in turn, ROUNDS times, with wrk script NAME.lua; rows also go to
-# $ROWS.NAME for the medians.
+# table NAME TITLE CONNS DIRECT-PORT FAIRWAY-PORT BASE-PORT NGINX-PORT
+# [FLOOR-PORT]: the targets in turn, ROUNDS times, with wrk script
+# NAME.lua; rows also go to $ROWS.NAME for the medians.
 table() {
-  local name=$1 title=$2 conns=$3 direct=$4 fairway=$5 base=$6 nginx=$7
-  local gw_pid=PID_$name base_pid=PID_b$name
+  local name=$1 title=$2 conns=$3 direct=$4 fairway=$5 base=$6 nginx=$7 floor=${8:-}
+  local gw_pid=PID_$name base_pid=PID_b$name floor_pid=PID_floor$name
   echo "# $title"
   printf 'target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx\n'
   for r in $(seq $ROUNDS); do
@@ -157,11 +167,12 @@ table() {
     run $name fairway http://127.0.0.1:$fairway $name $conns ${!gw_pid}
     [ -n "${BASE:-}" ] && run $name $BASE_NAME http://127.0.0.1:$base $name $conns ${!base_pid}
     run $name nginx http://127.0.0.1:$nginx $name $conns $(nginx_pids)
+    [ -n "$floor" ] && run $name floor http://127.0.0.1:$floor $name $conns ${!floor_pid}
   done
   echo
 }
-table ship "max throughput, c=64, zero-delay backends: shipped configuration" 64 18001 18011 18015 18031
-table min "max throughput, c=64, zero-delay backend: minimal configuration (logs off, one backend, one token)" 64 18005 18012 18016 18032
+table ship "max throughput, c=64, zero-delay backends: shipped configuration" 64 18001 18011 18015 18031 18041
+table min "max throughput, c=64, zero-delay backend: minimal configuration (logs off, one backend, one token)" 64 18005 18012 18016 18032 18042
 # Each request is a prefill step and one 20 ms decode step: 20 connections
 # make the 500 req/s of issue 16's latency goal.
 table slow "fixed load, c=20 against a 20 ms backend (about 500 req/s), shipped logs" 20 18002 18013 18017 18033
