@@ -1,7 +1,7 @@
 //! Criterion benches for the per-request work on the proxy's path that is
 //! not I/O: reading a request body (`openai::parse`), for the shipped
-//! bench's chat body and for a long prompt, and writing the rate-limit
-//! headers of an answer.
+//! bench's chat body and for a long prompt, relaying a JSON answer and
+//! reading its usage, and writing the rate-limit headers of an answer.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use fairway::core::admission::{BucketState, RateLimits};
 use fairway::proxy::error::rate_limit_headers;
 use fairway::proxy::openai::parse;
+use fairway::proxy::relay::{Mode, relay_frames};
 
 /// The body `benches/lib.sh` sends (about 200 bytes).
 const CHAT: &str = r#"{"model":"bench","messages":[{"role":"system","content":"You are a concise assistant."},{"role":"user","content":"Summarise the main causes of the 1929 stock market crash in two sentences."}],"max_tokens":20,"temperature":0.2}"#;
@@ -41,6 +42,13 @@ fn request(c: &mut Criterion) {
         b.iter(|| parse(black_box(long.as_bytes())))
     });
     g.finish();
+
+    // A 20-token answer as the simulated backend writes it (330 bytes),
+    // relayed and its usage read.
+    let answer = bytes::Bytes::from_static(br#"{"choices":[{"finish_reason":"length","index":0,"logprobs":null,"message":{"content":" tok tok tok tok tok tok tok tok tok tok tok tok tok tok tok tok tok tok tok tok","role":"assistant"}}],"created":0,"id":"chatcmpl-4b61e8450000000000000001","model":"bench","object":"chat.completion","usage":{"completion_tokens":20,"prompt_tokens":5,"total_tokens":25}}"#);
+    c.bench_function("relay/json-330B", |b| {
+        b.iter(|| relay_frames(Mode::Json, std::slice::from_ref(black_box(&answer))))
+    });
 
     let bucket = |limit, remaining, ms| BucketState {
         limit,
