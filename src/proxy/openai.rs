@@ -88,10 +88,11 @@ struct Message {
 /// input item, a function call's output. A part of another shape, an object
 /// whose `text` is not a string included, counts 0.
 ///
-/// Counted as the parser reads it, with no copy of the text: serde's
-/// untagged enums, used before, buffered every string of the prompt twice
-/// (about a third of the request parse for a short chat, more for a long
-/// prompt; docs/benchmarks/2026-12-05.md).
+/// Counted as the parser reads it, with no copy of the text. serde's
+/// untagged enums, used before, buffer each value before trying each
+/// shape, so every string of the prompt was copied twice: the parse of a
+/// short chat took twice as long, and of an 8 KiB one 2.2 times
+/// (docs/benchmarks/2026-12-05.md).
 struct Text(u32);
 
 impl Text {
