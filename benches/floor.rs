@@ -74,6 +74,14 @@ fn main() {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
+    // `cargo bench` with no bench named runs every bench target with no
+    // arguments: this one is a server, started by benches/e2e.sh.
+    if args.is_empty() {
+        eprintln!(
+            "floor: a server for benches/e2e.sh; usage: floor LISTEN WORKERS BACKEND [BACKEND...]"
+        );
+        return;
+    }
     let [listen, workers, backends @ ..] = args.as_slice() else {
         eprintln!("usage: floor LISTEN WORKERS BACKEND [BACKEND...]");
         std::process::exit(2);

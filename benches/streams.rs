@@ -26,6 +26,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
+    // `cargo bench` with no bench named runs every bench target with no
+    // arguments: this one is a client that benches/e2e.sh starts.
+    if args.is_empty() {
+        eprintln!("streams: a client for benches/e2e.sh; usage: streams ADDR COUNT KEY MODEL");
+        return Ok(());
+    }
     let [addr, count, key, model] = args.as_slice() else {
         return Err("usage: streams ADDR COUNT KEY MODEL".into());
     };
