@@ -38,8 +38,7 @@ WORK=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; [ -f $WORK/nginx.pid ] && kill $(cat $WORK/nginx.pid) 2>/dev/null; rm -rf $WORK' EXIT
 
 cargo build --release --quiet
-cargo bench --bench streams --no-run --quiet 2>/dev/null
-cargo bench --bench floor --no-run --quiet 2>/dev/null
+cargo bench --bench streams --bench floor --no-run --quiet 2>/dev/null
 BIN=target/release/fairway
 ROWS=$WORK/rows.tsv
 
@@ -140,7 +139,7 @@ LUA
 sed 's/"max_tokens":1/"max_tokens":2/' $WORK/min.lua > $WORK/slow.lua
 
 nginx_pids() { echo "$(cat $WORK/nginx.pid)"; }
-FLOOR=$(ls -t target/release/deps/floor-* | grep -v '\.d$' | head -1)
+FLOOR=$(bench_bin floor)
 WORKERS_N=${WORKERS:-$(nproc)}
 $FLOOR 127.0.0.1:18041 $WORKERS_N 127.0.0.1:18001 127.0.0.1:18003 & PID_floorship=$!
 $FLOOR 127.0.0.1:18042 $WORKERS_N 127.0.0.1:18005 & PID_floormin=$!
@@ -206,7 +205,7 @@ done
 echo
 echo "# gateway RSS holding idle streams (h2c, 100 per connection; backend decode step 60 s)"
 rss_kib() { awk '/^VmRSS/{print $2}' /proc/$1/status; }
-HOLDER=$(ls -t target/release/deps/streams-* | grep -v '\.d$' | head -1)
+HOLDER=$(bench_bin streams)
 # Warm up: one round of streams opened and closed, so the baseline has
 # the runtime's and the allocator's steady state.
 echo | $HOLDER 127.0.0.1:18014 200 sk-bench bench >/dev/null

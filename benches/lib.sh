@@ -48,6 +48,10 @@ wrk.headers["Authorization"] = "Bearer sk-bench"
 LUA
 }
 
+bench_bin() { # name → the newest build of benches/NAME.rs (cargo bench --no-run)
+  ls -t target/release/deps/$1-* | grep -v '\.d$' | head -1
+}
+
 cpu_ticks() { # pids... → utime+stime summed over them and their children, in clock ticks
   local t=0
   for p in "$@"; do
