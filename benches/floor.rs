@@ -1,7 +1,7 @@
 //! The floor under the gateway's data path: a reverse proxy with the
 //! gateway's runtime shape and nothing else. One current-thread runtime
 //! per worker accepting on its own `SO_REUSEPORT` socket, hyper's HTTP/1
-//! server, the gateway's per-thread backend pool (`fairway::proxy::pool`)
+//! server, the gateway's per-thread backend pool (`fairway::gateway::pool`)
 //! and round robin over the backends: no policy, no body parsing, no
 //! metrics, no log.
 //!
@@ -26,8 +26,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpSocket};
 
-use fairway::proxy::pool;
-use fairway::proxy::upstream;
+use fairway::gateway::pool;
+use fairway::gateway::upstream;
 
 /// The gateway's allocator, for a like-for-like floor.
 #[cfg(feature = "jemalloc")]

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use fairway::core::admission::{BucketState, RateLimits};
-use fairway::proxy::error::rate_limit_headers;
-use fairway::proxy::openai::parse;
-use fairway::proxy::relay::{Mode, relay_frames};
+use fairway::gateway::relay::{Mode, relay_frames};
+use fairway::protocol::error::rate_limit_headers;
+use fairway::protocol::openai::parse;
 
 /// The body `benches/lib.sh` sends (about 200 bytes).
 const CHAT: &str = r#"{"model":"bench","messages":[{"role":"system","content":"You are a concise assistant."},{"role":"user","content":"Summarise the main causes of the 1929 stock market crash in two sentences."}],"max_tokens":20,"temperature":0.2}"#;

@@ -13,8 +13,8 @@ use bytes::{Bytes, BytesMut};
 
 use crate::config::MetricsDialect;
 use crate::core::time::Instant;
-use crate::proxy::openai;
-use crate::proxy::relay::{self, Mode};
+use crate::gateway::relay::{self, Mode};
+use crate::protocol::openai;
 
 /// A fuzz target: panics when a property breaks on `data`.
 pub type Target = fn(&[u8]);
@@ -213,7 +213,7 @@ fn inline_keys(text: &str) -> Vec<String> {
 /// flag and duration as in one piece, or fails on both, and it holds no
 /// more than a delimiter and a part's headers.
 pub fn multipart_form(data: &[u8]) {
-    use crate::proxy::audio::Form;
+    use crate::protocol::audio::Form;
     let Some((&cut, body)) = data.split_first() else {
         return;
     };

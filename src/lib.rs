@@ -16,22 +16,26 @@
 //! - [`tokens`]: the shared token estimate.
 //! - [`top`]: `fairway top`, the terminal view rendered from a `/metrics` scrape.
 
-mod accept;
 pub mod agent;
 pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod core;
+pub mod edge;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod gateway;
+pub mod hex;
+pub mod net;
+pub mod outcome;
 pub mod placement;
 pub mod poller;
-pub mod proxy;
+pub mod protocol;
 pub mod replay;
 pub mod sim;
 pub mod telemetry;
 pub mod tokens;
 pub mod top;
 
-pub use proxy::gateway::PolicySource;
-pub use proxy::server::{Listeners, ServeOptions, serve};
+pub use edge::server::{Listeners, ServeOptions, serve};
+pub use edge::services::PolicySource;

@@ -9,10 +9,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use fairway::agent::{AgentConfig, serve as serve_agent};
+use fairway::config::EngineParams;
 use fairway::config::policy::MetricsDialect;
 use fairway::config::{load_policy, summary};
 use fairway::sim::backend::{SimBackendConfig, serve as serve_sim};
-use fairway::sim::engine::EngineParams;
 use fairway::telemetry::LogFormat;
 use fairway::{Listeners, PolicySource, ServeOptions};
 

@@ -32,7 +32,7 @@ fn with_method(method: http::Method, url: String, key: &str) -> Request<Full<Byt
 }
 
 /// `fairway_completion_tokens_total` of a tenant.
-async fn completion_tokens(gw: &fairway::proxy::server::Server, tenant: &str) -> f64 {
+async fn completion_tokens(gw: &fairway::edge::server::Server, tenant: &str) -> f64 {
     let text = scrape(gw).await;
     metric_sum(
         &text,

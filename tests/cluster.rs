@@ -10,7 +10,7 @@ mod support;
 
 use std::time::Duration;
 
-use fairway::proxy::server::Server;
+use fairway::edge::server::Server;
 use support::*;
 
 const M: &str = "m";

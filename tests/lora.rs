@@ -57,7 +57,7 @@ fn chat_for(model: &str, max_tokens: u32, stream: bool) -> String {
 /// A plain chat call for `model` with `max_tokens`, as tenant `key`.
 async fn call(
     c: &HttpClient,
-    gw: &fairway::proxy::server::Server,
+    gw: &fairway::edge::server::Server,
     key: &str,
     model: &str,
     max_tokens: u32,
@@ -69,7 +69,7 @@ async fn call(
 /// `GET /v1/models` as `key` (none: without a key): `id<parent` each.
 async fn models(
     c: &HttpClient,
-    gw: &fairway::proxy::server::Server,
+    gw: &fairway::edge::server::Server,
     key: Option<&str>,
 ) -> Vec<String> {
     let mut req = http::Request::get(format!("http://{}/v1/models", gw.addr()));
@@ -97,7 +97,7 @@ async fn models(
 }
 
 /// `fairway_adapter_requests_total` of `adapter` sent to `backend`.
-async fn sent_to(gw: &fairway::proxy::server::Server, adapter: &str, backend: &str) -> f64 {
+async fn sent_to(gw: &fairway::edge::server::Server, adapter: &str, backend: &str) -> f64 {
     metric_sum(
         &scrape(gw).await,
         &format!(

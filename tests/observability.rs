@@ -51,7 +51,7 @@ slo = {{ ttft = "2s", e2e = "4s" }}
 }
 
 /// Sends `body` three times as tenant `api`; each must be served.
-async fn serve_three(gw: &fairway::proxy::server::Server, body: String) {
+async fn serve_three(gw: &fairway::edge::server::Server, body: String) {
     let c = client();
     for _ in 0..3 {
         let r = send(

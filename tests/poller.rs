@@ -65,7 +65,7 @@ fn fill_directly(b: &SimHandle) -> tokio::task::JoinHandle<u16> {
     })
 }
 
-async fn gateway_metrics(gw: &fairway::proxy::server::Server) -> String {
+async fn gateway_metrics(gw: &fairway::edge::server::Server) -> String {
     get(&client(), format!("http://{}/metrics", gw.admin_addr()))
         .await
         .text()
@@ -76,7 +76,7 @@ fn series(backend: &str, name: &str) -> String {
 }
 
 /// Sends `n` short requests through the gateway at once; returns their statuses.
-async fn burst(gw: &fairway::proxy::server::Server, n: usize) -> Vec<u16> {
+async fn burst(gw: &fairway::edge::server::Server, n: usize) -> Vec<u16> {
     let addr = gw.addr();
     let tasks: Vec<_> = (0..n)
         .map(|_| {
@@ -100,7 +100,7 @@ async fn burst(gw: &fairway::proxy::server::Server, n: usize) -> Vec<u16> {
 
 /// Waits until the gateway's reading of backend `a` shows its KV cache at
 /// the watermark; returns the series it watched.
-async fn until_a_reads_full(gw: &fairway::proxy::server::Server) -> String {
+async fn until_a_reads_full(gw: &fairway::edge::server::Server) -> String {
     let kv = series("a", "fairway_backend_kv_usage_ratio");
     assert!(
         eventually(Duration::from_secs(5), async || {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fairway::PolicySource;
 use fairway::config::load_policy;
-use fairway::proxy::server::Server;
+use fairway::edge::server::Server;
 use support::*;
 
 const M: &str = "sim-model";
@@ -159,8 +159,8 @@ async fn a_change_to_the_file_is_picked_up() {
     let b = sim(M, 8).await;
     let path = temp_policy("watch", &policy(&b.addr().to_string(), &["k0"]));
     let gw = start(&path).await;
-    tokio::spawn(fairway::proxy::reload::watch(
-        gw.gateway().clone(),
+    tokio::spawn(fairway::edge::reload::watch(
+        gw.services().clone(),
         Duration::from_millis(50),
         gw.shutdown_token(),
     ));
@@ -191,13 +191,13 @@ async fn a_change_to_a_tenant_resource_file_is_picked_up() {
     };
     let digest = |key: &str| {
         use sha2::Digest;
-        fairway::proxy::gateway::hex(&sha2::Sha256::digest(key.as_bytes()))
+        fairway::hex::hex(&sha2::Sha256::digest(key.as_bytes()))
     };
     let yaml = path.with_file_name("tenants.yaml");
     write_atomically(&yaml, &resource("a", &digest("ka")));
     let gw = start(&path).await;
-    tokio::spawn(fairway::proxy::reload::watch(
-        gw.gateway().clone(),
+    tokio::spawn(fairway::edge::reload::watch(
+        gw.services().clone(),
         Duration::from_millis(50),
         gw.shutdown_token(),
     ));

@@ -35,7 +35,7 @@ rate = 2
 burst = 2
 "#;
 
-async fn served_by(gw: &fairway::proxy::server::Server) -> String {
+async fn served_by(gw: &fairway::edge::server::Server) -> String {
     get(&client(), format!("http://{}/metrics", gw.admin_addr()))
         .await
         .text()

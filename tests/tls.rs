@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use fairway::PolicySource;
 use fairway::config::load_policy;
-use fairway::proxy::server::Server;
+use fairway::edge::server::Server;
 use http_body_util::{BodyExt, Full};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use support::*;

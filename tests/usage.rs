@@ -6,7 +6,7 @@
 
 mod support;
 
-use fairway::proxy::server::Server;
+use fairway::edge::server::Server;
 use fairway::sim::backend::SimHandle;
 use http::{Request, StatusCode};
 use http_body_util::Full;

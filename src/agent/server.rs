@@ -86,7 +86,7 @@ pub async fn serve(
     // aborts them all.
     let mut tasks = JoinSet::new();
     let graceful = GracefulShutdown::new();
-    crate::accept::accept_until(
+    crate::net::accept::accept_until(
         &listener,
         shutdown,
         &graceful,

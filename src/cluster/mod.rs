@@ -28,7 +28,6 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ClusterPolicy;
 use crate::core::admission::{LeaseAnswer, LeaseAsk};
 use crate::core::spec::{Api, pool_key};
-use crate::proxy::gateway::Gateway;
 pub use store::{Demands, Store};
 
 /// This replica's view of the cluster, read by the metrics and admin views.
@@ -225,6 +224,23 @@ pub async fn join(policy: &ClusterPolicy) -> Result<(Syncer, Member), String> {
     Ok((syncer, member))
 }
 
+/// What the sync drives: this replica's gateway, whose scheduler it hands
+/// leases and shares.
+pub trait Replica: Send + Sync {
+    /// Runs `f` on the scheduler under its lock, with the replica's now.
+    fn with_scheduler(
+        &self,
+        f: &mut dyn FnMut(crate::core::time::Instant, &mut crate::core::scheduler::Scheduler),
+    );
+    /// The policy in force.
+    fn policy(&self) -> Arc<crate::config::Policy>;
+    /// New leases came: requests queued for want of one may go now.
+    fn leases_changed(&self);
+    /// The membership or the demand moved: hands the scheduler this
+    /// replica's new shares of the policy.
+    fn apply_share(&self);
+}
+
 /// A replica's link to the store: its connection and what it measures
 /// between syncs.
 #[derive(Debug)]
@@ -239,35 +255,27 @@ impl Syncer {
     /// One sync of the gateway with the store: publishes its demand,
     /// settles its leases, and hands the scheduler new shares (or, when
     /// the store came or went, the other way of enforcing the limits).
-    pub async fn sync(&mut self, gw: &Gateway) {
-        let Some(member) = gw.cluster.as_deref() else {
-            return;
-        };
-        let (demand, asks) = {
-            let mut core = gw.core.lock();
-            let now = gw.clock.now();
-            let demand = self.meter.fields(now.as_secs_f64(), &core.sched);
-            let asks = if member.store_up() {
-                core.sched
-                    .lease_asks(now, self.lease_ahead, member.replicas())
-            } else {
-                Vec::new()
-            };
-            (demand, asks)
-        };
-        let shape = Shape::of(&gw.live.load().policy);
+    pub async fn sync(&mut self, member: &Member, replica: &dyn Replica) {
+        let (mut demand, mut asks) = (Vec::new(), Vec::new());
+        replica.with_scheduler(&mut |now, sched| {
+            demand = self.meter.fields(now.as_secs_f64(), sched);
+            if member.store_up() {
+                asks = sched.lease_asks(now, self.lease_ahead, member.replicas());
+            }
+        });
+        let shape = Shape::of(&replica.policy());
         let replicas = member.replicas();
         let (answers, changed) = self.exchange(member, &demand, &asks, &shape).await;
         if !answers.is_empty() {
-            gw.core.lock().sched.lease_granted(&asks, &answers);
-            gw.wake.notify_one();
+            replica.with_scheduler(&mut |_, sched| sched.lease_granted(&asks, &answers));
+            replica.leases_changed();
         }
         if changed {
             let n = member.replicas();
             if n != replicas {
                 tracing::info!(replica = %member.replica, replicas = n, "cluster membership changed");
             }
-            gw.apply_cluster_share();
+            replica.apply_share();
         }
     }
 
@@ -346,10 +354,12 @@ impl Syncer {
     /// Syncs every `sync_interval`, and sooner (at most every eighth of
     /// it) when a request was refused for want of a lease; leaves the
     /// cluster on shutdown.
-    pub async fn run(mut self, gw: Arc<Gateway>, stop: CancellationToken) {
-        let Some(member) = gw.cluster.clone() else {
-            return;
-        };
+    pub async fn run(
+        mut self,
+        member: Arc<Member>,
+        replica: Arc<dyn Replica>,
+        stop: CancellationToken,
+    ) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.reset(); // the server synced before it started serving
@@ -364,7 +374,7 @@ impl Syncer {
                 }
             }
             last = tokio::time::Instant::now();
-            self.sync(&gw).await;
+            self.sync(&member, &*replica).await;
         }
         // A clean leave frees this replica's share at once for the others
         // (otherwise it expires after `replica_ttl`).

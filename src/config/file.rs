@@ -7,12 +7,9 @@
 
 use std::fmt;
 use std::ops::Range;
-use std::path::Path;
 
 use toml::Spanned;
 use toml::de::DeTable;
-
-use super::policy::Policy;
 
 /// One problem in a policy file, located precisely enough for an editor to
 /// jump to it.
@@ -108,55 +105,4 @@ pub fn parse_document<'s>(
         let message = format!("invalid TOML: {}", err.message().trim_end());
         vec![SourceMap::new(source).error(file, span, "", message)]
     })
-}
-
-/// Reads and validates the policy file at `path`, returning the policy and
-/// the source text (kept for reload diffs and `/admin/policy`): the file
-/// with the tenant resources it names appended ([`read_source`]).
-///
-/// An unreadable file is one error at 1:1. Relative TLS paths are resolved
-/// against the policy file's directory, so a policy means the same thing
-/// whatever the working directory of `fairway serve`.
-pub fn load_policy(path: &Path) -> Result<(Policy, String), Vec<ConfigError>> {
-    load_policy_with_env(path, &|name| std::env::var(name).ok())
-}
-
-/// [`load_policy`] with the environment `env` instead of the process's
-/// (for `api_key_env` and the admin token's variable).
-pub fn load_policy_with_env(
-    path: &Path,
-    env: super::validate::EnvLookup<'_>,
-) -> Result<(Policy, String), Vec<ConfigError>> {
-    let file = path.display().to_string();
-    let source = read_source(path)?;
-    let mut policy = super::validate::parse_policy_with_env(&source.text, &file, env)
-        .map_err(|errors| super::resources::relocate(&source, errors))?;
-    if let Some(dir) = path.parent() {
-        let tls = [policy.server.tls.as_mut(), policy.placement.tls.as_mut()];
-        for tls in tls.into_iter().flatten() {
-            if tls.cert.is_relative() {
-                tls.cert = dir.join(&tls.cert);
-            }
-            if tls.key.is_relative() {
-                tls.key = dir.join(&tls.key);
-            }
-        }
-    }
-    Ok((policy, source.text))
-}
-
-/// The policy file at `path` with the `TokenBucketAdmission` resources its
-/// `tenant_resources` names appended as `[[tenants]]` tables
-/// ([`super::resources`]): what [`load_policy`] validates and reload hashes.
-pub fn read_source(path: &Path) -> Result<super::resources::Source, Vec<ConfigError>> {
-    let text = std::fs::read_to_string(path).map_err(|err| {
-        vec![ConfigError {
-            file: path.display().to_string(),
-            line: 1,
-            column: 1,
-            path: String::new(),
-            message: format!("cannot read the policy file: {err}"),
-        }]
-    })?;
-    super::resources::expand(path, text)
 }

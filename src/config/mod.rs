@@ -2,11 +2,15 @@
 //! a [`Policy`] (reporting every problem with file:line:column), `reload`
 //! swaps it at run time.
 
+pub mod engine;
 pub mod file;
+pub mod load;
 pub mod policy;
 pub mod resources;
 pub mod validate;
 
-pub use file::{ConfigError, load_policy, load_policy_with_env, read_source};
+pub use engine::EngineParams;
+pub use file::ConfigError;
+pub use load::{load_policy, load_policy_with_env, read_source};
 pub use policy::*;
 pub use validate::{parse_policy, parse_policy_with_env, summary};

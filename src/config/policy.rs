@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::config::EngineParams;
 pub use crate::core::placement::OnStale;
 use crate::core::placement::PlacementSpec;
 use crate::core::spec::{
     Api, BackendSpec, OutlierSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
 };
 pub use crate::core::spec::{Discipline, OnLate, Priority, Strategy};
-use crate::sim::engine::EngineParams;
 
 /// Readings older than this many poll intervals are stale.
 const STALE_AFTER_INTERVALS: u32 = 3;

@@ -33,6 +33,7 @@ mod admission;
 mod candidates;
 mod cost_model;
 mod dispatch;
+mod drain;
 mod lease;
 mod outlier;
 mod preemption;

@@ -95,7 +95,7 @@ pub enum StartError {
     )]
     NoTls,
     #[error(transparent)]
-    Tls(#[from] crate::proxy::tls::TlsError),
+    Tls(#[from] crate::net::tls::TlsError),
 }
 
 /// One answer, kept for `GET /nodes`.
@@ -135,7 +135,7 @@ struct Placement {
     decisions: Mutex<VecDeque<Decision>>,
     counters: Mutex<Counters>,
     polled: AtomicBool,
-    client: crate::proxy::gateway::UpstreamClient,
+    client: crate::net::client::Client,
 }
 
 /// The shared policy file, read without the gateway's secrets: placement
@@ -156,7 +156,7 @@ pub fn load(path: &std::path::Path) -> Result<PlacementPolicy, StartError> {
     let (policy, _) = load_policy(path).map_err(StartError::Policy)?;
     let placement = policy.placement;
     let tls = placement.tls.as_ref().ok_or(StartError::NoTls)?;
-    crate::proxy::tls::load_section(tls, "placement.tls")?;
+    crate::net::tls::load(&tls.cert, &tls.key, "placement.tls")?;
     Ok(placement)
 }
 
@@ -169,7 +169,7 @@ pub async fn serve(
     let (policy, text) = load_policy(&path).map_err(StartError::Policy)?;
     let placement = policy.placement;
     let tls_policy = placement.tls.clone().ok_or(StartError::NoTls)?;
-    let tls = crate::proxy::tls::load_section(&tls_policy, "placement.tls")?;
+    let tls = crate::net::tls::load(&tls_policy.cert, &tls_policy.key, "placement.tls")?;
     let svc = Arc::new(Placement {
         clock: Clock::new(),
         policy: ArcSwap::from_pointee(placement),
@@ -180,7 +180,7 @@ pub async fn serve(
         decisions: Mutex::new(VecDeque::new()),
         counters: Mutex::new(Counters::default()),
         polled: AtomicBool::new(false),
-        client: crate::proxy::gateway::upstream_client(),
+        client: crate::net::client::client(),
         path,
     });
     let stop = tokio_util::sync::CancellationToken::new();
@@ -199,7 +199,7 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    crate::accept::accept_loop(
+    crate::net::accept::accept_loop(
         &listener,
         shutdown,
         "placement",
@@ -216,7 +216,7 @@ pub async fn serve(
             while tasks.try_join_next().is_some() {}
             tasks.spawn(async move {
                 let _slot = slot;
-                let Some(tls) = crate::proxy::tls::handshake(config, stream, peer).await else {
+                let Some(tls) = crate::net::tls::handshake(config, stream, peer).await else {
                     return;
                 };
                 let handler = service_fn(move |req| {
@@ -243,7 +243,7 @@ pub async fn serve(
 }
 
 fn digest(bytes: &[u8]) -> String {
-    crate::proxy::gateway::hex(&Sha256::digest(bytes))
+    crate::hex::hex(&Sha256::digest(bytes))
 }
 
 /// The hash of the certificate and key files, empty when unreadable.
@@ -252,7 +252,7 @@ fn cert_digest(tls: &crate::config::TlsPolicy) -> String {
     for path in [&tls.cert, &tls.key] {
         h.update(std::fs::read(path).unwrap_or_default());
     }
-    crate::proxy::gateway::hex(&h.finalize())
+    crate::hex::hex(&h.finalize())
 }
 
 /// Re-reads the policy when its text changes, and the certificate when
@@ -292,7 +292,7 @@ async fn watch_files(svc: Arc<Placement>) {
         };
         let cert_hash = cert_digest(&tls);
         if cert_hash != svc.hashes.lock().1 {
-            match crate::proxy::tls::load_section(&tls, "placement.tls") {
+            match crate::net::tls::load(&tls.cert, &tls.key, "placement.tls") {
                 Ok(config) => {
                     tracing::info!("certificate reloaded");
                     svc.tls.store(config);
@@ -347,7 +347,7 @@ async fn poll_agents(svc: Arc<Placement>) {
 impl Placement {
     async fn read_agent(&self, url: &str, timeout: Duration) -> Result<NodeReading, String> {
         let url = format!("{url}/node");
-        let (status, body) = crate::poller::live::get(&self.client, &url, timeout, MAX_READING)
+        let (status, body) = crate::net::scrape::get(&self.client, &url, timeout, MAX_READING)
             .await
             .map_err(|e| e.to_string())?;
         if !status.is_success() {

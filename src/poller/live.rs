@@ -17,7 +17,7 @@
 //! - An OpenAI-protocol backend's `/v1/models` is read at the first tick
 //!   and then every [`MODELS_EVERY`]: the LoRA adapters it lists (entries
 //!   with a `parent`) are served by its pool like those the policy names
-//!   ([`crate::proxy::adapters`]). A failed read keeps the last list.
+//!   ([`Sink::on_adapters`]). A failed read keeps the last list.
 //!
 //! Tasks are matched to backends by name; a reload that changes a
 //! backend's address, dialect or poller settings restarts its task (and
@@ -30,18 +30,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, header};
-use http_body_util::{BodyExt, Limited};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::clock::Clock;
 use crate::config::{BackendTarget, MetricsDialect, Policy};
 use crate::core::reading::Reading;
+use crate::net::client::Client;
+use crate::net::scrape::{ScrapeError, get};
 use crate::poller::Decoder;
 use crate::poller::dialect::Sources;
-use crate::proxy::gateway::Gateway;
 
 /// Largest scrape body read; a larger one fails the scrape.
 const MAX_SCRAPE_BYTES: usize = 8 << 20;
@@ -63,6 +62,20 @@ struct Target {
     timeout: Duration,
 }
 
+/// Where the poller tasks report: the gateway, which feeds the scheduler.
+pub trait Sink: Send + Sync + 'static {
+    /// One tick of backend `name`: whether it is up (its probe answered
+    /// 2xx and its metrics endpoint was reached), and the reading decoded
+    /// from its scrape, if any. Returns whether it was up before the tick;
+    /// `None` when the scheduler does not know the backend (a reload
+    /// removed it).
+    fn on_poll(&self, name: &str, up: bool, reading: Option<Reading>) -> Option<bool>;
+    /// The LoRA adapters backend `name`, serving `model`, lists.
+    fn on_adapters(&self, name: &str, model: &str, adapters: Vec<String>);
+    /// Backend `name` is polled no longer: forget what it listed.
+    fn forget(&self, name: &str);
+}
+
 /// Counters of one backend's poller, read at `/metrics` scrape time.
 #[derive(Debug, Default)]
 pub struct PollStats {
@@ -73,8 +86,11 @@ pub struct PollStats {
 }
 
 /// The running poller tasks, by backend name.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Pollers {
+    /// The probes' and scrapes' client, and the readings' clock.
+    client: Client,
+    clock: Clock,
     running: HashMap<String, (Target, CancellationToken)>,
     stats: HashMap<String, Arc<PollStats>>,
     /// Every poller task, running or stopping, so shutdown can join them.
@@ -82,12 +98,24 @@ pub struct Pollers {
 }
 
 impl Pollers {
+    /// No tasks yet; they will probe and scrape through `client` and stamp
+    /// readings with `clock`.
+    pub fn new(client: Client, clock: Clock) -> Self {
+        Pollers {
+            client,
+            clock,
+            running: HashMap::new(),
+            stats: HashMap::new(),
+            tasks: TaskTracker::new(),
+        }
+    }
+
     /// Starts, restarts or stops tasks so that exactly the backends of
     /// `policy` are polled as it says. `sims` maps in-process simulated
     /// backends to their `host:port`.
-    pub fn reconcile(
+    pub fn reconcile<S: Sink>(
         &mut self,
-        gw: &Arc<Gateway>,
+        sink: &Arc<S>,
         policy: &Policy,
         sims: &HashMap<String, String>,
     ) {
@@ -126,7 +154,7 @@ impl Pollers {
             let keep = wanted.get(name) == Some(target);
             if !keep {
                 stop.cancel();
-                gw.adapters.forget(name);
+                sink.forget(name);
             }
             keep
         });
@@ -137,8 +165,14 @@ impl Pollers {
             }
             let stop = CancellationToken::new();
             let stats = self.stats.entry(name.clone()).or_default().clone();
+            let sink: Weak<dyn Sink> = Arc::downgrade(sink) as Weak<dyn Sink>;
+            let via = Via {
+                client: self.client.clone(),
+                clock: self.clock,
+            };
             self.tasks.spawn(poll(
-                Arc::downgrade(gw),
+                sink,
+                via,
                 name.clone(),
                 target.clone(),
                 stats,
@@ -173,28 +207,16 @@ impl Pollers {
     }
 }
 
-/// Why a `GET` (a health probe or a scrape) gave no usable answer.
-#[derive(Debug)]
-pub(crate) enum ScrapeError {
-    /// No HTTP answer: connection failed, reset, or no response head
-    /// within the timeout.
-    Unreachable(String),
-    /// Answered, but not with a usable reading (an error status, a body
-    /// that is too large, broken or late, or one that does not decode).
-    Unusable(String),
-}
-
-impl std::fmt::Display for ScrapeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ScrapeError::Unreachable(c) | ScrapeError::Unusable(c) => f.write_str(c),
-        }
-    }
+/// What a poller task probes and scrapes through.
+struct Via {
+    client: Client,
+    clock: Clock,
 }
 
 /// One backend's loop; ends when cancelled or the gateway is gone.
 async fn poll(
-    gw: Weak<Gateway>,
+    sink: Weak<dyn Sink>,
+    via: Via,
     name: String,
     target: Target,
     stats: Arc<PollStats>,
@@ -214,17 +236,18 @@ async fn poll(
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let Some(gw) = gw.upgrade() else { return };
+        let Some(sink) = sink.upgrade() else { return };
         if ticks.is_multiple_of(models_every)
             && let Some((url, model)) = &target.models
-            && let Ok((status, body)) = get(&gw.client, url, target.timeout, 1 << 20).await
+            && let Ok((status, body)) = get(&via.client, url, target.timeout, 1 << 20).await
             && status.is_success()
-            && let Some(adapters) = crate::proxy::adapters::from_models_list(&body)
+            && let Some(adapters) = from_models_list(&body)
         {
-            gw.adapters.report(&name, model, adapters);
+            sink.on_adapters(&name, model, adapters);
         }
         ticks += 1;
-        let (probe, scrape) = tokio::join!(probe(&gw, &target), scrape(&gw, &target, &mut decoder));
+        let (probe, scrape) =
+            tokio::join!(probe(&via, &target), scrape(&via, &target, &mut decoder));
         let unreachable = match &scrape {
             Some(Err(ScrapeError::Unreachable(cause))) => Some(cause.clone()),
             _ => None,
@@ -249,22 +272,12 @@ async fn poll(
             None => {}
         }
         let up = probe.is_ok() && unreachable.is_none();
-        let now = gw.clock.now();
-        let was_up = {
-            let mut core = gw.core.lock();
-            let Some(id) = core.sched.backend(&name) else {
-                continue;
-            };
-            let was_up = core.sched.is_healthy(id);
-            let mut decisions = Vec::new();
-            if was_up != up {
-                decisions.extend(core.sched.set_health(now, id, up));
-            }
-            if up && let Some(Ok(reading)) = scrape {
-                decisions.extend(core.sched.on_reading(now, id, reading));
-            }
-            core.deliver(decisions, None);
-            was_up
+        let reading = match scrape {
+            Some(Ok(reading)) if up => Some(reading),
+            _ => None,
+        };
+        let Some(was_up) = sink.on_poll(&name, up, reading) else {
+            continue;
         };
         match (was_up, up) {
             (true, false) => {
@@ -286,8 +299,8 @@ async fn poll(
 
 /// `GET` the health URL: `Ok` on a 2xx answer, body included, within the
 /// timeout.
-async fn probe(gw: &Gateway, target: &Target) -> Result<(), String> {
-    let (status, _) = get(&gw.client, &target.health, target.timeout, 64 << 10)
+async fn probe(via: &Via, target: &Target) -> Result<(), String> {
+    let (status, _) = get(&via.client, &target.health, target.timeout, 64 << 10)
         .await
         .map_err(|e| e.to_string())?;
     if status.is_success() {
@@ -299,12 +312,12 @@ async fn probe(gw: &Gateway, target: &Target) -> Result<(), String> {
 
 /// Scrapes and decodes; `None` for dialect `none`.
 async fn scrape(
-    gw: &Gateway,
+    via: &Via,
     target: &Target,
     decoder: &mut Decoder,
 ) -> Option<Result<Reading, ScrapeError>> {
     let url = target.metrics.as_deref()?;
-    let (status, body) = match get(&gw.client, url, target.timeout, MAX_SCRAPE_BYTES).await {
+    let (status, body) = match get(&via.client, url, target.timeout, MAX_SCRAPE_BYTES).await {
         Ok(answer) => answer,
         Err(e) => return Some(Err(e)),
     };
@@ -314,41 +327,29 @@ async fn scrape(
     let text = String::from_utf8_lossy(&body);
     Some(
         decoder
-            .decode(&text, gw.clock.now())
+            .decode(&text, via.clock.now())
             .map_err(|e| ScrapeError::Unusable(e.to_string())),
     )
 }
 
-/// One `GET` with a deadline over the whole exchange, body included. No
-/// response head in time is `Unreachable`; a head followed by a body that
-/// is too large, broken or not complete in time is `Unusable`.
-pub(crate) async fn get(
-    client: &crate::proxy::gateway::UpstreamClient,
-    url: &str,
-    timeout: Duration,
-    limit: usize,
-) -> Result<(http::StatusCode, Bytes), ScrapeError> {
-    let req = Request::get(url)
-        .header(header::ACCEPT, "text/plain, application/json")
-        .body(crate::proxy::upstream::whole(Bytes::new()))
-        .map_err(|e| ScrapeError::Unreachable(e.to_string()))?;
-    let deadline = tokio::time::Instant::now() + timeout;
-    let late = || format!("no answer within {}", humantime::format_duration(timeout));
-    let resp = match tokio::time::timeout_at(deadline, client.request(req)).await {
-        Err(_) => return Err(ScrapeError::Unreachable(late())),
-        Ok(Err(e)) => return Err(ScrapeError::Unreachable(crate::proxy::upstream::cause(&e))),
-        Ok(Ok(resp)) => resp,
-    };
-    let status = resp.status();
-    let body = Limited::new(resp.into_body(), limit).collect();
-    match tokio::time::timeout_at(deadline, body).await {
-        Err(_) => Err(ScrapeError::Unusable(format!(
-            "answered {status} but the body did not arrive within {}",
-            humantime::format_duration(timeout)
-        ))),
-        Ok(Err(e)) => Err(ScrapeError::Unusable(format!(
-            "answered {status} but reading the body failed: {e}"
-        ))),
-        Ok(Ok(b)) => Ok((status, b.to_bytes())),
+/// The adapters in a `/v1/models` answer: the entries with a `parent`.
+pub fn from_models_list(body: &[u8]) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct List {
+        data: Vec<Card>,
     }
+    #[derive(serde::Deserialize)]
+    struct Card {
+        id: String,
+        #[serde(default)]
+        parent: Option<String>,
+    }
+    let list: List = serde_json::from_slice(body).ok()?;
+    Some(
+        list.data
+            .into_iter()
+            .filter(|c| c.parent.is_some())
+            .map(|c| c.id)
+            .collect(),
+    )
 }

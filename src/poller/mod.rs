@@ -22,4 +22,4 @@ pub use dialect::{
     quantile,
 };
 pub use expo::{ErrorKind, Exposition, MetricType, ParseError, Sample, parse, parse_strict};
-pub use live::{PollStats, Pollers};
+pub use live::{PollStats, Pollers, Sink};

@@ -22,6 +22,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use crate::cluster::{DemandMeter, Shape};
+use crate::config::EngineParams;
 use crate::config::{BackendTarget, MetricsDialect, Policy};
 use crate::core::admission::{LeaseKind, SharedLimit};
 use crate::core::fairness::BackloggedService;
@@ -32,7 +33,7 @@ use crate::core::time::Instant;
 use crate::poller::{Bucket, quantile};
 use crate::replay::workload::WorkRequest;
 use crate::sim::backend::metrics::{LATENCY_BUCKETS, TTFT_BUCKETS};
-use crate::sim::engine::{Engine, EngineEvent, EngineParams, SeqRequest};
+use crate::sim::engine::{Engine, EngineEvent, SeqRequest};
 
 /// How a request of the workload ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -36,8 +36,12 @@ use tokio_util::sync::CancellationToken;
 
 use self::metrics::{FinishReason, RequestMetrics};
 use crate::clock::Clock;
+use crate::config::EngineParams;
 use crate::core::time::Instant;
-use crate::sim::engine::{Engine, EngineError, EngineEvent, EngineParams, EngineStats, SeqRequest};
+use crate::sim::engine::{Engine, EngineError, EngineEvent, EngineStats, SeqRequest};
+
+/// Text of every generated token.
+const TOKEN_TEXT: &str = " tok";
 
 /// Largest request body the backend reads.
 const MAX_BODY_BYTES: usize = 16 << 20;
@@ -339,7 +343,7 @@ async fn serve_shared(
     let driver = tasks.spawn(drive(Arc::clone(&shared)));
     let graceful = GracefulShutdown::new();
     let handler = Arc::clone(&shared);
-    crate::accept::accept_until(
+    crate::net::accept::accept_until(
         &listener,
         shutdown,
         &graceful,

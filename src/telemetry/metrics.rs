@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::proxy::error::Outcome;
+use crate::outcome::Outcome;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -1103,7 +1103,7 @@ mod tests {
         m.record(
             &m.series("a", "m"),
             &RequestRecord {
-                outcome: Outcome::Refused(crate::proxy::error::RefusedBy::Limit(
+                outcome: Outcome::Refused(crate::outcome::RefusedBy::Limit(
                     crate::core::admission::LimitKind::Rate,
                 )),
                 goodput: false,

@@ -77,7 +77,7 @@ impl Traces {
     /// Must run inside the tokio runtime that will carry the exports.
     pub fn start(
         policy: &TelemetryPolicy,
-        client: crate::proxy::gateway::UpstreamClient,
+        client: crate::net::client::Client,
         log: Option<LogFormat>,
     ) -> Result<Option<Traces>, TracesError> {
         let Some(endpoint) = &policy.otlp_endpoint else {
@@ -170,7 +170,7 @@ const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent
 /// gateway's runtime (the SDK's export thread has none).
 #[derive(Clone)]
 struct HyperClient {
-    client: crate::proxy::gateway::UpstreamClient,
+    client: crate::net::client::Client,
     runtime: tokio::runtime::Handle,
 }
 
@@ -192,7 +192,7 @@ impl HttpClient for HyperClient {
         let client = self.client.clone();
         let send = async move {
             let resp = client
-                .request(request.map(crate::proxy::upstream::whole))
+                .request(request.map(http_body_util::Full::new))
                 .await?;
             let (parts, body) = resp.into_parts();
             let body = http_body_util::Limited::new(body, MAX_RESPONSE_BYTES)

@@ -14,7 +14,7 @@
 
 use serde::Serialize;
 
-use crate::proxy::error::Outcome;
+use crate::outcome::Outcome;
 
 /// Histogram bins: bin `i` holds latencies up to `2^((i+1)/3)` ms.
 pub const BINS: usize = 48;
@@ -339,7 +339,7 @@ impl TenantWindows {
 mod tests {
     use super::*;
     use crate::core::admission::LimitKind;
-    use crate::proxy::error::RefusedBy;
+    use crate::outcome::RefusedBy;
 
     fn served(ttft: f64, good: bool) -> UsageRecord {
         UsageRecord {

@@ -89,37 +89,3 @@ pub(super) fn increase<K: Ord>(
         .map(|(k, v)| series_increase(prev.and_then(|p| p.get(k)).copied(), *v))
         .sum()
 }
-
-#[cfg(test)]
-mod tests {
-    use super::super::fixtures::{Alpha, alpha_after, body, row};
-    use super::super::{Snapshot, render};
-    use super::*;
-
-    #[test]
-    fn a_counter_reset_gives_no_negative_rate() {
-        let prev = Snapshot::from_text(&body(&alpha_after()), 10.0).unwrap();
-        // The gateway restarted: alpha has served 6 since, all fast.
-        let restarted = Alpha {
-            served: 6.0,
-            refused_rate: 0.0,
-            refused_concurrency: 0.0,
-            goodput: 6.0,
-            preempted: 1.0,
-            ttft: [6.0; 6],
-            e2e: [0.0, 6.0, 6.0, 6.0, 6.0, 6.0],
-        };
-        let cur = Snapshot::from_text(&body(&restarted), 12.0).unwrap();
-        let text = render(Some(&prev), &cur, 200);
-        let alpha = row(&text, "alpha");
-        assert_eq!(&alpha[1..4], ["3.0", "3.0", "3.0"], "{text}");
-        assert_eq!(alpha[4], "99ms", "buckets that went down are read as new");
-        assert_eq!(alpha[10], "-", "refusal series vanished with the restart");
-        assert_eq!(alpha[11], "0.5", "1 preemption since the restart, in 2 s");
-        for cell in &alpha[1..] {
-            assert!(!cell.starts_with('-') || *cell == "-", "{text}");
-        }
-        assert!(series_increase(Some(10.0), 4.0) >= 0.0);
-        assert_eq!(series_increase(Some(1.0), f64::NAN), 0.0);
-    }
-}

@@ -231,7 +231,9 @@ fn against_slo(p99: Option<f64>, slo: Option<f64>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{alpha_after, alpha_before, body, hist, line_index, push, row};
+    use super::super::fixtures::{
+        Alpha, alpha_after, alpha_before, body, hist, line_index, push, row,
+    };
     use super::*;
 
     #[test]
@@ -395,5 +397,56 @@ mod tests {
             0,
         );
         assert!(!alone.contains("cluster"), "{alone}");
+    }
+
+    #[test]
+    fn a_counter_reset_gives_no_negative_rate() {
+        let prev = Snapshot::from_text(&body(&alpha_after()), 10.0).unwrap();
+        // The gateway restarted: alpha has served 6 since, all fast.
+        let restarted = Alpha {
+            served: 6.0,
+            refused_rate: 0.0,
+            refused_concurrency: 0.0,
+            goodput: 6.0,
+            preempted: 1.0,
+            ttft: [6.0; 6],
+            e2e: [0.0, 6.0, 6.0, 6.0, 6.0, 6.0],
+        };
+        let cur = Snapshot::from_text(&body(&restarted), 12.0).unwrap();
+        let text = render(Some(&prev), &cur, 200);
+        let alpha = row(&text, "alpha");
+        assert_eq!(&alpha[1..4], ["3.0", "3.0", "3.0"], "{text}");
+        assert_eq!(alpha[4], "99ms", "buckets that went down are read as new");
+        assert_eq!(alpha[10], "-", "refusal series vanished with the restart");
+        assert_eq!(alpha[11], "0.5", "1 preemption since the restart, in 2 s");
+        for cell in &alpha[1..] {
+            assert!(!cell.starts_with('-') || *cell == "-", "{text}");
+        }
+        assert!(super::super::rates::series_increase(Some(10.0), 4.0) >= 0.0);
+        assert_eq!(
+            super::super::rates::series_increase(Some(1.0), f64::NAN),
+            0.0
+        );
+    }
+
+    #[test]
+    fn narrow_terminals_drop_whole_columns() {
+        let prev = Snapshot::from_text(&body(&alpha_before()), 10.0).unwrap();
+        let cur = Snapshot::from_text(&body(&alpha_after()), 12.0).unwrap();
+        let text = render(Some(&prev), &cur, 60);
+        for line in text.lines() {
+            assert!(line.chars().count() <= 60, "{line:?}");
+        }
+        assert!(text.contains("more columns"), "{text}");
+        // The columns still shown are whole.
+        let alpha = row(&text, "alpha");
+        assert_eq!(&alpha[..5], ["alpha", "12.5", "10.0", "9.0", "995ms!"]);
+    }
+
+    #[test]
+    fn a_partly_odd_body_renders() {
+        let mixed = "fairway_queue_depth{tenant=\"a\"} 2\nthis is not a sample\n";
+        let snap = Snapshot::from_text(mixed, 0.0).unwrap();
+        assert!(render(None, &snap, 80).contains("(no backends)"));
     }
 }

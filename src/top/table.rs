@@ -66,23 +66,3 @@ pub(super) fn push_line(out: &mut String, line: &str, width: usize) {
     }
     out.push('\n');
 }
-
-#[cfg(test)]
-mod tests {
-    use super::super::fixtures::{alpha_after, alpha_before, body, row};
-    use super::super::{Snapshot, render};
-
-    #[test]
-    fn narrow_terminals_drop_whole_columns() {
-        let prev = Snapshot::from_text(&body(&alpha_before()), 10.0).unwrap();
-        let cur = Snapshot::from_text(&body(&alpha_after()), 12.0).unwrap();
-        let text = render(Some(&prev), &cur, 60);
-        for line in text.lines() {
-            assert!(line.chars().count() <= 60, "{line:?}");
-        }
-        assert!(text.contains("more columns"), "{text}");
-        // The columns still shown are whole.
-        let alpha = row(&text, "alpha");
-        assert_eq!(&alpha[..5], ["alpha", "12.5", "10.0", "9.0", "995ms!"]);
-    }
-}

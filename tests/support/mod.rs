@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use fairway::PolicySource;
 use fairway::config::parse_policy;
-use fairway::proxy::server::Server;
+use fairway::edge::server::Server;
 use fairway::sim::backend::{SimBackend, SimHandle};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};

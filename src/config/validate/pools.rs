@@ -9,11 +9,11 @@ use std::net::Ipv6Addr;
 use std::time::Duration;
 
 use super::reader::{Reader, Table, Value, Zero};
+use crate::config::EngineParams;
 use crate::config::policy::{
     BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, OutlierPolicy, PoolPolicy, Strategy,
 };
 use crate::core::spec::Api;
-use crate::sim::engine::EngineParams;
 
 const POOL_KEYS: &[&str] = &[
     "model",

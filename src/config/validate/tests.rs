@@ -6,10 +6,11 @@ use proptest::prelude::{Just, ProptestConfig, any, prop_assert, prop_oneof, prop
 use super::pools::parse_http_url;
 use super::tenants::sha256;
 use super::{parse_policy, parse_policy_with_env, summary};
-use crate::config::file::{ConfigError, load_policy};
+use crate::config::EngineParams;
+use crate::config::file::ConfigError;
+use crate::config::load::load_policy;
 use crate::config::policy::*;
 use crate::core::spec::Api;
-use crate::sim::engine::EngineParams;
 
 /// One pool with one remote backend: the smallest valid policy.
 const POOL: &str = "[[pools]]\nmodel = \"m\"\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n";

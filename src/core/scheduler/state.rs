@@ -99,7 +99,7 @@ pub(super) struct PoolState {
     /// Queue cost of each tenant's requests in `queue`, by tenant index.
     pub(super) queued_work: Vec<f64>,
     /// How fast the queue drains (`slo`).
-    pub(super) drain: super::slo::DrainRate,
+    pub(super) drain: super::drain::DrainRate,
     /// By tenant index: the time up to which SLO refusals have been told
     /// to come back (`slo`), so that a burst's are spread out.
     pub(super) promised: Vec<Instant>,

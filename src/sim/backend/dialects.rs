@@ -14,8 +14,8 @@
 
 use serde_json::{Value, json};
 
+use super::TOKEN_TEXT;
 use super::metrics::FinishReason;
-use super::openai::TOKEN_TEXT;
 
 /// Writes one typed SSE event.
 pub(super) fn event(kind: &str, data: &Value, out: &mut Vec<u8>) {

@@ -8,10 +8,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::TOKEN_TEXT;
 use super::metrics::FinishReason;
-
-/// Text of every generated token.
-pub(super) const TOKEN_TEXT: &str = " tok";
 
 /// Template tokens vLLM's chat template adds per message (roughly).
 const TOKENS_PER_MESSAGE: u32 = 4;

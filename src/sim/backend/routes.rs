@@ -169,7 +169,7 @@ async fn tokenize(
             .get("tokens")
             .and_then(|t| t.as_array())
             .map_or(0, Vec::len);
-        serde_json::json!({ "prompt": openai::TOKEN_TEXT.repeat(n) })
+        serde_json::json!({ "prompt": super::TOKEN_TEXT.repeat(n) })
     } else {
         let n = tokens_in(&v, &["prompt", "messages"]);
         serde_json::json!({
@@ -224,7 +224,7 @@ async fn transcription(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    use crate::proxy::audio;
+    use crate::protocol::audio;
     let boundary = audio::boundary(req.headers())
         .map(str::to_owned)
         .ok_or_else(|| ApiError::bad_request("Expected a multipart/form-data body".into()))?;
@@ -391,9 +391,11 @@ pub(super) async fn handle(
         ) => pooling(&shared, &path, req)
             .await
             .unwrap_or_else(|e| error(&e)),
-        (Method::POST, p) if crate::proxy::audio::is_upload_route(p) => transcription(&shared, req)
-            .await
-            .unwrap_or_else(|e| error(&e)),
+        (Method::POST, p) if crate::protocol::audio::is_upload_route(p) => {
+            transcription(&shared, req)
+                .await
+                .unwrap_or_else(|e| error(&e))
+        }
         (Method::POST, "/tokenize" | "/detokenize") => tokenize(&shared, &path, req)
             .await
             .unwrap_or_else(|e| error(&e)),

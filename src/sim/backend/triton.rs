@@ -18,8 +18,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 
+use super::TOKEN_TEXT;
 use super::metrics::RequestMetrics;
-use super::openai::TOKEN_TEXT;
 use crate::sim::engine::EngineStats;
 
 /// Output tokens when the request names none (the vLLM backend's default).

@@ -1,0 +1,417 @@
+//! One client connection's life: the slot it holds under the connection
+//! caps, the count of its requests in flight, and the loop that drives it
+//! and ends it gracefully when the gateway drains or when it has been idle
+//! (no request in flight) for `[server] idle_timeout`. Also the
+//! file-descriptor reserve and the rate-limited log of connections that
+//! end in a protocol error.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper_util::server::graceful::GracefulConnection;
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::gateway::handle::Gateway;
+
+/// File descriptors kept free of client connections, for the listeners,
+/// backend health checks and scrapes, the policy file, logs and traces.
+pub const FD_RESERVE: usize = 64;
+
+/// The most client connections the process's file-descriptor limit allows
+/// while keeping [`FD_RESERVE`] free: each client connection may also hold
+/// one connection to a backend. `None` when the limit is unknown or
+/// unlimited.
+pub fn fd_connection_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))?
+        .split_whitespace()
+        .nth(3)?
+        .parse::<usize>()
+        .ok()?;
+    Some(soft.saturating_sub(FD_RESERVE) / 2)
+}
+
+/// Open connections by client address.
+type ByClient = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// The client connection caps: a total, and optionally one per address.
+pub struct Caps {
+    total: Arc<Semaphore>,
+    per_client: Option<usize>,
+    by_client: ByClient,
+}
+
+/// Why a connection was refused at accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_connections` (or the fd reserve) reached.
+    Total,
+    /// `max_connections_per_client` reached for this address.
+    PerClient,
+}
+
+impl Caps {
+    pub fn new(total: usize, per_client: Option<usize>) -> Self {
+        Caps {
+            total: Arc::new(Semaphore::new(total)),
+            per_client,
+            by_client: Arc::default(),
+        }
+    }
+
+    /// A slot for a connection from `ip`, held while it is open.
+    pub fn acquire(&self, ip: IpAddr, gw: &Arc<Gateway>) -> Result<Slot, Refusal> {
+        let permit = self
+            .total
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Refusal::Total)?;
+        let client = match self.per_client {
+            None => None,
+            Some(cap) => {
+                let mut by = self.by_client.lock();
+                let n = by.entry(ip).or_insert(0);
+                if *n >= cap {
+                    return Err(Refusal::PerClient);
+                }
+                *n += 1;
+                Some((ip, self.by_client.clone()))
+            }
+        };
+        gw.metrics()
+            .edge
+            .open_connections
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(Slot {
+            _permit: permit,
+            client,
+            gw: gw.clone(),
+        })
+    }
+}
+
+/// A client connection's hold on the caps; released when it closes.
+pub struct Slot {
+    _permit: OwnedSemaphorePermit,
+    client: Option<(IpAddr, ByClient)>,
+    gw: Arc<Gateway>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some((ip, by)) = &self.client {
+            let mut by = by.lock();
+            if let Some(n) = by.get_mut(ip) {
+                *n -= 1;
+                if *n == 0 {
+                    by.remove(ip);
+                }
+            }
+        }
+        self.gw
+            .metrics()
+            .edge
+            .open_connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One connection's requests in flight and when the last one ended.
+pub struct Activity {
+    base: Instant,
+    in_flight: AtomicU32,
+    /// Milliseconds from `base` to the end of the last request.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Activity {
+            base: Instant::now(),
+            in_flight: AtomicU32::new(0),
+            last_ms: AtomicU64::new(0),
+        })
+    }
+
+    /// How long the connection has had no request in flight (`None`: one
+    /// is in flight now).
+    fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last = self.base + Duration::from_millis(self.last_ms.load(Ordering::Acquire));
+        Some(Instant::now().saturating_duration_since(last))
+    }
+}
+
+/// A request in flight on a connection, from its call until its response
+/// body is dropped (written out, or the connection closed).
+pub struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn start(a: &Arc<Activity>) -> Self {
+        a.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(a.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let ms = u64::try_from(self.0.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_ms.store(ms, Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The per-connection service: the edge, counting requests in flight.
+#[derive(Clone)]
+pub struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S> Tracked<S> {
+    pub fn new(inner: S, activity: Arc<Activity>) -> Self {
+        Tracked { inner, activity }
+    }
+}
+
+impl<S, ReqB, ResB> tower::Service<Request<ReqB>> for Tracked<S>
+where
+    S: tower::Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    type Response = Response<TrackedBody<ResB>>;
+    type Error = S::Error;
+    type Future = TrackedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        TrackedFuture {
+            guard: Some(InFlight::start(&self.activity)),
+            inner: self.inner.call(req),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The edge's future; the request counts as in flight while it runs
+    /// (dropped with it if the client goes away first).
+    pub struct TrackedFuture<F> {
+        #[pin]
+        inner: F,
+        guard: Option<InFlight>,
+    }
+}
+
+impl<F, B, E> Future for TrackedFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<TrackedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let resp = std::task::ready!(this.inner.poll(cx))?;
+        let guard = this.guard.take();
+        Poll::Ready(Ok(resp.map(|inner| TrackedBody {
+            inner,
+            _guard: guard,
+        })))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body; the request stays in flight until it is dropped.
+    pub struct TrackedBody<B> {
+        #[pin]
+        inner: B,
+        _guard: Option<InFlight>,
+    }
+}
+
+impl<B: Body> Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// How a connection ended.
+pub enum Ended {
+    /// Closed by either side, or after a graceful shutdown.
+    Closed,
+    /// Closed by Fairway after `idle_timeout` with no request in flight.
+    Idle,
+    /// Ended with an error (a client's protocol error, a reset).
+    Error(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// How long an idle connection has to close after its graceful shutdown
+/// starts; then it is dropped. (An HTTP/2 client must answer the PING
+/// that follows GOAWAY, and one that never answers would otherwise stay.)
+const IDLE_GRACE: Duration = Duration::from_secs(1);
+
+/// Drives `conn` to its end. When `stop` is cancelled (drain) or the
+/// connection has had no request in flight for `idle_timeout`, it is shut
+/// down gracefully: HTTP/1 closes after the response in progress, HTTP/2
+/// sends GOAWAY and closes when its streams end. An idle connection that
+/// has not closed [`IDLE_GRACE`] later is dropped.
+pub async fn drive<C>(
+    conn: C,
+    activity: &Activity,
+    idle_timeout: Duration,
+    stop: &CancellationToken,
+) -> Ended
+where
+    C: GracefulConnection<Error = Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut conn = std::pin::pin!(conn);
+    let mut closing = None;
+    let check = tokio::time::sleep(idle_timeout);
+    let mut check = std::pin::pin!(check);
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                return match (r, closing) {
+                    (Err(e), _) => Ended::Error(e),
+                    (Ok(()), Some(how)) => how,
+                    (Ok(()), None) => Ended::Closed,
+                };
+            }
+            () = stop.cancelled(), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Ended::Closed);
+            }
+            () = check.as_mut(), if !matches!(closing, Some(Ended::Closed)) => {
+                let idle = activity.idle_for();
+                if closing.is_some() {
+                    if idle.is_some() {
+                        return Ended::Idle;
+                    }
+                    check.as_mut().reset(Instant::now() + IDLE_GRACE);
+                    continue;
+                }
+                match idle {
+                    Some(idle) if idle >= idle_timeout => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = Some(Ended::Idle);
+                        check.as_mut().reset(Instant::now() + IDLE_GRACE);
+                    }
+                    Some(idle) => check.as_mut().reset(Instant::now() + (idle_timeout - idle)),
+                    None => check.as_mut().reset(Instant::now() + idle_timeout),
+                }
+            }
+        }
+    }
+}
+
+/// Whether a connection's error is the client breaking the protocol (a
+/// malformed request, an HTTP/2 flood such as rapid reset), not an
+/// ordinary hang-up.
+pub fn is_protocol_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && (h.is_parse() || h.is_parse_too_large() || h.is_parse_status())
+        {
+            return true;
+        }
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_go_away()
+                && h2
+                    .reason()
+                    .is_some_and(|r| r != h2::Reason::NO_ERROR && r != h2::Reason::CANCEL);
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// A log line that is written at most once per interval, however often
+/// its event happens; the next line says how many were left out.
+pub struct Throttled {
+    every: Duration,
+    next: Mutex<Option<Instant>>,
+    left_out: AtomicU64,
+}
+
+impl Throttled {
+    pub const fn new(every: Duration) -> Self {
+        Throttled {
+            every,
+            next: Mutex::new(None),
+            left_out: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(n)` when a line may be written now (`n` events were left out
+    /// since the last one), `None` when this one is left out.
+    pub fn allow(&self) -> Option<u64> {
+        let now = Instant::now();
+        let mut next = self.next.lock();
+        if next.is_some_and(|t| now < t) {
+            self.left_out.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *next = Some(now + self.every);
+        Some(self.left_out.swap(0, Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn throttled_logs_once_per_interval_and_counts_the_rest() {
+        let t = Throttled::new(Duration::from_secs(60));
+        assert_eq!(t.allow(), Some(0));
+        assert_eq!(t.allow(), None);
+        assert_eq!(t.allow(), None);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(t.allow(), Some(2));
+        assert_eq!(t.allow(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn activity_is_idle_only_with_nothing_in_flight() {
+        let a = Activity::new();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(a.idle_for(), Some(Duration::from_secs(5)));
+        let g = InFlight::start(&a);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(a.idle_for(), None);
+        drop(g);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(a.idle_for(), Some(Duration::from_secs(2)));
+    }
+}

@@ -1,0 +1,11 @@
+//! The gateway's edge: listeners and connections (`server`, `conn`), the
+//! tower layers every request passes (`layers`), the admin listener,
+//! policy reload and the tenant usage page.
+
+pub mod admin;
+pub mod conn;
+pub mod layers;
+pub mod reload;
+pub mod server;
+pub mod services;
+pub mod usage;

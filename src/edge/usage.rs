@@ -1,0 +1,333 @@
+//! The tenant usage API and page, on the client listener.
+//!
+//! - `GET /fairway/usage`: the caller's own numbers, authenticated with its
+//!   API key as any call is; with the admin token (`[server]
+//!   admin_token_env`), every tenant, sorted by SLO attainment over the
+//!   last hour, worst first.
+//! - `GET /fairway/usage/{tenant}`: one tenant; a tenant's key reads only
+//!   its own name (any other is 404, whether it exists or not), the admin
+//!   token any.
+//! - `GET /fairway/` (and `/fairway`): the page, one self-contained HTML
+//!   document (`usage.html`, compiled in) that signs in with a key kept in
+//!   the browser's session storage and calls the API.
+//!
+//! The numbers come from memory: each tenant's usage windows
+//! (`telemetry::usage`), its limits from the policy and its buckets from
+//! the scheduler. Field names are stable; docs/usage.md lists them.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use serde_json::{Value, json};
+
+use crate::core::admission::LimitKind;
+use crate::core::ids::TenantId;
+use crate::edge::admin::bears_token;
+use crate::gateway::handle::Gateway;
+use crate::gateway::live::Live;
+use crate::gateway::tenant::authenticate;
+use crate::net::body::{self, BoxBody};
+use crate::outcome::Outcome;
+use crate::protocol::error::ApiError;
+
+/// The page.
+const PAGE: &str = include_str!("usage.html");
+
+/// The windows the API reports, by name and length in seconds.
+const WINDOWS: [(&str, u64); 3] = [("5m", 300), ("1h", 3600), ("24h", 86_400)];
+
+/// Whether `path` is one of this module's.
+pub fn owns(path: &str) -> bool {
+    path == "/fairway" || path.starts_with("/fairway/")
+}
+
+/// Answers a request for one of this module's paths.
+pub fn route<B>(gw: &Arc<Gateway>, req: &Request<B>) -> Response<BoxBody> {
+    let path = req.uri().path();
+    if req.method() != Method::GET {
+        let mut resp = ApiError::InvalidRequest(format!("{path} takes GET")).into_response();
+        *resp.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        resp.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET"));
+        return resp;
+    }
+    match path {
+        "/fairway" | "/fairway/" => page(),
+        "/fairway/usage" => usage(gw, req.headers(), None),
+        _ => match path.strip_prefix("/fairway/usage/") {
+            Some(name) if !name.is_empty() && !name.contains('/') => {
+                usage(gw, req.headers(), Some(name))
+            }
+            _ => ApiError::NotFound.into_response(),
+        },
+    }
+}
+
+fn page() -> Response<BoxBody> {
+    let mut resp = Response::new(body::full(PAGE));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    // Everything the page needs is in it: no other origin, no inline
+    // handlers from data, no framing.
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; \
+             form-action 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// Who is asking.
+enum Caller {
+    Operator,
+    Tenant(TenantId),
+}
+
+fn caller(live: &Live, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let operator = live.policy.server.admin_token;
+    if operator.is_some_and(|want| bears_token(headers, &want)) {
+        return Ok(Caller::Operator);
+    }
+    authenticate(live, headers).map(Caller::Tenant)
+}
+
+/// A tenant the report covers: its index in `live.usage` (the policy's
+/// tenants, then "default") and its scheduler id.
+#[derive(Clone, Copy)]
+struct Subject {
+    index: usize,
+    id: Option<TenantId>,
+}
+
+fn subject_named(gw: &Gateway, live: &Live, name: &str) -> Option<Subject> {
+    let index = live.policy.tenants.iter().position(|t| t.name == name);
+    match index {
+        Some(index) => Some(Subject {
+            index,
+            id: live.tenant_names.get(name).copied(),
+        }),
+        None if name == "default" && live.policy.tenants.is_empty() => Some(Subject {
+            index: 0,
+            id: live
+                .default_tenant
+                .or_else(|| gw.sched().with(|s| s.tenant("default"))),
+        }),
+        None => None,
+    }
+}
+
+fn usage(gw: &Arc<Gateway>, headers: &HeaderMap, name: Option<&str>) -> Response<BoxBody> {
+    let live = gw.live();
+    let caller = match caller(&live, headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let now = crate::clock::unix_seconds_f64();
+    let everyone: Vec<Subject> = if live.policy.tenants.is_empty() {
+        subject_named(gw, &live, "default").into_iter().collect()
+    } else {
+        let tenants = live.policy.tenants.iter().enumerate();
+        tenants
+            .map(|(index, t)| Subject {
+                index,
+                id: live.tenant_names.get(&t.name).copied(),
+            })
+            .collect()
+    };
+    let shares = Shares::of(&live, &everyone, now);
+    let body = match (caller, name) {
+        (Caller::Operator, None) => {
+            let mut tenants: Vec<Value> = everyone
+                .iter()
+                .map(|s| report(gw, &live, *s, &shares, now))
+                .collect();
+            // Worst attainment first; tenants with nothing served last.
+            let key = |v: &Value| {
+                v["windows"]["1h"]["slo_attainment"]
+                    .as_f64()
+                    .unwrap_or(f64::INFINITY)
+            };
+            tenants.sort_by(|a, b| key(a).total_cmp(&key(b)));
+            json!({"generated_unix": now, "tenants": tenants})
+        }
+        (Caller::Operator, Some(name)) => match subject_named(gw, &live, name) {
+            Some(s) => report(gw, &live, s, &shares, now),
+            None => return ApiError::NotFound.into_response(),
+        },
+        (Caller::Tenant(id), name) => {
+            let own = live
+                .tenant_policy
+                .get(&id)
+                .map(|&i| live.policy.tenants[i].name.as_str())
+                .unwrap_or("default");
+            // Another tenant's name, real or not, is not found: a key
+            // learns nothing about the tenants it is not.
+            if name.is_some_and(|n| n != own) {
+                return ApiError::NotFound.into_response();
+            }
+            match subject_named(gw, &live, own) {
+                Some(s) => report(gw, &live, s, &shares, now),
+                None => return ApiError::NotFound.into_response(),
+            }
+        }
+    };
+    let mut resp = Response::new(body::full(body.to_string()));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// Each tenant's weight and GPU-seconds over the last hour, for shares.
+struct Shares {
+    /// (weight, GPU-seconds in the hour, had a request in the hour).
+    by_index: Vec<(f64, f64, bool)>,
+}
+
+impl Shares {
+    fn of(live: &Live, everyone: &[Subject], now: f64) -> Self {
+        let mut by_index = vec![(0.0, 0.0, false); live.usage.len()];
+        for s in everyone {
+            let hour = live.usage[s.index].lock().window(now, 3600);
+            let weight = live.policy.tenants.get(s.index).map_or(1.0, |t| t.weight);
+            by_index[s.index] = (weight, hour.gpu_seconds, hour.requests > 0);
+        }
+        Shares { by_index }
+    }
+
+    /// `index`'s share of the weights of the tenants active in the hour
+    /// (itself counted), and of the GPU-seconds they were served.
+    fn of_tenant(&self, index: usize) -> (Option<f64>, Option<f64>) {
+        let (weight, gpu, _) = self.by_index.get(index).copied().unwrap_or_default();
+        let active = self
+            .by_index
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, _, a))| *a || *i == index);
+        let (weights, gpus) = active.fold((0.0, 0.0), |(w, g), (_, e)| (w + e.0, g + e.1));
+        (
+            (weights > 0.0).then(|| weight / weights),
+            (gpus > 0.0).then(|| gpu / gpus),
+        )
+    }
+}
+
+fn refusals_in(windows: &crate::telemetry::usage::WindowStats, kind: LimitKind) -> u64 {
+    windows.refusals.get(kind.as_str()).copied().unwrap_or(0)
+}
+
+/// One tenant's numbers.
+fn report(gw: &Gateway, live: &Live, s: Subject, shares: &Shares, now: f64) -> Value {
+    let policy = live.policy.tenants.get(s.index);
+    let name = policy.map_or("default", |t| t.name.as_str());
+    let view = s.id.map(|id| {
+        let clock_now = gw.now();
+        gw.sched().with(|s| s.tenant_view(clock_now, id))
+    });
+    let windows = live.usage[s.index].lock();
+    let stats: Vec<(&str, crate::telemetry::usage::WindowStats)> = WINDOWS
+        .iter()
+        .map(|(label, secs)| (*label, windows.window(now, *secs)))
+        .collect();
+    let hour = &stats[1].1;
+    let minutes = windows.minutes(now);
+    let events: Vec<Value> = Outcome::ALL
+        .iter()
+        .filter(|o| matches!(o, Outcome::Refused(_) | Outcome::Shed))
+        .filter_map(|o| {
+            let last = windows.last(*o)?;
+            let reason = if *o == Outcome::Shed {
+                "shed"
+            } else {
+                o.reason()
+            };
+            let count_1h = if *o == Outcome::Shed {
+                hour.outcomes.get("shed").copied().unwrap_or(0)
+            } else {
+                hour.refusals.get(reason).copied().unwrap_or(0)
+            };
+            Some(json!({"reason": reason, "last_unix": last, "count_1h": count_1h}))
+        })
+        .collect();
+    drop(windows);
+
+    let (in_flight, queued) = view.as_ref().map_or((0, 0), |v| (v.in_flight, v.queued));
+    let rate = policy.and_then(|t| t.rate);
+    let max_concurrency = policy.and_then(|t| t.max_concurrency);
+    let gpu_per_hour = policy.and_then(|t| t.gpu_seconds_per_hour);
+    let gpu_level = view.as_ref().and_then(|v| v.gpu_seconds_level);
+    // The GPU-seconds bucket holds an hour's budget and refills it evenly
+    // over the hour.
+    let (available_at, full_at) = match (gpu_per_hour, gpu_level) {
+        (Some(per_hour), Some(level)) if per_hour > 0.0 => {
+            let per_second = per_hour / 3600.0;
+            (
+                Some(now + (-level).max(0.0) / per_second),
+                Some(now + (per_hour - level).max(0.0) / per_second),
+            )
+        }
+        _ => (None, None),
+    };
+    let (weight_share, service_share) = shares.of_tenant(s.index);
+    json!({
+        "tenant": name,
+        "weight": policy.map_or(1.0, |t| t.weight),
+        "priority": policy.map(|t| t.priority.as_str()),
+        "slo": policy.map(|t| json!({
+            "ttft_seconds": t.slo.ttft.as_secs_f64(),
+            "e2e_seconds": t.slo.e2e.as_secs_f64(),
+        })),
+        "windows": stats.iter().map(|(l, w)| (l.to_string(), json!(w))).collect::<serde_json::Map<_, _>>(),
+        "limits": {
+            "rate": {
+                "requests_per_second": rate,
+                "burst": policy.and_then(|t| t.burst),
+                "available": view.as_ref().and_then(|v| v.rate_level),
+                "refused_1h": refusals_in(hour, LimitKind::Rate),
+            },
+            "concurrency": {
+                "max": max_concurrency,
+                "in_flight": in_flight,
+                "queued": queued,
+                "use_ratio": max_concurrency.map(|m| f64::from(in_flight + queued) / f64::from(m.max(1))),
+                "refused_1h": refusals_in(hour, LimitKind::Concurrency),
+            },
+            "gpu_seconds": {
+                "per_hour": gpu_per_hour,
+                "available": gpu_level,
+                "used_1h": hour.gpu_seconds,
+                "available_again_unix": available_at,
+                "full_unix": full_at,
+                "refused_1h": refusals_in(hour, LimitKind::GpuSeconds),
+            },
+            "queue": {
+                "refused_1h": refusals_in(hour, LimitKind::QueueFull),
+            },
+        },
+        "share": {
+            "weight_share": weight_share,
+            "gpu_seconds_share_1h": service_share,
+        },
+        "preempted_total": view.as_ref().map_or(0, |v| v.preempted_total),
+        "refusal_events": events,
+        "minutes": minutes,
+    })
+}

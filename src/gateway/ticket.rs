@@ -1,0 +1,487 @@
+//! One request's life in the gateway, and its one recorded outcome.
+//!
+//! A [`Ticket`] is made when a request enters and records when it drops, so
+//! an early return, an error, the end of the body, the client hanging up
+//! (the future or the body is dropped) or a handler panic (the ticket drops
+//! as it unwinds) each count once: in `fairway_requests_total`, the access
+//! log and, when traces are on, the request's spans.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, Request, Response};
+use opentelemetry::trace::TraceId;
+
+use crate::core::admission::RateLimits;
+use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
+use crate::core::time::Instant;
+use crate::gateway::access::AccessLine;
+use crate::gateway::handle::Gateway;
+use crate::gateway::live::Live;
+use crate::gateway::scheduling::Settle;
+use crate::net::body::BoxBody;
+use crate::net::headers::X_REQUEST_ID;
+use crate::outcome::Outcome;
+use crate::protocol::error::{ApiError, close_if_body_unread};
+use crate::telemetry::metrics::RequestRecord;
+use crate::telemetry::otel;
+use crate::telemetry::usage::UsageRecord;
+
+/// How a relayed body ended.
+#[derive(Debug)]
+pub enum BodyEnd {
+    Complete { usage: Option<Usage> },
+    UpstreamError(String),
+}
+
+/// One request's life in the gateway; records its outcome exactly once.
+pub struct Ticket {
+    pub(crate) gw: Arc<Gateway>,
+    pub(crate) live: Arc<Live>,
+    pub(crate) start: Instant,
+    /// The request's `x-request-id` (the edge sets one on every request).
+    request_id: Option<HeaderValue>,
+    /// The caller's trace id from `traceparent`, for the access log when
+    /// traces are off (when on, the request span carries it).
+    caller_trace: Option<TraceId>,
+    pub(crate) tenant: Option<TenantId>,
+    pub(crate) pool: Option<(PoolId, usize)>,
+    /// The LoRA adapter the request names, on its base model's pool.
+    pub(crate) adapter: Option<Arc<str>>,
+    /// Set once admitted: the scheduler knows the request.
+    pub(crate) id: Option<RequestId>,
+    /// The tenant's buckets once admitted, for the answer's
+    /// `x-ratelimit-*` headers.
+    pub(crate) limits: RateLimits,
+    pub(crate) backend: Option<BackendId>,
+    pub(crate) backend_name: Arc<str>,
+    pub(crate) sent: Option<Instant>,
+    first_byte: Option<Instant>,
+    pub(crate) queue_wait: Option<Duration>,
+    pub(crate) prompt_estimate: u32,
+    /// What the client asked for (`max_tokens`, `stream`), for the access
+    /// log, so `fairway workload --from-access-log` can replay it.
+    pub(crate) max_tokens: Option<u32>,
+    pub(crate) stream_requested: bool,
+    /// The whole request body was read (else an early answer closes the
+    /// connection).
+    pub(crate) body_read: bool,
+    /// The request's spans (all `Span::none()` when traces are off).
+    pub(crate) spans: Spans,
+    /// The response is an SSE stream: its first byte is the first token.
+    pub(crate) streaming: bool,
+    /// Times the request was preempted and queued again.
+    pub(crate) preempted: u32,
+    pub(crate) outcome: Option<Outcome>,
+    usage: Option<Usage>,
+    gpu_seconds: f64,
+    pub(crate) status: u16,
+    /// A Triton generate call the client tagged with `triton-request-id`:
+    /// the stop request to send its backend if the client goes away.
+    pub(crate) stop_call: Option<StopCall>,
+}
+
+/// The TensorRT-LLM LLM-API model's cancellation: the same generate URL
+/// (`path` at `address`) with `{"stop": true}` and the call's
+/// `triton-request-id`.
+#[derive(Debug, Clone)]
+pub(crate) struct StopCall {
+    pub(crate) address: crate::gateway::upstream::Address,
+    pub(crate) path: String,
+    pub(crate) request_id: http::HeaderValue,
+}
+
+impl StopCall {
+    /// Sends it in the background (at most 5 s); the outcome is the
+    /// cancelled call's, whatever the answer.
+    fn send(self) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(req) = http::Request::post(&self.path)
+            .header(http::header::HOST, self.address.host.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("triton-request-id", self.request_id)
+            .body(crate::gateway::upstream::whole(bytes::Bytes::from_static(
+                br#"{"text_input": "", "stop": true}"#,
+            )))
+        else {
+            return;
+        };
+        handle.spawn(async move {
+            let call = crate::gateway::pool::send(&self.address.authority, req);
+            match tokio::time::timeout(Duration::from_secs(5), call).await {
+                Ok(Ok(r)) => tracing::debug!(status = r.status().as_u16(), "stop request sent"),
+                Ok(Err(e)) => tracing::debug!(error = %e, "stop request failed"),
+                Err(_) => tracing::debug!("stop request timed out"),
+            }
+        });
+    }
+}
+
+/// A request's spans: `fairway.request` and the phase open now.
+///
+/// They are created, replaced and dropped with the gateway's dispatch as
+/// the default: when a child closes, the registry releases its parent
+/// through the *default* dispatch, so a child closed under another one
+/// would keep `fairway.request` open forever.
+pub struct Spans {
+    /// `fairway.admission`, then `fairway.queue`, `fairway.upstream`,
+    /// `fairway.stream`: each closes as the next opens.
+    phase: tracing::Span,
+    pub request: tracing::Span,
+    dispatch: Option<tracing::Dispatch>,
+}
+
+impl Drop for Spans {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dispatch {
+            let phase = std::mem::replace(&mut self.phase, tracing::Span::none());
+            let request = std::mem::replace(&mut self.request, tracing::Span::none());
+            tracing::dispatcher::with_default(d, || {
+                drop(phase);
+                drop(request);
+            });
+        }
+    }
+}
+
+impl Spans {
+    fn new(gw: &Gateway, headers: &HeaderMap, request_id: Option<&HeaderValue>) -> Spans {
+        let Some(traces) = &gw.traces() else {
+            return Spans {
+                request: tracing::Span::none(),
+                phase: tracing::Span::none(),
+                dispatch: None,
+            };
+        };
+        traces.in_scope(|| {
+            let request = tracing::info_span!(
+                target: "fairway::trace",
+                "fairway.request",
+                otel.kind = "server",
+                otel.status_code = tracing::field::Empty,
+                fairway.request_id = request_id.and_then(|v| v.to_str().ok()),
+                fairway.tenant = tracing::field::Empty,
+                fairway.model = tracing::field::Empty,
+                fairway.backend = tracing::field::Empty,
+                fairway.outcome = tracing::field::Empty,
+                http.response.status_code = tracing::field::Empty,
+            );
+            otel::join_caller(&request, headers);
+            let phase = tracing::info_span!(target: "fairway::trace", parent: &request, "fairway.admission");
+            Spans {
+                request,
+                phase,
+                dispatch: Some(traces.dispatch().clone()),
+            }
+        })
+    }
+
+    /// Closes the phase open now and opens `next` (a `Span::none()` when
+    /// traces are off).
+    pub(crate) fn next(&mut self, gw: &Gateway, next: Phase) {
+        let Some(traces) = &gw.traces() else { return };
+        let parent = &self.request;
+        let phase = &mut self.phase;
+        traces.in_scope(|| {
+            let old = std::mem::replace(phase, tracing::Span::none());
+            drop(old);
+            *phase = match next {
+                Phase::Queue => {
+                    tracing::info_span!(target: "fairway::trace", parent: parent, "fairway.queue")
+                }
+                Phase::Upstream { backend } => tracing::info_span!(
+                    target: "fairway::trace",
+                    parent: parent,
+                    "fairway.upstream",
+                    otel.kind = "client",
+                    fairway.backend = backend,
+                ),
+                Phase::Stream => tracing::info_span!(
+                    target: "fairway::trace",
+                    parent: parent,
+                    "fairway.stream",
+                    gen_ai.usage.input_tokens = tracing::field::Empty,
+                    gen_ai.usage.output_tokens = tracing::field::Empty,
+                ),
+            };
+        });
+    }
+
+    /// Writes the upstream span's context into the backend request's
+    /// headers (traces on only: otherwise the caller's pass untouched).
+    pub(crate) fn inject(&self, gw: &Gateway, headers: &mut HeaderMap) {
+        if gw.traces().is_some() {
+            otel::inject(&self.phase, headers);
+        }
+    }
+}
+
+/// The phases after admission, in order.
+pub(crate) enum Phase<'a> {
+    Queue,
+    Upstream { backend: &'a str },
+    Stream,
+}
+
+impl Ticket {
+    pub(crate) fn new(
+        gw: Arc<Gateway>,
+        live: Arc<Live>,
+        start: Instant,
+        headers: &HeaderMap,
+    ) -> Self {
+        let request_id = headers.get(&X_REQUEST_ID).cloned();
+        let spans = Spans::new(&gw, headers, request_id.as_ref());
+        let caller_trace = match gw.traces() {
+            None => otel::caller_trace_id(headers),
+            Some(_) => None,
+        };
+        Ticket {
+            gw,
+            live,
+            start,
+            request_id,
+            caller_trace,
+            tenant: None,
+            pool: None,
+            adapter: None,
+            id: None,
+            limits: RateLimits::default(),
+            backend: None,
+            backend_name: Arc::from(""),
+            sent: None,
+            first_byte: None,
+            queue_wait: None,
+            prompt_estimate: 0,
+            max_tokens: None,
+            stream_requested: false,
+            body_read: false,
+            spans,
+            streaming: false,
+            preempted: 0,
+            outcome: None,
+            usage: None,
+            gpu_seconds: 0.0,
+            status: 0,
+            stop_call: None,
+        }
+    }
+
+    /// Notes the first body byte from the backend (TTFT).
+    pub fn first_byte(&mut self) {
+        if self.first_byte.is_none() {
+            self.first_byte = Some(self.gw.now());
+            self.spans.next(&self.gw, Phase::Stream);
+        }
+    }
+
+    /// The backend created a Responses API response with this id: later
+    /// calls on it go to the same backend, for the same tenant.
+    pub fn response_created(&self, id: String) {
+        if let (Some(backend), Some(tenant)) = (self.backend, self.tenant) {
+            self.gw
+                .responses()
+                .remember(self.gw.now(), &id, backend, tenant);
+        }
+    }
+
+    /// The body ended (complete or broken).
+    pub fn end(mut self, how: BodyEnd) {
+        match how {
+            BodyEnd::Complete { usage } => {
+                self.usage = usage;
+                if self.outcome.is_none() {
+                    self.outcome = Some(Outcome::Served);
+                }
+            }
+            BodyEnd::UpstreamError(cause) => {
+                tracing::warn!(backend = %self.backend_name, %cause, "stream from backend broke");
+                self.outcome = Some(Outcome::FailedUpstream);
+                if let Some(b) = self.backend {
+                    self.gw.backend_failed(b);
+                }
+            }
+        }
+        // Drop records.
+    }
+
+    /// Ends the request in the scheduler (completion or cancel).
+    fn settle_core(&mut self, now: Instant) {
+        let Some(id) = self.id.take() else { return };
+        let ttft = match (self.streaming, self.sent, self.first_byte) {
+            (true, Some(sent), Some(first)) => Some(first - sent),
+            _ => None,
+        };
+        let settled = self.gw.sched().settle(
+            now,
+            Settle {
+                id,
+                tenant: self.tenant,
+                backend: self.backend,
+                served: self.outcome == Some(Outcome::Served),
+                usage: self.usage,
+                ttft,
+            },
+        );
+        if let Some(g) = settled.gpu_seconds {
+            self.gpu_seconds = g;
+        }
+        if let Some(e) = settled.ejected {
+            self.gw.report_ejection(now, e);
+        }
+    }
+
+    /// Sets the request span's closing fields.
+    fn close_spans(&self, tenant: &str, model: &str, outcome: Outcome) {
+        let span = &self.spans.request;
+        if span.is_none() {
+            return;
+        }
+        span.record("fairway.tenant", tenant);
+        span.record("fairway.model", model);
+        span.record("fairway.backend", &*self.backend_name);
+        span.record("fairway.outcome", outcome.as_str());
+        span.record("http.response.status_code", i64::from(self.status));
+        if outcome != Outcome::Served {
+            span.record("otel.status_code", "ERROR");
+        }
+        if self.first_byte.is_some() {
+            let usage = self.usage.unwrap_or_default();
+            self.spans
+                .phase
+                .record("gen_ai.usage.input_tokens", i64::from(usage.prompt_tokens));
+            self.spans.phase.record(
+                "gen_ai.usage.output_tokens",
+                i64::from(usage.completion_tokens),
+            );
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let now = self.gw.now();
+        if std::thread::panicking() {
+            // Dropped while a handler panic unwinds: the edge answers 500.
+            self.outcome = Some(Outcome::Error);
+            self.status = 500;
+        } else if self.outcome.is_none() {
+            self.outcome = Some(Outcome::Cancelled);
+        }
+        if self.outcome == Some(Outcome::Cancelled)
+            && self.sent.is_some()
+            && let Some(stop) = self.stop_call.take()
+        {
+            stop.send();
+        }
+        self.settle_core(now);
+        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        let live = &self.live;
+        let policy = &live.policy;
+        let tenant_index = self.tenant.map(|t| {
+            live.tenant_policy
+                .get(&t)
+                .copied()
+                .unwrap_or(policy.tenants.len())
+        });
+        let tenant_policy = tenant_index.and_then(|i| policy.tenants.get(i));
+        let tenant = match (tenant_index, tenant_policy) {
+            (_, Some(p)) => p.name.as_str(),
+            (Some(_), None) => "default",
+            (None, None) => "unknown",
+        };
+        let pool_index = self.pool.map(|(_, i)| i);
+        let model = pool_index.map_or("unknown", |i| policy.pools[i].model.as_str());
+        let e2e = now - self.start;
+        let ttft = self.first_byte.map(|t| t - self.start);
+        let goodput = outcome == Outcome::Served
+            && tenant_policy
+                .is_none_or(|p| e2e <= p.slo.e2e && ttft.is_some_and(|t| t <= p.slo.ttft));
+        let overhead = self
+            .sent
+            .map(|s| (s - self.start).saturating_sub(self.queue_wait.unwrap_or_default()));
+        let usage = self.usage.unwrap_or_default();
+        // Resolved when the policy was loaded; a request refused before it
+        // had a tenant or a model looks its series up.
+        let looked_up;
+        let series = match (tenant_index, pool_index) {
+            (Some(t), Some(p)) => &live.series[t][p],
+            _ => {
+                looked_up = self.gw.metrics().series(tenant, model);
+                &looked_up
+            }
+        };
+        self.gw.metrics().record(
+            series,
+            &RequestRecord {
+                outcome,
+                goodput,
+                queue_wait: self.queue_wait,
+                ttft,
+                e2e,
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens: usage.completion_tokens,
+                gpu_seconds: self.gpu_seconds,
+                overhead,
+            },
+        );
+        let wall = crate::clock::unix_time();
+        if let Some(windows) = tenant_index.and_then(|t| live.usage.get(t)) {
+            windows.lock().record(
+                wall.as_secs_f64(),
+                &UsageRecord {
+                    outcome,
+                    goodput,
+                    ttft: ttft.map(|d| d.as_secs_f64()),
+                    e2e: e2e.as_secs_f64(),
+                    queue_wait: self.queue_wait.map(|d| d.as_secs_f64()),
+                    preempted: self.preempted > 0,
+                    gpu_seconds: self.gpu_seconds,
+                },
+            );
+        }
+        self.close_spans(tenant, model, outcome);
+        let trace_id = otel::trace_id(&self.spans.request).or(self.caller_trace);
+        // Inside the request span, when traces are on: the log line and
+        // the trace are one tree.
+        AccessLine {
+            unix_micros: i64::try_from(wall.as_micros()).unwrap_or(i64::MAX),
+            request_id: self.request_id.as_ref().and_then(|v| v.to_str().ok()),
+            trace_id: trace_id.map(|t| u128::from_be_bytes(t.to_bytes())),
+            tenant,
+            model,
+            adapter: self.adapter.as_deref(),
+            backend: &self.backend_name,
+            outcome,
+            status: self.status,
+            queue_wait_ms: self.queue_wait.map(|d| d.as_secs_f64() * 1e3),
+            ttft_ms: ttft.map(|d| d.as_secs_f64() * 1e3),
+            e2e_ms: e2e.as_secs_f64() * 1e3,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            prompt_tokens_estimate: self.prompt_estimate,
+            max_tokens: self.max_tokens,
+            stream: self.stream_requested,
+            preempted: self.preempted,
+            gpu_seconds: self.gpu_seconds,
+        }
+        .log(&self.spans.request);
+    }
+}
+
+/// Answers a request that the edge refuses before the scheduling path
+/// (over a cap, draining, body too large), recording its one outcome.
+pub fn refuse<B: http_body::Body>(
+    gw: &Arc<Gateway>,
+    req: &Request<B>,
+    error: ApiError,
+) -> Response<BoxBody> {
+    let mut ticket = Ticket::new(gw.clone(), gw.live(), gw.now(), req.headers());
+    ticket.outcome = Some(error.outcome());
+    ticket.status = error.status().as_u16();
+    let mut resp = error.into_response_for(req.uri().path());
+    close_if_body_unread(&mut resp, req.version(), !req.body().is_end_stream());
+    resp
+}

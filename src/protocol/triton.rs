@@ -1,0 +1,241 @@
+//! Just enough of Triton's HTTP API (KServe v2 and its generate
+//! extension): which model and action a `/v2` path names, what Fairway
+//! reads of a generate body (the prompt's size and the output length, in
+//! every shape Triton models take it) and of an infer body (its size), and
+//! the path to send upstream. Bodies go to the backend untouched.
+
+use serde::Deserialize;
+
+use crate::protocol::error::ApiError;
+use crate::protocol::openai::RequestInfo;
+
+/// `/v2/models/{model}[/versions/{version}][/{action}]`, split.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelPath<'a> {
+    pub model: &'a str,
+    pub version: Option<&'a str>,
+    /// `generate`, `generate_stream`, `infer`, `ready`, …; empty for the
+    /// model's metadata.
+    pub action: &'a str,
+}
+
+/// Splits a `/v2/models/...` path; `None` for any other path.
+pub fn model_path(path: &str) -> Option<ModelPath<'_>> {
+    let rest = path.strip_prefix("/v2/models/")?;
+    let (model, rest) = rest.split_once('/').unwrap_or((rest, ""));
+    let (version, action) = match rest.strip_prefix("versions/") {
+        Some(v) => {
+            let (v, action) = v.split_once('/').unwrap_or((v, ""));
+            (Some(v), action)
+        }
+        None => (None, rest),
+    };
+    let valid = |s: &str| !s.is_empty() && !s.contains('/');
+    (valid(model) && version.is_none_or(valid)).then_some(ModelPath {
+        model,
+        version,
+        action,
+    })
+}
+
+impl ModelPath<'_> {
+    /// The same call on a backend that knows the model as `served`.
+    pub fn upstream(&self, served: &str) -> String {
+        match self.version {
+            Some(v) => format!("/v2/models/{served}/versions/{v}/{}", self.action),
+            None => format!("/v2/models/{served}/{}", self.action),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Generate {
+    text_input: Option<serde_json::Value>,
+    max_tokens: Option<serde_json::Value>,
+    sampling_param_max_tokens: Option<serde_json::Value>,
+    parameters: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// A count as Triton's JSON-to-tensor mapping takes it: a number, or a
+/// one-element array of one.
+fn count(v: &serde_json::Value) -> Option<u32> {
+    match v {
+        serde_json::Value::Array(a) if a.len() == 1 => count(&a[0]),
+        v => v.as_u64().and_then(|n| u32::try_from(n).ok()),
+    }
+}
+
+/// What Fairway reads of a generate request to `model`: the prompt's
+/// estimated tokens (`text_input`, a string or a one-element array of
+/// one) and the output length (`max_tokens`, `parameters.max_tokens` or
+/// the LLM-API model's `sampling_param_max_tokens`). Other fields are the
+/// model's business. Malformed JSON is a 400.
+pub fn parse_generate(body: &[u8], model: &str, stream: bool) -> Result<RequestInfo, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::InvalidRequest(format!("Request body is not valid UTF-8: {e}")))?;
+    if !text.trim_start().starts_with('{') {
+        return Err(ApiError::InvalidRequest(
+            "Request body must be a JSON object.".into(),
+        ));
+    }
+    let g: Generate = serde_json::from_str(text)
+        .map_err(|e| ApiError::InvalidRequest(format!("Request body is not valid JSON: {e}")))?;
+    let prompt = match &g.text_input {
+        Some(serde_json::Value::String(s)) => crate::tokens::estimate(s),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(serde_json::Value::as_str)
+            .map(crate::tokens::estimate)
+            .fold(0u32, u32::saturating_add),
+        _ => 0,
+    };
+    let max_tokens = g
+        .max_tokens
+        .as_ref()
+        .or(g.sampling_param_max_tokens.as_ref())
+        .or_else(|| g.parameters.as_ref().and_then(|p| p.get("max_tokens")))
+        .and_then(count);
+    Ok(RequestInfo {
+        model: model.to_owned(),
+        stream,
+        // Nothing to splice: Triton's responses carry no usage object.
+        include_usage: true,
+        max_tokens,
+        choices: 1,
+        prompt_tokens: prompt,
+    })
+}
+
+/// What Fairway reads of an infer request to `model` (a classic tensor
+/// model: embeddings, a classifier, a reranker): that it is a JSON object
+/// with `inputs` (the JSON header of a binary-tensor request, the first
+/// `header_len` bytes, when `Inference-Header-Content-Length` says so), and
+/// its size, as its cost: four bytes a token, like text. The tensors are
+/// not read; the body goes upstream untouched.
+pub fn parse_infer(
+    body: &[u8],
+    header_len: Option<&http::HeaderValue>,
+    model: &str,
+) -> Result<RequestInfo, ApiError> {
+    let json = match header_len {
+        None => body,
+        Some(v) => {
+            let n = v
+                .to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    ApiError::InvalidRequest("Invalid Inference-Header-Content-Length.".into())
+                })?;
+            body.get(..n).ok_or_else(|| {
+                ApiError::InvalidRequest(format!(
+                    "Inference-Header-Content-Length {n} is past the end of the body ({} bytes).",
+                    body.len()
+                ))
+            })?
+        }
+    };
+    let v: serde_json::Value = serde_json::from_slice(json)
+        .map_err(|e| ApiError::InvalidRequest(format!("Request header is not valid JSON: {e}")))?;
+    if !v.get("inputs").is_some_and(serde_json::Value::is_array) {
+        return Err(ApiError::InvalidRequest(
+            "Request must be a JSON object with an `inputs` array.".into(),
+        ));
+    }
+    Ok(RequestInfo {
+        model: model.to_owned(),
+        stream: false,
+        include_usage: true,
+        // One pass over the input, no generated output.
+        max_tokens: Some(0),
+        choices: 1,
+        prompt_tokens: u32::try_from(body.len().div_ceil(4))
+            .unwrap_or(u32::MAX)
+            .max(1),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_paths() {
+        let p = model_path("/v2/models/ensemble/generate_stream").unwrap();
+        assert_eq!(
+            (p.model, p.version, p.action),
+            ("ensemble", None, "generate_stream")
+        );
+        assert_eq!(
+            p.upstream("tensorrt_llm_bls"),
+            "/v2/models/tensorrt_llm_bls/generate_stream"
+        );
+        let p = model_path("/v2/models/m/versions/2/generate").unwrap();
+        assert_eq!((p.model, p.version, p.action), ("m", Some("2"), "generate"));
+        assert_eq!(p.upstream("x"), "/v2/models/x/versions/2/generate");
+        let p = model_path("/v2/models/m").unwrap();
+        assert_eq!(p.action, "");
+        assert_eq!(model_path("/v2/models/m/ready").unwrap().action, "ready");
+        assert!(model_path("/v2/models/").is_none());
+        assert!(model_path("/v2/models//generate").is_none());
+        assert!(model_path("/v1/models/m").is_none());
+    }
+
+    #[test]
+    fn generate_bodies_in_every_shape() {
+        let p = |b: &str| parse_generate(b.as_bytes(), "m", false);
+        assert_eq!(
+            p(r#"{"text_input":"hello there","max_tokens":20}"#)
+                .unwrap()
+                .max_tokens,
+            Some(20)
+        );
+        assert_eq!(
+            p(r#"{"text_input":"hi","parameters":{"max_tokens":7}}"#)
+                .unwrap()
+                .max_tokens,
+            Some(7)
+        );
+        assert_eq!(
+            p(r#"{"text_input":"hi","sampling_param_max_tokens":9}"#)
+                .unwrap()
+                .max_tokens,
+            Some(9)
+        );
+        assert_eq!(
+            p(r#"{"text_input":["hi"],"max_tokens":[5]}"#)
+                .unwrap()
+                .max_tokens,
+            Some(5)
+        );
+        let info = p(r#"{"text_input":"a fairly long prompt of several words"}"#).unwrap();
+        assert_eq!(info.max_tokens, None);
+        assert!(info.prompt_tokens > 3);
+        assert_eq!(info.model, "m");
+        assert!(p("[1]").is_err());
+        assert!(p("{").is_err());
+        assert!(parse_generate(&[0xff, 0xfe], "m", false).is_err());
+    }
+
+    #[test]
+    fn infer_bodies_json_and_binary() {
+        let json =
+            br#"{"inputs":[{"name":"INPUT0","shape":[1,3],"datatype":"FP32","data":[1,2,3]}]}"#;
+        let info = parse_infer(json, None, "m").unwrap();
+        assert_eq!(info.max_tokens, Some(0));
+        assert_eq!(info.prompt_tokens as usize, json.len().div_ceil(4));
+        // Binary tensors: a JSON header, then raw bytes.
+        let header = br#"{"inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"FP32","parameters":{"binary_data_size":16}}]}"#;
+        let mut body = header.to_vec();
+        body.extend_from_slice(&[0u8; 16]);
+        let len = http::HeaderValue::from(header.len());
+        assert!(parse_infer(&body, Some(&len), "m").is_ok());
+        let past = http::HeaderValue::from(body.len() + 1);
+        assert!(parse_infer(&body, Some(&past), "m").is_err());
+        assert!(
+            parse_infer(&body, None, "m").is_err(),
+            "binary bytes are not JSON"
+        );
+        assert!(parse_infer(br#"{"outputs":[]}"#, None, "m").is_err());
+    }
+}
