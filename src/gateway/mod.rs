@@ -4,6 +4,7 @@
 
 pub mod access;
 pub mod adapters;
+pub mod forward;
 pub mod handle;
 pub mod live;
 pub mod origins;

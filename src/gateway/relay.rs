@@ -333,7 +333,7 @@ impl Body for RelayBody {
             let frame = match this.inner.as_mut().poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(None) => {
-                    let tail = finish(*this.mode, this.carry, this.seen, this.ticket);
+                    let tail = end_ticket(*this.mode, this.carry, this.seen, this.ticket);
                     return Poll::Ready(tail.map(|t| Ok(Frame::data(t))));
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -379,7 +379,7 @@ impl Body for RelayBody {
             // last byte is written, without another poll: end the ticket as
             // soon as the backend's body says it is complete.
             if this.inner.is_end_stream() {
-                let tail = finish(*this.mode, this.carry, this.seen, this.ticket);
+                let tail = end_ticket(*this.mode, this.carry, this.seen, this.ticket);
                 let out = match (out, tail) {
                     (Some(a), Some(b)) => Some(Bytes::from([a, b].concat())),
                     (a, b) => a.or(b),
@@ -407,7 +407,7 @@ impl Body for RelayBody {
 
 /// Ends the ticket once: reads the usage of a JSON body, and returns what
 /// an SSE relay still held (a stream that ended inside an event).
-fn finish(
+fn end_ticket(
     mode: Mode,
     carry: &mut BytesMut,
     seen: &mut Seen,
@@ -419,7 +419,7 @@ fn finish(
         && let Some(u) = seen.usage.as_mut()
     {
         // Triton reports no prompt count: Fairway's estimate stands in.
-        u.prompt_tokens = t.prompt_estimate;
+        u.prompt_tokens = t.prompt_estimate();
     }
     if let Some(id) = seen.response_id.take() {
         t.response_created(id);

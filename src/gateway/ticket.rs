@@ -21,7 +21,7 @@ use crate::gateway::live::Live;
 use crate::gateway::scheduling::Settle;
 use crate::net::body::BoxBody;
 use crate::net::headers::X_REQUEST_ID;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, RefusedBy};
 use crate::protocol::error::{ApiError, close_if_body_unread};
 use crate::telemetry::metrics::RequestRecord;
 use crate::telemetry::otel;
@@ -36,59 +36,61 @@ pub enum BodyEnd {
 
 /// One request's life in the gateway; records its outcome exactly once.
 pub struct Ticket {
-    pub(crate) gw: Arc<Gateway>,
-    pub(crate) live: Arc<Live>,
-    pub(crate) start: Instant,
+    gw: Arc<Gateway>,
+    live: Arc<Live>,
+    start: Instant,
     /// The request's `x-request-id` (the edge sets one on every request).
     request_id: Option<HeaderValue>,
     /// The caller's trace id from `traceparent`, for the access log when
     /// traces are off (when on, the request span carries it).
     caller_trace: Option<TraceId>,
-    pub(crate) tenant: Option<TenantId>,
-    pub(crate) pool: Option<(PoolId, usize)>,
+    tenant: Option<TenantId>,
+    pool: Option<(PoolId, usize)>,
     /// The LoRA adapter the request names, on its base model's pool.
-    pub(crate) adapter: Option<Arc<str>>,
+    adapter: Option<Arc<str>>,
     /// Set once admitted: the scheduler knows the request.
-    pub(crate) id: Option<RequestId>,
+    id: Option<RequestId>,
     /// The tenant's buckets once admitted, for the answer's
     /// `x-ratelimit-*` headers.
-    pub(crate) limits: RateLimits,
-    pub(crate) backend: Option<BackendId>,
-    pub(crate) backend_name: Arc<str>,
-    pub(crate) sent: Option<Instant>,
+    limits: RateLimits,
+    backend: Option<BackendId>,
+    backend_name: Arc<str>,
+    sent: Option<Instant>,
     first_byte: Option<Instant>,
-    pub(crate) queue_wait: Option<Duration>,
-    pub(crate) prompt_estimate: u32,
+    queue_wait: Option<Duration>,
+    prompt_estimate: u32,
     /// What the client asked for (`max_tokens`, `stream`), for the access
     /// log, so `fairway workload --from-access-log` can replay it.
-    pub(crate) max_tokens: Option<u32>,
-    pub(crate) stream_requested: bool,
+    max_tokens: Option<u32>,
+    stream_requested: bool,
     /// The whole request body was read (else an early answer closes the
     /// connection).
-    pub(crate) body_read: bool,
+    body_read: bool,
     /// The request's spans (all `Span::none()` when traces are off).
-    pub(crate) spans: Spans,
+    spans: Spans,
     /// The response is an SSE stream: its first byte is the first token.
-    pub(crate) streaming: bool,
+    streaming: bool,
     /// Times the request was preempted and queued again.
-    pub(crate) preempted: u32,
-    pub(crate) outcome: Option<Outcome>,
+    preempted: u32,
+    outcome: Option<Outcome>,
     usage: Option<Usage>,
     gpu_seconds: f64,
-    pub(crate) status: u16,
+    status: u16,
     /// A Triton generate call the client tagged with `triton-request-id`:
     /// the stop request to send its backend if the client goes away.
-    pub(crate) stop_call: Option<StopCall>,
+    stop_call: Option<StopCall>,
+    /// Whether [`finish`](Ticket::finish) ran.
+    finished: bool,
 }
 
 /// The TensorRT-LLM LLM-API model's cancellation: the same generate URL
 /// (`path` at `address`) with `{"stop": true}` and the call's
 /// `triton-request-id`.
 #[derive(Debug, Clone)]
-pub(crate) struct StopCall {
-    pub(crate) address: crate::gateway::upstream::Address,
-    pub(crate) path: String,
-    pub(crate) request_id: http::HeaderValue,
+pub struct StopCall {
+    pub address: crate::gateway::upstream::Address,
+    pub path: String,
+    pub request_id: http::HeaderValue,
 }
 
 impl StopCall {
@@ -180,7 +182,7 @@ impl Spans {
 
     /// Closes the phase open now and opens `next` (a `Span::none()` when
     /// traces are off).
-    pub(crate) fn next(&mut self, gw: &Gateway, next: Phase) {
+    fn next(&mut self, gw: &Gateway, next: Phase) {
         let Some(traces) = &gw.traces() else { return };
         let parent = &self.request;
         let phase = &mut self.phase;
@@ -211,7 +213,7 @@ impl Spans {
 
     /// Writes the upstream span's context into the backend request's
     /// headers (traces on only: otherwise the caller's pass untouched).
-    pub(crate) fn inject(&self, gw: &Gateway, headers: &mut HeaderMap) {
+    fn inject(&self, gw: &Gateway, headers: &mut HeaderMap) {
         if gw.traces().is_some() {
             otel::inject(&self.phase, headers);
         }
@@ -219,19 +221,14 @@ impl Spans {
 }
 
 /// The phases after admission, in order.
-pub(crate) enum Phase<'a> {
+enum Phase<'a> {
     Queue,
     Upstream { backend: &'a str },
     Stream,
 }
 
 impl Ticket {
-    pub(crate) fn new(
-        gw: Arc<Gateway>,
-        live: Arc<Live>,
-        start: Instant,
-        headers: &HeaderMap,
-    ) -> Self {
+    pub fn new(gw: Arc<Gateway>, live: Arc<Live>, start: Instant, headers: &HeaderMap) -> Self {
         let request_id = headers.get(&X_REQUEST_ID).cloned();
         let spans = Spans::new(&gw, headers, request_id.as_ref());
         let caller_trace = match gw.traces() {
@@ -266,7 +263,137 @@ impl Ticket {
             gpu_seconds: 0.0,
             status: 0,
             stop_call: None,
+            finished: false,
         }
+    }
+
+    /// When the request entered.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
+    /// Its place in the scheduler, once admitted.
+    pub fn id(&self) -> Option<RequestId> {
+        self.id
+    }
+
+    /// Its tenant's limits, for the answer's `x-ratelimit-*` headers.
+    pub fn limits(&self) -> RateLimits {
+        self.limits
+    }
+
+    /// The backend it was sent to last ("" before any).
+    pub fn backend_name(&self) -> &Arc<str> {
+        &self.backend_name
+    }
+
+    /// Whether the whole request body was read.
+    pub fn body_read(&self) -> bool {
+        self.body_read
+    }
+
+    /// The client's tenant is known.
+    pub fn identified(&mut self, tenant: TenantId) {
+        self.tenant = Some(tenant);
+    }
+
+    /// The request body was read whole (else an early answer closes the
+    /// connection), or, for an upload, as far as `whole` says.
+    pub fn body_was_read(&mut self, whole: bool) {
+        self.body_read = whole;
+    }
+
+    /// The request goes to `pool` (`index` in the policy's pools), naming
+    /// LoRA `adapter` if any.
+    pub fn routed(&mut self, pool: PoolId, index: usize, adapter: Option<&str>) {
+        self.pool = Some((pool, index));
+        self.adapter = adapter.map(Arc::from);
+    }
+
+    /// What the client asked for, for the access log (so `fairway
+    /// workload --from-access-log` can replay it): the prompt's estimated
+    /// tokens, `max_tokens` and `stream`.
+    pub fn asked(&mut self, prompt_estimate: u32, max_tokens: Option<u32>, stream: bool) {
+        self.prompt_estimate = prompt_estimate;
+        self.max_tokens = max_tokens;
+        self.stream_requested = stream;
+    }
+
+    /// Admitted as `id`, under its tenant's `limits`: the queue phase
+    /// begins.
+    pub fn admitted(&mut self, id: RequestId, limits: RateLimits) {
+        self.id = Some(id);
+        self.limits = limits;
+        self.spans.next(&self.gw, Phase::Queue);
+    }
+
+    /// The scheduler shed the request: it is gone from it already.
+    pub fn shed(&mut self) {
+        self.id = None;
+    }
+
+    /// Dispatched now: the queue wait ends.
+    pub fn dispatched(&mut self, now: Instant) {
+        self.queue_wait = Some(now - self.start);
+    }
+
+    /// Sent to `backend` (named `name`) at `now`; its upstream phase
+    /// begins, and its trace context goes into `headers`.
+    pub fn sent(
+        &mut self,
+        now: Instant,
+        backend: BackendId,
+        name: Arc<str>,
+        headers: &mut HeaderMap,
+    ) {
+        self.sent = Some(now);
+        self.backend = Some(backend);
+        self.backend_name = name;
+        if let (Some(adapter), Some((_, pool))) = (&self.adapter, self.pool) {
+            let model = &self.live.policy.pools[pool].model;
+            self.gw
+                .metrics()
+                .record_adapter(model, adapter, &self.backend_name);
+        }
+        let name = self.backend_name.clone();
+        self.spans
+            .next(&self.gw, Phase::Upstream { backend: &name });
+        self.spans.inject(&self.gw, headers);
+    }
+
+    /// A Triton generate call the client tagged: `stop` is sent to its
+    /// backend if the client goes away.
+    pub fn stop_with(&mut self, stop: StopCall) {
+        self.stop_call = Some(stop);
+    }
+
+    /// Preempted, and queued again.
+    pub fn preempted(&mut self) {
+        self.preempted += 1;
+    }
+
+    /// The backend answered with `status`: an error status is the
+    /// backend's refusal or failure; `streaming` when the answer is SSE
+    /// (its first byte is then the first token).
+    pub fn answered(&mut self, status: http::StatusCode, streaming: bool) {
+        self.status = status.as_u16();
+        self.streaming = streaming;
+        if status.is_client_error() {
+            self.outcome = Some(Outcome::Refused(RefusedBy::Backend));
+        } else if status.is_server_error() {
+            self.outcome = Some(Outcome::FailedUpstream);
+        }
+    }
+
+    /// The request failed with `e`, answered with its status.
+    pub fn failed(&mut self, e: &ApiError) {
+        self.outcome = Some(e.outcome());
+        self.status = e.status().as_u16();
+    }
+
+    /// The prompt's estimated tokens (Triton reports none of its own).
+    pub fn prompt_estimate(&self) -> u32 {
+        self.prompt_estimate
     }
 
     /// Notes the first body byte from the backend (TTFT).
@@ -287,7 +414,7 @@ impl Ticket {
         }
     }
 
-    /// The body ended (complete or broken).
+    /// The body ended (complete or broken): the request is finished.
     pub fn end(mut self, how: BodyEnd) {
         match how {
             BodyEnd::Complete { usage } => {
@@ -304,11 +431,11 @@ impl Ticket {
                 }
             }
         }
-        // Drop records.
+        self.finish();
     }
 
     /// Ends the request in the scheduler (completion or cancel).
-    fn settle_core(&mut self, now: Instant) {
+    fn settle(&mut self, now: Instant) {
         let Some(id) = self.id.take() else { return };
         let ttft = match (self.streaming, self.sent, self.first_byte) {
             (true, Some(sent), Some(first)) => Some(first - sent),
@@ -360,25 +487,55 @@ impl Ticket {
     }
 }
 
-impl Drop for Ticket {
-    fn drop(&mut self) {
+impl Ticket {
+    /// Finishes the request: settles it in the scheduler, records its
+    /// metrics and its tenant's usage windows, closes its spans and writes
+    /// its access line. The request path calls it where a request ends
+    /// (the relay at the end of the body, `handle` on an error); dropping
+    /// a ticket that was not finished (the client went away, a panic
+    /// unwinding) finishes it, as cancelled or as an error.
+    pub fn finish(mut self) {
+        self.finish_now();
+    }
+
+    fn finish_now(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
         let now = self.gw.now();
+        let outcome = self.final_outcome();
+        self.settle(now);
+        let live = self.live.clone();
+        let end = self.summary(&live, now, outcome);
+        self.record_metrics(&live, &end);
+        self.record_usage(&live, &end);
+        self.close_spans(end.tenant, end.model, outcome);
+        self.write_access_line(&end);
+    }
+
+    /// The request's one outcome: the one recorded, else an error (a
+    /// handler panic unwinds, and the edge answers 500) or a cancel (the
+    /// client went away). A cancelled Triton generate call is stopped on
+    /// its backend.
+    fn final_outcome(&mut self) -> Outcome {
         if std::thread::panicking() {
-            // Dropped while a handler panic unwinds: the edge answers 500.
             self.outcome = Some(Outcome::Error);
             self.status = 500;
         } else if self.outcome.is_none() {
             self.outcome = Some(Outcome::Cancelled);
         }
-        if self.outcome == Some(Outcome::Cancelled)
+        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        if outcome == Outcome::Cancelled
             && self.sent.is_some()
             && let Some(stop) = self.stop_call.take()
         {
             stop.send();
         }
-        self.settle_core(now);
-        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
-        let live = &self.live;
+        outcome
+    }
+
+    /// What the records of a finished request are made of.
+    fn summary<'l>(&self, live: &'l Live, now: Instant, outcome: Outcome) -> End<'l> {
         let policy = &live.policy;
         let tenant_index = self.tenant.map(|t| {
             live.tenant_policy
@@ -399,68 +556,88 @@ impl Drop for Ticket {
         let goodput = outcome == Outcome::Served
             && tenant_policy
                 .is_none_or(|p| e2e <= p.slo.e2e && ttft.is_some_and(|t| t <= p.slo.ttft));
+        End {
+            outcome,
+            tenant,
+            model,
+            tenant_index,
+            pool_index,
+            e2e,
+            ttft,
+            goodput,
+            usage: self.usage.unwrap_or_default(),
+            wall: crate::clock::unix_time(),
+        }
+    }
+
+    /// `fairway_requests_total` and the request's histograms.
+    fn record_metrics(&self, live: &Live, end: &End<'_>) {
         let overhead = self
             .sent
             .map(|s| (s - self.start).saturating_sub(self.queue_wait.unwrap_or_default()));
-        let usage = self.usage.unwrap_or_default();
         // Resolved when the policy was loaded; a request refused before it
         // had a tenant or a model looks its series up.
         let looked_up;
-        let series = match (tenant_index, pool_index) {
+        let series = match (end.tenant_index, end.pool_index) {
             (Some(t), Some(p)) => &live.series[t][p],
             _ => {
-                looked_up = self.gw.metrics().series(tenant, model);
+                looked_up = self.gw.metrics().series(end.tenant, end.model);
                 &looked_up
             }
         };
         self.gw.metrics().record(
             series,
             &RequestRecord {
-                outcome,
-                goodput,
+                outcome: end.outcome,
+                goodput: end.goodput,
                 queue_wait: self.queue_wait,
-                ttft,
-                e2e,
-                prompt_tokens: usage.prompt_tokens,
-                completion_tokens: usage.completion_tokens,
+                ttft: end.ttft,
+                e2e: end.e2e,
+                prompt_tokens: end.usage.prompt_tokens,
+                completion_tokens: end.usage.completion_tokens,
                 gpu_seconds: self.gpu_seconds,
                 overhead,
             },
         );
-        let wall = crate::clock::unix_time();
-        if let Some(windows) = tenant_index.and_then(|t| live.usage.get(t)) {
+    }
+
+    /// The tenant's usage windows (the usage page).
+    fn record_usage(&self, live: &Live, end: &End<'_>) {
+        if let Some(windows) = end.tenant_index.and_then(|t| live.usage.get(t)) {
             windows.lock().record(
-                wall.as_secs_f64(),
+                end.wall.as_secs_f64(),
                 &UsageRecord {
-                    outcome,
-                    goodput,
-                    ttft: ttft.map(|d| d.as_secs_f64()),
-                    e2e: e2e.as_secs_f64(),
+                    outcome: end.outcome,
+                    goodput: end.goodput,
+                    ttft: end.ttft.map(|d| d.as_secs_f64()),
+                    e2e: end.e2e.as_secs_f64(),
                     queue_wait: self.queue_wait.map(|d| d.as_secs_f64()),
                     preempted: self.preempted > 0,
                     gpu_seconds: self.gpu_seconds,
                 },
             );
         }
-        self.close_spans(tenant, model, outcome);
+    }
+
+    /// The access line, inside the request span when traces are on (the
+    /// log line and the trace are one tree).
+    fn write_access_line(&self, end: &End<'_>) {
         let trace_id = otel::trace_id(&self.spans.request).or(self.caller_trace);
-        // Inside the request span, when traces are on: the log line and
-        // the trace are one tree.
         AccessLine {
-            unix_micros: i64::try_from(wall.as_micros()).unwrap_or(i64::MAX),
+            unix_micros: i64::try_from(end.wall.as_micros()).unwrap_or(i64::MAX),
             request_id: self.request_id.as_ref().and_then(|v| v.to_str().ok()),
             trace_id: trace_id.map(|t| u128::from_be_bytes(t.to_bytes())),
-            tenant,
-            model,
+            tenant: end.tenant,
+            model: end.model,
             adapter: self.adapter.as_deref(),
             backend: &self.backend_name,
-            outcome,
+            outcome: end.outcome,
             status: self.status,
             queue_wait_ms: self.queue_wait.map(|d| d.as_secs_f64() * 1e3),
-            ttft_ms: ttft.map(|d| d.as_secs_f64() * 1e3),
-            e2e_ms: e2e.as_secs_f64() * 1e3,
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.completion_tokens,
+            ttft_ms: end.ttft.map(|d| d.as_secs_f64() * 1e3),
+            e2e_ms: end.e2e.as_secs_f64() * 1e3,
+            prompt_tokens: end.usage.prompt_tokens,
+            completion_tokens: end.usage.completion_tokens,
             prompt_tokens_estimate: self.prompt_estimate,
             max_tokens: self.max_tokens,
             stream: self.stream_requested,
@@ -468,6 +645,28 @@ impl Drop for Ticket {
             gpu_seconds: self.gpu_seconds,
         }
         .log(&self.spans.request);
+    }
+}
+
+/// A finished request as its records see it.
+struct End<'l> {
+    outcome: Outcome,
+    tenant: &'l str,
+    model: &'l str,
+    /// Index into the live series and usage windows, by tenant and pool.
+    tenant_index: Option<usize>,
+    pool_index: Option<usize>,
+    e2e: Duration,
+    ttft: Option<Duration>,
+    /// Served within the tenant's SLO.
+    goodput: bool,
+    usage: Usage,
+    wall: Duration,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.finish_now();
     }
 }
 
@@ -479,9 +678,9 @@ pub fn refuse<B: http_body::Body>(
     error: ApiError,
 ) -> Response<BoxBody> {
     let mut ticket = Ticket::new(gw.clone(), gw.live(), gw.now(), req.headers());
-    ticket.outcome = Some(error.outcome());
-    ticket.status = error.status().as_u16();
+    ticket.failed(&error);
     let mut resp = error.into_response_for(req.uri().path());
     close_if_body_unread(&mut resp, req.version(), !req.body().is_end_stream());
+    ticket.finish();
     resp
 }
