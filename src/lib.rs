@@ -30,6 +30,7 @@ pub mod net;
 pub mod outcome;
 pub mod placement;
 pub mod poller;
+pub mod prom;
 pub mod protocol;
 pub mod replay;
 pub mod sim;

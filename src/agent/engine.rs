@@ -8,19 +8,16 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Request, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http::Uri;
 use parking_lot::Mutex;
 
 use super::AgentConfig;
 use crate::clock::Clock;
 use crate::config::policy::MetricsDialect;
 use crate::core::reading::Reading;
-use crate::poller::dialect::{DecodeError, Decoder};
+use crate::net::client::Client;
+use crate::net::scrape::{ScrapeError, get};
+use crate::poller::dialect::Decoder;
 
 /// Largest engine metrics body the agent reads, in bytes. A vLLM scrape is
 /// tens of KiB; a Triton server with many models a few MiB.
@@ -44,44 +41,6 @@ pub enum AgentConfigError {
     /// Placement could not tell this node from another.
     #[error("the node name is empty; pass --node-name or set NODE_NAME")]
     NoNode,
-}
-
-/// Why one engine scrape gave no reading.
-#[derive(Debug, thiserror::Error)]
-pub enum ScrapeError {
-    /// No connection, or it broke before the response headers.
-    #[error("requesting {url}")]
-    Connect {
-        url: String,
-        #[source]
-        source: hyper_util::client::legacy::Error,
-    },
-    /// Headers and body did not arrive within the timeout.
-    #[error("{url} did not answer within {timeout:?}")]
-    Timeout { url: String, timeout: Duration },
-    /// The engine answered, but not with a success.
-    #[error("{url} answered {status}")]
-    Status { url: String, status: StatusCode },
-    /// The body is larger than [`MAX_SCRAPE_BYTES`].
-    #[error("{url} sent more than {limit} bytes")]
-    TooLarge { url: String, limit: usize },
-    /// The body broke off.
-    #[error("reading the body of {url}")]
-    Body {
-        url: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// The body is not text.
-    #[error("{url} sent a body that is not UTF-8")]
-    NotUtf8 { url: String },
-    /// The body holds nothing the dialect knows.
-    #[error("decoding the scrape of {url}")]
-    Decode {
-        url: String,
-        #[source]
-        source: DecodeError,
-    },
 }
 
 /// Checks `cfg` for scraping `url` and returns the URI to scrape.
@@ -144,11 +103,10 @@ pub(super) enum Reader {
 /// The local engine and the decoders of its scrapes.
 #[derive(Debug)]
 pub(super) struct Engine {
-    uri: Uri,
-    /// `uri` as text, for errors and logs.
+    /// The URL scraped.
     url: String,
     timeout: Duration,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client,
     clock: Clock,
     /// One per [`Reader`].
     decoders: [Mutex<Decoder>; 2],
@@ -162,17 +120,10 @@ impl Engine {
     /// scrape.
     pub(super) fn new(url: &str, cfg: &AgentConfig) -> Result<Self, AgentConfigError> {
         let uri = check(url, cfg)?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(cfg.timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(4)
-            .build(connector);
         Ok(Engine {
             url: uri.to_string(),
-            uri,
             timeout: cfg.timeout,
-            client,
+            client: crate::net::client::client(),
             clock: Clock::new(),
             decoders: [
                 Mutex::new(Decoder::new(cfg.dialect)),
@@ -194,16 +145,10 @@ impl Engine {
 
     /// Scrapes the engine once and decodes the body with `reader`'s decoder.
     pub(super) async fn read(&self, reader: Reader) -> Result<Reading, ScrapeError> {
-        let body = tokio::time::timeout(self.timeout, self.fetch())
-            .await
-            .map_err(|_| ScrapeError::Timeout {
-                url: self.url.clone(),
-                timeout: self.timeout,
-            })??;
+        let body = get(&self.client, &self.url, self.timeout, MAX_SCRAPE_BYTES).await?;
         let at = self.clock.now();
-        let text = std::str::from_utf8(&body).map_err(|_| ScrapeError::NotUtf8 {
-            url: self.url.clone(),
-        })?;
+        let text = std::str::from_utf8(&body)
+            .map_err(|_| ScrapeError::unusable(&self.url, "the body is not UTF-8"))?;
         if let Some(model) = served_model(text) {
             let mut known = self.model.lock();
             if known.as_deref() != Some(model) {
@@ -211,50 +156,7 @@ impl Engine {
             }
         }
         let decoded = self.decoders[reader as usize].lock().decode(text, at);
-        decoded.map_err(|source| ScrapeError::Decode {
-            url: self.url.clone(),
-            source,
-        })
-    }
-
-    async fn fetch(&self) -> Result<Bytes, ScrapeError> {
-        let mut req = Request::new(Full::new(Bytes::new()));
-        *req.uri_mut() = self.uri.clone();
-        let headers = req.headers_mut();
-        headers.insert(header::ACCEPT, HeaderValue::from_static("text/plain"));
-        headers.insert(
-            header::USER_AGENT,
-            HeaderValue::from_static("fairway-agent"),
-        );
-        let resp = self
-            .client
-            .request(req)
-            .await
-            .map_err(|source| ScrapeError::Connect {
-                url: self.url.clone(),
-                source,
-            })?;
-        let status = resp.status();
-        if !status.is_success() {
-            return Err(ScrapeError::Status {
-                url: self.url.clone(),
-                status,
-            });
-        }
-        match Limited::new(resp.into_body(), MAX_SCRAPE_BYTES)
-            .collect()
-            .await
-        {
-            Ok(collected) => Ok(collected.to_bytes()),
-            Err(e) if e.is::<LengthLimitError>() => Err(ScrapeError::TooLarge {
-                url: self.url.clone(),
-                limit: MAX_SCRAPE_BYTES,
-            }),
-            Err(source) => Err(ScrapeError::Body {
-                url: self.url.clone(),
-                source,
-            }),
-        }
+        decoded.map_err(|e| ScrapeError::unusable(&self.url, e))
     }
 }
 

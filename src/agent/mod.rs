@@ -44,7 +44,7 @@ use std::time::Duration;
 use crate::config::policy::MetricsDialect;
 use crate::poller::dialect::AgentGpu;
 
-pub use engine::{AgentConfigError, MAX_SCRAPE_BYTES, ScrapeError};
+pub use engine::{AgentConfigError, MAX_SCRAPE_BYTES};
 pub use node::{EngineOnNode, NodeReading, parse_simulated_gpus};
 pub use server::serve;
 

@@ -32,9 +32,10 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use super::AgentConfig;
-use super::engine::{Engine, Reader, ScrapeError};
+use super::engine::{Engine, Reader};
 use super::gpu::Gpus;
 use super::node::{EngineOnNode, NodeReading};
+use crate::net::scrape::ScrapeError;
 use crate::poller::dialect::AgentReading;
 
 /// How long a drain waits for in-flight readings beyond one scrape timeout.

@@ -68,6 +68,7 @@ use crate::config::validate::OTLP_ENDPOINT_ENV;
 use crate::config::{ConfigError, PlacementPolicy, Policy, load_policy_with_env};
 use crate::core::placement::{Fit, PodRequest, Refusal, assess};
 use crate::core::time::Instant;
+use crate::prom::{self, Kind};
 
 /// Largest request body read (an extender's `NodeList` of a big cluster).
 const MAX_BODY: usize = 16 << 20;
@@ -347,12 +348,9 @@ async fn poll_agents(svc: Arc<Placement>) {
 impl Placement {
     async fn read_agent(&self, url: &str, timeout: Duration) -> Result<NodeReading, String> {
         let url = format!("{url}/node");
-        let (status, body) = crate::net::scrape::get(&self.client, &url, timeout, MAX_READING)
+        let body = crate::net::scrape::get(&self.client, &url, timeout, MAX_READING)
             .await
             .map_err(|e| e.to_string())?;
-        if !status.is_success() {
-            return Err(format!("answered {status}"));
-        }
         serde_json::from_slice::<NodeReading>(&body).map_err(|e| e.to_string())
     }
 
@@ -707,10 +705,11 @@ impl Placement {
         };
         let c = self.counters.lock();
         let mut w = String::new();
-        let _ = writeln!(
-            w,
-            "# HELP fairway_placement_decisions_total Placement decisions by kind (filter: one per node judged) and result.\n\
-             # TYPE fairway_placement_decisions_total counter"
+        prom::family(
+            &mut w,
+            "fairway_placement_decisions_total",
+            Kind::Counter,
+            "Placement decisions by kind (filter: one per node judged) and result.",
         );
         for ((kind, allowed), n) in &c.decisions {
             let result = if *allowed { "allowed" } else { "refused" };
@@ -719,32 +718,45 @@ impl Placement {
                 "fairway_placement_decisions_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
             );
         }
-        let _ = writeln!(
-            w,
-            "# HELP fairway_placement_refusals_total Refusals by rule (one per GPU or node that failed it).\n\
-             # TYPE fairway_placement_refusals_total counter"
+        prom::family(
+            &mut w,
+            "fairway_placement_refusals_total",
+            Kind::Counter,
+            "Refusals by rule (one per GPU or node that failed it).",
         );
         for (rule, n) in &c.refusals {
             let _ = writeln!(w, "fairway_placement_refusals_total{{rule=\"{rule}\"}} {n}");
         }
+        prom::family(
+            &mut w,
+            "fairway_placement_agent_reads_total",
+            Kind::Counter,
+            "Reads of the agents' GET /node by result.",
+        );
         let _ = writeln!(
             w,
-            "# HELP fairway_placement_agent_reads_total Reads of the agents' GET /node by result.\n\
-             # TYPE fairway_placement_agent_reads_total counter\n\
-             fairway_placement_agent_reads_total{{result=\"ok\"}} {}\n\
+            "fairway_placement_agent_reads_total{{result=\"ok\"}} {}\n\
              fairway_placement_agent_reads_total{{result=\"failed\"}} {}",
             c.reads[1], c.reads[0]
         );
+        prom::family(
+            &mut w,
+            "fairway_placement_nodes",
+            Kind::Gauge,
+            "Nodes an agent has reported, and those with a fresh reading.",
+        );
         let _ = writeln!(
             w,
-            "# HELP fairway_placement_nodes Nodes an agent has reported, and those with a fresh reading.\n\
-             # TYPE fairway_placement_nodes gauge\n\
-             fairway_placement_nodes{{reading=\"any\"}} {known}\n\
-             fairway_placement_nodes{{reading=\"fresh\"}} {fresh}\n\
-             # HELP fairway_placement_reservations Memory reservations held for allowed bindings.\n\
-             # TYPE fairway_placement_reservations gauge\n\
-             fairway_placement_reservations {reservations}"
+            "fairway_placement_nodes{{reading=\"any\"}} {known}\n\
+             fairway_placement_nodes{{reading=\"fresh\"}} {fresh}"
         );
+        prom::family(
+            &mut w,
+            "fairway_placement_reservations",
+            Kind::Gauge,
+            "Memory reservations held for allowed bindings.",
+        );
+        let _ = writeln!(w, "fairway_placement_reservations {reservations}");
         w
     }
 

@@ -239,8 +239,7 @@ async fn poll(
         let Some(sink) = sink.upgrade() else { return };
         if ticks.is_multiple_of(models_every)
             && let Some((url, model)) = &target.models
-            && let Ok((status, body)) = get(&via.client, url, target.timeout, 1 << 20).await
-            && status.is_success()
+            && let Ok(body) = get(&via.client, url, target.timeout, 1 << 20).await
             && let Some(adapters) = from_models_list(&body)
         {
             sink.on_adapters(&name, model, adapters);
@@ -248,20 +247,10 @@ async fn poll(
         ticks += 1;
         let (probe, scrape) =
             tokio::join!(probe(&via, &target), scrape(&via, &target, &mut decoder));
-        let unreachable = match &scrape {
-            Some(Err(ScrapeError::Unreachable(cause))) => Some(cause.clone()),
-            _ => None,
-        };
-        let problem = match (&probe, &unreachable, &scrape) {
-            (Err(cause), _, _) => Some(format!("health probe {}: {cause}", target.health)),
-            (Ok(()), Some(cause), _) => Some(format!(
-                "metrics {}: {cause}",
-                target.metrics.as_deref().unwrap_or("")
-            )),
-            (Ok(()), None, Some(Err(ScrapeError::Unusable(cause)))) => Some(format!(
-                "metrics {}: {cause}",
-                target.metrics.as_deref().unwrap_or("")
-            )),
+        let unreachable = matches!(&scrape, Some(Err(e)) if e.is_unreachable());
+        let problem = match (&probe, &scrape) {
+            (Err(e), _) => Some(format!("health probe: {e}")),
+            (Ok(()), Some(Err(e))) => Some(format!("metrics: {e}")),
             _ => None,
         };
         match &scrape {
@@ -271,7 +260,7 @@ async fn poll(
             Some(Ok(_)) => *stats.sources.lock() = decoder.sources(),
             None => {}
         }
-        let up = probe.is_ok() && unreachable.is_none();
+        let up = probe.is_ok() && !unreachable;
         let reading = match scrape {
             Some(Ok(reading)) if up => Some(reading),
             _ => None,
@@ -299,15 +288,10 @@ async fn poll(
 
 /// `GET` the health URL: `Ok` on a 2xx answer, body included, within the
 /// timeout.
-async fn probe(via: &Via, target: &Target) -> Result<(), String> {
-    let (status, _) = get(&via.client, &target.health, target.timeout, 64 << 10)
+async fn probe(via: &Via, target: &Target) -> Result<(), ScrapeError> {
+    get(&via.client, &target.health, target.timeout, 64 << 10)
         .await
-        .map_err(|e| e.to_string())?;
-    if status.is_success() {
-        Ok(())
-    } else {
-        Err(format!("answered {status}"))
-    }
+        .map(|_| ())
 }
 
 /// Scrapes and decodes; `None` for dialect `none`.
@@ -317,18 +301,15 @@ async fn scrape(
     decoder: &mut Decoder,
 ) -> Option<Result<Reading, ScrapeError>> {
     let url = target.metrics.as_deref()?;
-    let (status, body) = match get(&via.client, url, target.timeout, MAX_SCRAPE_BYTES).await {
-        Ok(answer) => answer,
+    let body = match get(&via.client, url, target.timeout, MAX_SCRAPE_BYTES).await {
+        Ok(body) => body,
         Err(e) => return Some(Err(e)),
     };
-    if !status.is_success() {
-        return Some(Err(ScrapeError::Unusable(format!("answered {status}"))));
-    }
     let text = String::from_utf8_lossy(&body);
     Some(
         decoder
             .decode(&text, via.clock.now())
-            .map_err(|e| ScrapeError::Unusable(e.to_string())),
+            .map_err(|e| ScrapeError::unusable(url, e)),
     )
 }
 

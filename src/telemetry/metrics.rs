@@ -17,6 +17,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::outcome::Outcome;
+use crate::prom::{self, Kind};
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -252,7 +253,7 @@ impl EdgeCounters {
         header(
             w,
             "fairway_listener_refusals_total",
-            "counter",
+            Kind::Counter,
             "Connections and requests the client listener refused at its caps ([server] max_connections, max_connections_per_client, max_requests).",
         );
         let _ = writeln!(
@@ -273,7 +274,7 @@ impl EdgeCounters {
         header(
             w,
             "fairway_connections_closed_total",
-            "counter",
+            Kind::Counter,
             "Client connections Fairway closed: idle for [server] idle_timeout, or ended by the client's protocol error (malformed requests, HTTP/2 floods).",
         );
         let _ = writeln!(
@@ -289,7 +290,7 @@ impl EdgeCounters {
         header(
             w,
             "fairway_open_connections",
-            "gauge",
+            Kind::Gauge,
             "Client connections open now.",
         );
         let _ = writeln!(
@@ -300,14 +301,14 @@ impl EdgeCounters {
         header(
             w,
             "fairway_panics_total",
-            "counter",
+            Kind::Counter,
             "Handler panics answered with a 500.",
         );
         let _ = writeln!(w, "fairway_panics_total {}", get(&self.panics));
         header(
             w,
             "fairway_accept_errors_total",
-            "counter",
+            Kind::Counter,
             "Failed accepts on the client and admin listeners (out of file descriptors and the like).",
         );
         let _ = writeln!(
@@ -318,7 +319,7 @@ impl EdgeCounters {
         header(
             w,
             "fairway_log_lines_dropped_total",
-            "counter",
+            Kind::Counter,
             "Log lines (access log included) dropped because the log's output could not keep up and its buffer (--log-buffer) was full.",
         );
         let _ = writeln!(
@@ -466,10 +467,10 @@ fn encode_pools(w: &mut String, snap: &Snapshot) {
         ),
     ];
     for (name, help, get) in gauges {
-        header(w, name, "gauge", help);
+        header(w, name, Kind::Gauge, help);
         for (model, p) in &pools {
             if let Some(v) = get(p) {
-                let _ = writeln!(w, "{name}{{model=\"{}\"}} {v}", esc(model));
+                let _ = writeln!(w, "{name}{{model=\"{}\"}} {v}", prom::escape(model));
             }
         }
     }
@@ -477,11 +478,11 @@ fn encode_pools(w: &mut String, snap: &Snapshot) {
 
 /// This replica's view of its cluster.
 fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
-    let replica = esc(&c.replica);
+    let replica = prom::escape(&c.replica);
     header(
         w,
         "fairway_cluster_replicas",
-        "gauge",
+        Kind::Gauge,
         "Gateway replicas sharing the policy's limits, as this replica last read them from the store.",
     );
     let _ = writeln!(
@@ -492,7 +493,7 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     header(
         w,
         "fairway_cluster_store_up",
-        "gauge",
+        Kind::Gauge,
         "1 if the last sync with the cluster store succeeded.",
     );
     let _ = writeln!(
@@ -503,7 +504,7 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     header(
         w,
         "fairway_cluster_store_rtt_seconds",
-        "gauge",
+        Kind::Gauge,
         "Round trip of the last successful sync with the cluster store.",
     );
     let _ = writeln!(
@@ -514,7 +515,7 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     header(
         w,
         "fairway_cluster_store_errors_total",
-        "counter",
+        Kind::Counter,
         "Syncs with the cluster store that failed (unreachable, timed out, refused).",
     );
     let _ = writeln!(
@@ -525,7 +526,7 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     header(
         w,
         "fairway_cluster_store_syncs_total",
-        "counter",
+        Kind::Counter,
         "Syncs with the cluster store that succeeded: the store round trips this replica made.",
     );
     let _ = writeln!(
@@ -536,7 +537,7 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     header(
         w,
         "fairway_cluster_leasing",
-        "gauge",
+        Kind::Gauge,
         "1 while tenants' limits are leased from the store (exact for the cluster); 0 while this replica enforces its share locally (store unreachable).",
     );
     let _ = writeln!(
@@ -547,14 +548,14 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     header(
         w,
         "fairway_cluster_lease",
-        "gauge",
+        Kind::Gauge,
         "What this replica holds of a tenant's leased limit: requests (rate), GPU-seconds (gpu_seconds, negative in debt) or slots (concurrency).",
     );
     for l in &c.leases {
         let _ = writeln!(
             w,
             "fairway_cluster_lease{{replica=\"{replica}\",tenant=\"{}\",limit=\"{}\"}} {}",
-            esc(&l.tenant),
+            prom::escape(&l.tenant),
             l.limit,
             l.held
         );
@@ -562,35 +563,35 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     header(
         w,
         "fairway_cluster_tenant_share",
-        "gauge",
+        Kind::Gauge,
         "This replica's share of a tenant's limits while the store is unreachable (its part of the cluster's demand for the tenant).",
     );
     for (t, s) in &c.tenants {
         let _ = writeln!(
             w,
             "fairway_cluster_tenant_share{{replica=\"{replica}\",tenant=\"{}\"}} {}",
-            esc(t),
+            prom::escape(t),
             s.share
         );
     }
     header(
         w,
         "fairway_cluster_pool_share",
-        "gauge",
+        Kind::Gauge,
         "This replica's share of a pool's backend windows (its part of the weighted fair split of the cluster's backlog).",
     );
     for (model, s) in &c.pools {
         let _ = writeln!(
             w,
             "fairway_cluster_pool_share{{replica=\"{replica}\",model=\"{}\"}} {}",
-            esc(model),
+            prom::escape(model),
             s.share
         );
     }
     header(
         w,
         "fairway_cluster_tenant_demand",
-        "gauge",
+        Kind::Gauge,
         "A tenant's requests per second arriving at this replica and at the whole cluster (smoothed).",
     );
     for (t, s) in &c.tenants {
@@ -598,7 +599,7 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
             let _ = writeln!(
                 w,
                 "fairway_cluster_tenant_demand{{replica=\"{replica}\",tenant=\"{}\",scope=\"{scope}\"}} {v}",
-                esc(t)
+                prom::escape(t)
             );
         }
     }
@@ -709,7 +710,7 @@ impl Metrics {
         let mut out = String::with_capacity(8192);
         let w = &mut out;
 
-        header(w, "fairway_build_info", "gauge", "Build information.");
+        header(w, "fairway_build_info", Kind::Gauge, "Build information.");
         let _ = writeln!(
             w,
             "fairway_build_info{{version=\"{}\"}} 1",
@@ -719,7 +720,7 @@ impl Metrics {
         header(
             w,
             "fairway_requests_total",
-            "counter",
+            Kind::Counter,
             "Requests by final outcome; every request is counted exactly once.",
         );
         for (((t, m), i), v) in &c.requests {
@@ -727,8 +728,8 @@ impl Metrics {
             let _ = writeln!(
                 w,
                 "fairway_requests_total{{tenant=\"{}\",model=\"{}\",outcome=\"{}\",reason=\"{}\"}} {v}",
-                esc(t),
-                esc(m),
+                prom::escape(t),
+                prom::escape(m),
                 o.as_str(),
                 o.reason()
             );
@@ -742,7 +743,7 @@ impl Metrics {
         header(
             w,
             "fairway_slo_attainment_ratio",
-            "gauge",
+            Kind::Gauge,
             "Share of served responses that met the tenant's SLO, since start.",
         );
         for (k, served) in &c.served {
@@ -793,16 +794,20 @@ impl Metrics {
         header(
             w,
             "fairway_gpu_seconds_total",
-            "counter",
+            Kind::Counter,
             "GPU-seconds attributed to each tenant.",
         );
         for (t, v) in &c.gpu_seconds {
-            let _ = writeln!(w, "fairway_gpu_seconds_total{{tenant=\"{}\"}} {v}", esc(t));
+            let _ = writeln!(
+                w,
+                "fairway_gpu_seconds_total{{tenant=\"{}\"}} {v}",
+                prom::escape(t)
+            );
         }
         header(
             w,
             "fairway_overhead_seconds",
-            "histogram",
+            Kind::Histogram,
             "Time Fairway adds to a request, excluding queue wait and backend time.",
         );
         if let Some(h) = self.overhead.read() {
@@ -811,7 +816,7 @@ impl Metrics {
         header(
             w,
             "fairway_config_reloads_total",
-            "counter",
+            Kind::Counter,
             "Policy reloads by result.",
         );
         for r in ["ok", "failed"] {
@@ -824,75 +829,75 @@ impl Metrics {
         header(
             w,
             "fairway_backend_ejections_total",
-            "counter",
+            Kind::Counter,
             "Outlier ejections by backend: its requests failed in a row (5xx, connection errors, header timeouts).",
         );
         for (b, v) in &g.ejections {
             let _ = writeln!(
                 w,
                 "fairway_backend_ejections_total{{backend=\"{}\"}} {v}",
-                esc(b)
+                prom::escape(b)
             );
         }
         header(
             w,
             "fairway_adapter_requests_total",
-            "counter",
+            Kind::Counter,
             "Requests for a LoRA adapter sent to a backend, by base model, adapter and backend (a request preempted and sent again counts each time).",
         );
         for ((m, a, b), v) in &g.adapters {
             let _ = writeln!(
                 w,
                 "fairway_adapter_requests_total{{model=\"{}\",adapter=\"{}\",backend=\"{}\"}} {v}",
-                esc(m),
-                esc(a),
-                esc(b)
+                prom::escape(m),
+                prom::escape(a),
+                prom::escape(b)
             );
         }
         drop(g);
         self.edge.encode(w);
 
         type Get = fn(&TenantGauges) -> Option<f64>;
-        let per_tenant: [(&str, &str, &str, Get); 7] = [
+        let per_tenant: [(&str, Kind, &str, Get); 7] = [
             (
                 "fairway_queue_depth",
-                "gauge",
+                Kind::Gauge,
                 "Requests queued in Fairway per tenant.",
                 |t| Some(f64::from(t.queued)),
             ),
             (
                 "fairway_tenant_in_flight",
-                "gauge",
+                Kind::Gauge,
                 "Requests of a tenant in flight on backends.",
                 |t| Some(f64::from(t.in_flight)),
             ),
             (
                 "fairway_preemptions_total",
-                "counter",
+                Kind::Counter,
                 "In-flight batch requests of a tenant preempted for queued interactive work.",
                 |t| Some(t.preempted as f64),
             ),
             (
                 "fairway_rate_bucket_requests",
-                "gauge",
+                Kind::Gauge,
                 "Request-rate bucket level per tenant.",
                 |t| t.rate_bucket,
             ),
             (
                 "fairway_gpu_seconds_bucket_level",
-                "gauge",
+                Kind::Gauge,
                 "GPU-seconds bucket level per tenant (negative while in debt).",
                 |t| t.gpu_seconds_bucket,
             ),
             (
                 "fairway_tenant_slo_ttft_seconds",
-                "gauge",
+                Kind::Gauge,
                 "The tenant's time-to-first-token objective.",
                 |t| t.slo_ttft,
             ),
             (
                 "fairway_tenant_slo_e2e_seconds",
-                "gauge",
+                Kind::Gauge,
                 "The tenant's end-to-end latency objective.",
                 |t| t.slo_e2e,
             ),
@@ -901,14 +906,14 @@ impl Metrics {
             header(w, name, kind, help);
             for t in &snap.tenants {
                 if let Some(v) = get(t) {
-                    let _ = writeln!(w, "{name}{{tenant=\"{}\"}} {v}", esc(&t.tenant));
+                    let _ = writeln!(w, "{name}{{tenant=\"{}\"}} {v}", prom::escape(&t.tenant));
                 }
             }
         }
         header(
             w,
             "fairway_jain_fairness_index",
-            "gauge",
+            Kind::Gauge,
             "Jain's index over backlogged tenants' weighted service in the recent window.",
         );
         if let Some(j) = snap.jain_index {
@@ -978,22 +983,22 @@ impl Metrics {
         header(
             w,
             "fairway_backend_scrape_errors_total",
-            "counter",
+            Kind::Counter,
             "Failed metric scrapes per backend.",
         );
         for x in b {
             let _ = writeln!(
                 w,
                 "fairway_backend_scrape_errors_total{{backend=\"{}\",model=\"{}\"}} {}",
-                esc(&x.backend),
-                esc(&x.model),
+                prom::escape(&x.backend),
+                prom::escape(&x.model),
                 x.scrape_errors
             );
         }
         header(
             w,
             "fairway_backend_reading_source",
-            "gauge",
+            Kind::Gauge,
             "Which of the backend's series each load signal of its latest reading came from (1 per signal).",
         );
         for x in b {
@@ -1001,9 +1006,9 @@ impl Metrics {
                 let _ = writeln!(
                     w,
                     "fairway_backend_reading_source{{backend=\"{}\",model=\"{}\",signal=\"{signal}\",source=\"{}\"}} 1",
-                    esc(&x.backend),
-                    esc(&x.model),
-                    esc(source)
+                    prom::escape(&x.backend),
+                    prom::escape(&x.model),
+                    prom::escape(source)
                 );
             }
         }
@@ -1011,33 +1016,27 @@ impl Metrics {
     }
 }
 
-fn header(w: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(w, "# HELP {name} {help}");
-    let _ = writeln!(w, "# TYPE {name} {kind}");
-}
-
-fn esc(s: &str) -> String {
-    if !s.contains(['\\', '"', '\n']) {
-        return s.to_owned();
-    }
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+fn header(w: &mut String, name: &str, kind: Kind, help: &str) {
+    prom::family(w, name, kind, help);
 }
 
 fn tm(k: &TM) -> String {
-    format!("tenant=\"{}\",model=\"{}\"", esc(&k.0), esc(&k.1))
+    format!(
+        "tenant=\"{}\",model=\"{}\"",
+        prom::escape(&k.0),
+        prom::escape(&k.1)
+    )
 }
 
 fn counter_tm(w: &mut String, name: &str, help: &str, m: &BTreeMap<TM, u64>) {
-    header(w, name, "counter", help);
+    header(w, name, Kind::Counter, help);
     for (k, v) in m {
         let _ = writeln!(w, "{name}{{{}}} {v}", tm(k));
     }
 }
 
 fn hist_tm(w: &mut String, name: &str, help: &str, m: &BTreeMap<TM, Histogram>) {
-    header(w, name, "histogram", help);
+    header(w, name, Kind::Histogram, help);
     for (k, h) in m {
         hist_lines(w, name, &tm(k), h);
     }
@@ -1067,14 +1066,14 @@ fn backend_gauge(
     bs: &[BackendGauges],
     f: impl Fn(&BackendGauges) -> Option<f64>,
 ) {
-    header(w, name, "gauge", help);
+    header(w, name, Kind::Gauge, help);
     for b in bs {
         if let Some(v) = f(b) {
             let _ = writeln!(
                 w,
                 "{name}{{backend=\"{}\",model=\"{}\"}} {v}",
-                esc(&b.backend),
-                esc(&b.model)
+                prom::escape(&b.backend),
+                prom::escape(&b.model)
             );
         }
     }

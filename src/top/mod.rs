@@ -69,5 +69,5 @@ mod fixtures;
 
 pub use render::render;
 pub use run::{TopError, run};
-pub use scrape::{SCRAPE_TIMEOUT, ScrapeError, Scraper};
+pub use scrape::{SCRAPE_TIMEOUT, Scraper};
 pub use snapshot::Snapshot;

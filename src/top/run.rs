@@ -14,9 +14,10 @@ use crossterm::event::{Event, EventStream};
 use futures_util::{Stream, StreamExt};
 
 use super::render;
-use super::scrape::{ScrapeError, Scraper};
+use super::scrape::Scraper;
 use super::terminal::{Terminal, draw};
 use super::view::{Step, View};
+use crate::net::scrape::ScrapeError;
 
 /// Width of printed frames when `COLUMNS` is unset and stdout is not a
 /// terminal.
@@ -233,10 +234,10 @@ mod tests {
     #[tokio::test]
     async fn a_failed_scrape_or_terminal_ends_the_loop_with_the_error() {
         let scrape = async || {
-            Err(ScrapeError::NotMetrics {
-                url: "http://x/metrics".to_owned(),
-                reason: "no fairway_ metrics".to_owned(),
-            })
+            Err(ScrapeError::unusable(
+                "http://x/metrics",
+                "no fairway_ metrics",
+            ))
         };
         let mut out = Vec::new();
         let every = Duration::from_millis(1);

@@ -7,6 +7,7 @@
 
 use std::fmt::Write as _;
 
+use crate::prom::{self, Kind};
 use crate::sim::engine::EngineStats;
 
 /// vLLM's default `time_to_first_token_seconds` bounds (0.10-era), seconds.
@@ -135,7 +136,7 @@ pub(super) fn render(
     kv_usage: f64,
     req: &RequestMetrics,
 ) -> String {
-    let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model));
+    let labels = format!("engine=\"0\",model_name=\"{}\"", prom::escape(model));
     let mut s = String::with_capacity(8 * 1024);
     gauge(
         &mut s,
@@ -179,11 +180,11 @@ pub(super) fn render(
         &labels,
         stats.generation_tokens_total,
     );
-    header(
+    prom::family(
         &mut s,
         "vllm:request_success",
+        Kind::Counter,
         "Count of successfully processed requests.",
-        "counter",
     );
     for reason in [
         FinishReason::Stop,
@@ -211,11 +212,11 @@ pub(super) fn render(
         &labels,
         &req.e2e,
     );
-    header(
+    prom::family(
         &mut s,
         "vllm:cache_config_info",
+        Kind::Gauge,
         "Information of the LLMEngine CacheConfig",
-        "gauge",
     );
     let _ = writeln!(
         s,
@@ -245,13 +246,14 @@ pub(super) struct Lora<'a> {
 /// metrics add: one `lora_adapter_loaded` per GPU-resident adapter, the
 /// slot count, and the load-time histogram.
 pub(super) fn render_lora(s: &mut String, model: &str, l: &Lora<'_>) {
-    header(
+    prom::family(
         s,
         "vllm:lora_requests_info",
+        Kind::Gauge,
         "Running stats on lora requests.",
-        "gauge",
     );
-    let active = escape(&l.active.join(","));
+    let active = l.active.join(",");
+    let active = prom::escape(&active);
     let _ = writeln!(
         s,
         "vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{active}\",waiting_lora_adapters=\"{active}\"}} {}",
@@ -261,18 +263,18 @@ pub(super) fn render_lora(s: &mut String, model: &str, l: &Lora<'_>) {
     if !l.residency {
         return;
     }
-    let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model));
-    header(
+    let labels = format!("engine=\"0\",model_name=\"{}\"", prom::escape(model));
+    prom::family(
         s,
         "vllm:lora_adapter_loaded",
+        Kind::Gauge,
         "LoRA adapters loaded, by adapter and memory level.",
-        "gauge",
     );
     for a in &l.loaded {
         let _ = writeln!(
             s,
             "vllm:lora_adapter_loaded{{{labels},adapter_name=\"{}\",level=\"gpu\",pinned=\"false\"}} 1",
-            escape(a)
+            prom::escape(a)
         );
     }
     gauge(
@@ -282,11 +284,11 @@ pub(super) fn render_lora(s: &mut String, model: &str, l: &Lora<'_>) {
         &labels,
         f64::from(l.max_loras),
     );
-    header(
+    prom::family(
         s,
         "vllm:lora_adapter_load_seconds",
+        Kind::Histogram,
         "Time to load a LoRA adapter.",
-        "histogram",
     );
     let le = number(l.load_seconds);
     let _ = writeln!(
@@ -311,24 +313,19 @@ pub(super) fn render_lora(s: &mut String, model: &str, l: &Lora<'_>) {
     );
 }
 
-fn header(s: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(s, "# HELP {name} {help}");
-    let _ = writeln!(s, "# TYPE {name} {kind}");
-}
-
 fn gauge(s: &mut String, name: &str, help: &str, labels: &str, v: f64) {
-    header(s, name, help, "gauge");
+    prom::family(s, name, Kind::Gauge, help);
     let _ = writeln!(s, "{name}{{{labels}}} {}", number(v));
 }
 
 /// A counter family `name` exposed as `name_total`, like prometheus_client.
 fn counter(s: &mut String, name: &str, help: &str, labels: &str, v: u64) {
-    header(s, name, help, "counter");
+    prom::family(s, name, Kind::Counter, help);
     let _ = writeln!(s, "{name}_total{{{labels}}} {}", number(v as f64));
 }
 
 fn histogram(s: &mut String, name: &str, help: &str, labels: &str, h: &Histogram) {
-    header(s, name, help, "histogram");
+    prom::family(s, name, Kind::Histogram, help);
     let mut cumulative = 0u64;
     for (i, count) in h.counts.iter().enumerate() {
         cumulative += count;
@@ -355,13 +352,6 @@ fn number(v: f64) -> String {
     } else {
         format!("{v:?}")
     }
-}
-
-/// Escapes a label value (`\\`, `"`, newline).
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

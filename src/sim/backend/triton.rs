@@ -20,6 +20,7 @@ use serde_json::json;
 
 use super::TOKEN_TEXT;
 use super::metrics::RequestMetrics;
+use crate::prom::{self, Kind};
 use crate::sim::engine::EngineStats;
 
 /// Output tokens when the request names none (the vLLM backend's default).
@@ -250,21 +251,21 @@ pub(super) fn render_metrics(
     stats: &EngineStats,
     req: &RequestMetrics,
 ) -> String {
-    let labels = format!("model=\"{}\",version=\"1\"", escape(model));
+    let labels = format!("model=\"{}\",version=\"1\"", prom::escape(model));
     let mut s = String::with_capacity(4 * 1024);
     let (ok, cancelled) = req.outcomes();
-    family(
+    prom::family(
         &mut s,
         "nv_inference_request_success",
+        Kind::Counter,
         "Number of successful inference requests, all batch sizes",
-        "counter",
     );
     let _ = writeln!(s, "nv_inference_request_success{{{labels}}} {ok}");
-    family(
+    prom::family(
         &mut s,
         "nv_inference_request_failure",
+        Kind::Counter,
         "Number of failed inference requests, all batch sizes",
-        "counter",
     );
     for (reason, n) in [
         ("REJECTED", 0),
@@ -277,25 +278,25 @@ pub(super) fn render_metrics(
             "nv_inference_request_failure{{{labels},reason=\"{reason}\"}} {n}"
         );
     }
-    family(
+    prom::family(
         &mut s,
         "nv_inference_count",
+        Kind::Counter,
         "Number of inferences performed (does not include cached requests)",
-        "counter",
     );
     let _ = writeln!(s, "nv_inference_count{{{labels}}} {ok}");
-    family(
+    prom::family(
         &mut s,
         "nv_inference_exec_count",
+        Kind::Counter,
         "Number of model executions performed (does not include cached requests)",
-        "counter",
     );
     let _ = writeln!(s, "nv_inference_exec_count{{{labels}}} {}", ok + cancelled);
-    family(
+    prom::family(
         &mut s,
         "nv_inference_pending_request_count",
+        Kind::Gauge,
         "Instantaneous number of pending requests awaiting execution per-model.",
-        "gauge",
     );
     // Decoupled models leave execute() at once: nothing pends. A classic
     // model's requests wait in Triton's scheduler.
@@ -310,11 +311,11 @@ pub(super) fn render_metrics(
     );
     match backend {
         Backend::TensorRtLlm => {
-            family(
+            prom::family(
                 &mut s,
                 "nv_trt_llm_request_metrics",
+                Kind::Gauge,
                 "TRT LLM request metrics",
-                "gauge",
             );
             let active = stats.running + stats.waiting;
             for (ty, v) in [
@@ -329,11 +330,11 @@ pub(super) fn render_metrics(
                     "nv_trt_llm_request_metrics{{{labels},request_type=\"{ty}\"}} {v}"
                 );
             }
-            family(
+            prom::family(
                 &mut s,
                 "nv_trt_llm_kv_cache_block_metrics",
+                Kind::Gauge,
                 "TRT LLM KV cache block metrics",
-                "gauge",
             );
             let total = stats.kv_blocks_total;
             let used = stats.kv_blocks_used.min(total);
@@ -359,17 +360,6 @@ pub(super) fn render_metrics(
         Backend::Tensor => {}
     }
     s
-}
-
-fn family(s: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(s, "# HELP {name} {help}");
-    let _ = writeln!(s, "# TYPE {name} {kind}");
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
