@@ -126,14 +126,14 @@ impl Rule {
 
 /// Why a node (or one of its GPUs) cannot take the pod, with the numbers.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Refusal {
+pub struct Misfit {
     pub node: String,
     pub gpu: Option<u32>,
     pub rule: Rule,
     pub message: String,
 }
 
-impl fmt::Display for Refusal {
+impl fmt::Display for Misfit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }
@@ -159,7 +159,7 @@ pub fn assess(
     now: Instant,
     node: &NodeState,
     pod: &PodRequest,
-) -> Result<Fit, Vec<Refusal>> {
+) -> Result<Fit, Vec<Misfit>> {
     let fresh = node
         .read_at
         .is_some_and(|at| now.saturating_since(at) <= spec.stale_after);
@@ -178,7 +178,7 @@ pub fn assess(
                 gpu: None,
                 score: 0,
             }),
-            OnStale::Refuse => Err(vec![Refusal {
+            OnStale::Refuse => Err(vec![Misfit {
                 node: node.name.clone(),
                 gpu: None,
                 rule: Rule::Stale,
@@ -191,7 +191,7 @@ pub fn assess(
         };
     }
     if node.gpus.is_empty() {
-        return Err(vec![Refusal {
+        return Err(vec![Misfit {
             node: node.name.clone(),
             gpu: None,
             rule: Rule::NoGpu,
@@ -221,8 +221,8 @@ fn gpu_fit(
     node: &str,
     gpu: &GpuState,
     pod: &PodRequest,
-) -> Result<u8, Refusal> {
-    let refuse = |rule: Rule, message: String| Refusal {
+) -> Result<u8, Misfit> {
+    let refuse = |rule: Rule, message: String| Misfit {
         node: node.to_owned(),
         gpu: Some(gpu.index),
         rule,
@@ -321,7 +321,7 @@ mod tests {
         }
     }
 
-    fn refused(r: Result<Fit, Vec<Refusal>>) -> Vec<(Rule, String)> {
+    fn refused(r: Result<Fit, Vec<Misfit>>) -> Vec<(Rule, String)> {
         r.unwrap_err()
             .into_iter()
             .map(|r| (r.rule, r.message))

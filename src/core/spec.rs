@@ -190,7 +190,7 @@ impl SchedulerSpec {
     /// This replica's part of a cluster whose tenants' limits are leased
     /// from a shared store: every tenant's limits stay whole but are
     /// `leased` (the replica admits from what the store grants it, see
-    /// [`crate::core::admission::lease`]); each backend's window is
+    /// [`crate::core::admission::shared_limit`]); each backend's window is
     /// multiplied by its pool's share here, as in [`Self::shared_by`].
     #[must_use]
     pub fn leased(mut self, replicas: u32, pool_share: impl Fn(&str) -> f64) -> Self {

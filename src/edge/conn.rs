@@ -56,7 +56,7 @@ pub struct Caps {
 
 /// Why a connection was refused at accept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub enum CapReached {
     /// `max_connections` (or the fd reserve) reached.
     Total,
     /// `max_connections_per_client` reached for this address.
@@ -73,19 +73,19 @@ impl Caps {
     }
 
     /// A slot for a connection from `ip`, held while it is open.
-    pub fn acquire(&self, ip: IpAddr, gw: &Arc<Gateway>) -> Result<Slot, Refusal> {
+    pub fn acquire(&self, ip: IpAddr, gw: &Arc<Gateway>) -> Result<Slot, CapReached> {
         let permit = self
             .total
             .clone()
             .try_acquire_owned()
-            .map_err(|_| Refusal::Total)?;
+            .map_err(|_| CapReached::Total)?;
         let client = match self.per_client {
             None => None,
             Some(cap) => {
                 let mut by = self.by_client.lock();
                 let n = by.entry(ip).or_insert(0);
                 if *n >= cap {
-                    return Err(Refusal::PerClient);
+                    return Err(CapReached::PerClient);
                 }
                 *n += 1;
                 Some((ip, self.by_client.clone()))

@@ -8,4 +8,4 @@ pub mod layers;
 pub mod reload;
 pub mod server;
 pub mod services;
-pub mod usage;
+pub mod usage_page;

@@ -46,7 +46,7 @@ use crate::edge::services::{PolicySource, Services, start_sims};
 use crate::edge::{admin, conn, reload};
 use crate::gateway::handle::{Gateway, Parts};
 use crate::gateway::live::derive_live;
-use crate::gateway::request as dispatch;
+use crate::gateway::request;
 use crate::gateway::request::Call;
 use crate::gateway::scheduling::Scheduling;
 use crate::net::accept::accept_loop;
@@ -355,7 +355,7 @@ async fn reload_on_signal(
 ///    on the listener, each until its body ends; beyond it, 503.
 /// 5. `Drain`: once shutdown starts, 503.
 /// 6. `BodyLimit`: `[server] max_body_bytes`, 413.
-/// 7. `route`: the inference routes go to [`dispatch::handle`] (tenant,
+/// 7. `route`: the inference routes go to [`request::handle`] (tenant,
 ///    admission, queue, routing, relay); `/v1/models`; else 404.
 ///
 /// The layers that answer by themselves (4–6) record the request's one
@@ -443,8 +443,8 @@ async fn run(
         Arc::new(move |stream: TcpStream, peer: SocketAddr| {
             let slot = match caps.acquire(peer.ip(), &gw) {
                 Ok(slot) => slot,
-                Err(refusal) => {
-                    connection_refused(&gw, peer, refusal);
+                Err(cap) => {
+                    connection_refused(&gw, peer, cap);
                     return None;
                 }
             };
@@ -715,15 +715,15 @@ static PROTOCOL_ERRORS_LOG: conn::Throttled = conn::Throttled::new(Duration::fro
 
 /// A connection refused at a cap: closed at once (the client sees a
 /// reset), counted, and logged at most once a minute.
-fn connection_refused(gw: &Gateway, peer: SocketAddr, refusal: conn::Refusal) {
+fn connection_refused(gw: &Gateway, peer: SocketAddr, cap: conn::CapReached) {
     let edge = &gw.metrics().edge;
-    let counter = match refusal {
-        conn::Refusal::Total => &edge.refused_connections,
-        conn::Refusal::PerClient => &edge.refused_per_client,
+    let counter = match cap {
+        conn::CapReached::Total => &edge.refused_connections,
+        conn::CapReached::PerClient => &edge.refused_per_client,
     };
     counter.fetch_add(1, Ordering::Relaxed);
     if let Some(left_out) = REFUSALS_LOG.allow() {
-        tracing::warn!(%peer, ?refusal, left_out, "connection refused at a cap");
+        tracing::warn!(%peer, refusal = ?cap, left_out, "connection refused at a cap");
     }
 }
 
@@ -797,17 +797,17 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
     use crate::gateway::passthrough;
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
-            dispatch::handle(gw, req, Call::Completions).await
+            request::handle(gw, req, Call::Completions).await
         }
-        (&Method::POST, "/v1/responses") => dispatch::handle(gw, req, Call::Responses).await,
-        (&Method::POST, "/v1/messages") => dispatch::handle(gw, req, Call::Messages).await,
+        (&Method::POST, "/v1/responses") => request::handle(gw, req, Call::Responses).await,
+        (&Method::POST, "/v1/messages") => request::handle(gw, req, Call::Messages).await,
         (
             &Method::POST,
             "/v1/embeddings" | "/v1/rerank" | "/rerank" | "/v2/rerank" | "/v1/score" | "/score"
             | "/classify" | "/pooling",
-        ) => dispatch::handle(gw, req, Call::Pooling).await,
+        ) => request::handle(gw, req, Call::Pooling).await,
         (&Method::POST, "/v1/audio/transcriptions" | "/v1/audio/translations") => {
-            dispatch::handle(gw, req, Call::Audio).await
+            request::handle(gw, req, Call::Audio).await
         }
         (&Method::POST, "/tokenize" | "/detokenize") => passthrough::to_model(gw, req, false).await,
         (&Method::POST, "/v1/messages/count_tokens") => passthrough::to_model(gw, req, true).await,
@@ -817,10 +817,10 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
         (&Method::POST, _)
             if matches!(v2_action, Some("generate" | "generate_stream" | "infer")) =>
         {
-            dispatch::handle(gw, req, Call::Triton).await
+            request::handle(gw, req, Call::Triton).await
         }
         (&Method::GET, "/v1/models") => admin::models(&gw, req.headers()),
-        (_, path) if crate::edge::usage::owns(path) => crate::edge::usage::route(&gw, &req),
+        (_, path) if crate::edge::usage_page::owns(path) => crate::edge::usage_page::route(&gw, &req),
         (&Method::GET, "/v2/health/live") => triton_status(true),
         (&Method::GET, "/v2/models") => {
             crate::gateway::passthrough::triton_models(&gw, req.headers())

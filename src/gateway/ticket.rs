@@ -182,7 +182,7 @@ impl Spans {
 
     /// Closes the phase open now and opens `next` (a `Span::none()` when
     /// traces are off).
-    fn next(&mut self, gw: &Gateway, next: Phase) {
+    fn next(&mut self, gw: &Gateway, next: SpanPhase) {
         let Some(traces) = &gw.traces() else { return };
         let parent = &self.request;
         let phase = &mut self.phase;
@@ -190,17 +190,17 @@ impl Spans {
             let old = std::mem::replace(phase, tracing::Span::none());
             drop(old);
             *phase = match next {
-                Phase::Queue => {
+                SpanPhase::Queue => {
                     tracing::info_span!(target: "fairway::trace", parent: parent, "fairway.queue")
                 }
-                Phase::Upstream { backend } => tracing::info_span!(
+                SpanPhase::Upstream { backend } => tracing::info_span!(
                     target: "fairway::trace",
                     parent: parent,
                     "fairway.upstream",
                     otel.kind = "client",
                     fairway.backend = backend,
                 ),
-                Phase::Stream => tracing::info_span!(
+                SpanPhase::Stream => tracing::info_span!(
                     target: "fairway::trace",
                     parent: parent,
                     "fairway.stream",
@@ -221,7 +221,7 @@ impl Spans {
 }
 
 /// The phases after admission, in order.
-enum Phase<'a> {
+enum SpanPhase<'a> {
     Queue,
     Upstream { backend: &'a str },
     Stream,
@@ -324,7 +324,7 @@ impl Ticket {
     pub fn admitted(&mut self, id: RequestId, limits: RateLimits) {
         self.id = Some(id);
         self.limits = limits;
-        self.spans.next(&self.gw, Phase::Queue);
+        self.spans.next(&self.gw, SpanPhase::Queue);
     }
 
     /// The scheduler shed the request: it is gone from it already.
@@ -357,7 +357,7 @@ impl Ticket {
         }
         let name = self.backend_name.clone();
         self.spans
-            .next(&self.gw, Phase::Upstream { backend: &name });
+            .next(&self.gw, SpanPhase::Upstream { backend: &name });
         self.spans.inject(&self.gw, headers);
     }
 
@@ -400,7 +400,7 @@ impl Ticket {
     pub fn first_byte(&mut self) {
         if self.first_byte.is_none() {
             self.first_byte = Some(self.gw.now());
-            self.spans.next(&self.gw, Phase::Stream);
+            self.spans.next(&self.gw, SpanPhase::Stream);
         }
     }
 

@@ -76,7 +76,7 @@ const P99: f64 = 0.99;
 
 /// One cumulative histogram bucket: observations at or below `le`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Bucket {
+pub struct HistogramBucket {
     /// Upper bound; `f64::INFINITY` for the `+Inf` bucket.
     pub le: f64,
     /// Cumulative count.
@@ -88,11 +88,11 @@ pub struct Bucket {
 /// lines, and bare `family{le=...}` lines when `bare` is set (Triton's
 /// documentation shows that form). Buckets with a `NaN` bound or a
 /// non-finite or negative count are skipped.
-pub fn collect_buckets<'a, I>(samples: I, family: &str, bare: bool) -> Vec<Bucket>
+pub fn collect_buckets<'a, I>(samples: I, family: &str, bare: bool) -> Vec<HistogramBucket>
 where
     I: IntoIterator<Item = &'a Sample>,
 {
-    let mut out: Vec<Bucket> = Vec::new();
+    let mut out: Vec<HistogramBucket> = Vec::new();
     for s in samples {
         let is_bucket = s
             .name
@@ -109,7 +109,7 @@ where
         }
         match out.iter_mut().find(|b| b.le == le) {
             Some(b) => b.count += s.value,
-            None => out.push(Bucket { le, count: s.value }),
+            None => out.push(HistogramBucket { le, count: s.value }),
         }
     }
     out.sort_by(|a, b| a.le.total_cmp(&b.le));
@@ -125,11 +125,11 @@ where
 /// `None` when `q` is outside 0..=1, there is no `+Inf` bucket, no finite
 /// bucket, or no observation. Buckets need not be sorted; counts that go
 /// down with a rising bound are raised to keep the series monotonic.
-pub fn quantile(q: f64, buckets: &[Bucket]) -> Option<f64> {
+pub fn quantile(q: f64, buckets: &[HistogramBucket]) -> Option<f64> {
     if !(0.0..=1.0).contains(&q) || buckets.len() < 2 {
         return None;
     }
-    let mut b: Vec<Bucket> = buckets.to_vec();
+    let mut b: Vec<HistogramBucket> = buckets.to_vec();
     b.sort_by(|x, y| x.le.total_cmp(&y.le));
     let last = b.len() - 1;
     if b[last].le != f64::INFINITY {
@@ -169,7 +169,7 @@ pub fn quantile(q: f64, buckets: &[Bucket]) -> Option<f64> {
 /// new scrape yields the quantile of the observations since the last one.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HistogramWindow {
-    prev: Option<Vec<Bucket>>,
+    prev: Option<Vec<HistogramBucket>>,
 }
 
 impl HistogramWindow {
@@ -185,7 +185,7 @@ impl HistogramWindow {
     /// Takes the new scrape's cumulative buckets (as from
     /// [`collect_buckets`]) and returns the p99 of the delta since the
     /// previous scrape. See [`Self::observe_quantile`].
-    pub fn observe(&mut self, buckets: &[Bucket]) -> Option<f64> {
+    pub fn observe(&mut self, buckets: &[HistogramBucket]) -> Option<f64> {
         self.observe_quantile(P99, buckets)
     }
 
@@ -197,7 +197,7 @@ impl HistogramWindow {
     ///   the baseline;
     /// - when `buckets` is empty (the histogram vanished): the baseline is
     ///   dropped.
-    pub fn observe_quantile(&mut self, q: f64, buckets: &[Bucket]) -> Option<f64> {
+    pub fn observe_quantile(&mut self, q: f64, buckets: &[HistogramBucket]) -> Option<f64> {
         if buckets.is_empty() {
             self.prev = None;
             return None;
@@ -215,7 +215,7 @@ impl HistogramWindow {
             if d.is_nan() || d < 0.0 {
                 return None;
             }
-            delta.push(Bucket {
+            delta.push(HistogramBucket {
                 le: new.le,
                 count: d,
             });
@@ -412,10 +412,10 @@ struct Signals {
     kv_tokens: Option<u64>,
     gpu_used: Option<f64>,
     gpu_total: Option<f64>,
-    ttft: Vec<Bucket>,
+    ttft: Vec<HistogramBucket>,
     /// Seconds per unit of the TTFT bucket bounds.
     ttft_scale: f64,
-    e2e: Vec<Bucket>,
+    e2e: Vec<HistogramBucket>,
     e2e_scale: f64,
     sources: Sources,
     lora: Option<LoraReading>,

@@ -18,7 +18,7 @@ pub mod expo;
 pub mod live;
 
 pub use dialect::{
-    AgentGpu, AgentReading, Bucket, DecodeError, Decoder, HistogramWindow, collect_buckets,
+    AgentGpu, AgentReading, HistogramBucket, DecodeError, Decoder, HistogramWindow, collect_buckets,
     quantile,
 };
 pub use expo::{ErrorKind, Exposition, MetricType, ParseError, Sample, parse, parse_strict};

@@ -30,7 +30,7 @@ use crate::core::ids::{BackendId, RequestId, TenantId, Usage};
 use crate::core::reading::{LoraReading, Reading};
 use crate::core::scheduler::{Arrival, Decision, Scheduler};
 use crate::core::time::Instant;
-use crate::poller::{Bucket, quantile};
+use crate::poller::{HistogramBucket, quantile};
 use crate::replay::workload::WorkRequest;
 use crate::sim::backend::metrics::{LATENCY_BUCKETS, TTFT_BUCKETS};
 use crate::sim::engine::{Engine, EngineEvent, SeqRequest};
@@ -830,10 +830,10 @@ fn window_p99(samples: &mut Vec<f64>, bounds: &[f64]) -> Option<Duration> {
     if samples.is_empty() {
         return None;
     }
-    let mut buckets: Vec<Bucket> = bounds
+    let mut buckets: Vec<HistogramBucket> = bounds
         .iter()
         .chain(std::iter::once(&f64::INFINITY))
-        .map(|&le| Bucket {
+        .map(|&le| HistogramBucket {
             le,
             count: samples.iter().filter(|&&s| s <= le).count() as f64,
         })

@@ -172,7 +172,7 @@ impl Seq {
 
 /// Where the step clock is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+enum StepClock {
     /// No step and no work.
     Idle,
     /// A step starts at this time (work arrived while idle).
@@ -193,7 +193,7 @@ pub struct Engine {
     waiting: VecDeque<Seq>,
     /// Oldest admission first; the youngest is the last.
     running: Vec<Seq>,
-    phase: Phase,
+    phase: StepClock,
     stats: EngineStats,
     /// Adapters on the GPU, least recently used first.
     loras: Vec<u32>,
@@ -217,7 +217,7 @@ impl Engine {
             prefill_ns_per_token,
             waiting: VecDeque::new(),
             running: Vec::with_capacity(params.max_num_seqs as usize),
-            phase: Phase::Idle,
+            phase: StepClock::Idle,
             loras: Vec::new(),
             stats: EngineStats {
                 kv_blocks_total: blocks_total,
@@ -272,8 +272,8 @@ impl Engine {
             has_counted_prompt: false,
             adapter: req.adapter,
         });
-        if self.phase == Phase::Idle {
-            self.phase = Phase::StartAt(now);
+        if self.phase == StepClock::Idle {
+            self.phase = StepClock::StartAt(now);
         }
         Ok(())
     }
@@ -297,9 +297,9 @@ impl Engine {
     /// step's end, or a pending step start; `None` when idle.
     pub fn next_event_at(&self) -> Option<Instant> {
         match self.phase {
-            Phase::Idle => None,
-            Phase::StartAt(t) => Some(t),
-            Phase::Stepping { end } => Some(end),
+            StepClock::Idle => None,
+            StepClock::StartAt(t) => Some(t),
+            StepClock::Stepping { end } => Some(end),
         }
     }
 
@@ -308,16 +308,16 @@ impl Engine {
     pub fn advance(&mut self, now: Instant, out: &mut Vec<EngineEvent>) {
         loop {
             match self.phase {
-                Phase::StartAt(t) if t <= now => self.start_step(t, out),
-                Phase::Stepping { end } if end <= now => {
+                StepClock::StartAt(t) if t <= now => self.start_step(t, out),
+                StepClock::Stepping { end } if end <= now => {
                     self.end_step(end, out);
                     self.phase = if self.has_work() {
-                        Phase::StartAt(end)
+                        StepClock::StartAt(end)
                     } else {
-                        Phase::Idle
+                        StepClock::Idle
                     };
                 }
-                Phase::Idle | Phase::StartAt(_) | Phase::Stepping { .. } => return,
+                StepClock::Idle | StepClock::StartAt(_) | StepClock::Stepping { .. } => return,
             }
         }
     }
@@ -437,9 +437,9 @@ impl Engine {
             // Nothing fits (cannot happen with the submit checks) or all
             // cancelled: stay idle rather than spin.
             self.phase = if self.waiting.is_empty() {
-                Phase::Idle
+                StepClock::Idle
             } else {
-                Phase::Stepping {
+                StepClock::Stepping {
                     end: at + Duration::from_millis(1),
                 }
             };
@@ -454,7 +454,7 @@ impl Engine {
             nanos += decode.as_nanos() as f64;
         }
         let step = Duration::from_nanos(nanos.round() as u64);
-        self.phase = Phase::Stepping { end: at + step };
+        self.phase = StepClock::Stepping { end: at + step };
     }
 
     /// Emits a token for every sequence in the batch, finishes the done

@@ -88,7 +88,7 @@ impl Hist {
 }
 
 #[derive(Clone, Copy, Debug, Default)]
-struct Bucket {
+struct Slot {
     /// Unix seconds of the bucket's start; 0 when never used.
     start: u64,
     outcomes: [u32; Outcome::COUNT],
@@ -101,7 +101,7 @@ struct Bucket {
     e2e: Hist,
 }
 
-impl Bucket {
+impl Slot {
     fn add(&mut self, r: &UsageRecord) {
         self.outcomes[r.outcome.index()] += 1;
         self.goodput += u32::from(r.goodput);
@@ -119,7 +119,7 @@ impl Bucket {
         }
     }
 
-    fn merge(&mut self, o: &Bucket) {
+    fn merge(&mut self, o: &Slot) {
         for (a, b) in self.outcomes.iter_mut().zip(o.outcomes.iter()) {
             *a += b;
         }
@@ -137,20 +137,20 @@ impl Bucket {
 #[derive(Clone, Debug)]
 struct Ring {
     width: u64,
-    buckets: Vec<Bucket>,
+    buckets: Vec<Slot>,
 }
 
 impl Ring {
     fn new(width: u64, len: usize) -> Self {
         Ring {
             width,
-            buckets: vec![Bucket::default(); len],
+            buckets: vec![Slot::default(); len],
         }
     }
 
     /// The bucket of `now`, emptied first if it held an older period;
     /// `None` for a time older than the ring holds (a clock stepped back).
-    fn slot(&mut self, now: u64) -> Option<&mut Bucket> {
+    fn slot(&mut self, now: u64) -> Option<&mut Slot> {
         let start = now - now % self.width;
         let len = self.buckets.len() as u64;
         let b = &mut self.buckets[((now / self.width) % len) as usize];
@@ -158,16 +158,16 @@ impl Ring {
             return None;
         }
         if b.start != start {
-            *b = Bucket {
+            *b = Slot {
                 start,
-                ..Bucket::default()
+                ..Slot::default()
             };
         }
         Some(b)
     }
 
     /// Buckets that started within the last `seconds` before `now`.
-    fn within(&self, now: u64, seconds: u64) -> impl Iterator<Item = &Bucket> {
+    fn within(&self, now: u64, seconds: u64) -> impl Iterator<Item = &Slot> {
         let from = now.saturating_sub(seconds);
         self.buckets
             .iter()
@@ -239,8 +239,8 @@ pub struct MinutePoint {
     pub gpu_seconds: f64,
 }
 
-fn stats<'a>(buckets: impl Iterator<Item = &'a Bucket>) -> WindowStats {
-    let mut sum = Bucket::default();
+fn stats<'a>(buckets: impl Iterator<Item = &'a Slot>) -> WindowStats {
+    let mut sum = Slot::default();
     for b in buckets {
         sum.merge(b);
     }
@@ -331,7 +331,7 @@ impl TenantWindows {
     /// The bytes these windows hold: the same from the first record on.
     pub fn heap_bytes(&self) -> usize {
         (self.minutes.buckets.capacity() + self.quarters.buckets.capacity())
-            * std::mem::size_of::<Bucket>()
+            * std::mem::size_of::<Slot>()
     }
 }
 

@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 
 use super::snapshot::ByModel;
-use crate::poller::{Bucket, quantile};
+use crate::poller::{HistogramBucket, quantile};
 
 /// The quantile shown for latencies.
 pub(super) const P99: f64 = 0.99;
 
 /// Adds `add` into `acc` bound by bound.
-pub(super) fn merge(acc: &mut Vec<Bucket>, add: &[Bucket]) {
+pub(super) fn merge(acc: &mut Vec<HistogramBucket>, add: &[HistogramBucket]) {
     for b in add {
         match acc.iter_mut().find(|x| x.le == b.le) {
             Some(x) => x.count += b.count,
@@ -23,14 +23,14 @@ pub(super) fn merge(acc: &mut Vec<Bucket>, add: &[Bucket]) {
 /// The observations between two scrapes of one histogram: `cur - prev`
 /// bound by bound. When a count went down or the bounds changed (a restart
 /// or a reconfiguration), `cur` itself: everything it holds is new.
-pub(super) fn bucket_delta(prev: &[Bucket], cur: &[Bucket]) -> Vec<Bucket> {
+pub(super) fn bucket_delta(prev: &[HistogramBucket], cur: &[HistogramBucket]) -> Vec<HistogramBucket> {
     if prev.len() != cur.len() {
         return cur.to_vec();
     }
     let mut out = Vec::with_capacity(cur.len());
     for c in cur {
         match prev.iter().find(|p| p.le == c.le) {
-            Some(p) if c.count >= p.count => out.push(Bucket {
+            Some(p) if c.count >= p.count => out.push(HistogramBucket {
                 le: c.le,
                 count: c.count - p.count,
             }),
@@ -42,7 +42,7 @@ pub(super) fn bucket_delta(prev: &[Bucket], cur: &[Bucket]) -> Vec<Bucket> {
 
 /// The p99 of the observations between `prev` and `cur`, or of all of
 /// `cur` when there is no `prev` or nothing new was observed.
-pub(super) fn p99_between(prev: Option<&[Bucket]>, cur: &[Bucket]) -> Option<f64> {
+pub(super) fn p99_between(prev: Option<&[HistogramBucket]>, cur: &[HistogramBucket]) -> Option<f64> {
     prev.and_then(|p| quantile(P99, &bucket_delta(p, cur)))
         .or_else(|| quantile(P99, cur))
 }

@@ -4,13 +4,13 @@
 use std::collections::BTreeMap;
 
 use crate::poller::expo::parse_float;
-use crate::poller::{Bucket, Sample, parse};
+use crate::poller::{HistogramBucket, Sample, parse};
 
 /// A `fairway_requests_total` series of one tenant: (model, outcome, reason).
 pub(super) type Series = (String, String, String);
 
 /// Cumulative histogram buckets by model.
-pub(super) type ByModel = BTreeMap<String, Vec<Bucket>>;
+pub(super) type ByModel = BTreeMap<String, Vec<HistogramBucket>>;
 
 /// One tenant's figures in one scrape.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -62,7 +62,7 @@ pub struct Snapshot {
     /// `fairway_jain_fairness_index`, when exported.
     pub(super) jain: Option<f64>,
     /// `fairway_overhead_seconds` cumulative buckets.
-    pub(super) overhead: Vec<Bucket>,
+    pub(super) overhead: Vec<HistogramBucket>,
     /// The replica's view of its `[cluster]`, when it has one.
     pub(super) cluster: Option<ClusterFigures>,
 }
@@ -229,7 +229,7 @@ fn label(s: &Sample, name: &str) -> String {
 /// Adds a `_bucket` sample to `buckets`, summing samples of the same bound.
 /// Samples with no or a `NaN` `le`, or a non-finite or negative count, are
 /// skipped.
-fn add_bucket(buckets: &mut Vec<Bucket>, s: &Sample) {
+fn add_bucket(buckets: &mut Vec<HistogramBucket>, s: &Sample) {
     if !s.value.is_finite() || s.value < 0.0 {
         return;
     }
@@ -241,7 +241,7 @@ fn add_bucket(buckets: &mut Vec<Bucket>, s: &Sample) {
     }
     match buckets.iter_mut().find(|b| b.le == le) {
         Some(b) => b.count += s.value,
-        None => buckets.push(Bucket { le, count: s.value }),
+        None => buckets.push(HistogramBucket { le, count: s.value }),
     }
 }
 

@@ -4,12 +4,12 @@
 //! (429), not an error.
 
 pub mod bucket;
-pub mod lease;
+pub mod shared_limit;
 
 use std::time::Duration;
 
 pub use bucket::Bucket;
-pub use lease::{LeaseAnswer, LeaseAsk, LeaseKind, SharedLimit};
+pub use shared_limit::{LeaseAnswer, LeaseAsk, LeaseKind, SharedLimit};
 
 /// Which limit refused a request; becomes the `limit` metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

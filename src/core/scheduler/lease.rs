@@ -1,4 +1,4 @@
-//! The replica's side of leased limits (see [`crate::core::admission::lease`]):
+//! The replica's side of leased limits (see [`crate::core::admission::shared_limit`]):
 //! what to tell the store at a sync, and taking its grants.
 
 use std::time::Duration;

@@ -4,10 +4,10 @@ use super::*;
 
 const AT: Instant = Instant::from_nanos(42);
 
-fn buckets(pairs: &[(f64, f64)]) -> Vec<Bucket> {
+fn buckets(pairs: &[(f64, f64)]) -> Vec<HistogramBucket> {
     pairs
         .iter()
-        .map(|&(le, count)| Bucket { le, count })
+        .map(|&(le, count)| HistogramBucket { le, count })
         .collect()
 }
 

@@ -8,7 +8,7 @@
 //!   its own name (any other is 404, whether it exists or not), the admin
 //!   token any.
 //! - `GET /fairway/` (and `/fairway`): the page, one self-contained HTML
-//!   document (`usage.html`, compiled in) that signs in with a key kept in
+//!   document (`usage_page.html`, compiled in) that signs in with a key kept in
 //!   the browser's session storage and calls the API.
 //!
 //! The numbers come from memory: each tenant's usage windows
@@ -31,7 +31,7 @@ use crate::outcome::Outcome;
 use crate::protocol::error::ApiError;
 
 /// The page.
-const PAGE: &str = include_str!("usage.html");
+const PAGE: &str = include_str!("usage_page.html");
 
 /// The windows the API reports, by name and length in seconds.
 const WINDOWS: [(&str, u64); 3] = [("5m", 300), ("1h", 3600), ("24h", 86_400)];

@@ -1,0 +1,343 @@
+//! Shares, sans-IO: what a replica publishes of its demand
+//! ([`DemandMeter`]), what the policy says the shares depend on
+//! ([`Shape`]), and each replica's part of every limit and window from
+//! every replica's demand ([`shares`], [`water_fill`]).
+
+use std::collections::HashMap;
+
+
+use crate::core::spec::{Api, pool_key};
+
+use super::member::{PoolShare, Shares, TenantShare};
+use super::store::Demands;
+
+
+/// Part of the cluster's demand that a replica with no demand of its own
+/// keeps (of an even share), so that a tenant's first requests there are
+/// not all refused and a pool's first requests find a window.
+const IDLE_FLOOR: f64 = 0.05;
+
+/// Field-name prefixes in a replica's demand hash: a tenant's arrivals per
+/// second, and a pool's backlog of one tenant (`b␟model␟tenant`).
+const TENANT_FIELD: &str = "t\u{1f}";
+const BACKLOG_FIELD: &str = "b\u{1f}";
+
+/// What the policy says that the shares depend on: tenants' weights and
+/// each scheduler pool's total window (the sum of its backends'
+/// `max_inflight`), by [`pool_key`].
+#[derive(Clone, Debug, Default)]
+pub struct Shape {
+    pub weights: HashMap<String, f64>,
+    pub capacity: HashMap<String, f64>,
+}
+
+impl Shape {
+    pub fn of(policy: &crate::config::Policy) -> Shape {
+        Shape {
+            weights: policy
+                .tenants
+                .iter()
+                .map(|t| (t.name.clone(), t.weight))
+                .collect(),
+            capacity: policy
+                .pools
+                .iter()
+                .flat_map(|p| {
+                    [Api::OpenAi, Api::Triton].map(|api| {
+                        let c: u32 = p
+                            .backends
+                            .iter()
+                            .filter(|b| b.protocol == api)
+                            .map(|b| b.max_inflight)
+                            .sum();
+                        (pool_key(&p.model, api).into_owned(), f64::from(c))
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A replica's part: `here / all`; a replica with nothing here keeps
+/// [`IDLE_FLOOR`] of an even share; an even share when there is nothing
+/// anywhere. Over the replicas these add up to at most 1 + `IDLE_FLOOR`.
+fn part(here: f64, all: f64, n: f64) -> f64 {
+    if all <= 0.0 {
+        1.0 / n
+    } else if here <= 0.0 {
+        IDLE_FLOOR / n
+    } else {
+        here / all
+    }
+}
+
+/// Weighted max-min fair split of `capacity` among claims `(weight, cap)`:
+/// each gets at most its cap, and the rest is shared in proportion to
+/// weight (water-filling).
+pub fn water_fill(claims: &[(f64, f64)], capacity: f64) -> Vec<f64> {
+    let mut alloc = vec![0.0; claims.len()];
+    let mut open: Vec<usize> = (0..claims.len()).filter(|&i| claims[i].1 > 0.0).collect();
+    let mut left = capacity.max(0.0);
+    while !open.is_empty() && left > 1e-12 {
+        let w: f64 = open.iter().map(|&i| claims[i].0.max(1e-9)).sum();
+        let per_weight = left / w;
+        // Claims that this round would fill are capped and leave.
+        let (full, rest): (Vec<usize>, Vec<usize>) = open
+            .iter()
+            .partition(|&&i| claims[i].1 - alloc[i] <= per_weight * claims[i].0.max(1e-9));
+        if full.is_empty() {
+            for &i in &rest {
+                alloc[i] += per_weight * claims[i].0.max(1e-9);
+            }
+            break;
+        }
+        for &i in &full {
+            left -= claims[i].1 - alloc[i];
+            alloc[i] = claims[i].1;
+        }
+        open = rest;
+    }
+    alloc
+}
+
+/// The shares of replica `me`, from every live replica's demand.
+///
+/// A tenant's limits: its part of the cluster's arrivals of that tenant.
+/// A pool's windows: the cluster's window capacity is split among the
+/// tenants with a backlog (queued or in flight) by weight, capped at each
+/// one's backlog (water-filling); this replica's share is its part of what
+/// its tenants' backlogs were given. So with tenant A (weight 3) arriving
+/// only at one replica and B (weight 1) only at another, both saturating,
+/// the first gets 3/4 of every window and the second 1/4.
+pub fn shares(me: &str, demands: &Demands, shape: &Shape) -> Shares {
+    let n = demands.len().max(1) as f64;
+    // tenant → (here, all)
+    let mut tenants: HashMap<&str, (f64, f64)> = HashMap::new();
+    // model → tenant → (here, all)
+    let mut backlog: HashMap<&str, HashMap<&str, (f64, f64)>> = HashMap::new();
+    for (replica, fields) in demands {
+        let mine = replica == me;
+        for (field, v) in fields {
+            let v = v.max(0.0);
+            if let Some(t) = field.strip_prefix(TENANT_FIELD) {
+                let e = tenants.entry(t).or_default();
+                e.1 += v;
+                if mine {
+                    e.0 += v;
+                }
+            } else if let Some((model, t)) = field
+                .strip_prefix(BACKLOG_FIELD)
+                .and_then(|rest| rest.split_once('\u{1f}'))
+            {
+                let e = backlog.entry(model).or_default().entry(t).or_default();
+                e.1 += v;
+                if mine {
+                    e.0 += v;
+                }
+            }
+        }
+    }
+    let tenants = tenants
+        .into_iter()
+        .map(|(t, (here, all))| {
+            let s = TenantShare {
+                share: part(here, all, n),
+                demand_here: here,
+                demand_cluster: all,
+            };
+            (t.to_owned(), s)
+        })
+        .collect();
+    let pools = backlog
+        .into_iter()
+        .map(|(model, by_tenant)| {
+            let rows: Vec<(&str, f64, f64)> = by_tenant
+                .iter()
+                .map(|(t, (here, all))| (*t, *here, *all))
+                .collect();
+            let claims: Vec<(f64, f64)> = rows
+                .iter()
+                .map(|(t, _, all)| (shape.weights.get(*t).copied().unwrap_or(1.0), *all))
+                .collect();
+            let capacity = shape.capacity.get(model).copied().unwrap_or(f64::INFINITY);
+            let alloc = water_fill(&claims, capacity);
+            let given: f64 = alloc.iter().sum();
+            let mine: f64 = rows
+                .iter()
+                .zip(&alloc)
+                .map(|((_, here, all), a)| if *all > 0.0 { a * here / all } else { 0.0 })
+                .sum();
+            let s = PoolShare {
+                share: part(mine, given, n),
+                backlog_here: rows.iter().map(|r| r.1).sum(),
+                backlog_cluster: rows.iter().map(|r| r.2).sum(),
+            };
+            (model.to_owned(), s)
+        })
+        .collect();
+    Shares { tenants, pools }
+}
+
+/// What a replica publishes: each tenant's arrivals per second and each
+/// pool's backlog by tenant, smoothed over sync intervals (half the weight
+/// on the last one). Sans-IO: the caller reads the scheduler and the clock
+/// (the live sync task, and the replay's simulated replicas).
+#[derive(Debug, Default)]
+pub struct DemandMeter {
+    last: HashMap<String, u64>,
+    rate: HashMap<String, f64>,
+    backlog: HashMap<String, f64>,
+    at: Option<f64>,
+}
+
+impl DemandMeter {
+    /// The fields to publish, from the scheduler's state at `now_secs`.
+    pub fn fields(
+        &mut self,
+        now_secs: f64,
+        sched: &crate::core::scheduler::Scheduler,
+    ) -> Vec<(String, f64)> {
+        let arrivals = sched.arrivals().map(|(t, n)| (t.to_owned(), n)).collect();
+        let backlogs = sched
+            .backlogs()
+            .map(|(m, t, n)| (format!("{BACKLOG_FIELD}{m}\u{1f}{t}"), f64::from(n)))
+            .collect();
+        let mut out: Vec<(String, f64)> = self
+            .sample(now_secs, arrivals)
+            .into_iter()
+            .map(|(t, d)| (format!("{TENANT_FIELD}{t}"), d))
+            .collect();
+        out.extend(self.smooth_backlogs(backlogs));
+        out
+    }
+
+    fn sample(&mut self, now: f64, arrivals: Vec<(String, u64)>) -> Vec<(String, f64)> {
+        let secs = self.at.map_or(0.0, |t| now - t);
+        self.at = Some(now);
+        let mut out = Vec::with_capacity(arrivals.len());
+        for (t, total) in arrivals {
+            let before = self.last.insert(t.clone(), total);
+            let rate = match before {
+                Some(b) if secs > 0.0 => total.saturating_sub(b) as f64 / secs,
+                _ => 0.0,
+            };
+            let r = self.rate.entry(t.clone()).or_insert(rate);
+            *r = 0.5 * *r + 0.5 * rate;
+            out.push((t, *r));
+        }
+        out
+    }
+
+    /// Backlogs, smoothed the same way; a backlog that ended decays.
+    fn smooth_backlogs(&mut self, now: Vec<(String, f64)>) -> Vec<(String, f64)> {
+        let mut seen: HashMap<String, f64> = now.into_iter().collect();
+        self.backlog.retain(|k, v| {
+            *v = 0.5 * *v + 0.5 * seen.remove(k).unwrap_or(0.0);
+            *v > 0.01
+        });
+        for (k, v) in seen {
+            self.backlog.insert(k, v);
+        }
+        self.backlog.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn demands(rows: &[(&str, &[(&str, f64)])]) -> Demands {
+        rows.iter()
+            .map(|(r, ds)| {
+                let ds = ds
+                    .iter()
+                    .map(|(t, d)| (format!("{TENANT_FIELD}{t}"), *d))
+                    .collect();
+                ((*r).to_owned(), ds)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shares_follow_demand_and_add_up_to_one() {
+        let d = demands(&[
+            ("r1", &[("a", 30.0), ("b", 0.0)]),
+            ("r2", &[("a", 10.0), ("b", 0.0)]),
+            ("r3", &[]),
+        ]);
+        let shape = Shape::default();
+        let all: Vec<_> = ["r1", "r2", "r3"]
+            .iter()
+            .map(|r| shares(r, &d, &shape).tenants)
+            .collect();
+        let a: Vec<f64> = all.iter().map(|s| s["a"].share).collect();
+        let sum = a.iter().sum::<f64>();
+        assert!((1.0..=1.0 + IDLE_FLOOR).contains(&sum), "{a:?}");
+        assert!(
+            a[0] > 0.7 && a[1] > 0.2 && a[2] > 0.0 && a[2] < 0.02,
+            "{a:?}"
+        );
+        assert_eq!(all[0]["a"].demand_cluster, 40.0);
+        // No demand anywhere: even shares.
+        assert!(all.iter().all(|s| (s["b"].share - 1.0 / 3.0).abs() < 1e-9));
+    }
+
+    #[test]
+    fn water_filling_caps_each_claim_and_splits_the_rest_by_weight() {
+        let a = water_fill(&[(3.0, 100.0), (1.0, 100.0)], 8.0);
+        assert!(
+            (a[0] - 6.0).abs() < 1e-9 && (a[1] - 2.0).abs() < 1e-9,
+            "{a:?}"
+        );
+        // A small claim is met; the rest goes to the other.
+        let a = water_fill(&[(3.0, 1.0), (1.0, 100.0)], 8.0);
+        assert!(
+            (a[0] - 1.0).abs() < 1e-9 && (a[1] - 7.0).abs() < 1e-9,
+            "{a:?}"
+        );
+        // Enough for everyone.
+        let a = water_fill(&[(3.0, 1.0), (1.0, 2.0)], 8.0);
+        assert_eq!(a, vec![1.0, 2.0]);
+        assert_eq!(water_fill(&[], 8.0), Vec::<f64>::new());
+    }
+
+    #[test]
+    fn a_model_served_over_both_protocols_is_two_pools_to_the_cluster() {
+        let text = "[[pools]]\nmodel = \"m\"\n\
+                    [[pools.backends]]\nurl = \"http://a:1\"\nmax_inflight = 8\n\
+                    [[pools.backends]]\nurl = \"http://b:1\"\nprotocol = \"triton\"\nmax_inflight = 4\n";
+        let policy = crate::config::parse_policy(text, "p.toml").unwrap();
+        let shape = Shape::of(&policy);
+        assert_eq!(shape.capacity["m"], 8.0);
+        assert_eq!(shape.capacity["triton:m"], 4.0);
+        let spec = policy
+            .scheduler_spec()
+            .leased(2, |key| if key == "triton:m" { 0.25 } else { 0.5 });
+        let windows: Vec<u32> = spec
+            .pools
+            .iter()
+            .map(|p| p.backends[0].max_inflight)
+            .collect();
+        assert_eq!(windows, vec![4, 1]);
+    }
+
+    #[test]
+    fn windows_follow_weighted_backlog_across_replicas() {
+        // A (weight 3) backlogged only at r1, B (weight 1) only at r2.
+        let field = |m: &str, t: &str| format!("{BACKLOG_FIELD}{m}\u{1f}{t}");
+        let d: Demands = vec![
+            ("r1".into(), vec![(field("m", "a"), 40.0)]),
+            ("r2".into(), vec![(field("m", "b"), 40.0)]),
+        ];
+        let shape = Shape {
+            weights: [("a".to_owned(), 3.0), ("b".to_owned(), 1.0)].into(),
+            capacity: [("m".to_owned(), 8.0)].into(),
+        };
+        let r1 = shares("r1", &d, &shape).pools["m"].share;
+        let r2 = shares("r2", &d, &shape).pools["m"].share;
+        assert!(
+            (r1 - 0.75).abs() < 1e-9 && (r2 - 0.25).abs() < 1e-9,
+            "{r1} {r2}"
+        );
+    }
+}

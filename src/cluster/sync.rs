@@ -1,0 +1,192 @@
+//! The sync: joining the cluster, and every `sync_interval` publishing
+//! this replica's demand, settling its leases and handing its scheduler
+//! new shares, through the [`Replica`] it drives.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ClusterPolicy;
+use crate::core::admission::{LeaseAnswer, LeaseAsk};
+
+use super::member::{Member, default_replica_name};
+use super::shares::{DemandMeter, Shape, shares};
+use super::store::Store;
+
+/// Connects (lazily) and makes the first contact, so that the replica
+/// starts with the cluster's count and the demand it has seen. A store
+/// that does not answer within one sync interval leaves the count at 1
+/// (the sync task keeps trying).
+pub async fn join(policy: &ClusterPolicy) -> Result<(Syncer, Member), String> {
+    let replica = policy.replica.clone().unwrap_or_else(default_replica_name);
+    let store = Store::connect(policy, &replica)?;
+    let member = Member::new(replica);
+    let mut syncer = Syncer {
+        store,
+        interval: policy.sync_interval,
+        lease_ahead: policy.lease_ahead,
+        meter: DemandMeter::default(),
+    };
+    syncer.exchange(&member, &[], &[], &Shape::default()).await;
+    Ok((syncer, member))
+}
+
+/// What the sync drives: this replica's gateway, whose scheduler it hands
+/// leases and shares.
+pub trait Replica: Send + Sync {
+    /// Runs `f` on the scheduler under its lock, with the replica's now.
+    fn with_scheduler(
+        &self,
+        f: &mut dyn FnMut(crate::core::time::Instant, &mut crate::core::scheduler::Scheduler),
+    );
+    /// The policy in force.
+    fn policy(&self) -> Arc<crate::config::Policy>;
+    /// New leases came: requests queued for want of one may go now.
+    fn leases_changed(&self);
+    /// The membership or the demand moved: hands the scheduler this
+    /// replica's new shares of the policy.
+    fn apply_share(&self);
+}
+
+/// A replica's link to the store: its connection and what it measures
+/// between syncs.
+#[derive(Debug)]
+pub struct Syncer {
+    store: Store,
+    interval: Duration,
+    lease_ahead: Duration,
+    meter: DemandMeter,
+}
+
+impl Syncer {
+    /// One sync of the gateway with the store: publishes its demand,
+    /// settles its leases, and hands the scheduler new shares (or, when
+    /// the store came or went, the other way of enforcing the limits).
+    pub async fn sync(&mut self, member: &Member, replica: &dyn Replica) {
+        let (mut demand, mut asks) = (Vec::new(), Vec::new());
+        replica.with_scheduler(&mut |now, sched| {
+            demand = self.meter.fields(now.as_secs_f64(), sched);
+            if member.store_up() {
+                asks = sched.lease_asks(now, self.lease_ahead, member.replicas());
+            }
+        });
+        let shape = Shape::of(&replica.policy());
+        let replicas = member.replicas();
+        let (answers, changed) = self.exchange(member, &demand, &asks, &shape).await;
+        if !answers.is_empty() {
+            replica.with_scheduler(&mut |_, sched| sched.lease_granted(&asks, &answers));
+            replica.leases_changed();
+        }
+        if changed {
+            let n = member.replicas();
+            if n != replicas {
+                tracing::info!(replica = %member.replica, replicas = n, "cluster membership changed");
+            }
+            replica.apply_share();
+        }
+    }
+
+    /// One round trip, publishing `demand` and settling `asks`; updates
+    /// `member`. Returns the store's answer to each ask (none if it did not
+    /// answer) and whether the replica must apply new shares: the count or
+    /// a share moved, or the store came or went.
+    async fn exchange(
+        &mut self,
+        member: &Member,
+        demand: &[(String, f64)],
+        asks: &[LeaseAsk],
+        shape: &Shape,
+    ) -> (Vec<LeaseAnswer>, bool) {
+        let timeout = self.interval;
+        let start = tokio::time::Instant::now();
+        let result = tokio::time::timeout(timeout, self.store.sync(demand, asks)).await;
+        let was_up = member.store_up.load(Ordering::Relaxed);
+        match result {
+            Ok(Ok((answers, demands))) => {
+                let rtt = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+                member.rtt_micros.store(rtt, Ordering::Relaxed);
+                member.syncs.fetch_add(1, Ordering::Relaxed);
+                member.store_up.store(true, Ordering::Relaxed);
+                let n = u32::try_from(demands.len()).unwrap_or(u32::MAX).max(1);
+                if !was_up {
+                    tracing::info!(
+                        replica = %member.replica, replicas = n,
+                        "cluster store reachable: limits leased from the store"
+                    );
+                }
+                let old_n = member.replicas.swap(n, Ordering::Relaxed);
+                let new = shares(&member.replica, &demands, shape);
+                let moved = |old: f64, new: f64| (old - new).abs() > 0.01 * old.max(new);
+                let mut tenants = member.tenants.lock();
+                let mut pools = member.pools.lock();
+                let changed = new.tenants.len() != tenants.len()
+                    || new.pools.len() != pools.len()
+                    || new
+                        .tenants
+                        .iter()
+                        .any(|(t, s)| tenants.get(t).is_none_or(|old| moved(old.share, s.share)))
+                    || new
+                        .pools
+                        .iter()
+                        .any(|(m, s)| pools.get(m).is_none_or(|old| moved(old.share, s.share)));
+                *tenants = new.tenants;
+                *pools = new.pools;
+                let answers = if answers.len() == asks.len() {
+                    answers
+                } else {
+                    Vec::new()
+                };
+                (answers, !was_up || old_n != n || changed)
+            }
+            failed => {
+                member.store_errors.fetch_add(1, Ordering::Relaxed);
+                member.store_up.store(false, Ordering::Relaxed);
+                if was_up || member.store_errors.load(Ordering::Relaxed) == 1 {
+                    let cause = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {}", humantime::format_duration(timeout)),
+                    };
+                    tracing::warn!(
+                        replica = %member.replica,
+                        replicas = member.replicas(),
+                        %cause,
+                        "cluster store unreachable: enforcing this replica's last shares"
+                    );
+                }
+                (Vec::new(), was_up)
+            }
+        }
+    }
+
+    /// Syncs every `sync_interval`, and sooner (at most every eighth of
+    /// it) when a request was refused for want of a lease; leaves the
+    /// cluster on shutdown.
+    pub async fn run(
+        mut self,
+        member: Arc<Member>,
+        replica: Arc<dyn Replica>,
+        stop: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.reset(); // the server synced before it started serving
+        let min_gap = self.interval / 8;
+        let mut last = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = tick.tick() => {}
+                () = member.starved.notified() => {
+                    tokio::time::sleep_until(last + min_gap).await;
+                }
+            }
+            last = tokio::time::Instant::now();
+            self.sync(&member, &*replica).await;
+        }
+        // A clean leave frees this replica's share at once for the others
+        // (otherwise it expires after `replica_ttl`).
+        let _ = tokio::time::timeout(self.interval, self.store.leave()).await;
+    }
+}

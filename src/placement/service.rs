@@ -1,0 +1,537 @@
+//! The placement service: loading its policy, the listener and its TLS,
+//! the background poll of the agents and the watch of its files, and the
+//! endpoints' routing, `/metrics` and `/nodes`. The extender's and the
+//! webhook's decisions are `decide.rs`.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use super::nodes::{AgentEntry, Nodes};
+use crate::agent::NodeReading;
+use crate::clock::Clock;
+use crate::config::validate::OTLP_ENDPOINT_ENV;
+use crate::config::{ConfigError, PlacementPolicy, Policy, load_policy_with_env};
+use crate::core::placement::PodRequest;
+use crate::core::time::Instant;
+use crate::prom::{self, Kind};
+
+
+/// Largest request body read (an extender's `NodeList` of a big cluster).
+pub(super) const MAX_BODY: usize = 16 << 20;
+/// Time a caller has to send its body.
+pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Decisions kept for `GET /nodes`.
+pub(super) const DECISIONS_KEPT: usize = 256;
+/// Pods remembered from `CREATE` for their binding, and for how long.
+pub(super) const PODS_KEPT: usize = 10_000;
+pub(super) const POD_TTL: Duration = Duration::from_secs(3600);
+/// Largest agent answer read.
+pub(super) const MAX_READING: usize = 1 << 20;
+/// Open connections at once; more are closed at accept.
+pub(super) const MAX_CONNECTIONS: usize = 1024;
+/// How often the policy and certificate files are checked for changes.
+pub(super) const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Why the placement service cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid policy:\n{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Policy(Vec<crate::config::ConfigError>),
+    #[error(
+        "[placement] tls is not set: Kubernetes calls webhooks and HTTPS extenders over TLS only"
+    )]
+    NoTls,
+    #[error(transparent)]
+    Tls(#[from] crate::net::tls::TlsError),
+}
+
+/// One answer, kept for `GET /nodes`.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct Decision {
+    pub(super) unix_time: u64,
+    pub(super) what: &'static str,
+    pub(super) pod: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) node: Option<String>,
+    pub(super) allowed: bool,
+    pub(super) message: String,
+}
+
+/// What `GET /metrics` counts.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    /// By (kind, allowed).
+    pub(super) decisions: std::collections::BTreeMap<(&'static str, bool), u64>,
+    /// By rule.
+    pub(super) refusals: std::collections::BTreeMap<&'static str, u64>,
+    /// Agent reads by success.
+    pub(super) reads: [u64; 2],
+}
+
+/// The service's state.
+pub(super) struct Placement {
+    pub(super) path: PathBuf,
+    pub(super) clock: Clock,
+    pub(super) policy: ArcSwap<PlacementPolicy>,
+    pub(super) tls: ArcSwap<rustls::ServerConfig>,
+    /// Hash of the policy text, and of the certificate and key files.
+    pub(super) hashes: Mutex<(String, String)>,
+    pub(super) nodes: Mutex<Nodes>,
+    /// Pods seen at `CREATE`, by `namespace/name`.
+    pub(super) pods: Mutex<HashMap<String, (PodRequest, Instant)>>,
+    pub(super) decisions: Mutex<VecDeque<Decision>>,
+    pub(super) counters: Mutex<Counters>,
+    pub(super) polled: AtomicBool,
+    pub(super) client: crate::net::client::Client,
+}
+
+/// The shared policy file, read without the gateway's secrets: placement
+/// checks no API key, so a variable the policy names for a key, a token or
+/// a password, missing from its environment, stands for a value it never
+/// uses. (The collector's variable, which the policy does not name, keeps
+/// its meaning.)
+fn load_policy(path: &std::path::Path) -> Result<(Policy, String), Vec<ConfigError>> {
+    load_policy_with_env(path, &|name| {
+        std::env::var(name).ok().or_else(|| {
+            (name != OTLP_ENDPOINT_ENV).then(|| format!("unused by fairway placement: {name}"))
+        })
+    })
+}
+
+/// Loads the policy at `path` and checks that the service can serve it.
+pub fn load(path: &std::path::Path) -> Result<PlacementPolicy, StartError> {
+    let (policy, _) = load_policy(path).map_err(StartError::Policy)?;
+    let placement = policy.placement;
+    let tls = placement.tls.as_ref().ok_or(StartError::NoTls)?;
+    crate::net::tls::load(&tls.cert, &tls.key, "placement.tls")?;
+    Ok(placement)
+}
+
+/// Serves the policy at `path` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    path: PathBuf,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let (policy, text) = load_policy(&path).map_err(StartError::Policy)?;
+    let placement = policy.placement;
+    let tls_policy = placement.tls.clone().ok_or(StartError::NoTls)?;
+    let tls = crate::net::tls::load(&tls_policy.cert, &tls_policy.key, "placement.tls")?;
+    let svc = Arc::new(Placement {
+        clock: Clock::new(),
+        policy: ArcSwap::from_pointee(placement),
+        tls: ArcSwap::new(tls),
+        hashes: Mutex::new((digest(text.as_bytes()), cert_digest(&tls_policy))),
+        nodes: Mutex::new(Nodes::default()),
+        pods: Mutex::new(HashMap::new()),
+        decisions: Mutex::new(VecDeque::new()),
+        counters: Mutex::new(Counters::default()),
+        polled: AtomicBool::new(false),
+        client: crate::net::client::client(),
+        path,
+    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let background = tokio::spawn({
+        let (svc, stop) = (Arc::clone(&svc), stop.clone());
+        async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = poll_agents(Arc::clone(&svc)) => {}
+                () = watch_files(svc) => {}
+            }
+        }
+    });
+
+    let mut tasks = JoinSet::new();
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    crate::net::accept::accept_loop(
+        &listener,
+        shutdown,
+        "placement",
+        || {},
+        |stream, peer| {
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                tracing::debug!(%peer, "too many connections; closed");
+                return;
+            };
+            let config = svc.tls.load_full();
+            let svc = Arc::clone(&svc);
+            let builder = builder.clone();
+            let watcher = graceful.watcher();
+            while tasks.try_join_next().is_some() {}
+            tasks.spawn(async move {
+                let _slot = slot;
+                let Some(tls) = crate::net::tls::handshake(config, stream, peer).await else {
+                    return;
+                };
+                let handler = service_fn(move |req| {
+                    let svc = Arc::clone(&svc);
+                    async move { Ok::<_, Infallible>(svc.handle(req).await) }
+                });
+                let conn = builder.serve_connection(TokioIo::new(tls), handler);
+                let _ = watcher.watch(conn.into_owned()).await;
+            });
+        },
+    )
+    .await;
+    drop(listener);
+    stop.cancel();
+    let _ = background.await;
+    if tokio::time::timeout(Duration::from_secs(5), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::debug!("placement drain timed out; closing the remaining connections");
+    }
+    tasks.shutdown().await;
+    Ok(())
+}
+
+fn digest(bytes: &[u8]) -> String {
+    crate::hex::hex(&Sha256::digest(bytes))
+}
+
+/// The hash of the certificate and key files, empty when unreadable.
+fn cert_digest(tls: &crate::config::TlsPolicy) -> String {
+    let mut h = Sha256::new();
+    for path in [&tls.cert, &tls.key] {
+        h.update(std::fs::read(path).unwrap_or_default());
+    }
+    crate::hex::hex(&h.finalize())
+}
+
+/// Re-reads the policy when its text changes, and the certificate when
+/// its files do (cert-manager rotates the Secret under the same policy).
+/// An invalid file or certificate keeps what runs, with an error logged.
+async fn watch_files(svc: Arc<Placement>) {
+    loop {
+        tokio::time::sleep(WATCH_INTERVAL).await;
+        let Ok(text) = tokio::fs::read(&svc.path).await else {
+            continue;
+        };
+        let text_hash = digest(&text);
+        if text_hash != svc.hashes.lock().0 {
+            match load_policy(&svc.path) {
+                Ok((policy, _)) => {
+                    let new = policy.placement;
+                    if new.listen != svc.policy.load().listen {
+                        tracing::warn!(
+                            "placement.listen changed; restart to listen on {}",
+                            new.listen
+                        );
+                    }
+                    tracing::info!("policy reloaded");
+                    svc.policy.store(Arc::new(new));
+                }
+                Err(errors) => {
+                    for e in errors {
+                        tracing::error!("policy reload refused: {e}");
+                    }
+                }
+            }
+            svc.hashes.lock().0 = text_hash;
+        }
+        let Some(tls) = svc.policy.load().tls.clone() else {
+            tracing::error!("placement.tls was removed; keeping the certificate in use");
+            continue;
+        };
+        let cert_hash = cert_digest(&tls);
+        if cert_hash != svc.hashes.lock().1 {
+            match crate::net::tls::load(&tls.cert, &tls.key, "placement.tls") {
+                Ok(config) => {
+                    tracing::info!("certificate reloaded");
+                    svc.tls.store(config);
+                }
+                Err(e) => tracing::error!(error = %e, "certificate reload refused"),
+            }
+            svc.hashes.lock().1 = cert_hash;
+        }
+    }
+}
+
+/// Reads every agent every `poll_interval`, for ever.
+async fn poll_agents(svc: Arc<Placement>) {
+    loop {
+        let policy = svc.policy.load_full();
+        let mut urls = policy.agents.clone();
+        for name in &policy.agents_dns {
+            match tokio::net::lookup_host(name.as_str()).await {
+                Ok(addrs) => urls.extend(addrs.map(|a| format!("http://{a}"))),
+                Err(e) => tracing::warn!(name, error = %e, "resolving agents failed"),
+            }
+        }
+        urls.sort();
+        urls.dedup();
+        let timeout = policy
+            .poll_interval
+            .clamp(Duration::from_secs(1), Duration::from_secs(5));
+        let reads = urls.iter().map(|url| svc.read_agent(url, timeout));
+        let results = futures_util::future::join_all(reads).await;
+        let at = svc.clock.now();
+        {
+            let mut nodes = svc.nodes.lock();
+            nodes.agents.retain(|url, _| urls.contains(url));
+            let mut counters = svc.counters.lock();
+            for (url, result) in urls.iter().zip(results) {
+                counters.reads[usize::from(result.is_ok())] += 1;
+                match result {
+                    Ok(reading) => {
+                        nodes.agents.insert(url.clone(), AgentEntry { reading, at });
+                    }
+                    Err(e) => tracing::debug!(url, error = %e, "reading an agent failed"),
+                }
+            }
+            drop(counters);
+            nodes.settle(at, policy.stale_after);
+        }
+        svc.polled.store(true, Ordering::Relaxed);
+        tokio::time::sleep(policy.poll_interval).await;
+    }
+}
+
+
+impl Placement {
+    async fn read_agent(&self, url: &str, timeout: Duration) -> Result<NodeReading, String> {
+        let url = format!("{url}/node");
+        let body = crate::net::scrape::get(&self.client, &url, timeout, MAX_READING)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::from_slice::<NodeReading>(&body).map_err(|e| e.to_string())
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        let path = req.uri().path().to_owned();
+        match (req.method(), path.as_str()) {
+            (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
+            (&Method::GET, "/readyz") => {
+                if self.polled.load(Ordering::Relaxed) {
+                    text(StatusCode::OK, "ready")
+                } else {
+                    text(StatusCode::SERVICE_UNAVAILABLE, "agents not read yet")
+                }
+            }
+            (&Method::GET, "/nodes") => json(StatusCode::OK, &self.report()),
+            (&Method::GET, "/metrics") => respond(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                self.metrics().into_bytes(),
+            ),
+            (&Method::POST, "/filter" | "/prioritize" | "/validate") => {
+                let body = match read_body(req).await {
+                    Ok(body) => body,
+                    Err(resp) => return resp,
+                };
+                match path.as_str() {
+                    "/filter" => self.filter(&body),
+                    "/prioritize" => self.prioritize(&body),
+                    _ => self.validate(&body),
+                }
+            }
+            (_, "/healthz" | "/readyz" | "/nodes") => {
+                error(StatusCode::METHOD_NOT_ALLOWED, &format!("{path} takes GET"))
+            }
+            (_, "/filter" | "/prioritize" | "/validate") => error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("{path} takes POST"),
+            ),
+            _ => error(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "no endpoint {path}; placement serves POST /filter, /prioritize, /validate \
+                     and GET /nodes, /metrics, /healthz, /readyz"
+                ),
+            ),
+        }
+    }
+
+
+    /// `GET /metrics`, Prometheus text.
+    fn metrics(&self) -> String {
+        use std::fmt::Write;
+        let policy = self.policy.load();
+        let now = self.clock.now();
+        let (known, fresh, reservations) = {
+            let nodes = self.nodes.lock();
+            let names = nodes.names();
+            let fresh = names
+                .iter()
+                .filter(|n| !nodes.state(n, now, policy.stale_after).gpus.is_empty())
+                .count();
+            (names.len(), fresh, nodes.reservations.len())
+        };
+        let c = self.counters.lock();
+        let mut w = String::new();
+        prom::family(
+            &mut w,
+            "fairway_placement_decisions_total",
+            Kind::Counter,
+            "Placement decisions by kind (filter: one per node judged) and result.",
+        );
+        for ((kind, allowed), n) in &c.decisions {
+            let result = if *allowed { "allowed" } else { "refused" };
+            let _ = writeln!(
+                w,
+                "fairway_placement_decisions_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
+            );
+        }
+        prom::family(
+            &mut w,
+            "fairway_placement_refusals_total",
+            Kind::Counter,
+            "Refusals by rule (one per GPU or node that failed it).",
+        );
+        for (rule, n) in &c.refusals {
+            let _ = writeln!(w, "fairway_placement_refusals_total{{rule=\"{rule}\"}} {n}");
+        }
+        prom::family(
+            &mut w,
+            "fairway_placement_agent_reads_total",
+            Kind::Counter,
+            "Reads of the agents' GET /node by result.",
+        );
+        let _ = writeln!(
+            w,
+            "fairway_placement_agent_reads_total{{result=\"ok\"}} {}\n\
+             fairway_placement_agent_reads_total{{result=\"failed\"}} {}",
+            c.reads[1], c.reads[0]
+        );
+        prom::family(
+            &mut w,
+            "fairway_placement_nodes",
+            Kind::Gauge,
+            "Nodes an agent has reported, and those with a fresh reading.",
+        );
+        let _ = writeln!(
+            w,
+            "fairway_placement_nodes{{reading=\"any\"}} {known}\n\
+             fairway_placement_nodes{{reading=\"fresh\"}} {fresh}"
+        );
+        prom::family(
+            &mut w,
+            "fairway_placement_reservations",
+            Kind::Gauge,
+            "Memory reservations held for allowed bindings.",
+        );
+        let _ = writeln!(w, "fairway_placement_reservations {reservations}");
+        w
+    }
+
+    /// `GET /nodes`.
+    fn report(&self) -> Value {
+        let policy = self.policy.load();
+        let now = self.clock.now();
+        let nodes = self.nodes.lock();
+        let states: Vec<Value> = nodes
+            .names()
+            .iter()
+            .map(|name| {
+                let s = nodes.state(name, now, policy.stale_after);
+                serde_json::json!({
+                    "name": s.name,
+                    "reading_age_seconds": s.read_at.map(|at| now.saturating_since(at).as_secs_f64()),
+                    "gpus": s.gpus.iter().map(|g| serde_json::json!({
+                        "index": g.index,
+                        "memory_total_bytes": g.memory_total,
+                        "memory_used_bytes": g.memory_used,
+                        "models": g.models,
+                        "ttft_p99_seconds": g.ttft_p99.map(|d| d.as_secs_f64()),
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let reservations: Vec<Value> = nodes
+            .reservations
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "pod": r.pod,
+                    "node": r.node,
+                    "gpu": r.gpu,
+                    "model": r.request.model,
+                    "memory_bytes": r.request.memory,
+                    "expires_in_seconds": r.until.saturating_since(now).as_secs_f64(),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "nodes": states,
+            "reservations": reservations,
+            "decisions": self.decisions.lock().iter().rev().collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// The node names an extender call asks about.
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>>> {
+    let read = Limited::new(req.into_body(), MAX_BODY).collect();
+    match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(body)) => Ok(body.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the body is over {MAX_BODY} bytes"),
+        )),
+        Ok(Err(e)) => Err(bad_request(&format!("reading the body failed: {e}"))),
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!("the body did not arrive within {BODY_TIMEOUT:?}"),
+        )),
+    }
+}
+
+pub(super) fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+pub(super) fn json(status: StatusCode, value: &impl Serialize) -> Response<Full<Bytes>> {
+    match serde_json::to_vec(value) {
+        Ok(body) => respond(status, "application/json", body),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("serializing: {e}"),
+        ),
+    }
+}
+
+pub(super) fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    respond(
+        status,
+        "text/plain; charset=utf-8",
+        body.as_bytes().to_vec(),
+    )
+}
+
+pub(super) fn error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    json(status, &serde_json::json!({ "error": message }))
+}
+
+pub(super) fn bad_request(message: &str) -> Response<Full<Bytes>> {
+    error(StatusCode::BAD_REQUEST, message)
+}
