@@ -1,0 +1,130 @@
+//! The variants a replay compares (disciplines, strategies) and running one.
+
+use crate::config::{Discipline, OnLate, Policy, Strategy};
+use super::report::RunReport;
+use super::sim::{RunOptions, Trace};
+use super::workload::WorkRequest;
+
+/// Every discipline, in the order reports list them.
+pub const DISCIPLINES: [Discipline; 4] = [
+    Discipline::Fifo,
+    Discipline::Priority,
+    Discipline::Wfq,
+    Discipline::Drf,
+];
+
+/// Every routing strategy, in the order reports list them.
+pub const STRATEGIES: [Strategy; 5] = [
+    Strategy::LeastOutstanding,
+    Strategy::P2c,
+    Strategy::RoundRobin,
+    Strategy::Random,
+    Strategy::Pack,
+];
+
+/// What `--compare` varies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compare {
+    /// Each discipline, with the policy's routing.
+    Disciplines,
+    /// Each routing strategy, with the policy's discipline.
+    Strategies,
+    /// Every discipline with every strategy.
+    All,
+    /// The policy's routing with LoRA adapter affinity on, then off.
+    Adapters,
+}
+
+/// One run of a comparison: a discipline, a routing strategy, and whether
+/// the tenants' SLO-aware admission (`on_late`) is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub discipline: Discipline,
+    pub strategy: Strategy,
+    /// `false`: every tenant's `on_late` is `serve`, as before SLO-aware
+    /// admission (the baselines).
+    pub slo_admission: bool,
+    /// Requests for a LoRA adapter prefer backends that have it loaded.
+    pub adapter_affinity: bool,
+}
+
+impl Variant {
+    /// The policy as it is: its discipline, its first pool's routing, and
+    /// SLO-aware admission when any tenant has it.
+    pub fn of(policy: &Policy) -> Self {
+        Variant {
+            discipline: policy.queue.discipline,
+            strategy: policy
+                .pools
+                .first()
+                .map_or(Strategy::LeastOutstanding, |p| p.routing),
+            slo_admission: policy.tenants.iter().any(|t| t.on_late != OnLate::Serve),
+            adapter_affinity: policy.pools.first().is_none_or(|p| p.adapter_affinity),
+        }
+    }
+}
+
+/// The runs to make: the policy as it is when `compare` is `None`.
+/// Comparing disciplines runs each without SLO-aware admission, then the
+/// policy's discipline with the policy's admission (when any tenant has
+/// one): the new admission against the baselines it must beat. Comparing
+/// strategies keeps the policy's discipline and admission. The strategy is
+/// the first pool's.
+pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
+    let Variant {
+        discipline: d0,
+        strategy: s0,
+        slo_admission: admits,
+        adapter_affinity: affinity,
+    } = Variant::of(policy);
+    let v = |discipline, strategy, slo_admission| Variant {
+        discipline,
+        strategy,
+        slo_admission,
+        adapter_affinity: affinity,
+    };
+    let disciplines = |s| {
+        let mut out: Vec<Variant> = DISCIPLINES.iter().map(|&d| v(d, s, false)).collect();
+        if admits {
+            out.push(v(d0, s, true));
+        }
+        out
+    };
+    match compare {
+        None => vec![v(d0, s0, admits)],
+        Some(Compare::Disciplines) => disciplines(s0),
+        Some(Compare::Strategies) => STRATEGIES.iter().map(|&s| v(d0, s, admits)).collect(),
+        Some(Compare::All) => STRATEGIES.iter().flat_map(|&s| disciplines(s)).collect(),
+        Some(Compare::Adapters) => [true, false]
+            .into_iter()
+            .map(|adapter_affinity| Variant {
+                adapter_affinity,
+                ..v(d0, s0, admits)
+            })
+            .collect(),
+    }
+}
+
+/// Runs `workload` under the policy with its discipline, every pool's
+/// routing and (when off) every tenant's `on_late` replaced by the
+/// variant's.
+pub fn run_variant(
+    policy: &Policy,
+    workload: &[WorkRequest],
+    variant: Variant,
+    opts: &RunOptions,
+) -> (RunReport, Trace) {
+    let mut p = policy.clone();
+    p.queue.discipline = variant.discipline;
+    for pool in &mut p.pools {
+        pool.routing = variant.strategy;
+        pool.adapter_affinity = variant.adapter_affinity;
+    }
+    if !variant.slo_admission {
+        for t in &mut p.tenants {
+            t.on_late = OnLate::Serve;
+        }
+    }
+    let trace = super::sim::run(&p, workload, opts);
+    (super::report::summarise(variant, &trace), trace)
+}
