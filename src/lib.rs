@@ -38,5 +38,6 @@ pub mod telemetry;
 pub mod tokens;
 pub mod top;
 
-pub use edge::server::{Listeners, ServeOptions, serve};
+pub use edge::listeners::Listeners;
+pub use edge::server::{ServeOptions, serve};
 pub use edge::services::PolicySource;

@@ -7,7 +7,6 @@ use std::time::Duration;
 use crate::config::policy::MetricsDialect;
 use crate::poller::dialect::AgentGpu;
 
-
 /// What one agent scrapes and how.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentConfig {

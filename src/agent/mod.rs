@@ -33,13 +33,13 @@
 //! [`AgentReading`]: crate::poller::dialect::AgentReading
 //! [`Decoder`]: crate::poller::dialect::Decoder
 
+mod config;
 pub mod engine;
 mod gpu;
 pub mod node;
 pub mod server;
-mod config;
 
+pub use config::*;
 pub use engine::{AgentConfigError, MAX_SCRAPE_BYTES};
 pub use node::{EngineOnNode, NodeReading, parse_simulated_gpus};
 pub use server::serve;
-pub use config::*;

@@ -7,9 +7,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-
-
-
 /// This replica's view of the cluster, read by the metrics and admin views.
 #[derive(Debug)]
 pub struct Member {

@@ -5,12 +5,10 @@
 
 use std::collections::HashMap;
 
-
 use crate::core::spec::{Api, pool_key};
 
 use super::member::{PoolShare, Shares, TenantShare};
 use super::store::Demands;
-
 
 /// Part of the cluster's demand that a replica with no demand of its own
 /// keeps (of an even share), so that a tenant's first requests there are

@@ -5,7 +5,9 @@
 pub mod admin;
 pub mod conn;
 pub mod layers;
+pub mod listeners;
 pub mod reload;
 pub mod server;
 pub mod services;
+pub mod stack;
 pub mod usage_page;

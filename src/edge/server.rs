@@ -21,105 +21,31 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tower::{Service, ServiceBuilder};
-use tower_http::catch_panic::CatchPanicLayer;
 use tracing::instrument::WithSubscriber;
 
 use crate::clock::Clock;
 use crate::config::Policy;
 use crate::core::fairness::FairnessMeter;
 use crate::core::scheduler::Scheduler;
-use crate::edge::layers::{
-    BodyLimitLayer, DrainLayer, PanicResponse, RequestIdLayer, RequestLimitLayer, SensitiveLayer,
-};
+use crate::edge::listeners::{Listeners, worker_sockets};
 use crate::edge::services::{PolicySource, Services, start_sims};
+use crate::edge::stack::edge;
 use crate::edge::{admin, conn, reload};
 use crate::gateway::handle::{Gateway, Parts};
 use crate::gateway::live::derive_live;
-use crate::gateway::request;
-use crate::gateway::request::Call;
 use crate::gateway::scheduling::Scheduling;
 use crate::net::accept::accept_loop;
-use crate::net::body::{BodyError, BoxBody, RequestBody};
 use crate::net::tls;
 use crate::poller::Pollers;
-use crate::protocol::error::{ApiError, close_if_body_unread};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otel::Traces;
-
-/// The bound client and admin listeners.
-#[derive(Debug)]
-pub struct Listeners {
-    pub api: TcpListener,
-    pub admin: TcpListener,
-}
-
-impl Listeners {
-    /// Binds the policy's `listen` and `admin_listen`.
-    pub async fn bind(policy: &Policy) -> std::io::Result<Listeners> {
-        Ok(Listeners {
-            api: bind_api(policy.server.listen)?,
-            admin: TcpListener::bind(policy.server.admin_listen).await?,
-        })
-    }
-}
-
-/// The client listener on `addr`, for the workers to share. The port
-/// must be free: it is bound once without `SO_REUSEPORT` first, which
-/// fails if anything listens there, even a socket that allows sharing (a
-/// second gateway started on the same port would otherwise join this
-/// one's listener silently, and take part of its traffic).
-fn bind_api(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let addr = std::net::TcpListener::bind(addr)?.local_addr()?;
-    bind_shared(addr)
-}
-
-/// A listener on `addr` that more sockets of this process can join
-/// (`SO_REUSEPORT`): each worker accepts on a socket of its own, and the
-/// kernel spreads new connections over them. (The kernel lets only
-/// sockets of the same user join.)
-fn bind_shared(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
-    socket.set_reuseport(true)?;
-    socket.bind(addr)?;
-    socket.listen(1024)
-}
-
-/// The client listener's sockets, one per worker: `api` and, bound to its
-/// address, `workers - 1` more. A listener the caller bound without
-/// `SO_REUSEPORT` cannot be joined: then fewer workers serve (with a
-/// warning).
-fn worker_sockets(api: TcpListener, workers: usize) -> Vec<std::net::TcpListener> {
-    let addr = api.local_addr();
-    let mut sockets: Vec<_> = api.into_std().into_iter().collect();
-    let Ok(addr) = addr else {
-        return sockets;
-    };
-    for _ in 1..workers {
-        match bind_shared(addr).and_then(TcpListener::into_std) {
-            Ok(s) => sockets.push(s),
-            Err(e) => {
-                tracing::warn!(error = %e, workers = sockets.len(), "cannot share the client listener with more workers");
-                break;
-            }
-        }
-    }
-    sockets
-}
 
 /// How a served policy is reloaded.
 #[derive(Debug, Default)]
@@ -336,60 +262,6 @@ async fn reload_on_signal(
             }
         }
     }
-}
-
-/// The client edge: the tower stack every request on the client listener
-/// passes, outermost first.
-///
-/// 1. `Sensitive`: `authorization`, `proxy-authorization`, `api-key`,
-///    `cookie` and `set-cookie` are marked sensitive, so no layer or log
-///    prints them.
-/// 2. `RequestId`: every request has an `x-request-id` (the client's
-///    when it is 1–128 visible ASCII characters, else 32 random hex
-///    digits); it is sent to the backend with the other headers, written
-///    in the access log, set on the trace span, and returned on every
-///    response, errors included.
-/// 3. `CatchPanic`: a handler panic becomes a 500 with an OpenAI error
-///    body (the request's ticket records outcome `error` as it unwinds).
-/// 4. `RequestLimit`: at most `[server] max_requests` requests in flight
-///    on the listener, each until its body ends; beyond it, 503.
-/// 5. `Drain`: once shutdown starts, 503.
-/// 6. `BodyLimit`: `[server] max_body_bytes`, 413.
-/// 7. `route`: the inference routes go to [`request::handle`] (tenant,
-///    admission, queue, routing, relay); `/v1/models`; else 404.
-///
-/// The layers that answer by themselves (4–6) record the request's one
-/// outcome through [`crate::gateway::ticket::refuse`].
-pub fn edge(
-    gw: Arc<Gateway>,
-    max_requests: usize,
-) -> impl Service<
-    Request<Incoming>,
-    Response = Response<
-        impl http_body::Body<Data = bytes::Bytes, Error = BodyError> + Send + 'static,
-    >,
-    Error = Infallible,
-    Future: Send + 'static,
-> + Clone
-+ Send
-+ 'static {
-    ServiceBuilder::new()
-        .layer(SensitiveLayer)
-        .layer(RequestIdLayer)
-        .layer(CatchPanicLayer::custom(PanicResponse::new(gw.clone())))
-        .layer(RequestLimitLayer::new(gw.clone(), max_requests))
-        .layer(DrainLayer::new(gw.clone()))
-        .layer(BodyLimitLayer::new(gw.clone()))
-        .service_fn(move |req| {
-            // Boxed once here, so each layer above moves a pointer rather
-            // than the whole request future (several KB): measured with
-            // callgrind at about 3,500 instructions of memcpy per request.
-            let gw = gw.clone();
-            Box::pin(async move { Ok::<_, Infallible>(route(gw, req).await) })
-                as std::pin::Pin<
-                    Box<dyn Future<Output = Result<Response<BoxBody>, Infallible>> + Send>,
-                >
-        })
 }
 
 async fn run(
@@ -790,91 +662,10 @@ async fn deadline_task(gw: Arc<Gateway>, shutdown: CancellationToken) {
     }
 }
 
-async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
-    // `/v2/models/{model}[/versions/{v}][/{action}]`, read once.
-    let v2 = crate::protocol::triton::model_path(req.uri().path());
-    let v2_action = v2.as_ref().map(|p| p.action);
-    use crate::gateway::passthrough;
-    match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
-            request::handle(gw, req, Call::Completions).await
-        }
-        (&Method::POST, "/v1/responses") => request::handle(gw, req, Call::Responses).await,
-        (&Method::POST, "/v1/messages") => request::handle(gw, req, Call::Messages).await,
-        (
-            &Method::POST,
-            "/v1/embeddings" | "/v1/rerank" | "/rerank" | "/v2/rerank" | "/v1/score" | "/score"
-            | "/classify" | "/pooling",
-        ) => request::handle(gw, req, Call::Pooling).await,
-        (&Method::POST, "/v1/audio/transcriptions" | "/v1/audio/translations") => {
-            request::handle(gw, req, Call::Audio).await
-        }
-        (&Method::POST, "/tokenize" | "/detokenize") => passthrough::to_model(gw, req, false).await,
-        (&Method::POST, "/v1/messages/count_tokens") => passthrough::to_model(gw, req, true).await,
-        (_, path) if passthrough::response_id(path).is_some() => {
-            passthrough::stored_response(gw, req).await
-        }
-        (&Method::POST, _)
-            if matches!(v2_action, Some("generate" | "generate_stream" | "infer")) =>
-        {
-            request::handle(gw, req, Call::Triton).await
-        }
-        (&Method::GET, "/v1/models") => admin::models(&gw, req.headers()),
-        (_, path) if crate::edge::usage_page::owns(path) => crate::edge::usage_page::route(&gw, &req),
-        (&Method::GET, "/v2/health/live") => triton_status(true),
-        (&Method::GET, "/v2/models") => {
-            crate::gateway::passthrough::triton_models(&gw, req.headers())
-                .unwrap_or_else(ApiError::into_triton_response)
-        }
-        (&Method::GET, "/v2/health/ready") => triton_status(gw.triton_ready(None)),
-        (&Method::GET, _) if v2_action == Some("ready") => {
-            triton_status(gw.triton_ready(v2.as_ref().map(|p| p.model)))
-        }
-        (&Method::GET, _) if let Some(p) = v2.as_ref().filter(|p| p.action.is_empty()) => {
-            crate::gateway::passthrough::triton_metadata(&gw, p)
-                .await
-                .unwrap_or_else(ApiError::into_triton_response)
-        }
-        (_, path) => {
-            let mut resp = if path.starts_with("/v2") {
-                ApiError::NotFound.into_triton_response()
-            } else {
-                ApiError::NotFound.into_response()
-            };
-            let unread = !http_body::Body::is_end_stream(req.body());
-            close_if_body_unread(&mut resp, req.version(), unread);
-            resp
-        }
-    }
-}
-
-/// Triton's health answers: 200, or 400 when not ready, with no body.
-fn triton_status(ok: bool) -> Response<BoxBody> {
-    let mut resp = Response::new(crate::net::body::full(Bytes::new()));
-    if !ok {
-        *resp.status_mut() = StatusCode::BAD_REQUEST;
-    }
-    resp
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[tokio::test]
-    async fn the_client_port_must_be_free_even_of_shared_listeners() {
-        let shared = bind_api("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = shared.local_addr().unwrap();
-        // The workers' sockets join it...
-        let _worker = bind_shared(addr).unwrap();
-        // ...but a second gateway on the same port is refused.
-        let e = bind_api(addr).unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
-        let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let e = bind_api(plain.local_addr().unwrap()).unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
-    }
 
     #[test]
     fn the_first_bytes_pick_the_protocol() {

@@ -3,7 +3,6 @@
 //! `core::placement`'s rules against the nodes as the agents read them,
 //! recorded, counted, and for an allowed binding reserved.
 
-
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
@@ -14,7 +13,7 @@ use super::k8s::{
 };
 use super::nodes::Reservation;
 use crate::clock::unix_seconds;
-use crate::core::placement::{Fit, PodRequest, Misfit, assess};
+use crate::core::placement::{Fit, Misfit, PodRequest, assess};
 
 use super::service::*;
 
@@ -99,8 +98,9 @@ impl Placement {
             }
         }
         if let Some(mut list) = args.nodes {
-            list.items
-                .retain(|n| super::k8s::node_name(n).is_some_and(|n| passed.iter().any(|p| p == n)));
+            list.items.retain(|n| {
+                super::k8s::node_name(n).is_some_and(|n| passed.iter().any(|p| p == n))
+            });
             result.nodes = Some(list);
         }
         if args.nodenames.is_some() {
@@ -310,6 +310,7 @@ impl Placement {
     }
 }
 
+/// The node names an extender call asks about.
 fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
     match (&args.nodenames, &args.nodes) {
         (Some(names), _) => names.clone(),
@@ -322,6 +323,7 @@ fn candidate_names(args: &ExtenderArgs) -> Vec<String> {
     }
 }
 
+/// Misfits as one message.
 fn joined(refusals: &[Misfit]) -> String {
     refusals
         .iter()

@@ -30,7 +30,6 @@
 //! bounded (16 MiB, 10 s). A pod without the `fairway.dev/model-size-gb`
 //! annotation is not placement's business and is always allowed.
 
-
 mod decide;
 pub mod k8s;
 pub mod nodes;

@@ -36,7 +36,6 @@ use crate::core::placement::PodRequest;
 use crate::core::time::Instant;
 use crate::prom::{self, Kind};
 
-
 /// Largest request body read (an extender's `NodeList` of a big cluster).
 pub(super) const MAX_BODY: usize = 16 << 20;
 /// Time a caller has to send its body.
@@ -312,7 +311,6 @@ async fn poll_agents(svc: Arc<Placement>) {
     }
 }
 
-
 impl Placement {
     async fn read_agent(&self, url: &str, timeout: Duration) -> Result<NodeReading, String> {
         let url = format!("{url}/node");
@@ -366,7 +364,6 @@ impl Placement {
             ),
         }
     }
-
 
     /// `GET /metrics`, Prometheus text.
     fn metrics(&self) -> String {
@@ -484,8 +481,7 @@ impl Placement {
     }
 }
 
-/// The node names an extender call asks about.
-
+/// A request's body, within [`MAX_BODY`] and [`BODY_TIMEOUT`].
 async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>>> {
     let read = Limited::new(req.into_body(), MAX_BODY).collect();
     match tokio::time::timeout(BODY_TIMEOUT, read).await {
@@ -502,7 +498,11 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>
     }
 }
 
-pub(super) fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Full<Bytes>> {
+pub(super) fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: Vec<u8>,
+) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
     resp.headers_mut()

@@ -18,8 +18,8 @@ pub mod expo;
 pub mod live;
 
 pub use dialect::{
-    AgentGpu, AgentReading, HistogramBucket, DecodeError, Decoder, HistogramWindow, collect_buckets,
-    quantile,
+    AgentGpu, AgentReading, DecodeError, Decoder, HistogramBucket, HistogramWindow,
+    collect_buckets, quantile,
 };
 pub use expo::{ErrorKind, Exposition, MetricType, ParseError, Sample, parse, parse_strict};
 pub use live::{PollStats, Pollers, Sink};

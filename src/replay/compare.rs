@@ -1,9 +1,9 @@
 //! The variants a replay compares (disciplines, strategies) and running one.
 
-use crate::config::{Discipline, OnLate, Policy, Strategy};
 use super::report::RunReport;
 use super::sim::{RunOptions, Trace};
 use super::workload::WorkRequest;
+use crate::config::{Discipline, OnLate, Policy, Strategy};
 
 /// Every discipline, in the order reports list them.
 pub const DISCIPLINES: [Discipline; 4] = [

@@ -7,11 +7,11 @@
 //! - [`report`]: per-tenant and overall figures, table, JSON, SVG.
 //! - [`live`]: the same workload played against a running gateway (`fairway load`).
 
+mod compare;
 pub mod live;
 pub mod report;
 pub mod scenario;
 pub mod sim;
 pub mod workload;
-mod compare;
 
 pub use compare::*;

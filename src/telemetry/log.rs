@@ -6,7 +6,6 @@ use tracing::Subscriber;
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
-
 /// How logs are written: text or JSON lines, on stderr (through
 /// [`log_writer`], off the request path).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,7 +23,10 @@ pub(super) fn merge(acc: &mut Vec<HistogramBucket>, add: &[HistogramBucket]) {
 /// The observations between two scrapes of one histogram: `cur - prev`
 /// bound by bound. When a count went down or the bounds changed (a restart
 /// or a reconfiguration), `cur` itself: everything it holds is new.
-pub(super) fn bucket_delta(prev: &[HistogramBucket], cur: &[HistogramBucket]) -> Vec<HistogramBucket> {
+pub(super) fn bucket_delta(
+    prev: &[HistogramBucket],
+    cur: &[HistogramBucket],
+) -> Vec<HistogramBucket> {
     if prev.len() != cur.len() {
         return cur.to_vec();
     }
@@ -42,7 +45,10 @@ pub(super) fn bucket_delta(prev: &[HistogramBucket], cur: &[HistogramBucket]) ->
 
 /// The p99 of the observations between `prev` and `cur`, or of all of
 /// `cur` when there is no `prev` or nothing new was observed.
-pub(super) fn p99_between(prev: Option<&[HistogramBucket]>, cur: &[HistogramBucket]) -> Option<f64> {
+pub(super) fn p99_between(
+    prev: Option<&[HistogramBucket]>,
+    cur: &[HistogramBucket],
+) -> Option<f64> {
     prev.and_then(|p| quantile(P99, &bucket_delta(p, cur)))
         .or_else(|| quantile(P99, cur))
 }

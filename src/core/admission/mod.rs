@@ -4,9 +4,9 @@
 //! (429), not an error.
 
 pub mod bucket;
-pub mod shared_limit;
 mod refusal;
+pub mod shared_limit;
 
 pub use bucket::Bucket;
-pub use shared_limit::{LeaseAnswer, LeaseAsk, LeaseKind, SharedLimit};
 pub use refusal::*;
+pub use shared_limit::{LeaseAnswer, LeaseAsk, LeaseKind, SharedLimit};

@@ -3,7 +3,6 @@
 use super::bucket::Bucket;
 use std::time::Duration;
 
-
 /// Which limit refused a request; becomes the `limit` metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LimitKind {
