@@ -1,6 +1,6 @@
 //! The agent's configuration: the engine it reads, its dialect, timeout and node name.
 
-use super::engine::AgentConfigError;
+use http::Uri;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -66,8 +66,133 @@ impl AgentConfig {
             return Err(AgentConfigError::NoNode);
         }
         match &self.engine_metrics {
-            Some(url) => super::engine::check(url, self).map(|_| ()),
+            Some(url) => check(url, self).map(|_| ()),
             None => Ok(()),
         }
+    }
+}
+
+/// Path scraped when the engine URL has none.
+const DEFAULT_PATH: &str = "/metrics";
+
+/// Why an [`AgentConfig`] cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentConfigError {
+    /// The engine metrics URL is not an `http://host:port/path` URL.
+    #[error("engine metrics URL `{url}`: {reason}")]
+    Url { url: String, reason: &'static str },
+    /// The dialect is not one an engine speaks.
+    #[error("dialect {dialect:?} is not an engine's; use vllm, triton, sglang or llamacpp")]
+    Dialect { dialect: MetricsDialect },
+    /// A zero timeout would fail every scrape.
+    #[error("the scrape timeout must be above zero")]
+    ZeroTimeout,
+    /// Placement could not tell this node from another.
+    #[error("the node name is empty; pass --node-name or set NODE_NAME")]
+    NoNode,
+}
+
+/// Checks `cfg` for scraping `url` and returns the URI to scrape.
+pub(super) fn check(url: &str, cfg: &AgentConfig) -> Result<Uri, AgentConfigError> {
+    if matches!(cfg.dialect, MetricsDialect::Agent | MetricsDialect::None) {
+        return Err(AgentConfigError::Dialect {
+            dialect: cfg.dialect,
+        });
+    }
+    if cfg.timeout.is_zero() {
+        return Err(AgentConfigError::ZeroTimeout);
+    }
+    parse_url(url)
+}
+
+/// Splits `http://host:port/path?query`; no path means [`DEFAULT_PATH`].
+fn parse_url(url: &str) -> Result<Uri, AgentConfigError> {
+    let bad = |reason| AgentConfigError::Url {
+        url: url.to_owned(),
+        reason,
+    };
+    let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(_) => return Err(bad("only http:// is supported")),
+        None => return Err(bad("missing http://")),
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(bad("missing host"));
+    };
+    if authority.host().is_empty() {
+        return Err(bad("missing host"));
+    }
+    if authority.as_str().contains('@') {
+        return Err(bad("credentials in the URL are not supported"));
+    }
+    // `Uri` reads `http://host:port` as having the path `/`; look at the text.
+    let after_authority = url.get("http://".len() + authority.as_str().len()..);
+    if after_authority.is_some_and(|rest| !rest.is_empty()) {
+        return Ok(uri);
+    }
+    Uri::builder()
+        .scheme("http")
+        .authority(authority.clone())
+        .path_and_query(DEFAULT_PATH)
+        .build()
+        .map_err(|_| bad("not a URL"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::config::MetricsDialect;
+
+    fn cfg(url: &str) -> AgentConfig {
+        AgentConfig::for_engine(url)
+    }
+
+    fn check(cfg: &AgentConfig) -> Result<Uri, AgentConfigError> {
+        super::check(cfg.engine_metrics.as_deref().unwrap_or_default(), cfg)
+    }
+
+    #[test]
+    fn url_with_path_is_kept() {
+        let uri = check(&cfg("http://127.0.0.1:8000/metrics?x=1")).unwrap();
+        assert_eq!(uri.to_string(), "http://127.0.0.1:8000/metrics?x=1");
+    }
+
+    #[test]
+    fn url_without_path_scrapes_metrics() {
+        let uri = check(&cfg("http://localhost:8000")).unwrap();
+        assert_eq!(uri.to_string(), "http://localhost:8000/metrics");
+    }
+
+    #[test]
+    fn url_that_is_not_plain_http_is_refused() {
+        for url in [
+            "",
+            "localhost:8000/metrics",
+            "https://localhost:8000/metrics",
+            "http:///metrics",
+            "http://user:pw@localhost:8000/metrics",
+            "/metrics",
+        ] {
+            let err = check(&cfg(url)).unwrap_err();
+            assert!(matches!(err, AgentConfigError::Url { .. }), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn engine_dialects_only_and_a_timeout() {
+        for dialect in [MetricsDialect::Agent, MetricsDialect::None] {
+            let c = AgentConfig {
+                dialect,
+                ..cfg("http://h:1/metrics")
+            };
+            assert!(matches!(check(&c), Err(AgentConfigError::Dialect { .. })));
+        }
+        let c = AgentConfig {
+            timeout: Duration::ZERO,
+            ..cfg("http://h:1/metrics")
+        };
+        assert!(matches!(check(&c), Err(AgentConfigError::ZeroTimeout)));
     }
 }

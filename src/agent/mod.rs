@@ -40,6 +40,6 @@ pub mod node;
 pub mod server;
 
 pub use config::*;
-pub use engine::{AgentConfigError, MAX_SCRAPE_BYTES};
+pub use engine::MAX_SCRAPE_BYTES;
 pub use node::{EngineOnNode, NodeReading, parse_simulated_gpus};
 pub use server::serve;

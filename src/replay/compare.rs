@@ -1,6 +1,6 @@
 //! The variants a replay compares (disciplines, strategies) and running one.
 
-use super::report::RunReport;
+use super::report::{RunReport, Variant};
 use super::sim::{RunOptions, Trace};
 use super::workload::WorkRequest;
 use crate::config::{Discipline, OnLate, Policy, Strategy};
@@ -33,35 +33,6 @@ pub enum Compare {
     All,
     /// The policy's routing with LoRA adapter affinity on, then off.
     Adapters,
-}
-
-/// One run of a comparison: a discipline, a routing strategy, and whether
-/// the tenants' SLO-aware admission (`on_late`) is on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Variant {
-    pub discipline: Discipline,
-    pub strategy: Strategy,
-    /// `false`: every tenant's `on_late` is `serve`, as before SLO-aware
-    /// admission (the baselines).
-    pub slo_admission: bool,
-    /// Requests for a LoRA adapter prefer backends that have it loaded.
-    pub adapter_affinity: bool,
-}
-
-impl Variant {
-    /// The policy as it is: its discipline, its first pool's routing, and
-    /// SLO-aware admission when any tenant has it.
-    pub fn of(policy: &Policy) -> Self {
-        Variant {
-            discipline: policy.queue.discipline,
-            strategy: policy
-                .pools
-                .first()
-                .map_or(Strategy::LeastOutstanding, |p| p.routing),
-            slo_admission: policy.tenants.iter().any(|t| t.on_late != OnLate::Serve),
-            adapter_affinity: policy.pools.first().is_none_or(|p| p.adapter_affinity),
-        }
-    }
 }
 
 /// The runs to make: the policy as it is when `compare` is `None`.

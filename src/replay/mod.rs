@@ -15,3 +15,4 @@ pub mod sim;
 pub mod workload;
 
 pub use compare::*;
+pub use report::Variant;
