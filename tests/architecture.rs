@@ -1055,3 +1055,176 @@ fn use_tree(tree: &str) -> Vec<(Vec<String>, String)> {
     );
     out
 }
+
+// ---------------------------------------------------------------------------
+// Files that read as one thing.
+// ---------------------------------------------------------------------------
+
+/// Lines of logic a file may hold (code outside comments and test
+/// modules) before it is split.
+const MAX_LOGIC_LINES: usize = 500;
+
+/// Files over [`MAX_LOGIC_LINES`] today, with their size: each may shrink,
+/// not grow, and leaves the list once it is under the limit; no other file
+/// may pass it.
+const OVERSIZED: &[(&str, usize)] = &[
+    ("config/validate.rs", 546),
+    ("config/validate/pools.rs", 518),
+    ("edge/server.rs", 532),
+    ("main.rs", 640),
+    ("poller/dialect.rs", 608),
+    ("protocol/audio.rs", 518),
+    ("replay/report.rs", 503),
+    ("replay/sim.rs", 731),
+    ("sim/backend.rs", 551),
+    ("sim/backend/openai.rs", 550),
+    ("sim/backend/routes.rs", 735),
+    ("telemetry/metrics.rs", 569),
+];
+
+#[test]
+fn mod_rs_files_are_maps() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let mut problems = Vec::new();
+    for file in files.iter().filter(|f| {
+        f.file_name()
+            .is_some_and(|n| n == "mod.rs" || n == "lib.rs")
+    }) {
+        let rel = file
+            .strip_prefix(&root)
+            .expect("under src")
+            .display()
+            .to_string();
+        let source = std::fs::read_to_string(file).expect("readable source");
+        for (line, why) in map_problems_in(&source) {
+            problems.push(format!("src/{rel}:{line}: {why}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "a mod.rs (or lib.rs) holds its module's doc, its submodules and \
+         re-exports, nothing else (STYLE.md §2):\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn no_file_grows_past_the_limit_of_logic() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let mut problems = Vec::new();
+    let mut sizes = Vec::new();
+    for file in &files {
+        let rel = file
+            .strip_prefix(&root)
+            .expect("under src")
+            .display()
+            .to_string()
+            .replace('\\', "/");
+        if rel.ends_with("tests.rs") {
+            continue;
+        }
+        let n = logic_lines(&std::fs::read_to_string(file).expect("readable source"));
+        let listed = OVERSIZED.iter().find(|(f, _)| *f == rel).map(|(_, n)| *n);
+        match listed {
+            Some(was) if n > was => problems.push(format!(
+                "src/{rel}: {n} lines of logic, up from {was}: split it rather than grow it"
+            )),
+            Some(_) if n <= MAX_LOGIC_LINES => problems.push(format!(
+                "src/{rel}: {n} lines of logic, under the limit: remove it from OVERSIZED"
+            )),
+            Some(_) => {}
+            None if n > MAX_LOGIC_LINES => problems.push(format!(
+                "src/{rel}: {n} lines of logic, over the limit of {MAX_LOGIC_LINES}"
+            )),
+            None => {}
+        }
+        sizes.push((n, rel));
+    }
+    for (f, _) in OVERSIZED {
+        if !sizes.iter().any(|(_, rel)| rel == f) {
+            problems.push(format!("src/{f} is gone: remove it from OVERSIZED"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn logic_is_counted_outside_comments_and_test_modules() {
+    let src = "//! doc\nuse x;\n\n/// item doc\nfn f() {\n    // note\n    g();\n}\n\
+               #[cfg(test)]\nmod tests {\n    fn t() {}\n}\n";
+    assert_eq!(logic_lines(src), 4);
+    let map =
+        "//! doc\n\npub mod a;\n#[cfg(test)]\nmod tests;\n\npub use a::{\n    B,\n    C,\n};\n";
+    assert!(
+        map_problems_in(map).is_empty(),
+        "{:?}",
+        map_problems_in(map)
+    );
+    let logic = "pub mod a;\nuse std::fmt;\nfn f() {}\n";
+    let lines: Vec<usize> = map_problems_in(logic).iter().map(|(l, _)| *l).collect();
+    assert_eq!(lines, [2, 3]);
+}
+
+/// Non-blank lines of code outside comments and `#[cfg(test)]` inline
+/// modules.
+fn logic_lines(source: &str) -> usize {
+    let code = code_lines(source);
+    let mut count = 0;
+    let mut i = 0;
+    while i < code.len() {
+        let line = code[i].trim();
+        let next = code.get(i + 1).map(|l| l.trim());
+        if line == "#[cfg(test)]" && next.is_some_and(|n| n.starts_with("mod ") && n.ends_with('{'))
+        {
+            let mut depth = 0i32;
+            let mut j = i + 1;
+            while j < code.len() {
+                depth += code[j].matches('{').count() as i32;
+                depth -= code[j].matches('}').count() as i32;
+                j += 1;
+                if depth <= 0 {
+                    break;
+                }
+            }
+            i = j;
+            continue;
+        }
+        if !line.is_empty() {
+            count += 1;
+        }
+        i += 1;
+    }
+    count
+}
+
+/// The code lines of a `mod.rs` that are not its map: anything but module
+/// declarations, attributes and `pub use` re-exports.
+fn map_problems_in(source: &str) -> Vec<(usize, String)> {
+    let code = code_lines(source);
+    let mut out = Vec::new();
+    let mut in_use = false;
+    for (i, line) in code.iter().enumerate() {
+        let l = line.trim();
+        if l.is_empty() {
+            continue;
+        }
+        if in_use {
+            in_use = !l.ends_with(';');
+            continue;
+        }
+        let is_mod = (l.starts_with("mod ") || l.starts_with("pub mod ")) && l.ends_with(';');
+        let is_attr = l.starts_with("#[") || l.starts_with("#![");
+        if l.starts_with("pub use ") {
+            in_use = !l.ends_with(';');
+            continue;
+        }
+        if !is_mod && !is_attr {
+            out.push((i + 1, format!("not a map line: `{l}`")));
+        }
+    }
+    out
+}

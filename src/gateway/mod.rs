@@ -13,6 +13,8 @@ pub mod pool;
 pub mod relay;
 pub mod request;
 pub mod scheduling;
+pub mod spans;
+pub mod stop;
 pub mod tenant;
 pub mod ticket;
 pub mod upstream;

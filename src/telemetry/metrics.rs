@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::snapshot::encode_snapshot;
+pub use super::snapshot::{BackendGauges, Snapshot, TenantGauges};
 use crate::outcome::Outcome;
 use crate::prom::{self, Kind};
 
@@ -250,7 +252,7 @@ impl Counts {
 impl EdgeCounters {
     fn encode(&self, w: &mut String) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        header(
+        prom::family(
             w,
             "fairway_listener_refusals_total",
             Kind::Counter,
@@ -271,7 +273,7 @@ impl EdgeCounters {
             "fairway_listener_refusals_total{{limit=\"requests\"}} {}",
             get(&self.refused_requests)
         );
-        header(
+        prom::family(
             w,
             "fairway_connections_closed_total",
             Kind::Counter,
@@ -287,7 +289,7 @@ impl EdgeCounters {
             "fairway_connections_closed_total{{reason=\"protocol_error\"}} {}",
             get(&self.closed_protocol_error)
         );
-        header(
+        prom::family(
             w,
             "fairway_open_connections",
             Kind::Gauge,
@@ -298,14 +300,14 @@ impl EdgeCounters {
             "fairway_open_connections {}",
             get(&self.open_connections)
         );
-        header(
+        prom::family(
             w,
             "fairway_panics_total",
             Kind::Counter,
             "Handler panics answered with a 500.",
         );
         let _ = writeln!(w, "fairway_panics_total {}", get(&self.panics));
-        header(
+        prom::family(
             w,
             "fairway_accept_errors_total",
             Kind::Counter,
@@ -316,7 +318,7 @@ impl EdgeCounters {
             "fairway_accept_errors_total {}",
             get(&self.accept_errors)
         );
-        header(
+        prom::family(
             w,
             "fairway_log_lines_dropped_total",
             Kind::Counter,
@@ -328,53 +330,6 @@ impl EdgeCounters {
             super::log_writer::dropped_lines()
         );
     }
-}
-
-/// Scheduler state read at scrape time.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    pub tenants: Vec<TenantGauges>,
-    pub backends: Vec<BackendGauges>,
-    /// Queued requests per model (its pools' fair queues and late lanes).
-    pub queued_by_model: Vec<(String, u32)>,
-    /// Jain's fairness index over backlogged tenants' weighted service in
-    /// the recent window, if at least one tenant was backlogged.
-    pub jain_index: Option<f64>,
-    /// This replica's view of its `[cluster]`, when it has one.
-    pub cluster: Option<crate::cluster::View>,
-}
-
-/// Per-tenant gauges.
-#[derive(Clone, Debug, Default)]
-pub struct TenantGauges {
-    pub tenant: String,
-    pub queued: u32,
-    pub in_flight: u32,
-    /// Requests preempted so far (counter).
-    pub preempted: u64,
-    pub rate_bucket: Option<f64>,
-    pub gpu_seconds_bucket: Option<f64>,
-    /// The tenant's SLO targets, seconds (declared tenants only).
-    pub slo_ttft: Option<f64>,
-    pub slo_e2e: Option<f64>,
-}
-
-/// Per-backend gauges.
-#[derive(Clone, Debug, Default)]
-pub struct BackendGauges {
-    pub backend: String,
-    pub model: String,
-    pub in_flight: u32,
-    pub window: u32,
-    pub healthy: bool,
-    pub kv_usage: Option<f64>,
-    pub running: Option<u32>,
-    pub waiting: Option<u32>,
-    pub ttft_p99: Option<f64>,
-    pub reading_age: Option<f64>,
-    pub scrape_errors: u64,
-    /// Where the last reading's load signals came from: (signal, source).
-    pub sources: Vec<(&'static str, &'static str)>,
 }
 
 /// The metrics handle, built once at startup and shared.
@@ -409,200 +364,6 @@ pub struct EdgeCounters {
     pub panics: AtomicU64,
     /// Failed `accept` calls (out of file descriptors and the like).
     pub accept_errors: AtomicU64,
-}
-
-/// Per model, what an autoscaler scales on: demand against capacity and
-/// the KV headroom left (README, Observability).
-fn encode_pools(w: &mut String, snap: &Snapshot) {
-    #[derive(Default)]
-    struct Pool {
-        queued: u32,
-        in_flight: u32,
-        capacity: u32,
-        /// Sum of free KV fractions, and how many backends gave one.
-        kv_free: f64,
-        kv_read: u32,
-    }
-    let mut pools: BTreeMap<&str, Pool> = BTreeMap::new();
-    for (model, queued) in &snap.queued_by_model {
-        pools.entry(model).or_default().queued += queued;
-    }
-    for b in &snap.backends {
-        let p = pools.entry(&b.model).or_default();
-        p.in_flight += b.in_flight;
-        if b.healthy {
-            p.capacity += b.window;
-            if let Some(kv) = b.kv_usage {
-                p.kv_free += (1.0 - kv).clamp(0.0, 1.0);
-                p.kv_read += 1;
-            }
-        }
-    }
-    type Get = fn(&Pool) -> Option<f64>;
-    let gauges: [(&str, &str, Get); 5] = [
-        (
-            "fairway_pool_queued_requests",
-            "Requests queued in Fairway for the model, all tenants.",
-            |p| Some(f64::from(p.queued)),
-        ),
-        (
-            "fairway_pool_in_flight",
-            "Requests Fairway has in flight on the model's backends.",
-            |p| Some(f64::from(p.in_flight)),
-        ),
-        (
-            "fairway_pool_capacity",
-            "Requests the model's healthy backends take at once: the sum of their dispatch windows.",
-            |p| Some(f64::from(p.capacity)),
-        ),
-        (
-            "fairway_pool_demand_ratio",
-            "Queued plus in-flight requests over capacity: above 1, requests wait at the gateway (absent with no healthy backend).",
-            |p| (p.capacity > 0).then(|| f64::from(p.queued + p.in_flight) / f64::from(p.capacity)),
-        ),
-        (
-            "fairway_pool_kv_headroom_ratio",
-            "Mean free KV-cache fraction over the model's healthy backends with a fresh reading (absent without one).",
-            |p| (p.kv_read > 0).then(|| p.kv_free / f64::from(p.kv_read)),
-        ),
-    ];
-    for (name, help, get) in gauges {
-        header(w, name, Kind::Gauge, help);
-        for (model, p) in &pools {
-            if let Some(v) = get(p) {
-                let _ = writeln!(w, "{name}{{model=\"{}\"}} {v}", prom::escape(model));
-            }
-        }
-    }
-}
-
-/// This replica's view of its cluster.
-fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
-    let replica = prom::escape(&c.replica);
-    header(
-        w,
-        "fairway_cluster_replicas",
-        Kind::Gauge,
-        "Gateway replicas sharing the policy's limits, as this replica last read them from the store.",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_replicas{{replica=\"{replica}\"}} {}",
-        c.replicas
-    );
-    header(
-        w,
-        "fairway_cluster_store_up",
-        Kind::Gauge,
-        "1 if the last sync with the cluster store succeeded.",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_store_up{{replica=\"{replica}\"}} {}",
-        u8::from(c.store_up)
-    );
-    header(
-        w,
-        "fairway_cluster_store_rtt_seconds",
-        Kind::Gauge,
-        "Round trip of the last successful sync with the cluster store.",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_store_rtt_seconds{{replica=\"{replica}\"}} {}",
-        c.store_rtt_seconds
-    );
-    header(
-        w,
-        "fairway_cluster_store_errors_total",
-        Kind::Counter,
-        "Syncs with the cluster store that failed (unreachable, timed out, refused).",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_store_errors_total{{replica=\"{replica}\"}} {}",
-        c.store_errors
-    );
-    header(
-        w,
-        "fairway_cluster_store_syncs_total",
-        Kind::Counter,
-        "Syncs with the cluster store that succeeded: the store round trips this replica made.",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_store_syncs_total{{replica=\"{replica}\"}} {}",
-        c.syncs
-    );
-    header(
-        w,
-        "fairway_cluster_leasing",
-        Kind::Gauge,
-        "1 while tenants' limits are leased from the store (exact for the cluster); 0 while this replica enforces its share locally (store unreachable).",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_leasing{{replica=\"{replica}\"}} {}",
-        u8::from(c.leasing)
-    );
-    header(
-        w,
-        "fairway_cluster_lease",
-        Kind::Gauge,
-        "What this replica holds of a tenant's leased limit: requests (rate), GPU-seconds (gpu_seconds, negative in debt) or slots (concurrency).",
-    );
-    for l in &c.leases {
-        let _ = writeln!(
-            w,
-            "fairway_cluster_lease{{replica=\"{replica}\",tenant=\"{}\",limit=\"{}\"}} {}",
-            prom::escape(&l.tenant),
-            l.limit,
-            l.held
-        );
-    }
-    header(
-        w,
-        "fairway_cluster_tenant_share",
-        Kind::Gauge,
-        "This replica's share of a tenant's limits while the store is unreachable (its part of the cluster's demand for the tenant).",
-    );
-    for (t, s) in &c.tenants {
-        let _ = writeln!(
-            w,
-            "fairway_cluster_tenant_share{{replica=\"{replica}\",tenant=\"{}\"}} {}",
-            prom::escape(t),
-            s.share
-        );
-    }
-    header(
-        w,
-        "fairway_cluster_pool_share",
-        Kind::Gauge,
-        "This replica's share of a pool's backend windows (its part of the weighted fair split of the cluster's backlog).",
-    );
-    for (model, s) in &c.pools {
-        let _ = writeln!(
-            w,
-            "fairway_cluster_pool_share{{replica=\"{replica}\",model=\"{}\"}} {}",
-            prom::escape(model),
-            s.share
-        );
-    }
-    header(
-        w,
-        "fairway_cluster_tenant_demand",
-        Kind::Gauge,
-        "A tenant's requests per second arriving at this replica and at the whole cluster (smoothed).",
-    );
-    for (t, s) in &c.tenants {
-        for (scope, v) in [("replica", s.demand_here), ("cluster", s.demand_cluster)] {
-            let _ = writeln!(
-                w,
-                "fairway_cluster_tenant_demand{{replica=\"{replica}\",tenant=\"{}\",scope=\"{scope}\"}} {v}",
-                prom::escape(t)
-            );
-        }
-    }
 }
 
 fn key(tenant: &str, model: &str) -> TM {
@@ -710,14 +471,14 @@ impl Metrics {
         let mut out = String::with_capacity(8192);
         let w = &mut out;
 
-        header(w, "fairway_build_info", Kind::Gauge, "Build information.");
+        prom::family(w, "fairway_build_info", Kind::Gauge, "Build information.");
         let _ = writeln!(
             w,
             "fairway_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")
         );
 
-        header(
+        prom::family(
             w,
             "fairway_requests_total",
             Kind::Counter,
@@ -740,7 +501,7 @@ impl Metrics {
             "Served responses that met the tenant's SLO (TTFT and e2e).",
             &c.goodput,
         );
-        header(
+        prom::family(
             w,
             "fairway_slo_attainment_ratio",
             Kind::Gauge,
@@ -791,7 +552,7 @@ impl Metrics {
             "Completion tokens reported by backends.",
             &c.completion_tokens,
         );
-        header(
+        prom::family(
             w,
             "fairway_gpu_seconds_total",
             Kind::Counter,
@@ -804,7 +565,7 @@ impl Metrics {
                 prom::escape(t)
             );
         }
-        header(
+        prom::family(
             w,
             "fairway_overhead_seconds",
             Kind::Histogram,
@@ -813,7 +574,7 @@ impl Metrics {
         if let Some(h) = self.overhead.read() {
             hist_lines(w, "fairway_overhead_seconds", "", &h);
         }
-        header(
+        prom::family(
             w,
             "fairway_config_reloads_total",
             Kind::Counter,
@@ -826,7 +587,7 @@ impl Metrics {
                 g.reloads.get(r).copied().unwrap_or(0)
             );
         }
-        header(
+        prom::family(
             w,
             "fairway_backend_ejections_total",
             Kind::Counter,
@@ -839,7 +600,7 @@ impl Metrics {
                 prom::escape(b)
             );
         }
-        header(
+        prom::family(
             w,
             "fairway_adapter_requests_total",
             Kind::Counter,
@@ -857,167 +618,10 @@ impl Metrics {
         drop(g);
         self.edge.encode(w);
 
-        type Get = fn(&TenantGauges) -> Option<f64>;
-        let per_tenant: [(&str, Kind, &str, Get); 7] = [
-            (
-                "fairway_queue_depth",
-                Kind::Gauge,
-                "Requests queued in Fairway per tenant.",
-                |t| Some(f64::from(t.queued)),
-            ),
-            (
-                "fairway_tenant_in_flight",
-                Kind::Gauge,
-                "Requests of a tenant in flight on backends.",
-                |t| Some(f64::from(t.in_flight)),
-            ),
-            (
-                "fairway_preemptions_total",
-                Kind::Counter,
-                "In-flight batch requests of a tenant preempted for queued interactive work.",
-                |t| Some(t.preempted as f64),
-            ),
-            (
-                "fairway_rate_bucket_requests",
-                Kind::Gauge,
-                "Request-rate bucket level per tenant.",
-                |t| t.rate_bucket,
-            ),
-            (
-                "fairway_gpu_seconds_bucket_level",
-                Kind::Gauge,
-                "GPU-seconds bucket level per tenant (negative while in debt).",
-                |t| t.gpu_seconds_bucket,
-            ),
-            (
-                "fairway_tenant_slo_ttft_seconds",
-                Kind::Gauge,
-                "The tenant's time-to-first-token objective.",
-                |t| t.slo_ttft,
-            ),
-            (
-                "fairway_tenant_slo_e2e_seconds",
-                Kind::Gauge,
-                "The tenant's end-to-end latency objective.",
-                |t| t.slo_e2e,
-            ),
-        ];
-        for (name, kind, help, get) in per_tenant {
-            header(w, name, kind, help);
-            for t in &snap.tenants {
-                if let Some(v) = get(t) {
-                    let _ = writeln!(w, "{name}{{tenant=\"{}\"}} {v}", prom::escape(&t.tenant));
-                }
-            }
-        }
-        header(
-            w,
-            "fairway_jain_fairness_index",
-            Kind::Gauge,
-            "Jain's index over backlogged tenants' weighted service in the recent window.",
-        );
-        if let Some(j) = snap.jain_index {
-            let _ = writeln!(w, "fairway_jain_fairness_index {j}");
-        }
-        if let Some(c) = &snap.cluster {
-            encode_cluster(w, c);
-        }
-        encode_pools(w, snap);
-        let b = &snap.backends;
-        backend_gauge(
-            w,
-            "fairway_backend_in_flight",
-            "Requests Fairway has in flight on a backend.",
-            b,
-            |x| Some(f64::from(x.in_flight)),
-        );
-        backend_gauge(
-            w,
-            "fairway_backend_window",
-            "Current dispatch window of a backend.",
-            b,
-            |x| Some(f64::from(x.window)),
-        );
-        backend_gauge(
-            w,
-            "fairway_backend_healthy",
-            "1 if the backend is healthy, 0 if ejected.",
-            b,
-            |x| Some(f64::from(u8::from(x.healthy))),
-        );
-        backend_gauge(
-            w,
-            "fairway_backend_kv_usage_ratio",
-            "Polled KV-cache usage (0..1).",
-            b,
-            |x| x.kv_usage,
-        );
-        backend_gauge(
-            w,
-            "fairway_backend_running",
-            "Polled requests running in the engine.",
-            b,
-            |x| x.running.map(f64::from),
-        );
-        backend_gauge(
-            w,
-            "fairway_backend_waiting",
-            "Polled requests waiting in the engine.",
-            b,
-            |x| x.waiting.map(f64::from),
-        );
-        backend_gauge(
-            w,
-            "fairway_backend_ttft_p99_seconds",
-            "Polled TTFT p99 over the last scrape window.",
-            b,
-            |x| x.ttft_p99,
-        );
-        backend_gauge(
-            w,
-            "fairway_backend_reading_age_seconds",
-            "Age of the backend's latest reading.",
-            b,
-            |x| x.reading_age,
-        );
-        header(
-            w,
-            "fairway_backend_scrape_errors_total",
-            Kind::Counter,
-            "Failed metric scrapes per backend.",
-        );
-        for x in b {
-            let _ = writeln!(
-                w,
-                "fairway_backend_scrape_errors_total{{backend=\"{}\",model=\"{}\"}} {}",
-                prom::escape(&x.backend),
-                prom::escape(&x.model),
-                x.scrape_errors
-            );
-        }
-        header(
-            w,
-            "fairway_backend_reading_source",
-            Kind::Gauge,
-            "Which of the backend's series each load signal of its latest reading came from (1 per signal).",
-        );
-        for x in b {
-            for (signal, source) in &x.sources {
-                let _ = writeln!(
-                    w,
-                    "fairway_backend_reading_source{{backend=\"{}\",model=\"{}\",signal=\"{signal}\",source=\"{}\"}} 1",
-                    prom::escape(&x.backend),
-                    prom::escape(&x.model),
-                    prom::escape(source)
-                );
-            }
-        }
+        encode_snapshot(w, snap);
+
         out
     }
-}
-
-fn header(w: &mut String, name: &str, kind: Kind, help: &str) {
-    prom::family(w, name, kind, help);
 }
 
 fn tm(k: &TM) -> String {
@@ -1029,14 +633,14 @@ fn tm(k: &TM) -> String {
 }
 
 fn counter_tm(w: &mut String, name: &str, help: &str, m: &BTreeMap<TM, u64>) {
-    header(w, name, Kind::Counter, help);
+    prom::family(w, name, Kind::Counter, help);
     for (k, v) in m {
         let _ = writeln!(w, "{name}{{{}}} {v}", tm(k));
     }
 }
 
 fn hist_tm(w: &mut String, name: &str, help: &str, m: &BTreeMap<TM, Histogram>) {
-    header(w, name, Kind::Histogram, help);
+    prom::family(w, name, Kind::Histogram, help);
     for (k, h) in m {
         hist_lines(w, name, &tm(k), h);
     }
@@ -1057,26 +661,6 @@ fn hist_lines(w: &mut String, name: &str, labels: &str, h: &Histogram) {
     };
     let _ = writeln!(w, "{name}_sum{braces} {}", h.sum);
     let _ = writeln!(w, "{name}_count{braces} {}", h.count);
-}
-
-fn backend_gauge(
-    w: &mut String,
-    name: &str,
-    help: &str,
-    bs: &[BackendGauges],
-    f: impl Fn(&BackendGauges) -> Option<f64>,
-) {
-    header(w, name, Kind::Gauge, help);
-    for b in bs {
-        if let Some(v) = f(b) {
-            let _ = writeln!(
-                w,
-                "{name}{{backend=\"{}\",model=\"{}\"}} {v}",
-                prom::escape(&b.backend),
-                prom::escape(&b.model)
-            );
-        }
-    }
 }
 
 #[cfg(test)]

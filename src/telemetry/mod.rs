@@ -5,6 +5,7 @@ mod log;
 pub mod log_writer;
 pub mod metrics;
 pub mod otel;
+mod snapshot;
 pub mod usage;
 
 pub use log::*;
