@@ -3,18 +3,25 @@
 //! [`serve`] runs a gateway on bound listeners until a shutdown future
 //! resolves; `fairway serve` and the tests both start it that way.
 //!
-//! Module map:
-//! - [`core`]: sans-IO scheduling (admission, fair queue, windows, routing, accounting).
-//! - [`config`]: the policy file, validation and reload.
-//! - [`poller`]: sans-IO metrics parsing and backend dialects (scrape body to reading).
-//! - [`sim`]: the simulated vLLM-like engine and its HTTP backend.
-//! - [`proxy`]: the I/O shell: listeners, the request path, the SSE relay, admin, reload.
-//! - [`replay`]: `fairway replay`, the discrete-event policy simulator, its workloads and reports.
-//! - [`telemetry`]: Prometheus metrics.
-//! - [`agent`]: the `fairway agent` GPU-node sidecar (engine scrape plus NVML, one JSON reading).
-//! - [`clock`]: the one wall-clock reader.
-//! - [`tokens`]: the shared token estimate.
-//! - [`top`]: `fairway top`, the terminal view rendered from a `/metrics` scrape.
+//! Module map, in layers bottom first (a module uses only those below
+//! it; `docs/architecture.md` has the rules, `tests/architecture.rs`
+//! keeps them):
+//! 0. [`core`]: sans-IO scheduling (admission, fair queue, windows, routing, accounting).
+//! 1. [`clock`] (the one wall-clock reader), [`hex`], [`outcome`] (how a
+//!    request ended), [`prom`] (the Prometheus text writer), [`tokens`]
+//!    (the shared token estimate), [`net`] (accept loop, body types, TLS,
+//!    the HTTP client and the scrape helper).
+//! 2. [`config`]: the policy file and its validation.
+//! 3. [`protocol`]: OpenAI, Triton, audio: what is read of a body, usage,
+//!    error shapes.
+//! 4. [`cluster`] (the shared store and leases), [`poller`] (readings).
+//! 5. [`sim`]: the simulated vLLM-like engine and its HTTP backend.
+//! 6. [`telemetry`]: metrics, usage windows, traces, the log.
+//! 7. [`agent`] (the GPU-node sidecar), [`replay`] (the policy simulator).
+//! 8. [`placement`]: the Kubernetes extender and webhook.
+//! 9. [`gateway`]: the request path and the state it shares.
+//! 10. [`edge`]: listeners, the tower layers, admin, reload, the usage page.
+//! 11. [`top`]: `fairway top`; `fuzz`, the fuzz targets.
 
 pub mod agent;
 pub mod clock;

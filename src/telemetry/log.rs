@@ -20,7 +20,7 @@ static PLAIN_FORMAT: AtomicU8 = AtomicU8::new(0);
 
 /// The format in which the process's log layer writes, if it has made one
 /// that writes no colour codes: code of our own may then write lines as it
-/// would (`proxy::access`).
+/// would (`gateway::access`).
 pub fn plain_log_format() -> Option<LogFormat> {
     match PLAIN_FORMAT.load(Ordering::Relaxed) {
         1 => Some(LogFormat::Text),

@@ -1,19 +1,12 @@
 //! Tenants, pools and backends by name, and applying a new spec to them.
 
-use std::collections::BTreeSet;
-
-use crate::core::accounting::GpuClock;
 use crate::core::admission::Bucket;
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
-use crate::core::queue::FairQueue;
 use crate::core::spec::{Api, OnLate, Priority, SchedulerSpec};
 use crate::core::time::Instant;
 
 use super::state::{BackendState, PoolState, TenantLease, TenantState, is_late, is_queued};
 use super::{Decision, Scheduler};
-
-/// Initial estimate of GPU-seconds per token, until completions measure it.
-const INITIAL_GPU_SECONDS_PER_TOKEN: f64 = 5e-4;
 
 impl Scheduler {
     /// Reconciles with a new spec by name: unchanged tenants, pools and
@@ -27,7 +20,20 @@ impl Scheduler {
         self.output_token_weight = spec.queue.output_token_weight;
         self.stale_after = spec.stale_after;
         self.preemption = spec.preemption.clone();
+        self.apply_tenants(spec, now);
+        self.apply_pools(spec, now);
+        self.apply_queue_settings(spec);
+        let mut out = Vec::new();
+        self.shed_retired(now, &mut out);
+        for p in 0..self.pools.len() {
+            self.try_dispatch(now, PoolId(p as u32), &mut out);
+        }
+        out
+    }
 
+    /// Tenants by name: kept, added, or retired; their buckets reconfigured
+    /// keeping their levels, and their leases started or ended.
+    fn apply_tenants(&mut self, spec: &SchedulerSpec, now: Instant) {
         for t in &mut self.tenants {
             t.retired = true;
         }
@@ -66,7 +72,10 @@ impl Scheduler {
             let id = self.tenant_entry("default");
             self.tenants[id.0 as usize].retired = false;
         }
+    }
 
+    /// Pools and their backends by name: kept, added, moved or retired.
+    fn apply_pools(&mut self, spec: &SchedulerSpec, now: Instant) {
         for p in &mut self.pools {
             p.retired = true;
         }
@@ -78,29 +87,7 @@ impl Scheduler {
                 .pool_by_model
                 .entry((pp.model.clone(), pp.api))
                 .or_insert_with(|| {
-                    self.pools.push(PoolState {
-                        model: pp.model.clone(),
-                        api: pp.api,
-                        strategy: pp.strategy,
-                        kv_high_watermark: pp.kv_high_watermark,
-                        ttft_p99_threshold: pp.ttft_p99_threshold,
-                        outlier: pp.outlier.clone(),
-                        adapter_affinity: pp.adapter_affinity,
-                        queue: FairQueue::new(spec.queue.discipline),
-                        late: FairQueue::new(spec.queue.discipline),
-                        queued_work: Vec::new(),
-                        promised: Vec::new(),
-                        drain: Default::default(),
-                        service_ttft: None,
-                        backends: Vec::new(),
-                        rr_cursor: 0,
-                        gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
-                        gpu_cost: Default::default(),
-                        in_flight: Vec::new(),
-                        preemptible: BTreeSet::new(),
-                        rate_window_start: None,
-                        retired: false,
-                    });
+                    self.pools.push(PoolState::new(pp, spec.queue.discipline));
                     PoolId((self.pools.len() - 1) as u32)
                 });
             let mut members = Vec::with_capacity(pp.backends.len());
@@ -109,28 +96,7 @@ impl Scheduler {
                     .backend_by_name
                     .entry(bp.name.clone())
                     .or_insert_with(|| {
-                        self.backends.push(BackendState {
-                            name: bp.name.clone(),
-                            pool: pid,
-                            gpus: bp.gpus,
-                            kv_tokens: bp.kv_tokens,
-                            max_inflight: bp.max_inflight,
-                            window_share: bp.window_share,
-                            window: bp.max_inflight,
-                            in_flight: 0,
-                            healthy: true,
-                            reading: None,
-                            observed_ttft: None,
-                            clock: GpuClock::new(bp.gpus, now),
-                            retired: false,
-                            failures: 0,
-                            ejected_until: None,
-                            ejections: 0,
-                            window_ok: 0,
-                            window_failed: 0,
-                            gpu_cost: Default::default(),
-                            lora: Default::default(),
-                        });
+                        self.backends.push(BackendState::new(bp, pid, now));
                         BackendId((self.backends.len() - 1) as u32)
                     });
                 let b = &mut self.backends[bid.0 as usize];
@@ -161,7 +127,11 @@ impl Scheduler {
                 self.adapters.intern(a);
             }
         }
+    }
 
+    /// Every pool's queues take the discipline, the in-flight credit and
+    /// each tenant's weight and class.
+    fn apply_queue_settings(&mut self, spec: &SchedulerSpec) {
         let requests = &self.requests;
         for p in &mut self.pools {
             p.queue
@@ -175,9 +145,11 @@ impl Scheduler {
                 p.late.set_tenant(TenantId(i as u32), t.weight, t.priority);
             }
         }
+    }
 
-        let mut out = Vec::new();
-        // Queued requests of retired pools or tenants cannot be served.
+    /// Sheds the queued requests of retired pools or tenants: they cannot
+    /// be served.
+    fn shed_retired(&mut self, now: Instant, out: &mut Vec<Decision>) {
         let doomed: Vec<RequestId> = self
             .deadlines
             .iter()
@@ -190,12 +162,8 @@ impl Scheduler {
             })
             .collect();
         for id in doomed {
-            self.shed(now, id, &mut out);
+            self.shed(now, id, out);
         }
-        for p in 0..self.pools.len() {
-            self.try_dispatch(now, PoolId(p as u32), &mut out);
-        }
-        out
     }
 
     /// The id of the tenant named `name`, creating fresh state for a new name.

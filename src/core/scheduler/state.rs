@@ -10,7 +10,9 @@ use crate::core::ids::{AdapterId, BackendId, PoolId, RequestId, TenantId};
 use crate::core::queue::FairQueue;
 use crate::core::queue::cost::PoolCapacity;
 use crate::core::reading::Reading;
-use crate::core::spec::{Api, OnLate, OutlierSpec, Priority, Strategy};
+use crate::core::spec::{
+    Api, BackendSpec, Discipline, OnLate, OutlierSpec, PoolSpec, Priority, Strategy,
+};
 use crate::core::time::Instant;
 
 #[derive(Debug)]
@@ -42,6 +44,9 @@ pub(super) struct TenantState {
     pub(super) output: super::cost_model::OutputModel,
     pub(super) retired: bool,
 }
+
+/// Initial estimate of GPU-seconds per token, until completions measure it.
+const INITIAL_GPU_SECONDS_PER_TOKEN: f64 = 5e-4;
 
 /// A replica's side of a tenant's leases (see `Scheduler::lease_asks`).
 #[derive(Debug, Default)]
@@ -124,6 +129,33 @@ pub(super) struct PoolState {
 }
 
 impl PoolState {
+    /// A new pool of spec `pp`, its queues ordered by `discipline`.
+    pub(super) fn new(pp: &PoolSpec, discipline: Discipline) -> Self {
+        PoolState {
+            model: pp.model.clone(),
+            api: pp.api,
+            strategy: pp.strategy,
+            kv_high_watermark: pp.kv_high_watermark,
+            ttft_p99_threshold: pp.ttft_p99_threshold,
+            outlier: pp.outlier.clone(),
+            adapter_affinity: pp.adapter_affinity,
+            queue: FairQueue::new(discipline),
+            late: FairQueue::new(discipline),
+            queued_work: Vec::new(),
+            promised: Vec::new(),
+            drain: Default::default(),
+            service_ttft: None,
+            backends: Vec::new(),
+            rr_cursor: 0,
+            gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
+            gpu_cost: Default::default(),
+            in_flight: Vec::new(),
+            preemptible: BTreeSet::new(),
+            rate_window_start: None,
+            retired: false,
+        }
+    }
+
     pub(super) fn in_flight(&self, t: TenantId) -> u32 {
         self.in_flight.get(t.0 as usize).copied().unwrap_or(0)
     }
@@ -173,6 +205,33 @@ pub(super) struct BackendState {
 }
 
 impl BackendState {
+    /// A new backend of spec `bp` in pool `pool`, its GPU clock started
+    /// at `now`.
+    pub(super) fn new(bp: &BackendSpec, pool: PoolId, now: Instant) -> Self {
+        BackendState {
+            name: bp.name.clone(),
+            pool,
+            gpus: bp.gpus,
+            kv_tokens: bp.kv_tokens,
+            max_inflight: bp.max_inflight,
+            window_share: bp.window_share,
+            window: bp.max_inflight,
+            in_flight: 0,
+            healthy: true,
+            reading: None,
+            observed_ttft: None,
+            clock: GpuClock::new(bp.gpus, now),
+            retired: false,
+            failures: 0,
+            ejected_until: None,
+            ejections: 0,
+            window_ok: 0,
+            window_failed: 0,
+            gpu_cost: Default::default(),
+            lora: Default::default(),
+        }
+    }
+
     /// Healthy by its probe and not ejected by outlier detection at `now`.
     pub(super) fn is_available(&self, now: Instant) -> bool {
         self.healthy && self.ejected_until.is_none_or(|t| t <= now)
