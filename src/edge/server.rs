@@ -21,6 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -28,6 +31,7 @@ use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
+use tower::Service;
 use tracing::instrument::WithSubscriber;
 
 use crate::clock::Clock;
@@ -42,6 +46,7 @@ use crate::gateway::handle::{Gateway, Parts};
 use crate::gateway::live::derive_live;
 use crate::gateway::scheduling::Scheduling;
 use crate::net::accept::accept_loop;
+use crate::net::body::BodyError;
 use crate::net::tls;
 use crate::poller::Pollers;
 use crate::telemetry::metrics::Metrics;
@@ -283,18 +288,7 @@ async fn run(
         .header_read_timeout(server_policy.header_read_timeout);
     builder.http2().timer(TokioTimer::new());
     let edge = edge(gw.clone(), server_policy.max_requests);
-    let max_connections = match conn::fd_connection_limit() {
-        Some(fd_cap) if fd_cap < server_policy.max_connections => {
-            tracing::warn!(
-                max_connections = fd_cap,
-                configured = server_policy.max_connections,
-                reserve = conn::FD_RESERVE,
-                "the file-descriptor limit lowers max_connections (raise it with `ulimit -n`)"
-            );
-            fd_cap.max(1)
-        }
-        _ => server_policy.max_connections,
-    };
+    let max_connections = connection_limit(server_policy.max_connections);
     let caps = conn::Caps::new(max_connections, server_policy.max_connections_per_client);
     let header_read_timeout = server_policy.header_read_timeout;
     let idle_timeout = server_policy.idle_timeout;
@@ -303,71 +297,15 @@ async fn run(
     let drain_clients = CancellationToken::new();
     let stop_admin = CancellationToken::new();
     let mut admin_conns = JoinSet::new();
-    // What a worker does with a connection it accepted: the connection's
-    // whole life, as a task for that worker's runtime.
-    let accepted: Accepted = {
-        let gw = gw.clone();
-        let services = services.clone();
-        let drain_clients = drain_clients.clone();
-        // Shared, not cloned per connection: a connection whose protocol
-        // the first bytes tell keeps no builder of its own.
-        let builders = Arc::new(Builders::new(&builder));
-        Arc::new(move |stream: TcpStream, peer: SocketAddr| {
-            let slot = match caps.acquire(peer.ip(), &gw) {
-                Ok(slot) => slot,
-                Err(cap) => {
-                    connection_refused(&gw, peer, cap);
-                    return None;
-                }
-            };
-            let activity = conn::Activity::new();
-            let tracked = conn::Tracked::new(edge.clone(), activity.clone());
-            let svc = TowerToHyperService::new(tracked);
-            let builders = builders.clone();
-            let stop = drain_clients.clone();
-            let tls = services.tls.load_full();
-            let dispatch = gw.traces().map(|t| t.dispatch().clone());
-            let conn_gw = gw.clone();
-            let serve = async move {
-                let _slot = slot;
-                let ended = match tls {
-                    None => {
-                        // hyper's header-read timeout starts once it knows
-                        // the protocol, which it learns from the first
-                        // bytes: a client that sends none is closed here.
-                        // The bytes seen tell the protocol too.
-                        let mut head = [0u8; H2_PREFACE.len()];
-                        let first =
-                            tokio::time::timeout(header_read_timeout, stream.peek(&mut head));
-                        let Ok(Ok(seen @ 1..)) = first.await else {
-                            tracing::debug!(%peer, "closed: no request in time");
-                            return;
-                        };
-                        let builder = builders.for_first_bytes(&head[..seen]);
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
-                    }
-                    Some(config) => {
-                        // The handshake runs in the connection's own task, so a
-                        // slow client never holds up the accept loop.
-                        let Some(tls_stream) = tls::handshake(config, stream, peer).await else {
-                            return;
-                        };
-                        let io = TokioIo::new(tls_stream);
-                        let conn = builders.auto.serve_connection(io, svc);
-                        conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
-                    }
-                };
-                connection_ended(&conn_gw, peer, ended);
-            };
-            // With traces on, the connection runs under the gateway's
-            // dispatch: its requests' spans and log lines are one tree.
-            Some(match dispatch {
-                None => Box::pin(serve) as ConnTask,
-                Some(d) => Box::pin(serve.with_subscriber(d)),
-            })
-        })
-    };
+    let accepted = client_connections(ClientConnections {
+        services: services.clone(),
+        edge,
+        caps,
+        builders: Arc::new(Builders::new(&builder)),
+        drain: drain_clients.clone(),
+        header_read_timeout,
+        idle_timeout,
+    });
     let mut workers = Workers::start(sockets, &accepted, &shutdown, &gw);
     // The workers stop accepting at shutdown, then drain; the admin
     // listener serves on (`/readyz` answers "draining") until the drain
@@ -411,6 +349,124 @@ async fn run(
     admin_conns.abort_all();
     while admin_conns.join_next().await.is_some() {}
     while tasks.join_next().await.is_some() {}
+    stop_services(&services).await;
+}
+
+/// `[server] max_connections`, lowered to what the file-descriptor limit
+/// allows (with a warning).
+fn connection_limit(configured: usize) -> usize {
+    match conn::fd_connection_limit() {
+        Some(fd_cap) if fd_cap < configured => {
+            tracing::warn!(
+                max_connections = fd_cap,
+                configured,
+                reserve = conn::FD_RESERVE,
+                "the file-descriptor limit lowers max_connections (raise it with `ulimit -n`)"
+            );
+            fd_cap.max(1)
+        }
+        _ => configured,
+    }
+}
+
+/// What the client connections are served with.
+struct ClientConnections<E> {
+    services: Arc<Services>,
+    /// The tower stack every request passes.
+    edge: E,
+    caps: conn::Caps,
+    /// Shared, not cloned per connection: a connection whose protocol the
+    /// first bytes tell keeps no builder of its own.
+    builders: Arc<Builders>,
+    /// Cancelled when the drain starts.
+    drain: CancellationToken,
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+/// What a worker does with a connection it accepted: the connection's
+/// whole life, as a task for that worker's runtime (past its caps, it is
+/// closed at once).
+fn client_connections<E, B>(c: ClientConnections<E>) -> Accepted
+where
+    E: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    E::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes, Error = BodyError> + Send + 'static,
+{
+    let ClientConnections {
+        services,
+        edge,
+        caps,
+        builders,
+        drain,
+        header_read_timeout,
+        idle_timeout,
+    } = c;
+    let gw = services.gateway.clone();
+    Arc::new(move |stream: TcpStream, peer: SocketAddr| {
+        let slot = match caps.acquire(peer.ip(), &gw) {
+            Ok(slot) => slot,
+            Err(cap) => {
+                connection_refused(&gw, peer, cap);
+                return None;
+            }
+        };
+        let activity = conn::Activity::new();
+        let tracked = conn::Tracked::new(edge.clone(), activity.clone());
+        let svc = TowerToHyperService::new(tracked);
+        let builders = builders.clone();
+        let stop = drain.clone();
+        let tls = services.tls.load_full();
+        let dispatch = gw.traces().map(|t| t.dispatch().clone());
+        let conn_gw = gw.clone();
+        let serve = async move {
+            let _slot = slot;
+            let ended = match tls {
+                None => {
+                    // hyper's header-read timeout starts once it knows
+                    // the protocol, which it learns from the first
+                    // bytes: a client that sends none is closed here.
+                    // The bytes seen tell the protocol too.
+                    let mut head = [0u8; H2_PREFACE.len()];
+                    let first = tokio::time::timeout(header_read_timeout, stream.peek(&mut head));
+                    let Ok(Ok(seen @ 1..)) = first.await else {
+                        tracing::debug!(%peer, "closed: no request in time");
+                        return;
+                    };
+                    let builder = builders.for_first_bytes(&head[..seen]);
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
+                }
+                Some(config) => {
+                    // The handshake runs in the connection's own task, so a
+                    // slow client never holds up the accept loop.
+                    let Some(tls_stream) = tls::handshake(config, stream, peer).await else {
+                        return;
+                    };
+                    let io = TokioIo::new(tls_stream);
+                    let conn = builders.auto.serve_connection(io, svc);
+                    conn::drive(conn.into_owned(), &activity, idle_timeout, &stop).await
+                }
+            };
+            connection_ended(&conn_gw, peer, ended);
+        };
+        // With traces on, the connection runs under the gateway's
+        // dispatch: its requests' spans and log lines are one tree.
+        Some(match dispatch {
+            None => Box::pin(serve) as ConnTask,
+            Some(d) => Box::pin(serve.with_subscriber(d)),
+        })
+    })
+}
+
+/// Stops what the server ran beside the gateway: the pollers (joined),
+/// the in-process simulated backends, and the trace exporter (the spans
+/// still queued are exported first).
+async fn stop_services(services: &Services) {
     let pollers = services.pollers.lock().stop_all();
     pollers.await;
     for (_, h) in services.sims.lock().drain(..) {
@@ -418,7 +474,7 @@ async fn run(
     }
     // Export the spans still queued; the exporter blocks on the runtime
     // that carries its requests, so it waits on a blocking thread.
-    let traces_gw = gw.clone();
+    let traces_gw = services.gateway.clone();
     let _ = tokio::task::spawn_blocking(move || {
         if let Some(t) = traces_gw.traces() {
             t.shutdown();
