@@ -3,6 +3,7 @@
 //! policy reload and the tenant usage page.
 
 pub mod admin;
+mod clients;
 pub mod conn;
 pub mod layers;
 pub mod listeners;
