@@ -1,4 +1,7 @@
-//! Listeners, the client edge, connection serving and shutdown.
+//! The server: what `serve` starts, runs and stops. The listeners are
+//! bound in `listeners.rs`, client connections are served by the workers
+//! of `clients.rs`, and every request passes the tower stack of
+//! `stack.rs`.
 //!
 //! [`serve`] is the entry point (`fairway serve` and the tests use it):
 //! given bound listeners and a policy, it starts the policy's simulated
