@@ -11,126 +11,19 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use serde::Deserialize;
-use serde::de::IgnoredAny;
 
 use crate::core::ids::Usage;
 use crate::gateway::ticket::{BodyEnd, Ticket};
 use crate::net::body::BodyError;
-use crate::protocol::openai::find;
+use crate::protocol::openai::{error_event, find};
+use crate::protocol::responses::response_id;
+use crate::protocol::sse::{data_lines, event_end};
+use crate::protocol::triton::{add_triton_event, triton_error_event, triton_tokens};
+use crate::protocol::usage::{ChunkLite, merge_usage};
 
 /// Largest non-streaming body kept for reading `usage` (the body is relayed
 /// regardless; past this size usage is not extracted).
 const MAX_SCAN: usize = 4 << 20;
-
-/// A `usage` object in any of the shapes the routes give: OpenAI's
-/// (`prompt_tokens`, `completion_tokens`), the Responses API's and
-/// Anthropic's (`input_tokens`, `output_tokens`), or a pooling route's
-/// `total_tokens` alone.
-#[derive(Deserialize)]
-struct UsageLite {
-    #[serde(default)]
-    prompt_tokens: Option<u32>,
-    #[serde(default)]
-    completion_tokens: Option<u32>,
-    #[serde(default)]
-    input_tokens: Option<u32>,
-    #[serde(default)]
-    output_tokens: Option<u32>,
-    #[serde(default)]
-    total_tokens: Option<u32>,
-    /// An audio call's duration (vLLM's `{"type": "duration"}` usage).
-    #[serde(default)]
-    seconds: Option<f64>,
-}
-
-impl UsageLite {
-    fn usage(&self) -> Usage {
-        let prompt = self.prompt_tokens.or(self.input_tokens).unwrap_or(0);
-        let completion = self.completion_tokens.or(self.output_tokens).unwrap_or(0);
-        let prompt = match (self.total_tokens, self.seconds) {
-            (Some(total), _) if prompt == 0 && completion == 0 => total,
-            (_, Some(s)) if prompt == 0 => (s * crate::protocol::audio::TOKENS_PER_SECOND)
-                .clamp(0.0, f64::from(u32::MAX)) as u32,
-            _ => prompt,
-        };
-        Usage {
-            prompt_tokens: prompt,
-            completion_tokens: completion,
-        }
-    }
-}
-
-/// A usage object nested in an event: the Responses API's
-/// `response.completed` (`response.usage`), Anthropic's `message_start`
-/// (`message.usage`).
-#[derive(Deserialize)]
-struct NestedLite {
-    #[serde(default)]
-    usage: Option<UsageLite>,
-}
-
-#[derive(Deserialize)]
-struct ChunkLite {
-    #[serde(default)]
-    choices: Option<Vec<IgnoredAny>>,
-    #[serde(default)]
-    usage: Option<UsageLite>,
-    #[serde(default)]
-    response: Option<NestedLite>,
-    #[serde(default)]
-    message: Option<NestedLite>,
-}
-
-impl ChunkLite {
-    /// The usage this document or event reports, wherever it has it.
-    fn usage(&self) -> Option<Usage> {
-        fn nested(n: &Option<NestedLite>) -> Option<&UsageLite> {
-            n.as_ref().and_then(|n| n.usage.as_ref())
-        }
-        self.usage
-            .as_ref()
-            .or_else(|| nested(&self.response))
-            .or_else(|| nested(&self.message))
-            .map(UsageLite::usage)
-    }
-}
-
-/// Adds a report to what was seen: a count that a later event gives
-/// replaces the earlier one (Anthropic's `message_delta` carries the
-/// output, its `message_start` the input; cumulative usage chunks grow).
-fn merge_usage(seen: &mut Option<Usage>, u: Usage) {
-    match seen {
-        None => *seen = Some(u),
-        Some(s) => {
-            if u.prompt_tokens > 0 {
-                s.prompt_tokens = u.prompt_tokens;
-            }
-            if u.completion_tokens > 0 {
-                s.completion_tokens = u.completion_tokens;
-            }
-        }
-    }
-}
-
-/// The id a Responses API answer gives its response: the document's `id`,
-/// or an event's `response.id`.
-#[derive(Deserialize)]
-struct IdLite {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    response: Option<Box<IdLite>>,
-}
-
-fn response_id(json: &[u8]) -> Option<String> {
-    let lite: IdLite = serde_json::from_slice(json).ok()?;
-    match lite.response {
-        Some(r) => r.id,
-        None => lite.id,
-    }
-    .filter(|id| !id.is_empty())
-}
 
 /// What the relay read of a body so far.
 #[derive(Debug, Default, PartialEq)]
@@ -174,51 +67,6 @@ impl Mode {
     }
 }
 
-#[derive(Deserialize)]
-struct TritonLite {
-    #[serde(default)]
-    text_output: Option<serde_json::Value>,
-    #[serde(default)]
-    num_output_tokens: Option<serde_json::Value>,
-}
-
-/// The output tokens of one Triton response (or stream event): its
-/// `num_output_tokens` where the model returns it, else the estimate of
-/// its `text_output` (a string or a one-element array of one); `None` if
-/// it is not a response (an error event).
-fn triton_tokens(json: &[u8]) -> Option<u32> {
-    let r: TritonLite = serde_json::from_slice(json).ok()?;
-    let first = |v: &serde_json::Value| match v {
-        serde_json::Value::Array(a) if a.len() == 1 => a[0].clone(),
-        v => v.clone(),
-    };
-    if let Some(n) = r
-        .num_output_tokens
-        .as_ref()
-        .map(first)
-        .and_then(|v| v.as_u64())
-    {
-        return Some(u32::try_from(n).unwrap_or(u32::MAX));
-    }
-    match r.text_output.as_ref().map(first)? {
-        serde_json::Value::String(t) => Some(crate::tokens::estimate(&t).max(1)),
-        _ => None,
-    }
-}
-
-/// Adds one stream event's output tokens to `usage`.
-fn add_triton_event(event: &[u8], usage: &mut Option<Usage>) {
-    for data in data_lines(event) {
-        if let Some(n) = triton_tokens(data) {
-            let u = usage.get_or_insert(Usage {
-                prompt_tokens: 0,
-                completion_tokens: 0,
-            });
-            u.completion_tokens = u.completion_tokens.saturating_add(n);
-        }
-    }
-}
-
 pin_project_lite::pin_project! {
     /// The relayed body. Holds the request's ticket until it ends.
     pub struct RelayBody {
@@ -257,24 +105,6 @@ impl RelayBody {
 /// it the event is passed on as it comes (no usage chunk is that long).
 const MAX_HOLD: usize = 64 << 10;
 
-/// End of the next SSE event in `buf` (just past its blank line).
-fn event_end(buf: &[u8]) -> Option<usize> {
-    let lf = find(buf, b"\n\n").map(|i| i + 2);
-    let crlf = find(buf, b"\r\n\r\n").map(|i| i + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// The `data:` lines of one SSE event.
-fn data_lines(event: &[u8]) -> impl Iterator<Item = &[u8]> {
-    event.split(|b| *b == b'\n').filter_map(|line| {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        line.strip_prefix(b"data:").map(<[u8]>::trim_ascii_start)
-    })
-}
-
 /// Reads one SSE event: returns its usage and whether it is usage-only.
 fn inspect_event(event: &[u8]) -> (Option<Usage>, bool) {
     if find(event, b"\"usage\"").is_none() {
@@ -291,30 +121,6 @@ fn inspect_event(event: &[u8]) -> (Option<Usage>, bool) {
         }
     }
     (usage, usage_only)
-}
-
-/// The event that ends a Triton stream the backend cut: Triton's own
-/// in-stream error shape, `data: {"error": "..."}`.
-pub fn triton_error_event(cause: &str) -> Bytes {
-    let body = serde_json::json!({
-        "error": format!("The backend's stream broke: {cause}")
-    });
-    Bytes::from(format!("data: {body}\n\n"))
-}
-
-/// The SSE event that ends a stream the backend cut, in OpenAI's shape
-/// (the `openai` SDKs raise an `APIError` with this message; vLLM reports
-/// its own errors mid-stream the same way).
-pub fn error_event(cause: &str) -> Bytes {
-    let body = serde_json::json!({
-        "error": {
-            "message": format!("The backend's stream broke before it ended: {cause}"),
-            "type": "upstream_error",
-            "param": null,
-            "code": "upstream_stream_broken",
-        }
-    });
-    Bytes::from(format!("data: {body}\n\n"))
 }
 
 impl Body for RelayBody {

@@ -1,11 +1,18 @@
 //! One module per protocol Fairway serves, each owning what is read of a
-//! request's body, its sizes, its usage and its error shape: OpenAI
-//! (chat, completions, embeddings and pooling), Triton's KServe v2, and
-//! audio uploads; [`error`] is the edge error type they share. No
-//! scheduling and no connections here.
+//! request's body, its usage and its error shape: OpenAI (chat,
+//! completions, embeddings and pooling; `openai`), the Responses API
+//! (`responses`), Anthropic's Messages (`anthropic`), Triton's KServe v2
+//! (`triton`) and audio uploads (`audio`). What they share: the edge
+//! error type with OpenAI's shape (`error`), reading a client's body
+//! (`read`), the usage reader every shape goes through (`usage`) and SSE
+//! framing (`sse`). No scheduling and no connections here.
 
+pub mod anthropic;
 pub mod audio;
 pub mod error;
 pub mod openai;
 pub mod read;
+pub mod responses;
+pub mod sse;
 pub mod triton;
+pub mod usage;

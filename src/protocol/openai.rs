@@ -374,6 +374,21 @@ pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     None
 }
 
+/// The SSE event that ends a stream the backend cut, in OpenAI's shape
+/// (the `openai` SDKs raise an `APIError` with this message; vLLM reports
+/// its own errors mid-stream the same way).
+pub fn error_event(cause: &str) -> Bytes {
+    let body = serde_json::json!({
+        "error": {
+            "message": format!("The backend's stream broke before it ended: {cause}"),
+            "type": "upstream_error",
+            "param": null,
+            "code": "upstream_stream_broken",
+        }
+    });
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

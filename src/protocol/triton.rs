@@ -4,10 +4,15 @@
 //! every shape Triton models take it) and of an infer body (its size), and
 //! the path to send upstream. Bodies go to the backend untouched.
 
+use bytes::Bytes;
+use http::Response;
 use serde::Deserialize;
 
+use crate::core::ids::Usage;
+use crate::net::body::{self, BoxBody};
 use crate::protocol::error::ApiError;
 use crate::protocol::openai::RequestInfo;
+use crate::protocol::sse::data_lines;
 
 /// `/v2/models/{model}[/versions/{version}][/{action}]`, split.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -153,6 +158,73 @@ pub fn parse_infer(
             .unwrap_or(u32::MAX)
             .max(1),
     })
+}
+
+#[derive(Deserialize)]
+pub struct TritonLite {
+    #[serde(default)]
+    pub text_output: Option<serde_json::Value>,
+    #[serde(default)]
+    pub num_output_tokens: Option<serde_json::Value>,
+}
+
+/// The output tokens of one Triton response (or stream event): its
+/// `num_output_tokens` where the model returns it, else the estimate of
+/// its `text_output` (a string or a one-element array of one); `None` if
+/// it is not a response (an error event).
+pub fn triton_tokens(json: &[u8]) -> Option<u32> {
+    let r: TritonLite = serde_json::from_slice(json).ok()?;
+    let first = |v: &serde_json::Value| match v {
+        serde_json::Value::Array(a) if a.len() == 1 => a[0].clone(),
+        v => v.clone(),
+    };
+    if let Some(n) = r
+        .num_output_tokens
+        .as_ref()
+        .map(first)
+        .and_then(|v| v.as_u64())
+    {
+        return Some(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    match r.text_output.as_ref().map(first)? {
+        serde_json::Value::String(t) => Some(crate::tokens::estimate(&t).max(1)),
+        _ => None,
+    }
+}
+
+/// Adds one stream event's output tokens to `usage`.
+pub fn add_triton_event(event: &[u8], usage: &mut Option<Usage>) {
+    for data in data_lines(event) {
+        if let Some(n) = triton_tokens(data) {
+            let u = usage.get_or_insert(Usage {
+                prompt_tokens: 0,
+                completion_tokens: 0,
+            });
+            u.completion_tokens = u.completion_tokens.saturating_add(n);
+        }
+    }
+}
+
+/// The event that ends a Triton stream the backend cut: Triton's own
+/// in-stream error shape, `data: {"error": "..."}`.
+pub fn triton_error_event(cause: &str) -> Bytes {
+    let body = serde_json::json!({
+        "error": format!("The backend's stream broke: {cause}")
+    });
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
+impl ApiError {
+    /// The same response in the shape of Triton's errors on `/v2` routes:
+    /// `{"error": "<message>"}`, with the same status and headers.
+    pub fn into_triton_response(self) -> Response<BoxBody> {
+        let message = self.to_string();
+        let mut resp = self.into_response();
+        *resp.body_mut() = body::full(Bytes::from(
+            serde_json::json!({ "error": message }).to_string(),
+        ));
+        resp
+    }
 }
 
 #[cfg(test)]
