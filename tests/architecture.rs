@@ -1068,7 +1068,6 @@ const OVERSIZED: &[(&str, usize)] = &[
     ("main.rs", 640),
     ("poller/dialect.rs", 608),
     ("protocol/audio.rs", 518),
-    ("replay/report.rs", 503),
     ("replay/sim.rs", 731),
     ("sim/backend.rs", 551),
     ("sim/backend/openai.rs", 550),

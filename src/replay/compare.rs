@@ -1,7 +1,8 @@
 //! The variants a replay compares (disciplines, strategies) and running one.
 
-use super::report::{RunReport, Variant};
+use super::report::RunReport;
 use super::sim::{RunOptions, Trace};
+use super::variant::Variant;
 use super::workload::WorkRequest;
 use crate::config::{Discipline, OnLate, Policy, Strategy};
 

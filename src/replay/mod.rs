@@ -12,7 +12,8 @@ pub mod live;
 pub mod report;
 pub mod scenario;
 pub mod sim;
+pub mod variant;
 pub mod workload;
 
 pub use compare::*;
-pub use report::Variant;
+pub use variant::Variant;

@@ -1,0 +1,34 @@
+//! A replay run's variant: the discipline, the routing strategy and
+//! whether SLO-aware admission is on, as a comparison varies them.
+
+use crate::config::{Discipline, Policy, Strategy};
+use crate::core::spec::OnLate;
+
+/// One run of a comparison: a discipline, a routing strategy, and whether
+/// the tenants' SLO-aware admission (`on_late`) is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub discipline: Discipline,
+    pub strategy: Strategy,
+    /// `false`: every tenant's `on_late` is `serve`, as before SLO-aware
+    /// admission (the baselines).
+    pub slo_admission: bool,
+    /// Requests for a LoRA adapter prefer backends that have it loaded.
+    pub adapter_affinity: bool,
+}
+
+impl Variant {
+    /// The policy as it is: its discipline, its first pool's routing, and
+    /// SLO-aware admission when any tenant has it.
+    pub fn of(policy: &Policy) -> Self {
+        Variant {
+            discipline: policy.queue.discipline,
+            strategy: policy
+                .pools
+                .first()
+                .map_or(Strategy::LeastOutstanding, |p| p.routing),
+            slo_admission: policy.tenants.iter().any(|t| t.on_late != OnLate::Serve),
+            adapter_affinity: policy.pools.first().is_none_or(|p| p.adapter_affinity),
+        }
+    }
+}
