@@ -756,13 +756,7 @@ impl CrateMap {
             let here = module_here(&stack);
             match word.as_str() {
                 "mod" => {
-                    let rest: String = chars[after..].iter().take(200).collect();
-                    let name: String = rest
-                        .trim_start()
-                        .chars()
-                        .take_while(|&c| is_ident(c))
-                        .collect();
-                    let tail = rest.trim_start()[name.len()..].trim_start();
+                    let (name, tail) = next_ident(&chars, after);
                     if !name.is_empty() && tail.starts_with('{') {
                         let mut m = here.clone();
                         m.push(name.clone());
@@ -772,12 +766,7 @@ impl CrateMap {
                     i = after;
                 }
                 "fn" | "struct" | "enum" | "type" | "trait" | "const" | "static" | "union" => {
-                    let rest: String = chars[after..].iter().take(200).collect();
-                    let name: String = rest
-                        .trim_start()
-                        .chars()
-                        .take_while(|&c| is_ident(c))
-                        .collect();
+                    let (name, _) = next_ident(&chars, after);
                     if !name.is_empty() {
                         self.items.entry(here).or_default().insert(name);
                     }
@@ -951,6 +940,16 @@ impl CrateMap {
         }
         out
     }
+}
+
+/// The identifier after `at` in `chars` (past whitespace; empty if none)
+/// and the text that follows it, trimmed (at most 200 characters read).
+fn next_ident(chars: &[char], at: usize) -> (String, String) {
+    let rest: String = chars[at..].iter().take(200).collect();
+    let rest = rest.trim_start();
+    let name: String = rest.chars().take_while(|&c| is_ident(c)).collect();
+    let tail = rest[name.len()..].trim_start().to_owned();
+    (name, tail)
 }
 
 /// The `::`-separated segments after `at` in `chars`, appended to

@@ -213,9 +213,10 @@ impl Ticket {
                 .metrics()
                 .record_adapter(model, adapter, &self.backend_name);
         }
-        let name = self.backend_name.clone();
-        self.spans
-            .next(&self.gw, SpanPhase::Upstream { backend: &name });
+        let upstream = SpanPhase::Upstream {
+            backend: &self.backend_name,
+        };
+        self.spans.next(&self.gw, upstream);
         self.spans.inject(&self.gw, headers);
     }
 
