@@ -1068,9 +1068,6 @@ const OVERSIZED: &[(&str, usize)] = &[
     ("poller/dialect.rs", 608),
     ("protocol/audio.rs", 518),
     ("replay/sim.rs", 731),
-    ("sim/backend.rs", 551),
-    ("sim/backend/openai.rs", 550),
-    ("sim/backend/routes.rs", 735),
     ("telemetry/metrics.rs", 569),
 ];
 
