@@ -61,168 +61,22 @@
 //! A scrape that parses but holds none of the dialect's metrics is an error
 //! ([`DecodeError::NoKnownMetrics`]), since it almost always means a wrong
 //! dialect or a wrong port in the policy file.
+//!
+//! The histogram arithmetic is in `histogram`, the agent's document in
+//! `agent`.
+
+mod agent;
+mod histogram;
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+pub use self::agent::{AgentGpu, AgentReading};
+pub use self::histogram::{HistogramBucket, HistogramWindow, collect_buckets, quantile};
 
 use crate::config::policy::MetricsDialect;
 use crate::core::reading::{LoraReading, Reading};
 use crate::core::time::Instant;
-use crate::poller::expo::{self, ParseError, Sample, parse_float};
-
-/// The quantile every window reports.
-const P99: f64 = 0.99;
-
-/// One cumulative histogram bucket: observations at or below `le`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HistogramBucket {
-    /// Upper bound; `f64::INFINITY` for the `+Inf` bucket.
-    pub le: f64,
-    /// Cumulative count.
-    pub count: f64,
-}
-
-/// Collects histogram family `family`'s buckets from `samples`, summed by
-/// `le` across series and sorted by bound. Reads `family_bucket{le=...}`
-/// lines, and bare `family{le=...}` lines when `bare` is set (Triton's
-/// documentation shows that form). Buckets with a `NaN` bound or a
-/// non-finite or negative count are skipped.
-pub fn collect_buckets<'a, I>(samples: I, family: &str, bare: bool) -> Vec<HistogramBucket>
-where
-    I: IntoIterator<Item = &'a Sample>,
-{
-    let mut out: Vec<HistogramBucket> = Vec::new();
-    for s in samples {
-        let is_bucket = s
-            .name
-            .strip_prefix(family)
-            .is_some_and(|rest| rest == "_bucket" || (bare && rest.is_empty()));
-        if !is_bucket || !s.value.is_finite() || s.value < 0.0 {
-            continue;
-        }
-        let Some(le) = s.label("le").and_then(parse_float) else {
-            continue;
-        };
-        if le.is_nan() {
-            continue;
-        }
-        match out.iter_mut().find(|b| b.le == le) {
-            Some(b) => b.count += s.value,
-            None => out.push(HistogramBucket { le, count: s.value }),
-        }
-    }
-    out.sort_by(|a, b| a.le.total_cmp(&b.le));
-    out
-}
-
-/// The `q` quantile of cumulative `buckets`, as Prometheus'
-/// `histogram_quantile` computes it: find the bucket holding rank
-/// `q × total`, then interpolate linearly between its lower and upper bound
-/// (the lowest bucket's lower bound is 0). A rank in the `+Inf` bucket gives
-/// the largest finite bound.
-///
-/// `None` when `q` is outside 0..=1, there is no `+Inf` bucket, no finite
-/// bucket, or no observation. Buckets need not be sorted; counts that go
-/// down with a rising bound are raised to keep the series monotonic.
-pub fn quantile(q: f64, buckets: &[HistogramBucket]) -> Option<f64> {
-    if !(0.0..=1.0).contains(&q) || buckets.len() < 2 {
-        return None;
-    }
-    let mut b: Vec<HistogramBucket> = buckets.to_vec();
-    b.sort_by(|x, y| x.le.total_cmp(&y.le));
-    let last = b.len() - 1;
-    if b[last].le != f64::INFINITY {
-        return None;
-    }
-    let mut max = 0.0_f64;
-    for bucket in &mut b {
-        max = max.max(bucket.count);
-        bucket.count = max;
-    }
-    let total = b[last].count;
-    if total.is_nan() || total <= 0.0 {
-        return None;
-    }
-    let rank = q * total;
-    let i = b.iter().position(|x| x.count >= rank).unwrap_or(last);
-    if i == last {
-        return Some(b[last - 1].le);
-    }
-    if i == 0 && b[0].le <= 0.0 {
-        return Some(b[0].le);
-    }
-    let (start, below) = if i == 0 {
-        (0.0, 0.0)
-    } else {
-        (b[i - 1].le, b[i - 1].count)
-    };
-    let end = b[i].le;
-    let in_bucket = b[i].count - below;
-    if in_bucket.is_nan() || in_bucket <= 0.0 {
-        return Some(end);
-    }
-    Some(start + (end - start) * ((rank - below) / in_bucket))
-}
-
-/// The previous scrape's cumulative buckets of one histogram, so that each
-/// new scrape yields the quantile of the observations since the last one.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct HistogramWindow {
-    prev: Option<Vec<HistogramBucket>>,
-}
-
-impl HistogramWindow {
-    pub fn new() -> Self {
-        HistogramWindow::default()
-    }
-
-    /// Forgets the baseline; the next scrape becomes the new one.
-    pub fn reset(&mut self) {
-        self.prev = None;
-    }
-
-    /// Takes the new scrape's cumulative buckets (as from
-    /// [`collect_buckets`]) and returns the p99 of the delta since the
-    /// previous scrape. See [`Self::observe_quantile`].
-    pub fn observe(&mut self, buckets: &[HistogramBucket]) -> Option<f64> {
-        self.observe_quantile(P99, buckets)
-    }
-
-    /// Like [`Self::observe`] for any quantile `q`. Returns `None`:
-    /// - on the first scrape (there is no baseline yet);
-    /// - when nothing was observed since the previous scrape;
-    /// - when any bucket count went down, or the set of bounds changed
-    ///   (the backend restarted or was reconfigured): the new scrape becomes
-    ///   the baseline;
-    /// - when `buckets` is empty (the histogram vanished): the baseline is
-    ///   dropped.
-    pub fn observe_quantile(&mut self, q: f64, buckets: &[HistogramBucket]) -> Option<f64> {
-        if buckets.is_empty() {
-            self.prev = None;
-            return None;
-        }
-        let prev = self.prev.replace(buckets.to_vec())?;
-        if prev.len() != buckets.len() {
-            return None;
-        }
-        let mut delta = Vec::with_capacity(buckets.len());
-        for (old, new) in prev.iter().zip(buckets) {
-            if old.le != new.le {
-                return None;
-            }
-            let d = new.count - old.count;
-            if d.is_nan() || d < 0.0 {
-                return None;
-            }
-            delta.push(HistogramBucket {
-                le: new.le,
-                count: d,
-            });
-        }
-        quantile(q, &delta)
-    }
-}
+use crate::poller::expo::{self, ParseError, Sample};
 
 /// Why a scrape could not be decoded.
 #[derive(Debug, thiserror::Error)]
@@ -242,89 +96,6 @@ pub enum DecodeError {
 }
 
 /// One GPU as the agent reports it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct AgentGpu {
-    /// Device index (NVML order).
-    pub index: u32,
-    /// Product name, e.g. "NVIDIA H100 80GB HBM3".
-    pub name: String,
-    pub memory_used_bytes: u64,
-    pub memory_total_bytes: u64,
-    /// GPU utilisation over the last sample period, as a fraction 0..1.
-    pub utilization: f64,
-}
-
-/// The JSON document `fairway agent` serves: the engine's signals already
-/// normalised to base units (fractions, counts, seconds, bytes), plus what
-/// NVML says about each GPU. Every engine field may be `null` or absent;
-/// unknown fields are ignored so that newer agents stay readable.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct AgentReading {
-    /// KV-cache usage, 0..1.
-    pub kv_usage: Option<f64>,
-    pub running: Option<u32>,
-    pub waiting: Option<u32>,
-    /// TTFT p99 over the agent's last scrape window, seconds.
-    pub ttft_p99_seconds: Option<f64>,
-    /// End-to-end latency p99 over the agent's last scrape window, seconds.
-    pub e2e_p99_seconds: Option<f64>,
-    /// KV capacity in tokens.
-    pub kv_tokens: Option<u64>,
-    /// GPU memory over all the backend's GPUs; when absent, the sums of
-    /// [`Self::gpus`] are used.
-    pub gpu_memory_used_bytes: Option<u64>,
-    pub gpu_memory_total_bytes: Option<u64>,
-    #[serde(default)]
-    pub gpus: Vec<AgentGpu>,
-}
-
-impl AgentReading {
-    /// What the agent serves for an engine `reading` and its `gpus`.
-    pub fn from_reading(reading: &Reading, gpus: Vec<AgentGpu>) -> Self {
-        AgentReading {
-            kv_usage: reading.kv_usage,
-            running: reading.running,
-            waiting: reading.waiting,
-            ttft_p99_seconds: reading.ttft_p99.map(|d| d.as_secs_f64()),
-            e2e_p99_seconds: reading.e2e_p99.map(|d| d.as_secs_f64()),
-            kv_tokens: reading.kv_tokens,
-            gpu_memory_used_bytes: reading.gpu_memory_used,
-            gpu_memory_total_bytes: reading.gpu_memory_total,
-            gpus,
-        }
-    }
-
-    /// The gateway's reading of this document, read at `at`. Out-of-range
-    /// values are dropped (negative or non-finite seconds) or clamped (KV
-    /// usage to 0..1).
-    pub fn to_reading(&self, at: Instant) -> Reading {
-        let gpu_sum = |f: fn(&AgentGpu) -> u64| {
-            if self.gpus.is_empty() {
-                None
-            } else {
-                Some(self.gpus.iter().map(f).fold(0u64, u64::saturating_add))
-            }
-        };
-        Reading {
-            at,
-            kv_usage: self.kv_usage.and_then(fraction),
-            running: self.running,
-            waiting: self.waiting,
-            ttft_p99: self.ttft_p99_seconds.and_then(seconds),
-            e2e_p99: self.e2e_p99_seconds.and_then(seconds),
-            kv_tokens: self.kv_tokens,
-            gpu_memory_used: self
-                .gpu_memory_used_bytes
-                .or_else(|| gpu_sum(|g| g.memory_used_bytes)),
-            gpu_memory_total: self
-                .gpu_memory_total_bytes
-                .or_else(|| gpu_sum(|g| g.memory_total_bytes)),
-            // The agent's document does not carry adapters (yet).
-            lora: None,
-        }
-    }
-}
-
 /// Decodes one backend's scrapes, keeping the histogram baselines between
 /// them. One `Decoder` per backend.
 #[derive(Clone, Debug)]
