@@ -1065,7 +1065,6 @@ const OVERSIZED: &[(&str, usize)] = &[
     ("config/validate.rs", 546),
     ("config/validate/pools.rs", 518),
     ("main.rs", 640),
-    ("protocol/audio.rs", 518),
     ("replay/sim.rs", 731),
     ("telemetry/metrics.rs", 569),
 ];
