@@ -9,7 +9,7 @@ use std::net::Ipv6Addr;
 use std::time::Duration;
 
 use super::reader::{Reader, Table, Value, Zero};
-use crate::config::EngineParams;
+use super::sim::read_sim;
 use crate::config::policy::{
     BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, OutlierPolicy, PoolPolicy, Strategy,
 };
@@ -46,19 +46,6 @@ const BACKEND_KEYS: &[&str] = &[
     "served_model",
 ];
 const PROTOCOLS: &[(&str, Api)] = &[("openai", Api::OpenAi), ("triton", Api::Triton)];
-const SIM_KEYS: &[&str] = &[
-    "max_num_seqs",
-    "kv_tokens",
-    "block_size",
-    "max_model_len",
-    "max_num_batched_tokens",
-    "prefill_tokens_per_s",
-    "decode_step_base",
-    "decode_step_per_seq",
-    "time_scale",
-    "max_loras",
-    "lora_load_time",
-];
 const STRATEGIES: &[(&str, Strategy)] = &[
     ("least_outstanding", Strategy::LeastOutstanding),
     ("p2c", Strategy::P2c),
@@ -507,52 +494,4 @@ fn split_http_url(url: &str) -> Result<(String, &str), String> {
         Ok(p) if p > 0 => Ok((format!("{host}:{p}"), tail)),
         _ => Err(format!("invalid port \"{port}\"; {EXPECTED}")),
     }
-}
-
-fn read_sim(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<EngineParams> {
-    let t = r.table(v, path)?;
-    r.check_keys(&t, SIM_KEYS);
-    // Start from the defaults and overwrite what is set, so a parameter
-    // added to the engine gets its default here without a change.
-    let mut params = EngineParams::default();
-    if let Some(v) = r.opt(&t, "max_num_seqs", Reader::positive_int) {
-        params.max_num_seqs = v;
-    }
-    if let Some(v) = r.opt(&t, "kv_tokens", Reader::positive_int) {
-        params.kv_tokens = v;
-    }
-    if let Some(v) = r.opt(&t, "block_size", Reader::positive_int) {
-        params.block_size = v;
-    }
-    if let Some(v) = r.opt(&t, "max_model_len", Reader::positive_int) {
-        params.max_model_len = v;
-    }
-    if let Some(v) = r.opt(&t, "max_num_batched_tokens", Reader::positive_int) {
-        params.max_num_batched_tokens = v;
-    }
-    if let Some(v) = r.opt(&t, "prefill_tokens_per_s", Reader::positive) {
-        params.prefill_tokens_per_s = v;
-    }
-    if let Some(v) = r.opt(&t, "decode_step_base", |r, v, p| {
-        r.duration(v, p, Zero::Refused)
-    }) {
-        params.decode_step_base = v;
-    }
-    if let Some(v) = r.opt(&t, "decode_step_per_seq", |r, v, p| {
-        r.duration(v, p, Zero::Allowed)
-    }) {
-        params.decode_step_per_seq = v;
-    }
-    if let Some(v) = r.opt(&t, "time_scale", Reader::positive) {
-        params.time_scale = v;
-    }
-    if let Some(v) = r.opt(&t, "max_loras", Reader::non_negative_int) {
-        params.max_loras = v;
-    }
-    if let Some(v) = r.opt(&t, "lora_load_time", |r, v, p| {
-        r.duration(v, p, Zero::Allowed)
-    }) {
-        params.lora_load_time = v;
-    }
-    Some(params)
 }
