@@ -1064,7 +1064,6 @@ const MAX_LOGIC_LINES: usize = 500;
 const OVERSIZED: &[(&str, usize)] = &[
     ("main.rs", 640),
     ("replay/sim.rs", 731),
-    ("telemetry/metrics.rs", 569),
 ];
 
 #[test]

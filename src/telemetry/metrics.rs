@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+pub use super::edge_counters::EdgeCounters;
 use super::snapshot::encode_snapshot;
 pub use super::snapshot::{BackendGauges, Snapshot, TenantGauges};
 use crate::outcome::Outcome;
@@ -249,89 +250,6 @@ impl Counts {
     }
 }
 
-impl EdgeCounters {
-    fn encode(&self, w: &mut String) {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        prom::family(
-            w,
-            "fairway_listener_refusals_total",
-            Kind::Counter,
-            "Connections and requests the client listener refused at its caps ([server] max_connections, max_connections_per_client, max_requests).",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_listener_refusals_total{{limit=\"connections\"}} {}",
-            get(&self.refused_connections)
-        );
-        let _ = writeln!(
-            w,
-            "fairway_listener_refusals_total{{limit=\"connections_per_client\"}} {}",
-            get(&self.refused_per_client)
-        );
-        let _ = writeln!(
-            w,
-            "fairway_listener_refusals_total{{limit=\"requests\"}} {}",
-            get(&self.refused_requests)
-        );
-        prom::family(
-            w,
-            "fairway_connections_closed_total",
-            Kind::Counter,
-            "Client connections Fairway closed: idle for [server] idle_timeout, or ended by the client's protocol error (malformed requests, HTTP/2 floods).",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_connections_closed_total{{reason=\"idle\"}} {}",
-            get(&self.closed_idle)
-        );
-        let _ = writeln!(
-            w,
-            "fairway_connections_closed_total{{reason=\"protocol_error\"}} {}",
-            get(&self.closed_protocol_error)
-        );
-        prom::family(
-            w,
-            "fairway_open_connections",
-            Kind::Gauge,
-            "Client connections open now.",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_open_connections {}",
-            get(&self.open_connections)
-        );
-        prom::family(
-            w,
-            "fairway_panics_total",
-            Kind::Counter,
-            "Handler panics answered with a 500.",
-        );
-        let _ = writeln!(w, "fairway_panics_total {}", get(&self.panics));
-        prom::family(
-            w,
-            "fairway_accept_errors_total",
-            Kind::Counter,
-            "Failed accepts on the client and admin listeners (out of file descriptors and the like).",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_accept_errors_total {}",
-            get(&self.accept_errors)
-        );
-        prom::family(
-            w,
-            "fairway_log_lines_dropped_total",
-            Kind::Counter,
-            "Log lines (access log included) dropped because the log's output could not keep up and its buffer (--log-buffer) was full.",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_log_lines_dropped_total {}",
-            super::log_writer::dropped_lines()
-        );
-    }
-}
-
 /// The metrics handle, built once at startup and shared.
 #[derive(Debug)]
 pub struct Metrics {
@@ -341,29 +259,6 @@ pub struct Metrics {
     /// The client listener's edge counters: plain atomics, off the
     /// registry's lock, since they move on every connection.
     pub edge: EdgeCounters,
-}
-
-/// What the client listener's edge did by itself, before a request reached
-/// the scheduling path.
-#[derive(Debug, Default)]
-pub struct EdgeCounters {
-    /// Connections closed at accept: `[server] max_connections` reached.
-    pub refused_connections: AtomicU64,
-    /// Connections closed at accept: `[server] max_connections_per_client`
-    /// reached for their address.
-    pub refused_per_client: AtomicU64,
-    /// Connections closed after `[server] idle_timeout` with no request.
-    pub closed_idle: AtomicU64,
-    /// Connections ended by the client's protocol error.
-    pub closed_protocol_error: AtomicU64,
-    /// Requests answered 503: `[server] max_requests` reached.
-    pub refused_requests: AtomicU64,
-    /// Client connections open now.
-    pub open_connections: AtomicU64,
-    /// Handler panics turned into a 500.
-    pub panics: AtomicU64,
-    /// Failed `accept` calls (out of file descriptors and the like).
-    pub accept_errors: AtomicU64,
 }
 
 fn key(tenant: &str, model: &str) -> TM {
