@@ -1063,7 +1063,6 @@ const MAX_LOGIC_LINES: usize = 500;
 /// may pass it.
 const OVERSIZED: &[(&str, usize)] = &[
     ("main.rs", 640),
-    ("replay/sim.rs", 731),
 ];
 
 #[test]

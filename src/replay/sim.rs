@@ -7,8 +7,9 @@
 //! poller do in I/O is done here in a few lines: a dispatch submits the
 //! sequence to its backend's engine, a finished sequence is a completion
 //! with its real usage, and every `[poller] interval` each backend's engine
-//! state becomes a [`Reading`], with TTFT and e2e p99 taken from the same
-//! histogram bounds and quantile code the live poller uses.
+//! state becomes a [`Reading`](crate::core::reading::Reading), with TTFT
+//! and e2e p99 taken from the same histogram bounds and quantile code the
+//! live poller uses.
 //!
 //! Events at one instant run in a fixed order (engines by backend id,
 //! arrivals in file order, deadlines, readings), and every random choice
@@ -16,24 +17,27 @@
 //!
 //! A backend whose `time_scale` is not 1 runs its engine that much faster
 //! than the gateway's clock, as the live simulated backend does.
+//!
+//! The loop and its state are here; the events of a step in `events`, the
+//! cluster sync, readings and samples in `periodic`.
+
+mod events;
+mod periodic;
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
-use crate::cluster::{DemandMeter, Shape};
+use crate::cluster::DemandMeter;
 use crate::config::EngineParams;
 use crate::config::{BackendTarget, MetricsDialect, Policy};
 use crate::core::admission::{LeaseKind, SharedLimit};
 use crate::core::fairness::BackloggedService;
-use crate::core::ids::{BackendId, RequestId, TenantId, Usage};
-use crate::core::reading::{LoraReading, Reading};
-use crate::core::scheduler::{Arrival, Decision, Scheduler};
+use crate::core::ids::{BackendId, RequestId, TenantId};
+use crate::core::scheduler::{Decision, Scheduler};
 use crate::core::time::Instant;
-use crate::poller::{HistogramBucket, quantile};
 use crate::replay::workload::WorkRequest;
-use crate::sim::backend::metrics::{LATENCY_BUCKETS, TTFT_BUCKETS};
-use crate::sim::engine::{Engine, EngineEvent, SeqRequest};
+use crate::sim::engine::{Engine, EngineEvent};
 
 /// How a request of the workload ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -427,335 +431,6 @@ impl<'p> Sim<'p> {
         self.finish(workload)
     }
 
-    fn arrive(&mut self, now: Instant, i: usize, w: &WorkRequest) {
-        self.arrived[i] = now;
-        let Some(tenant) = self.tenant_of[i] else {
-            self.end(i, Outcome::Refused("auth"), now, None, None);
-            return;
-        };
-        let r = self.replica_of[i];
-        // A model served only by Triton backends is replayed through its
-        // Triton pool: the engines are the same, the wire format does not
-        // enter.
-        // An adapter is served by its base model's pool.
-        let base = self
-            .policy
-            .pools
-            .iter()
-            .find(|p| p.adapters.contains(&w.model))
-            .map_or(w.model.as_str(), |p| p.model.as_str());
-        let sched = &self.scheds[r];
-        let pool = sched
-            .pool(base)
-            .or_else(|| sched.pool_for(base, crate::core::spec::Api::Triton));
-        let Some(pool) = pool else {
-            self.end(i, Outcome::Refused("model_not_found"), now, None, None);
-            return;
-        };
-        let arrival = Arrival {
-            tenant,
-            pool,
-            prompt_tokens: w.prompt_tokens,
-            max_tokens: w.max_tokens,
-            choices: 1,
-            deadline: None,
-            adapter: self.adapter_of[i].and_then(|_| self.scheds[r].adapter(&w.model)),
-        };
-        match self.scheds[r].on_arrival(now, arrival) {
-            Ok((id, decisions)) => {
-                self.by_req.insert((r, id), i);
-                self.pending.extend(decisions.into_iter().map(|d| (r, d)));
-            }
-            Err(refusal) => self.end(i, Outcome::Refused(refusal.limit.as_str()), now, None, None),
-        }
-    }
-
-    /// Carries out the scheduler's decisions (and those they lead to).
-    fn apply(&mut self, now: Instant, workload: &[WorkRequest]) {
-        // In order: a preemption and the dispatch that takes its slot (or
-        // the victim's own later dispatch) come in that order.
-        let mut k = 0;
-        while let Some((r, d)) = self.pending.get(k).cloned() {
-            k += 1;
-            match d {
-                Decision::Dispatch { id, backend } => {
-                    let Some(&i) = self.by_req.get(&(r, id)) else {
-                        continue;
-                    };
-                    let w = &workload[i];
-                    let b = &mut self.backends[backend.0 as usize];
-                    let seq = SeqRequest {
-                        id: i as u64,
-                        prompt_tokens: w.prompt_tokens,
-                        output_tokens: w.output_tokens,
-                        adapter: self.adapter_of[i],
-                    };
-                    if b.engine.submit(to_engine(now, b.scale), seq).is_err() {
-                        // The engine refuses it (context too long): the
-                        // backend's 400, a failed request as live.
-                        let (_, d) = self.scheds[r].on_cancel(now, id);
-                        self.pending.extend(d.into_iter().map(|d| (r, d)));
-                        self.by_req.remove(&(r, id));
-                        self.end(i, Outcome::FailedUpstream, now, Some(now), None);
-                        continue;
-                    }
-                    self.flying.insert(
-                        i,
-                        InFlight {
-                            replica: r,
-                            req: id,
-                            prompt: w.prompt_tokens,
-                            backend,
-                            dispatched: now,
-                            first: None,
-                            service: 0.0,
-                        },
-                    );
-                    if w.stream {
-                        // A streamed response starts at once (its headers),
-                        // and is never preempted after that, as live.
-                        self.scheds[r].on_response_started(id);
-                    }
-                }
-                Decision::Preempt { id, backend } => {
-                    let Some(&i) = self.by_req.get(&(r, id)) else {
-                        continue;
-                    };
-                    self.backends[backend.0 as usize].engine.cancel(i as u64);
-                    if let Some(f) = self.flying.remove(&i) {
-                        let tenant = self.tenant_of[i].map_or(0, |t| t.0 as usize);
-                        if let Some(s) = self.service.get_mut(tenant) {
-                            *s -= f.service;
-                        }
-                    }
-                    self.preempted += 1;
-                }
-                Decision::Shed { id, .. } => {
-                    if let Some(i) = self.by_req.remove(&(r, id)) {
-                        self.end(i, Outcome::Shed, now, None, None);
-                    }
-                }
-            }
-        }
-        self.pending.clear();
-    }
-
-    fn advance_engine(&mut self, bi: usize, now: Instant) {
-        let b = &mut self.backends[bi];
-        let target = to_engine(now, b.scale).max(b.engine.next_event_at().unwrap_or(Instant::ZERO));
-        self.events.clear();
-        b.engine.advance(target, &mut self.events);
-        for k in 0..self.events.len() {
-            match self.events[k] {
-                EngineEvent::Token { id, index, at } => {
-                    let i = id as usize;
-                    let Some(f) = self.flying.get_mut(&i) else {
-                        continue;
-                    };
-                    // Service: every generated token, and the prompt with
-                    // the first one (its prefill).
-                    let mut tokens = 1.0;
-                    if index == 1 && f.first.is_none() {
-                        let b = &mut self.backends[bi];
-                        let first = to_gateway(at, b.scale);
-                        f.first = Some(first);
-                        // The engine's histogram observes it now, in wall
-                        // seconds as the simulated backend exports it.
-                        b.ttft_window.push((first - f.dispatched).as_secs_f64());
-                        tokens += f64::from(f.prompt);
-                    }
-                    let tenant = self.tenant_of[i].map_or(0, |t| t.0 as usize);
-                    let w = self.weights.get(tenant).copied().unwrap_or(1.0);
-                    if let Some(s) = self.service.get_mut(tenant) {
-                        *s += tokens / w;
-                    }
-                    f.service += tokens / w;
-                    self.output_tokens += 1;
-                }
-                EngineEvent::Finished {
-                    id,
-                    at,
-                    prompt_tokens,
-                    completion_tokens,
-                } => {
-                    let i = id as usize;
-                    let Some(f) = self.flying.remove(&i) else {
-                        continue;
-                    };
-                    let end = to_gateway(at, self.backends[bi].scale).max(f.dispatched);
-                    // The engine's own view, as its histogram records it.
-                    self.backends[bi]
-                        .e2e_window
-                        .push((end - f.dispatched).as_secs_f64());
-                    if let Some(first) = f.first {
-                        // The proxy measures this on streamed responses.
-                        self.scheds[f.replica].observe_ttft(f.backend, first - f.dispatched);
-                    }
-                    let usage = Usage {
-                        prompt_tokens,
-                        completion_tokens,
-                    };
-                    let r = f.replica;
-                    if let Some((ended, d)) = self.scheds[r].on_completion(end, f.req, Some(usage))
-                    {
-                        if let Some(settled) = ended.settled {
-                            self.estimates.push((ended.charged, settled));
-                        }
-                        self.pending.extend(d.into_iter().map(|d| (r, d)));
-                    }
-                    self.by_req.remove(&(r, f.req));
-                    self.end(i, Outcome::Served, end, Some(f.dispatched), f.first);
-                    self.last_end = self.last_end.max(end);
-                }
-                EngineEvent::Admitted { .. } | EngineEvent::Preempted { .. } => {}
-            }
-        }
-    }
-
-    /// Records how request `i` ended: at `end`, dispatched at `dispatched`,
-    /// its first token at `first`.
-    fn end(
-        &mut self,
-        i: usize,
-        outcome: Outcome,
-        end: Instant,
-        dispatched: Option<Instant>,
-        first: Option<Instant>,
-    ) {
-        let arrived = self.arrived[i];
-        let e2e = (end - arrived).as_secs_f64();
-        let served = outcome == Outcome::Served;
-        let ttft = served.then(|| match first {
-            Some(f) if self.stream[i] => (f - arrived).as_secs_f64(),
-            _ => e2e,
-        });
-        let slo = self.tenant_of[i]
-            .and_then(|t| {
-                let name = self.scheds[0].tenant_name(t);
-                self.policy.tenants.iter().find(|p| p.name == name)
-            })
-            .map(|p| &p.slo);
-        let good = served
-            && slo.is_none_or(|s| {
-                e2e <= s.e2e.as_secs_f64() && ttft.is_some_and(|t| t <= s.ttft.as_secs_f64())
-            });
-        self.results[i] = Some(RequestResult {
-            outcome,
-            arrived: arrived.as_secs_f64(),
-            queue_wait: dispatched.map(|d| (d - arrived).as_secs_f64()),
-            ttft,
-            e2e: served.then_some(e2e),
-            good,
-        });
-        self.finished += 1;
-    }
-
-    /// Every replica publishes its demand, reads the others' and settles
-    /// its leases, as the live sync does through the store (here the
-    /// store is [`SharedLimit`]s in memory), and gets its new window shares.
-    fn sync(&mut self, now: Instant) {
-        let secs = now.as_secs_f64();
-        let names: Vec<String> = (0..self.scheds.len()).map(|r| format!("r{r}")).collect();
-        let demands: crate::cluster::Demands = names
-            .iter()
-            .zip(self.meters.iter_mut().zip(&self.scheds))
-            .map(|(name, (meter, sched))| (name.clone(), meter.fields(secs, sched)))
-            .collect();
-        let shape = Shape::of(self.policy);
-        let n = u32::try_from(self.scheds.len()).unwrap_or(u32::MAX);
-        for (r, name) in names.iter().enumerate() {
-            let asks = self.scheds[r].lease_asks(now, self.lease_ahead, n);
-            let answers: Vec<_> = asks
-                .iter()
-                .map(|a| {
-                    self.limits
-                        .entry((a.tenant.clone(), a.kind))
-                        .or_default()
-                        .sync(secs, name, a)
-                })
-                .collect();
-            self.scheds[r].lease_granted(&asks, &answers);
-            let shares = crate::cluster::shares(name, &demands, &shape);
-            let even = 1.0 / f64::from(n);
-            let spec = self
-                .policy
-                .scheduler_spec()
-                .leased(n, |p| shares.pools.get(p).map_or(even, |s| s.share));
-            let d = self.scheds[r].apply_policy(&spec, now);
-            self.pending.extend(d.into_iter().map(|d| (r, d)));
-        }
-    }
-
-    /// After every step: the fairness measure's sample when the set of
-    /// backlogged tenants changed, and the fairness bound's terms of every
-    /// pool folded into the run's worst ratio.
-    fn observe(&mut self, now: Instant) {
-        let backlogged: Vec<bool> = (0..self.backlogged.len())
-            .map(|t| self.scheds.iter().any(|s| s.queued(TenantId(t as u32)) > 0))
-            .collect();
-        if backlogged != self.backlogged {
-            self.fairness.sample(now, &self.service, &backlogged);
-            self.backlogged = backlogged;
-        }
-        for s in &self.scheds {
-            for pool in s.pools() {
-                if let Some((gap, largest)) = s.fairness_spread(pool)
-                    && largest > 0.0
-                {
-                    let r = gap / largest;
-                    self.bound_ratio = Some(self.bound_ratio.map_or(r, |w| w.max(r)));
-                }
-            }
-        }
-    }
-
-    /// One reading per polled backend; a queue and fairness sample.
-    fn poll(&mut self, now: Instant) {
-        for bi in 0..self.backends.len() {
-            let b = &mut self.backends[bi];
-            if !b.polled {
-                continue;
-            }
-            let stats = b.engine.stats();
-            let reading = Reading {
-                at: now,
-                kv_usage: Some(b.engine.kv_usage()),
-                running: Some(stats.running),
-                waiting: Some(stats.waiting),
-                ttft_p99: window_p99(&mut b.ttft_window, &TTFT_BUCKETS),
-                e2e_p99: window_p99(&mut b.e2e_window, &LATENCY_BUCKETS),
-                kv_tokens: Some(stats.kv_blocks_total * u64::from(stats.block_size)),
-                gpu_memory_used: None,
-                gpu_memory_total: None,
-                // As vLLM's `lora_requests_info` gives it: the adapters of
-                // running and waiting requests.
-                lora: (!self.adapter_names.is_empty()).then(|| LoraReading {
-                    adapters: b
-                        .engine
-                        .active_adapters()
-                        .iter()
-                        .filter_map(|&a| self.adapter_names.get(a as usize).cloned())
-                        .collect(),
-                    resident: false,
-                    max_loaded: Some(b.engine.params().max_loras),
-                }),
-            };
-            for r in 0..self.scheds.len() {
-                let d = self.scheds[r].on_reading(now, BackendId(bi as u32), reading.clone());
-                self.pending.extend(d.into_iter().map(|d| (r, d)));
-            }
-        }
-        let queued: Vec<u32> = self.scheds[0]
-            .tenants()
-            .map(|t| self.scheds.iter().map(|s| s.queued(t)).sum())
-            .collect();
-        self.fairness.sample(now, &self.service, &self.backlogged);
-        self.queue.push(QueueSample {
-            at: now.as_secs_f64(),
-            queued,
-        });
-    }
-
     fn finish(self, workload: &[WorkRequest]) -> Trace {
         let end = self.last_end;
         let first = workload.first().map_or(0.0, |w| w.t);
@@ -821,26 +496,6 @@ impl<'p> Sim<'p> {
             bound_ratio: self.bound_ratio,
         }
     }
-}
-
-/// p99 of `samples` through the live poller's histogram arithmetic (the
-/// engine's bucket bounds, then `quantile`); clears the window. `None` when
-/// nothing was observed, as a live scrape with no new observations.
-fn window_p99(samples: &mut Vec<f64>, bounds: &[f64]) -> Option<Duration> {
-    if samples.is_empty() {
-        return None;
-    }
-    let mut buckets: Vec<HistogramBucket> = bounds
-        .iter()
-        .chain(std::iter::once(&f64::INFINITY))
-        .map(|&le| HistogramBucket {
-            le,
-            count: samples.iter().filter(|&&s| s <= le).count() as f64,
-        })
-        .collect();
-    buckets.sort_by(|a, b| a.le.total_cmp(&b.le));
-    samples.clear();
-    quantile(0.99, &buckets).map(Duration::from_secs_f64)
 }
 
 /// Gateway time → a backend engine's time.

@@ -1,0 +1,235 @@
+//! The events of a step of the simulation: a request's arrival, the
+//! scheduler's decisions carried out, the engines' tokens and completions,
+//! and how each request ended.
+
+use super::{InFlight, Outcome, RequestResult, Sim, to_engine, to_gateway};
+use crate::core::ids::Usage;
+use crate::core::scheduler::{Arrival, Decision};
+use crate::core::time::Instant;
+use crate::replay::workload::WorkRequest;
+use crate::sim::engine::{EngineEvent, SeqRequest};
+
+impl Sim<'_> {
+    pub(super) fn arrive(&mut self, now: Instant, i: usize, w: &WorkRequest) {
+        self.arrived[i] = now;
+        let Some(tenant) = self.tenant_of[i] else {
+            self.end(i, Outcome::Refused("auth"), now, None, None);
+            return;
+        };
+        let r = self.replica_of[i];
+        // A model served only by Triton backends is replayed through its
+        // Triton pool: the engines are the same, the wire format does not
+        // enter.
+        // An adapter is served by its base model's pool.
+        let base = self
+            .policy
+            .pools
+            .iter()
+            .find(|p| p.adapters.contains(&w.model))
+            .map_or(w.model.as_str(), |p| p.model.as_str());
+        let sched = &self.scheds[r];
+        let pool = sched
+            .pool(base)
+            .or_else(|| sched.pool_for(base, crate::core::spec::Api::Triton));
+        let Some(pool) = pool else {
+            self.end(i, Outcome::Refused("model_not_found"), now, None, None);
+            return;
+        };
+        let arrival = Arrival {
+            tenant,
+            pool,
+            prompt_tokens: w.prompt_tokens,
+            max_tokens: w.max_tokens,
+            choices: 1,
+            deadline: None,
+            adapter: self.adapter_of[i].and_then(|_| self.scheds[r].adapter(&w.model)),
+        };
+        match self.scheds[r].on_arrival(now, arrival) {
+            Ok((id, decisions)) => {
+                self.by_req.insert((r, id), i);
+                self.pending.extend(decisions.into_iter().map(|d| (r, d)));
+            }
+            Err(refusal) => self.end(i, Outcome::Refused(refusal.limit.as_str()), now, None, None),
+        }
+    }
+
+    /// Carries out the scheduler's decisions (and those they lead to).
+    pub(super) fn apply(&mut self, now: Instant, workload: &[WorkRequest]) {
+        // In order: a preemption and the dispatch that takes its slot (or
+        // the victim's own later dispatch) come in that order.
+        let mut k = 0;
+        while let Some((r, d)) = self.pending.get(k).cloned() {
+            k += 1;
+            match d {
+                Decision::Dispatch { id, backend } => {
+                    let Some(&i) = self.by_req.get(&(r, id)) else {
+                        continue;
+                    };
+                    let w = &workload[i];
+                    let b = &mut self.backends[backend.0 as usize];
+                    let seq = SeqRequest {
+                        id: i as u64,
+                        prompt_tokens: w.prompt_tokens,
+                        output_tokens: w.output_tokens,
+                        adapter: self.adapter_of[i],
+                    };
+                    if b.engine.submit(to_engine(now, b.scale), seq).is_err() {
+                        // The engine refuses it (context too long): the
+                        // backend's 400, a failed request as live.
+                        let (_, d) = self.scheds[r].on_cancel(now, id);
+                        self.pending.extend(d.into_iter().map(|d| (r, d)));
+                        self.by_req.remove(&(r, id));
+                        self.end(i, Outcome::FailedUpstream, now, Some(now), None);
+                        continue;
+                    }
+                    self.flying.insert(
+                        i,
+                        InFlight {
+                            replica: r,
+                            req: id,
+                            prompt: w.prompt_tokens,
+                            backend,
+                            dispatched: now,
+                            first: None,
+                            service: 0.0,
+                        },
+                    );
+                    if w.stream {
+                        // A streamed response starts at once (its headers),
+                        // and is never preempted after that, as live.
+                        self.scheds[r].on_response_started(id);
+                    }
+                }
+                Decision::Preempt { id, backend } => {
+                    let Some(&i) = self.by_req.get(&(r, id)) else {
+                        continue;
+                    };
+                    self.backends[backend.0 as usize].engine.cancel(i as u64);
+                    if let Some(f) = self.flying.remove(&i) {
+                        let tenant = self.tenant_of[i].map_or(0, |t| t.0 as usize);
+                        if let Some(s) = self.service.get_mut(tenant) {
+                            *s -= f.service;
+                        }
+                    }
+                    self.preempted += 1;
+                }
+                Decision::Shed { id, .. } => {
+                    if let Some(i) = self.by_req.remove(&(r, id)) {
+                        self.end(i, Outcome::Shed, now, None, None);
+                    }
+                }
+            }
+        }
+        self.pending.clear();
+    }
+
+    pub(super) fn advance_engine(&mut self, bi: usize, now: Instant) {
+        let b = &mut self.backends[bi];
+        let target = to_engine(now, b.scale).max(b.engine.next_event_at().unwrap_or(Instant::ZERO));
+        self.events.clear();
+        b.engine.advance(target, &mut self.events);
+        for k in 0..self.events.len() {
+            match self.events[k] {
+                EngineEvent::Token { id, index, at } => {
+                    let i = id as usize;
+                    let Some(f) = self.flying.get_mut(&i) else {
+                        continue;
+                    };
+                    // Service: every generated token, and the prompt with
+                    // the first one (its prefill).
+                    let mut tokens = 1.0;
+                    if index == 1 && f.first.is_none() {
+                        let b = &mut self.backends[bi];
+                        let first = to_gateway(at, b.scale);
+                        f.first = Some(first);
+                        // The engine's histogram observes it now, in wall
+                        // seconds as the simulated backend exports it.
+                        b.ttft_window.push((first - f.dispatched).as_secs_f64());
+                        tokens += f64::from(f.prompt);
+                    }
+                    let tenant = self.tenant_of[i].map_or(0, |t| t.0 as usize);
+                    let w = self.weights.get(tenant).copied().unwrap_or(1.0);
+                    if let Some(s) = self.service.get_mut(tenant) {
+                        *s += tokens / w;
+                    }
+                    f.service += tokens / w;
+                    self.output_tokens += 1;
+                }
+                EngineEvent::Finished {
+                    id,
+                    at,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
+                    let i = id as usize;
+                    let Some(f) = self.flying.remove(&i) else {
+                        continue;
+                    };
+                    let end = to_gateway(at, self.backends[bi].scale).max(f.dispatched);
+                    // The engine's own view, as its histogram records it.
+                    self.backends[bi]
+                        .e2e_window
+                        .push((end - f.dispatched).as_secs_f64());
+                    if let Some(first) = f.first {
+                        // The proxy measures this on streamed responses.
+                        self.scheds[f.replica].observe_ttft(f.backend, first - f.dispatched);
+                    }
+                    let usage = Usage {
+                        prompt_tokens,
+                        completion_tokens,
+                    };
+                    let r = f.replica;
+                    if let Some((ended, d)) = self.scheds[r].on_completion(end, f.req, Some(usage))
+                    {
+                        if let Some(settled) = ended.settled {
+                            self.estimates.push((ended.charged, settled));
+                        }
+                        self.pending.extend(d.into_iter().map(|d| (r, d)));
+                    }
+                    self.by_req.remove(&(r, f.req));
+                    self.end(i, Outcome::Served, end, Some(f.dispatched), f.first);
+                    self.last_end = self.last_end.max(end);
+                }
+                EngineEvent::Admitted { .. } | EngineEvent::Preempted { .. } => {}
+            }
+        }
+    }
+
+    /// Records how request `i` ended: at `end`, dispatched at `dispatched`,
+    /// its first token at `first`.
+    fn end(
+        &mut self,
+        i: usize,
+        outcome: Outcome,
+        end: Instant,
+        dispatched: Option<Instant>,
+        first: Option<Instant>,
+    ) {
+        let arrived = self.arrived[i];
+        let e2e = (end - arrived).as_secs_f64();
+        let served = outcome == Outcome::Served;
+        let ttft = served.then(|| match first {
+            Some(f) if self.stream[i] => (f - arrived).as_secs_f64(),
+            _ => e2e,
+        });
+        let slo = self.tenant_of[i]
+            .and_then(|t| {
+                let name = self.scheds[0].tenant_name(t);
+                self.policy.tenants.iter().find(|p| p.name == name)
+            })
+            .map(|p| &p.slo);
+        let good = served
+            && slo.is_none_or(|s| {
+                e2e <= s.e2e.as_secs_f64() && ttft.is_some_and(|t| t <= s.ttft.as_secs_f64())
+            });
+        self.results[i] = Some(RequestResult {
+            outcome,
+            arrived: arrived.as_secs_f64(),
+            queue_wait: dispatched.map(|d| (d - arrived).as_secs_f64()),
+            ttft,
+            e2e: served.then_some(e2e),
+            good,
+        });
+        self.finished += 1;
+    }
+}
