@@ -21,9 +21,11 @@
 //! 8. [`placement`]: the Kubernetes extender and webhook.
 //! 9. [`gateway`]: the request path and the state it shares.
 //! 10. [`edge`]: listeners, the tower layers, admin, reload, the usage page.
-//! 11. [`top`]: `fairway top`; `fuzz`, the fuzz targets.
+//! 11. [`top`]: `fairway top`; [`cli`]: the other subcommands; `fuzz`,
+//!     the fuzz targets.
 
 pub mod agent;
+pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -372,7 +372,7 @@ const LAYERS: &[&[&str]] = &[
     &["placement"],
     &["gateway"],
     &["edge"],
-    &["fuzz", "top"],
+    &["fuzz", "top", "cli"],
 ];
 
 /// Imports that go against the map today, each as `from -> to`; the
@@ -1061,9 +1061,7 @@ const MAX_LOGIC_LINES: usize = 500;
 /// Files over [`MAX_LOGIC_LINES`] today, with their size: each may shrink,
 /// not grow, and leaves the list once it is under the limit; no other file
 /// may pass it.
-const OVERSIZED: &[(&str, usize)] = &[
-    ("main.rs", 640),
-];
+const OVERSIZED: &[(&str, usize)] = &[];
 
 #[test]
 fn mod_rs_files_are_maps() {
