@@ -12,7 +12,11 @@ use crate::{Listeners, PolicySource, ServeOptions};
 
 /// Serves the policy file `config` until SIGTERM or Ctrl-C, watching it
 /// every `watch_interval` (zero: never).
-pub async fn serve(config: PathBuf, watch_interval: Duration, log: LogFormat) -> anyhow::Result<()> {
+pub async fn serve(
+    config: PathBuf,
+    watch_interval: Duration,
+    log: LogFormat,
+) -> anyhow::Result<()> {
     let (policy, text) = load_policy(&config).map_err(|errors| {
         let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("invalid policy file:\n{}", lines.join("\n"))

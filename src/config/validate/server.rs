@@ -36,7 +36,11 @@ fn default_workers() -> usize {
 const DEFAULT_MAX_REQUESTS: usize = 4096;
 const TLS_KEYS: &[&str] = &["cert", "key"];
 
-pub(super) fn read_server(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> ServerPolicy {
+pub(super) fn read_server(
+    r: &mut Reader<'_>,
+    t: &Table<'_, '_>,
+    env: EnvLookup<'_>,
+) -> ServerPolicy {
     r.check_keys(t, SERVER_KEYS);
     let listen = r
         .opt(t, "listen", Reader::socket_addr)

@@ -42,7 +42,10 @@ fn tokens_in(v: &serde_json::Value, fields: &[&str]) -> u32 {
 }
 
 /// `/v1/messages/count_tokens`: `{"input_tokens": N}`.
-pub(super) async fn count_tokens(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+pub(super) async fn count_tokens(
+    shared: &Shared,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
     let v = model_body(shared, req).await?;
     let n = tokens_in(&v, &["system", "messages"]);
     let body = serde_json::json!({ "input_tokens": n });
