@@ -88,6 +88,7 @@ impl Load {
             choices: 1,
             deadline: None,
             adapter: None,
+            prefix: Vec::new(),
         };
         self.next_tenant += 1;
         match self.s.on_arrival(Instant::from_nanos(self.now), a) {
@@ -156,17 +157,28 @@ fn routing(c: &mut Criterion) {
                 waiting: i % 3,
                 window: 16,
                 kv_usage: Some(f64::from(i % 10) / 10.0),
+                cached_tokens: (i % 4) * 256,
+                pending_prefill: u64::from(i % 5) * 300,
             })
             .collect();
         for strategy in [
             Strategy::LeastOutstanding,
+            Strategy::PrefixAware,
             Strategy::P2c,
             Strategy::RoundRobin,
         ] {
             let mut rng = SmallRng::seed_from_u64(1);
             let mut cursor = 0;
             g.bench_with_input(BenchmarkId::new(format!("{strategy:?}"), n), &n, |b, _| {
-                b.iter(|| black_box(pick(strategy, black_box(&cands), &mut rng, &mut cursor)))
+                b.iter(|| {
+                    black_box(pick(
+                        strategy,
+                        black_box(&cands),
+                        1000,
+                        &mut rng,
+                        &mut cursor,
+                    ))
+                })
             });
         }
     }

@@ -18,7 +18,7 @@ use crate::core::placement::PlacementSpec;
 use crate::core::spec::{
     Api, BackendSpec, OutlierSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
 };
-pub use crate::core::spec::{Discipline, OnLate, Priority, Strategy};
+pub use crate::core::spec::{Discipline, OnLate, PrefixSpec, Priority, Strategy};
 
 /// Readings older than this many poll intervals are stale.
 const STALE_AFTER_INTERVALS: u32 = 3;
@@ -313,6 +313,9 @@ pub struct PoolPolicy {
     pub adapters: Vec<String>,
     /// A request for an adapter prefers backends that have it loaded.
     pub adapter_affinity: bool,
+    /// `prefix_block_tokens`, `prefix_index_blocks`, `prefix_ttl`.
+    #[serde(serialize_with = "prefix_keys")]
+    pub prefix: PrefixSpec,
     pub backends: Vec<BackendPolicy>,
 }
 
@@ -518,6 +521,7 @@ impl PoolPolicy {
             },
             adapter_affinity: self.adapter_affinity,
             adapters: self.adapters.clone(),
+            prefix: self.prefix,
             backends: self
                 .backends
                 .iter()
@@ -541,6 +545,16 @@ pub(crate) fn as_display<T: std::fmt::Display, S: serde::Serializer>(
     s: S,
 ) -> Result<S::Ok, S::Error> {
     s.collect_str(v)
+}
+
+/// Serialises a pool's prefix index settings by their policy-file keys.
+fn prefix_keys<S: serde::Serializer>(p: &PrefixSpec, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(Some(3))?;
+    m.serialize_entry("prefix_block_tokens", &p.block_tokens)?;
+    m.serialize_entry("prefix_index_blocks", &p.index_blocks)?;
+    m.serialize_entry("prefix_ttl", &humantime::format_duration(p.ttl).to_string())?;
+    m.end()
 }
 
 /// Serialises durations as humantime strings ("250ms") for `/admin/policy`.

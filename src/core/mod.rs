@@ -12,6 +12,7 @@ pub mod admission;
 pub mod fairness;
 pub mod ids;
 pub mod placement;
+pub mod prefix;
 pub mod queue;
 pub mod reading;
 pub mod routing;

@@ -181,11 +181,20 @@ impl PrefixIndex {
                 continue;
             }
             // An empty position, else the one seen longest ago.
-            let h = s
-                .holders
-                .iter_mut()
-                .min_by_key(|h| if h.backend == EMPTY { 0 } else { u64::from(h.seen) + 1 })
-                .expect("HOLDERS > 0");
+            let age = |h: &Holder| {
+                if h.backend == EMPTY {
+                    0
+                } else {
+                    u64::from(h.seen) + 1
+                }
+            };
+            let mut oldest = 0;
+            for (i, h) in s.holders.iter().enumerate() {
+                if age(h) < age(&s.holders[oldest]) {
+                    oldest = i;
+                }
+            }
+            let h = &mut s.holders[oldest];
             *h = Holder {
                 backend: backend.0,
                 seen: t,
@@ -284,7 +293,13 @@ impl PrefixIndex {
     /// For each of `backends`, how many of `keys`' leading blocks it
     /// holds, into `out` (same order; cleared first). Marks the matched
     /// keys used.
-    pub fn matched(&mut self, now: Instant, keys: &[u64], backends: &[BackendId], out: &mut Vec<u32>) {
+    pub fn matched(
+        &mut self,
+        now: Instant,
+        keys: &[u64],
+        backends: &[BackendId],
+        out: &mut Vec<u32>,
+    ) {
         out.clear();
         out.resize(backends.len(), 0);
         let t = secs(now);
@@ -299,7 +314,10 @@ impl PrefixIndex {
                 if *n as usize != depth {
                     continue; // already stopped matching
                 }
-                if s.holders.iter().any(|h| h.backend == b.0 && self.alive(h, t)) {
+                if s.holders
+                    .iter()
+                    .any(|h| h.backend == b.0 && self.alive(h, t))
+                {
                     *n += 1;
                     any = true;
                 } else {

@@ -59,7 +59,7 @@ use crate::core::time::Instant;
 
 pub use outlier::{EjectReason, Ejection};
 use state::{BackendState, Phase, PoolState, Req, Slab, TenantState, pool_capacity};
-pub use views::{BackendView, TenantView};
+pub use views::{BackendView, PrefixView, TenantView};
 
 /// Output tokens assumed for a request that gives no `max_tokens`.
 pub const DEFAULT_OUTPUT_ESTIMATE: u32 = 256;
@@ -96,7 +96,7 @@ impl Decision {
 }
 
 /// A request arriving at the gateway, identified and sized.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Arrival {
     pub tenant: TenantId,
     pub pool: PoolId,
@@ -111,6 +111,10 @@ pub struct Arrival {
     /// The LoRA adapter it names ([`Scheduler::adapter`]), served by the
     /// pool of its base model.
     pub adapter: Option<AdapterId>,
+    /// Its prompt's block keys at the pool's `prefix_block_tokens`
+    /// (`crate::tokens::request_keys`), for prefix-aware routing; empty
+    /// when the pool does not route on prefixes.
+    pub prefix: Vec<u64>,
 }
 
 /// What the scheduler measured for a request that ended after dispatch.
@@ -232,6 +236,7 @@ impl Scheduler {
             qcost,
             give_up,
             adapter: a.adapter,
+            prefix: a.prefix.into_boxed_slice(),
         });
         self.deadlines.insert((deadline, id));
         let ps = &mut self.pools[a.pool.0 as usize];
@@ -470,6 +475,7 @@ impl Scheduler {
         self.pools[req.pool.0 as usize]
             .preemptible
             .remove(&(dispatched, id));
+        self.prefill_done(id);
         true
     }
 }

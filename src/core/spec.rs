@@ -40,6 +40,8 @@ impl Discipline {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
     LeastOutstanding,
+    /// By cached prefix and load (`routing::prefix_aware`).
+    PrefixAware,
     P2c,
     RoundRobin,
     Random,
@@ -51,6 +53,7 @@ impl Strategy {
     pub fn as_str(self) -> &'static str {
         match self {
             Strategy::LeastOutstanding => "least_outstanding",
+            Strategy::PrefixAware => "prefix_aware",
             Strategy::P2c => "p2c",
             Strategy::RoundRobin => "round_robin",
             Strategy::Random => "random",
@@ -329,7 +332,28 @@ pub struct PoolSpec {
     /// The LoRA adapters the policy lists for the pool (others are learnt
     /// from the requests that name them).
     pub adapters: Vec<String>,
+    /// The prefix index (used by `Strategy::PrefixAware`).
+    pub prefix: PrefixSpec,
     pub backends: Vec<BackendSpec>,
+}
+
+/// A pool's prefix index: its canonical block, its cap, and how long a
+/// backend is believed to hold what Fairway sent it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixSpec {
+    pub block_tokens: u32,
+    pub index_blocks: usize,
+    pub ttl: Duration,
+}
+
+impl Default for PrefixSpec {
+    fn default() -> Self {
+        PrefixSpec {
+            block_tokens: 64,
+            index_blocks: 262_144,
+            ttl: Duration::from_secs(120),
+        }
+    }
 }
 
 /// Outlier ejection: a backend whose requests fail `consecutive_failures`
@@ -419,6 +443,7 @@ mod tests {
                 },
                 adapter_affinity: true,
                 adapters: Vec::new(),
+                prefix: Default::default(),
                 backends: vec![BackendSpec {
                     name: "b".into(),
                     gpus: 1,

@@ -13,7 +13,7 @@ use crate::gateway::handle::Gateway;
 use crate::gateway::tenant::constant_time_eq;
 use crate::net::body::{self, BoxBody};
 use crate::protocol::error::ApiError;
-use crate::telemetry::metrics::{BackendGauges, Snapshot, TenantGauges};
+use crate::telemetry::metrics::{BackendGauges, PrefixGauges, Snapshot, TenantGauges};
 
 /// Whether `req` may use `path`: `/healthz` and `/readyz` are always open;
 /// `/admin/*` (and `/metrics` with `admin_token_for_metrics`) need
@@ -193,6 +193,9 @@ pub fn snapshot(services: &Services) -> Snapshot {
                     .filter(|(_, fresh)| *fresh)
                     .map(|(r, _)| r);
                 BackendGauges {
+                    predicted_cached_tokens: s
+                        .prefix_view(v.pool)
+                        .map(|_| v.predicted_cached_tokens),
                     model: s.pool_model(v.pool).to_owned(),
                     scrape_errors: pollers.scrape_errors(&v.name),
                     sources: pollers.sources(&v.name).pairs().collect(),
@@ -215,10 +218,24 @@ pub fn snapshot(services: &Services) -> Snapshot {
             .pools()
             .map(|p| (s.pool_model(p).to_owned(), s.queued_in_pool(p)))
             .collect();
+        let prefix = s
+            .pools()
+            .filter_map(|p| {
+                let v = s.prefix_view(p)?;
+                Some(PrefixGauges {
+                    model: s.pool_model(p).to_owned(),
+                    entries: v.index.entries,
+                    capacity: v.index.cap,
+                    evictions: v.index.evictions,
+                    spills: v.spills,
+                })
+            })
+            .collect();
         Snapshot {
             tenants,
             backends,
             queued_by_model,
+            prefix,
             jain_index: fairness.last(),
             cluster: gw.cluster().map(|c| c.view(s)),
         }

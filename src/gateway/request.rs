@@ -18,7 +18,7 @@ use http_body_util::BodyExt;
 
 use crate::core::ids::TenantId;
 use crate::core::scheduler::Arrival;
-use crate::core::spec::Api;
+use crate::core::spec::{Api, Strategy};
 use crate::gateway::forward::{Outgoing, Payload, forward};
 use crate::gateway::handle::Gateway;
 use crate::gateway::live::Live;
@@ -32,7 +32,8 @@ use crate::protocol::error::{ApiError, close_if_body_unread, rate_limit_headers}
 use crate::protocol::openai::RequestInfo;
 use crate::protocol::read::read_body;
 use crate::protocol::triton::ModelPath;
-use crate::protocol::{audio, openai, triton};
+use crate::protocol::{audio, openai, prompt, triton};
+use crate::tokens;
 
 /// The kind of inference call, by its route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +122,8 @@ async fn run(
     if read.parts.headers.contains_key("x-fairway-debug-panic") {
         panic!("x-fairway-debug-panic");
     }
-    let (pending, preemptible) = admit(gw, &pool, &read.info, call, tenant, ticket)?;
+    let prefix = prefix_keys(live, &pool, &read, call);
+    let (pending, preemptible) = admit(gw, &pool, &read.info, call, tenant, prefix, ticket)?;
     let strip_usage = read.info.stream && !read.info.include_usage && call == Call::Completions;
     let payload = match read.payload {
         Payload::Whole(b) if strip_usage => Payload::Whole(openai::with_usage_requested(&b)),
@@ -240,6 +242,33 @@ fn route(
     Ok(Pool { id, index, adapter })
 }
 
+/// The keys of the request's prompt blocks, when its pool routes on
+/// cached prefixes (`routing = "prefix_aware"`): its prompt's bytes
+/// (`protocol::prompt`) as approximate token ids, keyed by its model or
+/// adapter and its `cache_salt`. Computed before the scheduler's lock is
+/// taken. Empty for calls with no prompt text to share.
+fn prefix_keys(live: &Live, pool: &Pool, read: &Read, call: Call) -> Vec<u64> {
+    let policy = &live.policy.pools[pool.index];
+    if policy.routing != Strategy::PrefixAware
+        || matches!(call, Call::Triton | Call::Audio | Call::Pooling)
+    {
+        return Vec::new();
+    }
+    let Payload::Whole(body) = &read.payload else {
+        return Vec::new();
+    };
+    let Some(p) = prompt::read(body) else {
+        return Vec::new();
+    };
+    let ids = tokens::approximate_ids(&p.text);
+    tokens::request_keys(
+        &read.info.model,
+        p.cache_salt.as_deref(),
+        &ids,
+        policy.prefix.block_tokens,
+    )
+}
+
 /// Admit: admission and the fair queue, under the scheduler's lock. The
 /// request is dispatched at once or waits for the decision a later event
 /// makes; returns its decisions and whether it may be preempted.
@@ -249,6 +278,7 @@ fn admit(
     info: &RequestInfo,
     call: Call,
     tenant: TenantId,
+    prefix: Vec<u64>,
     ticket: &mut Ticket,
 ) -> Result<(Pending, bool), ApiError> {
     let arrival = Arrival {
@@ -265,6 +295,7 @@ fn admit(
         choices: info.choices,
         deadline: None,
         adapter: None,
+        prefix,
     };
     match gw
         .sched()

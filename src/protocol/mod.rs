@@ -11,6 +11,7 @@ pub mod anthropic;
 pub mod audio;
 pub mod error;
 pub mod openai;
+pub mod prompt;
 pub mod read;
 pub mod responses;
 pub mod sse;

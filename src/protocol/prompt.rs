@@ -45,6 +45,10 @@ struct Body<'a> {
 /// The prompt of a JSON request body; `None` when it is not a JSON
 /// object (the request's own parse refuses it first).
 pub fn read(body: &[u8]) -> Option<Prompt> {
+    // A struct also deserialises from an array (by position).
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
     let b: Body = serde_json::from_slice(body).ok()?;
     let mut text = Vec::with_capacity(body.len());
     if let Some(tools) = b.tools {
@@ -212,9 +216,14 @@ mod tests {
         let p = read(br#"{"model":"m","prompt":["ab","c"],"cache_salt":"s1"}"#).unwrap();
         assert_eq!(p.text, b"ab\nc\n");
         assert_eq!(p.cache_salt.as_deref(), Some("s1"));
-        assert_eq!(text(r#"{"model":"m","instructions":"i","input":"x"}"#), "i\nx\n");
         assert_eq!(
-            text(r#"{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"u"}]}"#),
+            text(r#"{"model":"m","instructions":"i","input":"x"}"#),
+            "i\nx\n"
+        );
+        assert_eq!(
+            text(
+                r#"{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"u"}]}"#
+            ),
             "s\nuser\nu\n"
         );
         assert_eq!(read(b"[1]"), None);

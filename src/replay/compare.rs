@@ -15,8 +15,9 @@ pub const DISCIPLINES: [Discipline; 4] = [
 ];
 
 /// Every routing strategy, in the order reports list them.
-pub const STRATEGIES: [Strategy; 5] = [
+pub const STRATEGIES: [Strategy; 6] = [
     Strategy::LeastOutstanding,
+    Strategy::PrefixAware,
     Strategy::P2c,
     Strategy::RoundRobin,
     Strategy::Random,
@@ -34,6 +35,9 @@ pub enum Compare {
     All,
     /// The policy's routing with LoRA adapter affinity on, then off.
     Adapters,
+    /// Routing on load alone (`least_outstanding`), then on cached
+    /// prefixes and load (`prefix_aware`).
+    Routing,
 }
 
 /// The runs to make: the policy as it is when `compare` is `None`.
@@ -66,6 +70,10 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
         None => vec![v(d0, s0, admits)],
         Some(Compare::Disciplines) => disciplines(s0),
         Some(Compare::Strategies) => STRATEGIES.iter().map(|&s| v(d0, s, admits)).collect(),
+        Some(Compare::Routing) => [Strategy::LeastOutstanding, Strategy::PrefixAware]
+            .into_iter()
+            .map(|s| v(d0, s, admits))
+            .collect(),
         Some(Compare::All) => STRATEGIES.iter().flat_map(|&s| disciplines(s)).collect(),
         Some(Compare::Adapters) => [true, false]
             .into_iter()

@@ -2,7 +2,9 @@
 //! request sent at its `t` over real HTTP, timed as a client sees it.
 //!
 //! Each request is a `/v1/completions` call whose prompt is exactly
-//! `prompt_tokens` by the shared token estimate (four bytes a token), with
+//! `prompt_tokens` by the shared token estimate (four bytes a token; the
+//! text of its token ids, so that what it shares with other requests, and
+//! only that, an engine's prefix cache can find), with
 //! `max_tokens` and the simulated backends' `sim_output_tokens` extension
 //! set to the workload's `output_tokens`, so a `fairway sim-backend`
 //! generates exactly what the replay's engine does. (A real engine ignores
@@ -47,7 +49,7 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
     let clock = Arc::new(Clock::new());
     let start = clock.now();
     let mut tasks = Vec::with_capacity(workload.len());
-    for w in workload {
+    for (i, w) in workload.iter().enumerate() {
         let at = start + Duration::from_secs_f64(w.t);
         let client = client.clone();
         let clock = clock.clone();
@@ -55,7 +57,7 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
         let uri = format!("http://{}/v1/completions", target.authority);
         let body = serde_json::json!({
             "model": w.model,
-            "prompt": "x".repeat(w.prompt_tokens as usize * 4),
+            "prompt": w.prompt_text(i as u64),
             "max_tokens": w.max_tokens.unwrap_or(w.output_tokens).max(w.output_tokens),
             "sim_output_tokens": w.output_tokens,
             "stream": w.stream,
@@ -155,5 +157,7 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
         adapter_loads: None,
         // Charged and settled inside the gateway, not seen here.
         estimates: Vec::new(),
+        // Inside the engines, not seen here.
+        prefix: None,
     }
 }

@@ -26,7 +26,20 @@
 //! [[tenants]]
 //! name = "evals"
 //! arrivals = { batch = { at = "30s", count = 4000 } }
+//! prefix = { groups = 3, tokens = 1500 }    # optional: each prompt starts with one of 3 shared 1,500-token headers
+//!
+//! [[tenants]]
+//! name = "assistant"
+//! arrivals = { poisson = { rate = 0.5 } }   # conversations started per second
+//! conversation = { turns = 6, gap = "20s" } # optional: 6 turns 20 s apart, each resending the conversation so far
 //! ```
+//!
+//! With `prefix`, a prompt is the group's shared tokens followed by
+//! `prompt_tokens` of its own (inference-perf's `shared_prefix` data:
+//! system prompt, then question). With `conversation`, each arrival starts
+//! a conversation; turn k's prompt is the whole conversation so far (every
+//! earlier question and answer) followed by its own `prompt_tokens`, as a
+//! chat client resends it.
 
 use std::time::Duration;
 
@@ -34,7 +47,13 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 
-use crate::replay::workload::WorkRequest;
+use crate::replay::workload::{Segment, WorkRequest};
+
+/// A shared token stream's id: the tenant's, of this kind and number.
+fn stream_id(tenant: &str, kind: &str, n: u64) -> u64 {
+    let name = format!("{tenant}/{kind}");
+    xxhash_rust::xxh3::xxh3_64_with_seed(name.as_bytes(), n)
+}
 
 /// A generated workload's recipe.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -64,6 +83,30 @@ pub struct TenantLoad {
     /// The model (or LoRA adapter) it calls; default: the scenario's.
     #[serde(default)]
     pub model: Option<String>,
+    /// Shared prompt prefixes (see the module docs).
+    #[serde(default)]
+    pub prefix: Option<PrefixGroups>,
+    /// Multi-turn conversations (see the module docs).
+    #[serde(default)]
+    pub conversation: Option<Conversation>,
+}
+
+/// `groups` shared prefixes of `tokens` tokens each, one per request,
+/// chosen uniformly.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixGroups {
+    pub groups: u32,
+    pub tokens: u32,
+}
+
+/// `turns` requests per conversation, `gap` apart.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Conversation {
+    pub turns: u32,
+    #[serde(with = "dur")]
+    pub gap: Duration,
 }
 
 /// When a tenant's requests arrive.
@@ -107,6 +150,8 @@ pub fn reference() -> Scenario {
                 max_tokens: Some(256),
                 stream: true,
                 model: None,
+                prefix: None,
+                conversation: None,
             },
             TenantLoad {
                 name: "chat".into(),
@@ -121,6 +166,8 @@ pub fn reference() -> Scenario {
                 max_tokens: Some(512),
                 stream: true,
                 model: None,
+                prefix: None,
+                conversation: None,
             },
             TenantLoad {
                 name: "evals".into(),
@@ -133,6 +180,8 @@ pub fn reference() -> Scenario {
                 max_tokens: Some(300),
                 stream: false,
                 model: None,
+                prefix: None,
+                conversation: None,
             },
         ],
     }
@@ -163,6 +212,12 @@ impl Scenario {
                     return Err(format!("tenant {}: bursts need every > 0", t.name));
                 }
                 _ => {}
+            }
+            if t.prefix.as_ref().is_some_and(|p| p.groups == 0) {
+                return Err(format!("tenant {}: prefix needs groups ≥ 1", t.name));
+            }
+            if t.conversation.as_ref().is_some_and(|c| c.turns == 0) {
+                return Err(format!("tenant {}: conversation needs turns ≥ 1", t.name));
             }
         }
         Ok(())
@@ -212,16 +267,66 @@ impl Scenario {
                     }
                 }
             }
-            for at in times {
-                out.push(WorkRequest {
-                    t: at,
-                    tenant: t.name.clone(),
-                    model: t.model.as_deref().unwrap_or(model).to_owned(),
-                    prompt_tokens: rng.random_range(t.prompt_tokens[0]..=t.prompt_tokens[1]),
-                    max_tokens: t.max_tokens,
-                    output_tokens: rng.random_range(t.output_tokens[0]..=t.output_tokens[1]),
-                    stream: t.stream,
-                });
+            let model = t.model.as_deref().unwrap_or(model);
+            for (n, at) in times.into_iter().enumerate() {
+                if t.prefix.is_none() && t.conversation.is_none() {
+                    out.push(WorkRequest {
+                        t: at,
+                        tenant: t.name.clone(),
+                        model: model.to_owned(),
+                        prompt_tokens: rng.random_range(t.prompt_tokens[0]..=t.prompt_tokens[1]),
+                        max_tokens: t.max_tokens,
+                        output_tokens: rng.random_range(t.output_tokens[0]..=t.output_tokens[1]),
+                        stream: t.stream,
+                        prefix: Vec::new(),
+                    });
+                    continue;
+                }
+                let mut prefix = Vec::new();
+                if let Some(p) = &t.prefix {
+                    let g = rng.random_range(0..p.groups);
+                    prefix.push(Segment {
+                        stream: stream_id(&t.name, "group", u64::from(g)),
+                        tokens: p.tokens,
+                    });
+                }
+                let (turns, gap) = t
+                    .conversation
+                    .as_ref()
+                    .map_or((1, 0.0), |c| (c.turns, c.gap.as_secs_f64()));
+                let conversation = stream_id(&t.name, "conversation", seed ^ n as u64);
+                let mut history = 0u32;
+                for k in 0..turns {
+                    let at = at + f64::from(k) * gap;
+                    let question = rng.random_range(t.prompt_tokens[0]..=t.prompt_tokens[1]);
+                    let output = rng.random_range(t.output_tokens[0]..=t.output_tokens[1]);
+                    if at >= end {
+                        break;
+                    }
+                    let mut prefix = prefix.clone();
+                    if t.conversation.is_some() {
+                        prefix.push(Segment {
+                            stream: conversation,
+                            tokens: history + question,
+                        });
+                    }
+                    let shared: u32 = prefix.iter().map(|s| s.tokens).sum();
+                    out.push(WorkRequest {
+                        t: at,
+                        tenant: t.name.clone(),
+                        model: model.to_owned(),
+                        prompt_tokens: if t.conversation.is_some() {
+                            shared
+                        } else {
+                            shared + question
+                        },
+                        max_tokens: t.max_tokens,
+                        output_tokens: output,
+                        stream: t.stream,
+                        prefix,
+                    });
+                    history += question + output;
+                }
             }
         }
         out.sort_by(|a, b| a.t.total_cmp(&b.t));

@@ -106,6 +106,20 @@ pub struct Trace {
     /// LoRA adapter loads on all engines; `None` when no request named an
     /// adapter (or not known).
     pub adapter_loads: Option<u64>,
+    /// What the engines' prefix caches did; `None` when no request shared
+    /// a prefix and no pool routed on them (or not known).
+    pub prefix: Option<PrefixTrace>,
+}
+
+/// Prompt tokens over the run: looked up in the engines' prefix caches,
+/// found there, predicted there by the gateways' prefix indexes, and
+/// prefilled.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PrefixTrace {
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub predicted_tokens: u64,
+    pub prefill_tokens: u64,
 }
 
 /// Options of one run.
@@ -217,6 +231,35 @@ struct Sim<'p> {
     /// the adapters' names by id.
     adapter_of: Vec<Option<u32>>,
     adapter_names: Vec<String>,
+    /// Some request of the workload shares a prefix segment.
+    shares_prefixes: bool,
+}
+
+impl Sim<'_> {
+    /// The engines' and indexes' prefix counters, when prefixes mattered.
+    fn prefix_trace(&mut self, end: Instant) -> Option<PrefixTrace> {
+        let routed = self
+            .scheds
+            .iter()
+            .any(|s| s.pools().any(|p| s.prefix_view(p).is_some()));
+        if !(routed || self.shares_prefixes) {
+            return None;
+        }
+        let mut t = PrefixTrace::default();
+        for b in &self.backends {
+            let s = b.engine.stats();
+            t.prompt_tokens += s.prefix_cache_queries_total;
+            t.cached_tokens += s.prefix_cache_hits_total;
+            t.prefill_tokens += s.prefill_tokens_total;
+        }
+        for s in &mut self.scheds {
+            let ids: Vec<_> = s.backends().collect();
+            for b in ids {
+                t.predicted_tokens += s.backend_view(end, b).predicted_cached_tokens;
+            }
+        }
+        Some(t)
+    }
 }
 
 impl<'p> Sim<'p> {
@@ -344,6 +387,7 @@ impl<'p> Sim<'p> {
                 .filter(|_| std::io::stderr().is_terminal()),
             adapter_of,
             adapter_names,
+            shares_prefixes: workload.iter().any(|w| !w.prefix.is_empty()),
         }
     }
 
@@ -431,8 +475,9 @@ impl<'p> Sim<'p> {
         self.finish(workload)
     }
 
-    fn finish(self, workload: &[WorkRequest]) -> Trace {
+    fn finish(mut self, workload: &[WorkRequest]) -> Trace {
         let end = self.last_end;
+        let prefix = self.prefix_trace(end);
         let first = workload.first().map_or(0.0, |w| w.t);
         let makespan = (end.as_secs_f64() - first).max(1e-9);
         let (mut busy, mut gpus) = (0.0, 0.0);
@@ -492,6 +537,7 @@ impl<'p> Sim<'p> {
                     .map(|b| b.engine.stats().lora_loads_total)
                     .sum()
             }),
+            prefix,
             estimates: self.estimates,
             bound_ratio: self.bound_ratio,
         }

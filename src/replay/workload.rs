@@ -15,6 +15,11 @@
 //!   gateway's estimate before the response.
 //! - `stream` (default `false`): a streamed response's TTFT is its first
 //!   token; a non-streamed one's is the whole response, as a client sees it.
+//! - `prefix` (optional): where the prompt's first tokens come from, for
+//!   prefix caching: a list of `{"stream": 7, "tokens": 900}` segments, in
+//!   order. Requests naming the same stream share its tokens from its
+//!   start (a system prompt, a few-shot header, a conversation so far);
+//!   the prompt's tokens past the segments are the request's own.
 //!
 //! Blank lines and lines starting with `#` are skipped. Any other line that
 //! is not such an object is an error naming its line number.
@@ -41,6 +46,58 @@ pub struct WorkRequest {
     pub output_tokens: u32,
     #[serde(default)]
     pub stream: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefix: Vec<Segment>,
+}
+
+/// Tokens `0..tokens` of token stream `stream` (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Segment {
+    pub stream: u64,
+    pub tokens: u32,
+}
+
+impl WorkRequest {
+    /// Its prompt's token ids: its segments', then its own from stream
+    /// `own` (distinct per request), `prompt_tokens` in all.
+    pub fn token_ids(&self, own: u64) -> Vec<u32> {
+        let n = self.prompt_tokens as usize;
+        let mut ids = Vec::with_capacity(n);
+        for seg in &self.prefix {
+            let take = (seg.tokens as usize).min(n - ids.len());
+            ids.extend((0..take as u64).map(|i| stream_token(seg.stream, i)));
+        }
+        let start = ids.len() as u64;
+        ids.extend((start..n as u64).map(|i| stream_token(own ^ OWN, i)));
+        ids
+    }
+}
+
+impl WorkRequest {
+    /// Its prompt as text, four ASCII characters a token id, so that its
+    /// approximate ids (`crate::tokens::approximate_ids`) run alike where
+    /// and only where its token ids do: what `replay --live` sends.
+    pub fn prompt_text(&self, own: u64) -> String {
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+-";
+        let ids = self.token_ids(own);
+        let mut text = String::with_capacity(ids.len() * 4);
+        for id in ids {
+            for k in 0..4 {
+                text.push(char::from(ALPHABET[(id >> (6 * k)) as usize & 63]));
+            }
+        }
+        text
+    }
+}
+
+/// Marks a request's own stream apart from the shared ones.
+const OWN: u64 = 0x6f77_6e00_0000_0000;
+
+/// Token `i` of stream `s`: a hash, so streams share no run of tokens.
+fn stream_token(s: u64, i: u64) -> u32 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(&i.to_le_bytes(), s) as u32
 }
 
 /// A line of a workload file that could not be used.
@@ -166,6 +223,7 @@ pub fn from_access_log(text: &str) -> Result<(Vec<WorkRequest>, usize), LineErro
                 max_tokens,
                 output_tokens: output.max(1),
                 stream: f["stream"].as_bool().unwrap_or(false),
+                prefix: Vec::new(),
             },
         ));
     }
@@ -188,6 +246,37 @@ pub fn from_access_log(text: &str) -> Result<(Vec<WorkRequest>, usize), LineErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_share_the_tokens_and_text_of_their_segments_only() {
+        let req = |prompt_tokens, prefix: Vec<Segment>| WorkRequest {
+            t: 0.0,
+            tenant: "a".into(),
+            model: "m".into(),
+            prompt_tokens,
+            max_tokens: None,
+            output_tokens: 1,
+            stream: false,
+            prefix,
+        };
+        let seg = |stream, tokens| Segment { stream, tokens };
+        let a = req(100, vec![seg(7, 60)]);
+        let b = req(80, vec![seg(7, 60)]);
+        let (ia, ib) = (a.token_ids(1), b.token_ids(2));
+        assert_eq!((ia.len(), ib.len()), (100, 80));
+        assert_eq!(ia[..60], ib[..60]);
+        assert!(ia[60..80].iter().zip(&ib[60..]).all(|(x, y)| x != y));
+        // A conversation's next turn extends the last.
+        let turn = req(150, vec![seg(7, 60), seg(9, 90)]);
+        let next = req(200, vec![seg(7, 60), seg(9, 140)]);
+        assert_eq!(turn.token_ids(3)[..], next.token_ids(4)[..150]);
+        // As text: four characters a token, shared exactly as the ids are.
+        let (ta, tb) = (a.prompt_text(1), b.prompt_text(2));
+        assert_eq!(ta.len(), 400);
+        assert_eq!(ta[..240], tb[..240]);
+        assert_ne!(ta[240..244], tb[240..244]);
+        assert_eq!(crate::tokens::estimate(&ta), 100);
+    }
 
     #[test]
     fn parses_sorts_and_skips_comments() {

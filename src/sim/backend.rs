@@ -190,6 +190,8 @@ enum Delivery {
     Finished {
         prompt_tokens: u32,
         completion_tokens: u32,
+        /// Prompt tokens found in the prefix cache.
+        cached_tokens: u32,
     },
 }
 
@@ -223,6 +225,8 @@ struct Shared {
     residency_metrics: bool,
     flavour: Flavour,
     max_model_len: u32,
+    /// The engine's KV block, in tokens: what its prefix keys are cut by.
+    block_size: u32,
     time_scale: f64,
     clock: Clock,
     state: Mutex<State>,
@@ -258,6 +262,7 @@ impl Shared {
             residency_metrics: cfg.residency_metrics,
             flavour: cfg.flavour,
             max_model_len: cfg.engine.max_model_len,
+            block_size: cfg.engine.block_size.max(1),
             time_scale,
             clock: Clock::new(),
             state: Mutex::new(State {
@@ -331,12 +336,14 @@ impl Shared {
                     at,
                     prompt_tokens,
                     completion_tokens,
+                    cached_tokens,
                 } => {
                     if let Some(l) = live.remove(&id) {
                         metrics.on_finished(l.reason, self.wall_secs(l.arrival, at));
                         let _ = l.tx.send(Delivery::Finished {
                             prompt_tokens,
                             completion_tokens,
+                            cached_tokens,
                         });
                     }
                 }
@@ -353,7 +360,7 @@ impl Shared {
         output_tokens: u32,
         reason: FinishReason,
     ) -> Result<(SeqGuard, mpsc::UnboundedReceiver<Delivery>), EngineError> {
-        self.submit_for(None, prompt_tokens, output_tokens, reason)
+        self.submit_for(None, prompt_tokens, output_tokens, reason, Vec::new())
     }
 
     /// The engine's adapter id of `model`: `None` for the base model, 404
@@ -368,14 +375,27 @@ impl Shared {
         }
     }
 
+    /// The keys of a request body's prompt blocks at the engine's block
+    /// size, as Fairway keys them (`protocol::prompt`, approximate token
+    /// ids, `model` and `cache_salt` at the root): what the prefix cache
+    /// matches.
+    fn prefix_keys(&self, model: &str, body: &[u8]) -> Vec<u64> {
+        let Some(p) = crate::protocol::prompt::read(body) else {
+            return Vec::new();
+        };
+        let ids = crate::tokens::approximate_ids(&p.text);
+        crate::tokens::request_keys(model, p.cache_salt.as_deref(), &ids, self.block_size)
+    }
+
     /// Puts a sequence in the engine, with `adapter` (see
-    /// [`Shared::adapter_of`]).
+    /// [`Shared::adapter_of`]) and its prompt's block keys.
     fn submit_for(
         self: &Arc<Self>,
         adapter: Option<u32>,
         prompt_tokens: u32,
         output_tokens: u32,
         reason: FinishReason,
+        prefix: Vec<u64>,
     ) -> Result<(SeqGuard, mpsc::UnboundedReceiver<Delivery>), EngineError> {
         let now = self.sim_now();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -391,6 +411,7 @@ impl Shared {
                     prompt_tokens,
                     output_tokens,
                     adapter,
+                    prefix,
                 },
             )?;
             st.live.insert(

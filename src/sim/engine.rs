@@ -26,9 +26,20 @@
 //!   every slot is held by running sequences it is skipped for this step
 //!   (as vLLM's scheduler does) and those behind it may go first.
 //!
-//! Invariant: `kv_blocks_used` is the sum of the running sequences' blocks,
-//! and each running sequence holds `ceil(tokens_in_kv / block_size)` blocks.
-//! Work per step is O(batch); no allocation per token.
+//! - Prefix caching (vLLM's automatic prefix caching, `cache.rs`): a
+//!   sequence brings its prompt's block keys; at admission its leading
+//!   cached blocks are taken instead of prefilled (at most the prompt
+//!   less one token, as vLLM always computes the last), its other full
+//!   prompt blocks are cached once prefilled, and blocks stay cached after
+//!   their sequences end until evicted, least recently used first, when
+//!   an empty block is needed. `cached_tokens` is reported per sequence,
+//!   and the hit rate as vLLM's `prefix_cache_queries`/`_hits` counters.
+//!
+//! Invariant: each running sequence holds `ceil(tokens_in_kv / block_size)`
+//! blocks, of which its first `shared` prompt blocks may be shared with
+//! other sequences through the cache; `kv_blocks_used` counts each block
+//! once; the free blocks include the idle cached ones. Work per step is
+//! O(batch); no allocation per token.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -36,8 +47,12 @@ use std::time::Duration;
 use crate::config::EngineParams;
 use crate::core::time::Instant;
 
+mod cache;
+
+use cache::PrefixCache;
+
 /// One generation request as the engine sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeqRequest {
     /// Caller-chosen id, unique among the engine's live sequences.
     pub id: u64,
@@ -47,6 +62,10 @@ pub struct SeqRequest {
     pub output_tokens: u32,
     /// The LoRA adapter it runs with (caller-chosen ids), if any.
     pub adapter: Option<u32>,
+    /// The keys of its prompt's full blocks at the engine's block size
+    /// (`crate::tokens::request_keys`); empty: nothing of it is cached or
+    /// cacheable.
+    pub prefix: Vec<u64>,
 }
 
 /// Why [`Engine::submit`] refused a sequence.
@@ -118,6 +137,8 @@ pub enum EngineEvent {
         prompt_tokens: u32,
         /// Generated tokens.
         completion_tokens: u32,
+        /// Prompt tokens found in the prefix cache at its first admission.
+        cached_tokens: u32,
     },
 }
 
@@ -144,17 +165,30 @@ pub struct EngineStats {
     pub finished_total: u64,
     /// LoRA adapters loaded onto the GPU (each load counted).
     pub lora_loads_total: u64,
+    /// Prompt tokens looked up in the prefix cache (vLLM's
+    /// `prefix_cache_queries`), and those found (`prefix_cache_hits`).
+    pub prefix_cache_queries_total: u64,
+    pub prefix_cache_hits_total: u64,
+    /// Prompt tokens prefilled (computed, not taken from the cache).
+    pub prefill_tokens_total: u64,
 }
 
 /// A sequence's state, waiting or running.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Seq {
     id: u64,
     prompt_tokens: u32,
     output_tokens: u32,
     generated: u32,
-    /// KV blocks held (0 while waiting).
+    /// KV blocks held (0 while waiting), `shared` of them through the cache.
     blocks: u64,
+    /// Its prompt's block keys.
+    prefix: Box<[u64]>,
+    /// Leading prompt blocks it holds through the cache (a reference on
+    /// each of `prefix[..shared]`).
+    shared: usize,
+    /// Prompt tokens found cached at its first admission.
+    cached_tokens: u32,
     /// Admitted at this step's start: its prompt (+ generated) is prefilled.
     is_prefilling: bool,
     /// Prompt tokens were already counted in `prompt_tokens_total`.
@@ -197,6 +231,9 @@ pub struct Engine {
     stats: EngineStats,
     /// Adapters on the GPU, least recently used first.
     loras: Vec<u32>,
+    cache: PrefixCache,
+    /// Keys evicted from the cache (scratch).
+    evicted: Vec<u64>,
 }
 
 impl Engine {
@@ -219,6 +256,8 @@ impl Engine {
             running: Vec::with_capacity(params.max_num_seqs as usize),
             phase: StepClock::Idle,
             loras: Vec::new(),
+            cache: PrefixCache::default(),
+            evicted: Vec::new(),
             stats: EngineStats {
                 kv_blocks_total: blocks_total,
                 block_size: params.block_size.max(1),
@@ -268,6 +307,9 @@ impl Engine {
             output_tokens: req.output_tokens,
             generated: 0,
             blocks: 0,
+            prefix: req.prefix.into_boxed_slice(),
+            shared: 0,
+            cached_tokens: 0,
             is_prefilling: false,
             has_counted_prompt: false,
             adapter: req.adapter,
@@ -282,8 +324,8 @@ impl Engine {
     /// whether it was there. The running step keeps its end time.
     pub fn cancel(&mut self, id: u64) -> bool {
         if let Some(pos) = self.running.iter().position(|s| s.id == id) {
-            let seq = self.running.remove(pos);
-            self.blocks_free += seq.blocks;
+            let mut seq = self.running.remove(pos);
+            self.release(&mut seq);
             return true;
         }
         if let Some(pos) = self.waiting.iter().position(|s| s.id == id) {
@@ -388,6 +430,40 @@ impl Engine {
         tokens.div_ceil(self.block_size)
     }
 
+    /// Frees `seq`'s blocks: its own at once, its shared ones to the cache
+    /// (free but kept, once no other sequence uses them).
+    fn release(&mut self, seq: &mut Seq) {
+        let own = seq.blocks - seq.shared as u64;
+        let idle = self.cache.release(&seq.prefix[..seq.shared]);
+        self.blocks_free += own + idle;
+        seq.blocks = 0;
+        seq.shared = 0;
+    }
+
+    /// Makes `n` free blocks empty, evicting idle cached ones as needed.
+    fn make_empty(&mut self, n: u64) {
+        let empty = self.blocks_free - self.cache.idle();
+        if n > empty {
+            self.cache.evict(n - empty, &mut self.evicted);
+            self.evicted.clear();
+        }
+    }
+
+    /// The prompt blocks of `seq` the cache may serve: whole blocks, and
+    /// never its last token (an engine computes at least one).
+    fn cacheable(&self, seq: &Seq) -> usize {
+        let most = u64::from(seq.prompt_tokens.saturating_sub(1)) / self.block_size;
+        seq.prefix.len().min(most as usize)
+    }
+
+    /// Resets the prefix cache: drops every idle cached block (blocks in
+    /// use stay until their sequences end). Returns how many.
+    pub fn reset_prefix_cache(&mut self) -> u64 {
+        let n = self.cache.clear_idle(&mut self.evicted);
+        self.evicted.clear();
+        n
+    }
+
     /// Admits from the queue head and fixes the step's end time.
     fn start_step(&mut self, at: Instant, out: &mut Vec<EngineEvent>) {
         let max_seqs = self.params.max_num_seqs.max(1) as usize;
@@ -400,14 +476,18 @@ impl Engine {
                 break;
             };
             let tokens = head.tokens_in_kv();
+            let (hit, hit_idle) = self.cache.hit(&head.prefix[..self.cacheable(head)]);
+            let computed = tokens - hit as u64 * self.block_size;
             if prefill_tokens > 0
-                && prefill_tokens + tokens > u64::from(self.params.max_num_batched_tokens)
+                && prefill_tokens + computed > u64::from(self.params.max_num_batched_tokens)
             {
                 break;
             }
             // The +1 leaves room for the first decoded token, like vLLM's
             // watermark, so a just-admitted sequence is not preempted at once.
-            if self.blocks_for(tokens + 1) > self.blocks_free {
+            // Cached blocks it takes need no new block, but idle ones leave
+            // the free blocks.
+            if self.blocks_for(tokens + 1) - hit as u64 + hit_idle > self.blocks_free {
                 break;
             }
             if let Some(a) = head.adapter {
@@ -422,14 +502,27 @@ impl Engine {
             let Some(mut seq) = self.waiting.remove(next) else {
                 break;
             };
+            self.cache.acquire(&seq.prefix[..hit]);
+            self.blocks_free -= hit_idle;
+            let new = self.blocks_for(tokens) - hit as u64;
+            self.make_empty(new);
+            self.blocks_free -= new;
             seq.blocks = self.blocks_for(tokens);
-            self.blocks_free -= seq.blocks;
+            // Its other full prompt blocks are cached once prefilled.
+            let full = (u64::from(seq.prompt_tokens) / self.block_size) as usize;
+            let end = seq.prefix.len().min(full).max(hit);
+            seq.shared = hit + self.cache.insert(&seq.prefix[hit..end]);
             seq.is_prefilling = true;
+            let cached = hit as u64 * self.block_size;
             if !seq.has_counted_prompt {
                 seq.has_counted_prompt = true;
+                seq.cached_tokens = u32::try_from(cached).unwrap_or(u32::MAX);
                 self.stats.prompt_tokens_total += u64::from(seq.prompt_tokens);
+                self.stats.prefix_cache_queries_total += u64::from(seq.prompt_tokens);
+                self.stats.prefix_cache_hits_total += cached;
             }
-            prefill_tokens += tokens;
+            self.stats.prefill_tokens_total += computed;
+            prefill_tokens += computed;
             out.push(EngineEvent::Admitted { id: seq.id, at });
             self.running.push(seq);
         }
@@ -462,8 +555,9 @@ impl Engine {
     /// blocks run out.
     fn end_step(&mut self, at: Instant, out: &mut Vec<EngineEvent>) {
         let mut finished = 0u64;
-        let mut freed = 0u64;
-        self.running.retain_mut(|seq| {
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &mut self.running[i];
             seq.is_prefilling = false;
             seq.generated += 1;
             out.push(EngineEvent::Token {
@@ -471,23 +565,23 @@ impl Engine {
                 index: seq.generated,
                 at,
             });
-            if seq.generated >= seq.output_tokens {
-                finished += 1;
-                freed += seq.blocks;
-                out.push(EngineEvent::Finished {
-                    id: seq.id,
-                    at,
-                    prompt_tokens: seq.prompt_tokens,
-                    completion_tokens: seq.generated,
-                });
-                false
-            } else {
-                true
+            if seq.generated < seq.output_tokens {
+                i += 1;
+                continue;
             }
-        });
+            out.push(EngineEvent::Finished {
+                id: seq.id,
+                at,
+                prompt_tokens: seq.prompt_tokens,
+                completion_tokens: seq.generated,
+                cached_tokens: seq.cached_tokens,
+            });
+            finished += 1;
+            let mut seq = self.running.remove(i);
+            self.release(&mut seq);
+        }
         self.stats.generation_tokens_total += self.running.len() as u64 + finished;
         self.stats.finished_total += finished;
-        self.blocks_free += freed;
 
         // Oldest first, so the youngest is preempted for the elders (vLLM).
         let mut i = 0;
@@ -498,8 +592,7 @@ impl Engine {
                 let Some(mut victim) = self.running.pop() else {
                     break;
                 };
-                self.blocks_free += victim.blocks;
-                victim.blocks = 0;
+                self.release(&mut victim);
                 self.stats.preemptions_total += 1;
                 out.push(EngineEvent::Preempted { id: victim.id, at });
                 self.waiting.push_front(victim);
@@ -511,10 +604,11 @@ impl Engine {
             if is_self_preempted {
                 break;
             }
-            let seq = &mut self.running[i];
-            if needed > seq.blocks {
-                self.blocks_free -= needed - seq.blocks;
-                seq.blocks = needed;
+            let grow = needed.saturating_sub(self.running[i].blocks);
+            if grow > 0 {
+                self.make_empty(grow);
+                self.blocks_free -= grow;
+                self.running[i].blocks = needed;
             }
             i += 1;
         }

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 pub use super::edge_counters::EdgeCounters;
 use super::snapshot::encode_snapshot;
-pub use super::snapshot::{BackendGauges, Snapshot, TenantGauges};
+pub use super::snapshot::{BackendGauges, PrefixGauges, Snapshot, TenantGauges};
 use crate::outcome::Outcome;
 use crate::prom::{self, Kind};
 

@@ -20,6 +20,19 @@ pub struct Snapshot {
     pub jain_index: Option<f64>,
     /// This replica's view of its `[cluster]`, when it has one.
     pub cluster: Option<crate::cluster::View>,
+    /// The prefix index of each pool that routes on prefixes.
+    pub prefix: Vec<PrefixGauges>,
+}
+
+/// A pool's prefix index.
+#[derive(Clone, Debug, Default)]
+pub struct PrefixGauges {
+    pub model: String,
+    pub entries: usize,
+    pub capacity: usize,
+    /// Counters.
+    pub evictions: u64,
+    pub spills: u64,
 }
 
 /// Per-tenant gauges.
@@ -53,6 +66,9 @@ pub struct BackendGauges {
     pub scrape_errors: u64,
     /// Where the last reading's load signals came from: (signal, source).
     pub sources: Vec<(&'static str, &'static str)>,
+    /// Prompt tokens the prefix index predicted it held, over the requests
+    /// sent to it (a counter; pools that route on prefixes only).
+    pub predicted_cached_tokens: Option<u64>,
 }
 
 /// Writes the families read from `snap`.
@@ -123,6 +139,7 @@ pub(super) fn encode_snapshot(w: &mut String, snap: &Snapshot) {
         encode_cluster(w, c);
     }
     encode_pools(w, snap);
+    encode_prefix(w, snap);
     let b = &snap.backends;
     backend_gauge(
         w,
@@ -275,6 +292,64 @@ fn encode_pools(w: &mut String, snap: &Snapshot) {
             if let Some(v) = get(p) {
                 let _ = writeln!(w, "{name}{{model=\"{}\"}} {v}", prom::escape(model));
             }
+        }
+    }
+}
+
+/// The prefix indexes, and what they predicted per backend.
+fn encode_prefix(w: &mut String, snap: &Snapshot) {
+    type Get = fn(&PrefixGauges) -> f64;
+    let families: [(&str, Kind, &str, Get); 4] = [
+        (
+            "fairway_prefix_index_entries",
+            Kind::Gauge,
+            "Blocks in the model's prefix index.",
+            |p| p.entries as f64,
+        ),
+        (
+            "fairway_prefix_index_capacity",
+            Kind::Gauge,
+            "The most blocks the model's prefix index holds (prefix_index_blocks).",
+            |p| p.capacity as f64,
+        ),
+        (
+            "fairway_prefix_index_evictions_total",
+            Kind::Counter,
+            "Blocks evicted from the model's prefix index to make room.",
+            |p| p.evictions as f64,
+        ),
+        (
+            "fairway_prefix_spills_total",
+            Kind::Counter,
+            "Requests sent to the least loaded backend instead of the loaded holder of their prefix.",
+            |p| p.spills as f64,
+        ),
+    ];
+    for (name, kind, help, get) in families {
+        prom::family(w, name, kind, help);
+        for p in &snap.prefix {
+            let _ = writeln!(
+                w,
+                "{name}{{model=\"{}\"}} {}",
+                prom::escape(&p.model),
+                get(p)
+            );
+        }
+    }
+    prom::family(
+        w,
+        "fairway_prefix_predicted_cached_tokens_total",
+        Kind::Counter,
+        "Prompt tokens the prefix index predicted a backend held, over the requests sent to it.",
+    );
+    for b in &snap.backends {
+        if let Some(v) = b.predicted_cached_tokens {
+            let _ = writeln!(
+                w,
+                "fairway_prefix_predicted_cached_tokens_total{{backend=\"{}\",model=\"{}\"}} {v}",
+                prom::escape(&b.backend),
+                prom::escape(&b.model),
+            );
         }
     }
 }

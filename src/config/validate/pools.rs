@@ -11,7 +11,8 @@ use std::time::Duration;
 use super::reader::{Reader, Table, Value, Zero};
 use super::sim::read_sim;
 use crate::config::policy::{
-    BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, OutlierPolicy, PoolPolicy, Strategy,
+    BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, OutlierPolicy, PoolPolicy,
+    PrefixSpec, Strategy,
 };
 use crate::core::spec::Api;
 
@@ -30,6 +31,9 @@ const POOL_KEYS: &[&str] = &[
     "success_rate_interval",
     "adapters",
     "adapter_affinity",
+    "prefix_block_tokens",
+    "prefix_index_blocks",
+    "prefix_ttl",
     "backends",
 ];
 const BACKEND_KEYS: &[&str] = &[
@@ -48,6 +52,7 @@ const BACKEND_KEYS: &[&str] = &[
 const PROTOCOLS: &[(&str, Api)] = &[("openai", Api::OpenAi), ("triton", Api::Triton)];
 const STRATEGIES: &[(&str, Strategy)] = &[
     ("least_outstanding", Strategy::LeastOutstanding),
+    ("prefix_aware", Strategy::PrefixAware),
     ("p2c", Strategy::P2c),
     ("round_robin", Strategy::RoundRobin),
     ("random", Strategy::Random),
@@ -188,6 +193,22 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
     let adapter_affinity = r
         .opt(t, "adapter_affinity", Reader::boolean)
         .unwrap_or(true);
+    let default = PrefixSpec::default();
+    let prefix = PrefixSpec {
+        block_tokens: r
+            .opt(t, "prefix_block_tokens", |r, v, p| {
+                read_at_most(r, v, p, MAX_PREFIX_BLOCK_TOKENS)
+            })
+            .unwrap_or(default.block_tokens),
+        index_blocks: r
+            .opt(t, "prefix_index_blocks", |r, v, p| {
+                read_at_most(r, v, p, MAX_PREFIX_INDEX_BLOCKS)
+            })
+            .unwrap_or(default.index_blocks),
+        ttl: r
+            .opt(t, "prefix_ttl", |r, v, p| r.duration(v, p, Zero::Refused))
+            .unwrap_or(default.ttl),
+    };
     let model_name = model.clone().unwrap_or_default();
     let backends = match t.get("backends") {
         None => {
@@ -222,8 +243,30 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
         outlier,
         adapters,
         adapter_affinity,
+        prefix,
         backends,
     })
+}
+
+/// The largest `prefix_block_tokens`: a block longer than most prompts
+/// matches nothing.
+const MAX_PREFIX_BLOCK_TOKENS: u64 = 4096;
+/// The largest `prefix_index_blocks` (about 5 GiB of index).
+const MAX_PREFIX_INDEX_BLOCKS: u64 = 64 << 20;
+
+/// A positive integer of at most `max`.
+fn read_at_most<T: TryFrom<u64>>(
+    r: &mut Reader<'_>,
+    v: &Value<'_>,
+    path: &str,
+    max: u64,
+) -> Option<T> {
+    let n: u64 = r.positive_int(v, path)?;
+    if n > max {
+        r.error(v.span(), path, format!("must be at most {max}"));
+        return None;
+    }
+    T::try_from(n).ok()
 }
 
 /// A number in (0, 1].

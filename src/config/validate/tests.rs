@@ -863,6 +863,7 @@ fn minimal_file_gets_every_default() {
             },
             adapters: Vec::new(),
             adapter_affinity: true,
+            prefix: Default::default(),
             backends: vec![BackendPolicy {
                 name: "10.0.0.5:8000".into(),
                 target: BackendTarget::Url {
@@ -1579,4 +1580,25 @@ fn placement_service_keys_are_read_and_checked() {
         ],
         "{errs:?}"
     );
+}
+
+#[test]
+fn prefix_routing_keys_default_and_are_bounded() {
+    let p = parse(POOL).unwrap();
+    assert_eq!(p.pools[0].prefix, PrefixSpec::default());
+    let src = "[[pools]]\nmodel = \"m\"\nrouting = \"prefix_aware\"\nprefix_block_tokens = 32\nprefix_index_blocks = 1000\nprefix_ttl = \"30s\"\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n";
+    let p = parse(src).unwrap();
+    assert_eq!(p.pools[0].routing, Strategy::PrefixAware);
+    assert_eq!(
+        p.pools[0].prefix,
+        PrefixSpec {
+            block_tokens: 32,
+            index_blocks: 1000,
+            ttl: Duration::from_secs(30),
+        }
+    );
+    let src = "[[pools]]\nmodel = \"m\"\nprefix_block_tokens = 5000\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n";
+    assert_one(src, 3, 23, "pools[0].prefix_block_tokens", "at most 4096");
+    let src = "[[pools]]\nmodel = \"m\"\nprefix_index_blocks = 0\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n";
+    assert_one(src, 3, 23, "pools[0].prefix_index_blocks", "positive");
 }

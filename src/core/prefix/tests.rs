@@ -39,9 +39,9 @@ fn removed_and_cleared_forget_a_backend_only() {
     assert_eq!(lengths(&mut ix, at(0), &[1, 2, 3], &[B0, B1]), vec![1, 3]);
     ix.cleared(B1);
     assert_eq!(lengths(&mut ix, at(0), &[1, 2, 3], &[B0, B1]), vec![1, 0]);
-    // Keys nobody holds are gone from the index.
-    assert_eq!(ix.len(), 1);
-    ix.removed(B0, &[1]);
+    // Keys nobody holds are gone from the index: 2 (b0 had lost it).
+    assert_eq!(ix.len(), 2);
+    ix.removed(B0, &[1, 3]);
     assert!(ix.is_empty());
 }
 

@@ -7,6 +7,10 @@
 //! backend. Candidates reach this module already filtered for window room
 //! and headroom (see `scheduler`).
 
+mod candidate;
 mod pick;
+mod prefix;
 
+pub use candidate::Candidate;
 pub use pick::*;
+pub use prefix::{SPILL_GAP, prefix_aware};

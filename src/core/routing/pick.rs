@@ -2,35 +2,16 @@
 
 use rand::Rng;
 
-use crate::core::ids::BackendId;
+use super::Candidate;
 use crate::core::spec::Strategy;
 
-/// A backend that may take a request now.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Candidate {
-    pub id: BackendId,
-    /// Requests Fairway has in flight there.
-    pub in_flight: u32,
-    /// Requests waiting inside the engine, from a fresh reading (else 0).
-    pub waiting: u32,
-    /// Current dispatch window (> in_flight for a candidate).
-    pub window: u32,
-    /// KV usage from a fresh reading.
-    pub kv_usage: Option<f64>,
-}
-
-impl Candidate {
-    /// Outstanding work over capacity: `(in_flight + waiting) / window`.
-    pub fn load(&self) -> f64 {
-        f64::from(self.in_flight + self.waiting) / f64::from(self.window.max(1))
-    }
-}
-
-/// Picks the index of a candidate under `strategy`; `None` only when empty.
-/// `cursor` is the pool's round-robin position, advanced here.
+/// Picks the index of a candidate under `strategy` for a request of
+/// `prompt_tokens`; `None` only when empty. `cursor` is the pool's
+/// round-robin position, advanced here.
 pub fn pick(
     strategy: Strategy,
     cands: &[Candidate],
+    prompt_tokens: u32,
     rng: &mut impl Rng,
     cursor: &mut usize,
 ) -> Option<usize> {
@@ -39,6 +20,7 @@ pub fn pick(
     }
     Some(match strategy {
         Strategy::LeastOutstanding => least_outstanding(cands, rng),
+        Strategy::PrefixAware => super::prefix_aware(cands, prompt_tokens, rng).0,
         Strategy::P2c => {
             // Power of two choices (Mitzenmacher, 2001): two at random, the less loaded.
             let a = rng.random_range(0..cands.len());
@@ -87,6 +69,7 @@ fn least_outstanding(cands: &[Candidate], rng: &mut impl Rng) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::ids::BackendId;
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
 
@@ -97,6 +80,8 @@ mod tests {
             waiting,
             window,
             kv_usage: Some(kv),
+            cached_tokens: 0,
+            pending_prefill: 0,
         }
     }
 
@@ -109,7 +94,7 @@ mod tests {
             cand(2, 4, 0, 16, 0.5),
         ];
         assert_eq!(
-            pick(Strategy::LeastOutstanding, &c, &mut rng, &mut 0),
+            pick(Strategy::LeastOutstanding, &c, 0, &mut rng, &mut 0),
             Some(2)
         );
     }
@@ -119,7 +104,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(1);
         let c = [cand(0, 1, 0, 4, 0.5), cand(1, 1, 0, 4, 0.2)];
         assert_eq!(
-            pick(Strategy::LeastOutstanding, &c, &mut rng, &mut 0),
+            pick(Strategy::LeastOutstanding, &c, 0, &mut rng, &mut 0),
             Some(1)
         );
         let c = [
@@ -129,7 +114,7 @@ mod tests {
         ];
         let mut seen = [0; 3];
         for _ in 0..3000 {
-            seen[pick(Strategy::LeastOutstanding, &c, &mut rng, &mut 0).unwrap()] += 1;
+            seen[pick(Strategy::LeastOutstanding, &c, 0, &mut rng, &mut 0).unwrap()] += 1;
         }
         assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
     }
@@ -144,7 +129,7 @@ mod tests {
         ];
         let mut cur = 0;
         let order: Vec<_> = (0..4)
-            .map(|_| pick(Strategy::RoundRobin, &c, &mut rng, &mut cur).unwrap())
+            .map(|_| pick(Strategy::RoundRobin, &c, 0, &mut rng, &mut cur).unwrap())
             .collect();
         assert_eq!(order, vec![0, 1, 2, 0]);
     }
@@ -153,7 +138,7 @@ mod tests {
     fn pack_fills_the_first_open_backend() {
         let mut rng = SmallRng::seed_from_u64(1);
         let c = [cand(3, 5, 0, 8, 0.0), cand(4, 0, 0, 8, 0.0)];
-        assert_eq!(pick(Strategy::Pack, &c, &mut rng, &mut 0), Some(0));
+        assert_eq!(pick(Strategy::Pack, &c, 0, &mut rng, &mut 0), Some(0));
     }
 
     #[test]
@@ -161,7 +146,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(7);
         let c = [cand(0, 7, 0, 8, 0.0), cand(1, 0, 0, 8, 0.0)];
         let picks_idle = (0..1000)
-            .filter(|_| pick(Strategy::P2c, &c, &mut rng, &mut 0) == Some(1))
+            .filter(|_| pick(Strategy::P2c, &c, 0, &mut rng, &mut 0) == Some(1))
             .count();
         assert!(picks_idle > 700, "{picks_idle}");
     }
@@ -171,7 +156,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(3);
         let c = [cand(0, 7, 3, 8, 0.9), cand(1, 0, 0, 8, 0.0)];
         let busy = (0..2000)
-            .filter(|_| pick(Strategy::Random, &c, &mut rng, &mut 0) == Some(0))
+            .filter(|_| pick(Strategy::Random, &c, 0, &mut rng, &mut 0) == Some(0))
             .count();
         assert!((850..1150).contains(&busy), "{busy}");
     }
@@ -179,6 +164,6 @@ mod tests {
     #[test]
     fn empty_pool_picks_nothing() {
         let mut rng = SmallRng::seed_from_u64(1);
-        assert_eq!(pick(Strategy::Random, &[], &mut rng, &mut 0), None);
+        assert_eq!(pick(Strategy::Random, &[], 0, &mut rng, &mut 0), None);
     }
 }

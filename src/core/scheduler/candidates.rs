@@ -16,51 +16,88 @@ impl Scheduler {
     /// threshold); without one, from the gateway's own observed TTFT, and a
     /// backend with nothing of ours in flight then always has headroom, so
     /// a slow observation is re-measured rather than kept forever.
+    ///
+    /// The latency gate never starves the pool: when every backend with
+    /// room fails it alone (a slow prefill, a long prompt, all of them
+    /// loaded alike), they all stay candidates and the strategy picks
+    /// among them by load, as if the gate were off.
     pub(super) fn collect_candidates(&mut self, now: Instant, pool: PoolId) {
         self.scratch.clear();
         let ps = &self.pools[pool.0 as usize];
+        let mut slow = 0;
         for &bid in &ps.backends {
             let b = &self.backends[bid.0 as usize];
-            if b.retired
-                || !b.is_available(now)
-                || b.in_flight >= b.window
-                || !has_headroom(b, ps, now, self.stale_after)
-            {
+            if b.retired || !b.is_available(now) || b.in_flight >= b.window {
+                continue;
+            }
+            let headroom = headroom(b, ps, now, self.stale_after);
+            if !headroom.kv {
                 continue;
             }
             let fresh = b
                 .reading
                 .as_ref()
                 .filter(|r| now.saturating_since(r.at) <= self.stale_after);
-            self.scratch.push(Candidate {
+            let c = Candidate {
                 id: bid,
                 in_flight: b.in_flight,
                 waiting: fresh.and_then(|r| r.waiting).unwrap_or(0),
                 window: b.window,
                 kv_usage: fresh.and_then(|r| r.kv_usage),
-            });
+                cached_tokens: 0,
+                pending_prefill: 0,
+            };
+            if headroom.latency {
+                // Ahead of the slow ones, which are dropped below if any
+                // backend passes.
+                self.scratch.insert(self.scratch.len() - slow, c);
+            } else {
+                self.scratch.push(c);
+                slow += 1;
+            }
         }
+        if slow < self.scratch.len() {
+            self.scratch.truncate(self.scratch.len() - slow);
+        }
+    }
+}
+
+/// What a backend's readings say of its room for more work.
+pub(super) struct Headroom {
+    /// KV usage under the pool's watermark (or unknown).
+    pub(super) kv: bool,
+    /// TTFT p99 within the pool's threshold (or unknown).
+    pub(super) latency: bool,
+}
+
+impl Headroom {
+    pub(super) fn both(&self) -> bool {
+        self.kv && self.latency
     }
 }
 
 /// Whether `b` may take more work by its readings: KV under the pool's
 /// watermark and TTFT p99 under its threshold (a fresh reading), or, with
 /// none, the gateway's own observed TTFT under the threshold.
-pub(super) fn has_headroom(
+pub(super) fn headroom(
     b: &BackendState,
     ps: &PoolState,
     now: Instant,
     stale_after: Duration,
-) -> bool {
+) -> Headroom {
     match b
         .reading
         .as_ref()
         .filter(|r| now.saturating_since(r.at) <= stale_after)
     {
-        Some(r) => {
-            !(r.kv_usage.is_some_and(|k| k >= ps.kv_high_watermark)
-                || r.ttft_p99.is_some_and(|t| t > ps.ttft_p99_threshold))
-        }
-        None => !(b.in_flight > 0 && b.observed_ttft.is_some_and(|t| t > ps.ttft_p99_threshold)),
+        Some(r) => Headroom {
+            kv: r.kv_usage.is_none_or(|k| k < ps.kv_high_watermark),
+            latency: r.ttft_p99.is_none_or(|t| t <= ps.ttft_p99_threshold),
+        },
+        None => Headroom {
+            kv: true,
+            latency: !(b.in_flight > 0
+                && b.observed_ttft.is_some_and(|t| t > ps.ttft_p99_threshold)),
+        },
     }
 }

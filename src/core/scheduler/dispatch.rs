@@ -2,8 +2,8 @@
 //! queue, requeue, shedding, and undoing what a dispatch counted.
 
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
-use crate::core::routing::pick;
-use crate::core::spec::Discipline;
+use crate::core::routing::{pick, prefix_aware};
+use crate::core::spec::{Discipline, Strategy};
 use crate::core::time::Instant;
 
 use super::state::{Phase, Req, is_late, is_queued};
@@ -53,17 +53,27 @@ impl Scheduler {
             // among the backends.
             let adapter = self.requests.get(id).and_then(|r| r.adapter);
             let best = self.order_for_adapter(pool, adapter);
+            let prompt = self.requests.get(id).map_or(0, |r| r.prompt_tokens);
             let ps = &mut self.pools[p];
-            // `best` ≥ 1 as there are candidates, so `pick` has one.
-            let i = pick(
-                ps.strategy,
-                &self.scratch[..best],
-                &mut self.rng,
-                &mut ps.rr_cursor,
-            )
-            .unwrap_or(0);
+            // `best` ≥ 1 as there are candidates, so a strategy has one.
+            let i = if ps.strategy == Strategy::PrefixAware {
+                self.match_prefix(now, pool, id, best);
+                let (i, spilled) = prefix_aware(&self.scratch[..best], prompt, &mut self.rng);
+                self.pools[p].prefix_spills += u64::from(spilled);
+                i
+            } else {
+                pick(
+                    ps.strategy,
+                    &self.scratch[..best],
+                    prompt,
+                    &mut self.rng,
+                    &mut ps.rr_cursor,
+                )
+                .unwrap_or(0)
+            };
+            let cached = self.scratch[i].cached_tokens;
             let backend = self.scratch[i].id;
-            self.dispatch(now, pool, tenant, id, backend, out);
+            self.dispatch(now, pool, tenant, id, backend, cached, out);
         }
         self.pools[p].note_backlog(now);
     }
@@ -116,8 +126,33 @@ impl Scheduler {
             .sum()
     }
 
+    /// Fills the first `n` candidates' `cached_tokens` for request `id`
+    /// from `pool`'s prefix index, and their `pending_prefill`.
+    fn match_prefix(&mut self, now: Instant, pool: PoolId, id: RequestId, n: usize) {
+        let Some(req) = self.requests.get(id) else {
+            return;
+        };
+        let ps = &mut self.pools[pool.0 as usize];
+        let block = ps.prefix_spec.block_tokens;
+        let ids: Vec<BackendId> = self.scratch[..n].iter().map(|c| c.id).collect();
+        let mut blocks = Vec::with_capacity(n);
+        if let Some(ix) = ps.prefix.as_mut() {
+            ix.matched(now, &req.prefix, &ids, &mut blocks);
+        }
+        for (i, c) in self.scratch[..n].iter_mut().enumerate() {
+            let held = blocks.get(i).copied().unwrap_or(0);
+            // An engine recomputes at least the prompt's last token.
+            c.cached_tokens = held
+                .saturating_mul(block)
+                .min(req.prompt_tokens.saturating_sub(1));
+            c.pending_prefill = self.backends[c.id.0 as usize].pending_prefill;
+        }
+    }
+
     /// Sends queued request `id` of `tenant`, just popped from `pool`'s
-    /// queue, to `backend`.
+    /// queue, to `backend`, which the prefix index predicts holds `cached`
+    /// of its prompt tokens.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch(
         &mut self,
         now: Instant,
@@ -125,6 +160,7 @@ impl Scheduler {
         tenant: TenantId,
         id: RequestId,
         backend: BackendId,
+        cached: u32,
         out: &mut Vec<Decision>,
     ) {
         let p = pool.0 as usize;
@@ -163,6 +199,9 @@ impl Scheduler {
         if let Some(a) = req.adapter {
             b.lora.sent(a, now);
         }
+        let prefill = req.prompt_tokens.saturating_sub(cached);
+        b.pending_prefill += u64::from(prefill);
+        b.predicted_cached_tokens += u64::from(cached);
         let mark = b.clock.start(now);
         self.deadlines.remove(&(req.deadline, id));
         req.phase = Phase::InFlight {
@@ -171,7 +210,13 @@ impl Scheduler {
             dispatched: now,
             charged,
             class,
+            prefill,
         };
+        // Approximate mode: the backend will hold the prompt once it has
+        // prefilled it.
+        if let Some(ix) = self.pools[p].prefix.as_mut() {
+            ix.stored(now, backend, &req.prefix);
+        }
         self.tenants[tenant.0 as usize].in_flight += 1;
         let preemptible = self.may_preempt(tenant);
         let ps = &mut self.pools[p];
@@ -232,6 +277,7 @@ impl Scheduler {
             backend,
             mark,
             dispatched,
+            prefill,
             ..
         } = phase
         else {
@@ -240,6 +286,7 @@ impl Scheduler {
         let b = &mut self.backends[backend.0 as usize];
         let gpu_seconds = b.clock.finish(now, mark);
         b.in_flight = b.in_flight.saturating_sub(1);
+        b.pending_prefill = b.pending_prefill.saturating_sub(u64::from(prefill));
         let t = &mut self.tenants[tenant.0 as usize];
         t.in_flight = t.in_flight.saturating_sub(1);
         let p = &mut self.pools[pool.0 as usize];
@@ -248,6 +295,24 @@ impl Scheduler {
         }
         p.preemptible.remove(&(dispatched, id));
         gpu_seconds
+    }
+
+    /// Request `id`'s response started: its prefill is no longer queued
+    /// at its backend.
+    pub(super) fn prefill_done(&mut self, id: RequestId) {
+        let Some(req) = self.requests.get_mut(id) else {
+            return;
+        };
+        if let Phase::InFlight {
+            backend,
+            ref mut prefill,
+            ..
+        } = req.phase
+        {
+            let b = &mut self.backends[backend.0 as usize];
+            b.pending_prefill = b.pending_prefill.saturating_sub(u64::from(*prefill));
+            *prefill = 0;
+        }
     }
 
     pub(super) fn remove_queued(&mut self, now: Instant, id: RequestId) -> Option<Req> {

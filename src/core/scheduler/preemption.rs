@@ -5,7 +5,7 @@ use crate::core::ids::{PoolId, TenantId};
 use crate::core::spec::Priority;
 use crate::core::time::Instant;
 
-use super::candidates::has_headroom;
+use super::candidates::headroom;
 use super::state::{Phase, is_queued};
 use super::{Decision, Scheduler};
 
@@ -74,7 +74,7 @@ impl Scheduler {
                     && b.is_available(now)
                     && !b.retired
                     && b.in_flight <= b.window
-                    && has_headroom(b, ps, now, self.stale_after)
+                    && headroom(b, ps, now, self.stale_after).both()
             });
         let Some(id) = victim else {
             return false;
@@ -92,7 +92,7 @@ impl Scheduler {
             .queue
             .pop_from(head, |r| is_queued(requests, r))
         {
-            self.dispatch(now, pool, head, next, backend, out);
+            self.dispatch(now, pool, head, next, backend, 0, out);
         }
         true
     }

@@ -102,6 +102,9 @@ impl Scheduler {
                 let b = &mut self.backends[bid.0 as usize];
                 if b.pool != pid {
                     // Moved to another pool: keep accounting, reset routing state.
+                    if let Some(ix) = self.pools[b.pool.0 as usize].prefix.as_mut() {
+                        ix.cleared(bid);
+                    }
                     b.pool = pid;
                     b.reading = None;
                     b.lora = Default::default();
@@ -118,6 +121,7 @@ impl Scheduler {
             let p = &mut self.pools[pid.0 as usize];
             p.retired = false;
             p.strategy = pp.strategy;
+            p.set_prefix(pp.strategy, pp.prefix);
             p.kv_high_watermark = pp.kv_high_watermark;
             p.ttft_p99_threshold = pp.ttft_p99_threshold;
             p.outlier = pp.outlier.clone();

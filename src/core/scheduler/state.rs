@@ -7,11 +7,12 @@ use std::time::Duration;
 use crate::core::accounting::GpuClock;
 use crate::core::admission::{Bucket, BucketState, RateLimits};
 use crate::core::ids::{AdapterId, BackendId, PoolId, RequestId, TenantId};
+use crate::core::prefix::PrefixIndex;
 use crate::core::queue::FairQueue;
 use crate::core::queue::cost::PoolCapacity;
 use crate::core::reading::Reading;
 use crate::core::spec::{
-    Api, BackendSpec, Discipline, OnLate, OutlierSpec, PoolSpec, Priority, Strategy,
+    Api, BackendSpec, Discipline, OnLate, OutlierSpec, PoolSpec, PrefixSpec, Priority, Strategy,
 };
 use crate::core::time::Instant;
 
@@ -125,6 +126,12 @@ pub(super) struct PoolState {
     pub(super) preemptible: BTreeSet<(Instant, RequestId)>,
     /// When the current success-rate interval started.
     pub(super) rate_window_start: Option<Instant>,
+    /// Which backend holds which prefix (`Strategy::PrefixAware` only).
+    pub(super) prefix: Option<PrefixIndex>,
+    pub(super) prefix_spec: PrefixSpec,
+    /// Requests the prefix strategy sent to the least loaded backend
+    /// rather than the one holding their prefix.
+    pub(super) prefix_spills: u64,
     pub(super) retired: bool,
 }
 
@@ -152,8 +159,35 @@ impl PoolState {
             in_flight: Vec::new(),
             preemptible: BTreeSet::new(),
             rate_window_start: None,
+            prefix: None,
+            prefix_spec: pp.prefix,
+            prefix_spills: 0,
             retired: false,
         }
+        .with_prefix(pp.strategy, pp.prefix)
+    }
+
+    /// Keeps a prefix index under `Strategy::PrefixAware` (a new one if
+    /// the block size changed: its keys would mean other blocks), none
+    /// otherwise.
+    pub(super) fn with_prefix(mut self, strategy: Strategy, spec: PrefixSpec) -> Self {
+        self.set_prefix(strategy, spec);
+        self
+    }
+
+    pub(super) fn set_prefix(&mut self, strategy: Strategy, spec: PrefixSpec) {
+        let keep = strategy == Strategy::PrefixAware
+            && self.prefix.is_some()
+            && self.prefix_spec.block_tokens == spec.block_tokens;
+        self.prefix = match (strategy, self.prefix.take()) {
+            (Strategy::PrefixAware, Some(mut ix)) if keep => {
+                ix.reconfigure(spec.index_blocks, Some(spec.ttl));
+                Some(ix)
+            }
+            (Strategy::PrefixAware, _) => Some(PrefixIndex::new(spec.index_blocks, Some(spec.ttl))),
+            _ => None,
+        };
+        self.prefix_spec = spec;
     }
 
     pub(super) fn in_flight(&self, t: TenantId) -> u32 {
@@ -202,6 +236,12 @@ pub(super) struct BackendState {
     pub(super) gpu_cost: super::cost_model::GpuCostModel,
     /// The LoRA adapters it is known or believed to have loaded.
     pub(super) lora: super::adapters::LoraState,
+    /// Uncached prompt tokens of the requests Fairway sent it that have not
+    /// started answering (the prefix strategy's queued prefill).
+    pub(super) pending_prefill: u64,
+    /// Prompt tokens the prefix index predicted it held, over the
+    /// requests sent to it.
+    pub(super) predicted_cached_tokens: u64,
 }
 
 impl BackendState {
@@ -229,6 +269,8 @@ impl BackendState {
             window_failed: 0,
             gpu_cost: Default::default(),
             lora: Default::default(),
+            pending_prefill: 0,
+            predicted_cached_tokens: 0,
         }
     }
 
@@ -248,6 +290,9 @@ pub(super) enum Phase {
         charged: f64,
         /// Its backend's concurrency class at dispatch (`cost_model`).
         class: u8,
+        /// Its uncached prompt tokens, counted in its backend's
+        /// `pending_prefill` until its response starts (then 0).
+        prefill: u32,
     },
 }
 
@@ -272,6 +317,8 @@ pub(super) struct Req {
     /// When it can no longer make its SLO, if its tenant has one.
     pub(super) give_up: Option<Instant>,
     pub(super) adapter: Option<AdapterId>,
+    /// Its prompt's block keys at the pool's `prefix_block_tokens`.
+    pub(super) prefix: Box<[u64]>,
 }
 
 #[derive(Debug, Default)]

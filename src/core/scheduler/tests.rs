@@ -59,6 +59,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             },
             adapter_affinity: true,
             adapters: Vec::new(),
+            prefix: Default::default(),
             backends: (0..backends)
                 .map(|i| BackendSpec {
                     name: format!("b{i}"),
@@ -81,6 +82,7 @@ fn arrival(s: &Scheduler, name: &str) -> Arrival {
         choices: 1,
         deadline: None,
         adapter: None,
+        prefix: Vec::new(),
     }
 }
 

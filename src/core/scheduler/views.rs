@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::core::admission::RateLimits;
 use crate::core::ids::{BackendId, PoolId, TenantId};
+use crate::core::prefix::IndexStats;
 use crate::core::reading::Reading;
 use crate::core::spec::pool_key;
 use crate::core::time::Instant;
@@ -44,6 +45,18 @@ pub struct BackendView {
     pub observed_ttft: Option<Duration>,
     pub busy_gpu_seconds: f64,
     pub gpus: u32,
+    /// Prompt tokens the prefix index predicted it held, over the requests
+    /// sent to it (a counter).
+    pub predicted_cached_tokens: u64,
+}
+
+/// A pool's prefix index, for metrics.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefixView {
+    pub index: IndexStats,
+    /// Requests sent to the least loaded backend rather than the holder
+    /// of their prefix (a counter).
+    pub spills: u64,
 }
 
 impl Scheduler {
@@ -185,6 +198,23 @@ impl Scheduler {
             observed_ttft: s.observed_ttft,
             busy_gpu_seconds: s.clock.busy_gpu_seconds(now),
             gpus: s.gpus,
+            predicted_cached_tokens: s.predicted_cached_tokens,
         }
+    }
+
+    /// The pool's prefix index, if it routes on prefixes.
+    pub fn prefix_view(&self, pool: PoolId) -> Option<PrefixView> {
+        let p = &self.pools[pool.0 as usize];
+        p.prefix.as_ref().map(|ix| PrefixView {
+            index: ix.stats(),
+            spills: p.prefix_spills,
+        })
+    }
+
+    /// The pool's canonical prefix block, if it routes on prefixes: what
+    /// an [`Arrival`](super::Arrival)'s `prefix` keys are cut by.
+    pub fn prefix_block_tokens(&self, pool: PoolId) -> Option<u32> {
+        let p = &self.pools[pool.0 as usize];
+        p.prefix.as_ref().map(|_| p.prefix_spec.block_tokens)
     }
 }

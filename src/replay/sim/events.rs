@@ -8,6 +8,7 @@ use crate::core::scheduler::{Arrival, Decision};
 use crate::core::time::Instant;
 use crate::replay::workload::WorkRequest;
 use crate::sim::engine::{EngineEvent, SeqRequest};
+use crate::tokens::request_keys;
 
 impl Sim<'_> {
     pub(super) fn arrive(&mut self, now: Instant, i: usize, w: &WorkRequest) {
@@ -35,6 +36,11 @@ impl Sim<'_> {
             self.end(i, Outcome::Refused("model_not_found"), now, None, None);
             return;
         };
+        // As the gateway keys a request for a pool that routes on prefixes.
+        let prefix = match self.scheds[r].prefix_block_tokens(pool) {
+            Some(block) => request_keys(&w.model, None, &w.token_ids(i as u64), block),
+            None => Vec::new(),
+        };
         let arrival = Arrival {
             tenant,
             pool,
@@ -43,6 +49,7 @@ impl Sim<'_> {
             choices: 1,
             deadline: None,
             adapter: self.adapter_of[i].and_then(|_| self.scheds[r].adapter(&w.model)),
+            prefix,
         };
         match self.scheds[r].on_arrival(now, arrival) {
             Ok((id, decisions)) => {
@@ -67,11 +74,21 @@ impl Sim<'_> {
                     };
                     let w = &workload[i];
                     let b = &mut self.backends[backend.0 as usize];
+                    // A request with shared segments brings its blocks'
+                    // keys; one without shares nothing with any other, and
+                    // is not keyed at all (the same run, cheaper).
+                    let prefix = if w.prefix.is_empty() {
+                        Vec::new()
+                    } else {
+                        let block = b.engine.params().block_size;
+                        request_keys(&w.model, None, &w.token_ids(i as u64), block)
+                    };
                     let seq = SeqRequest {
                         id: i as u64,
                         prompt_tokens: w.prompt_tokens,
                         output_tokens: w.output_tokens,
                         adapter: self.adapter_of[i],
+                        prefix,
                     };
                     if b.engine.submit(to_engine(now, b.scale), seq).is_err() {
                         // The engine refuses it (context too long): the
@@ -160,6 +177,7 @@ impl Sim<'_> {
                     at,
                     prompt_tokens,
                     completion_tokens,
+                    ..
                 } => {
                     let i = id as usize;
                     let Some(f) = self.flying.remove(&i) else {

@@ -180,6 +180,20 @@ pub(super) fn render(
         &labels,
         stats.generation_tokens_total,
     );
+    counter(
+        &mut s,
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        &labels,
+        stats.prefix_cache_queries_total,
+    );
+    counter(
+        &mut s,
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        &labels,
+        stats.prefix_cache_hits_total,
+    );
     prom::family(
         &mut s,
         "vllm:request_success",
@@ -399,8 +413,8 @@ mod tests {
         ));
         let types = text.lines().filter(|l| l.starts_with("# TYPE")).count();
         let helps = text.lines().filter(|l| l.starts_with("# HELP")).count();
-        assert_eq!(types, 10);
-        assert_eq!(helps, 10);
+        assert_eq!(types, 12);
+        assert_eq!(helps, 12);
         assert!(text.ends_with('\n'));
     }
 }

@@ -325,11 +325,23 @@ pub(super) fn response_id(endpoint: Endpoint, salt: u32, id: u64) -> String {
     }
 }
 
-fn usage(prompt: u32, completion: u32) -> Value {
+/// What a finished sequence used: its prompt (`cached` of it found in
+/// the prefix cache) and one choice's completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::sim::backend) struct Usage {
+    pub prompt: u32,
+    pub cached: u32,
+    pub completion: u32,
+}
+
+/// Chat and completions usage, with vLLM's `prompt_tokens_details` (as
+/// `--enable-prompt-tokens-details` reports it).
+fn usage(u: Usage, completion: u32) -> Value {
     json!({
-        "prompt_tokens": prompt,
+        "prompt_tokens": u.prompt,
         "completion_tokens": completion,
-        "total_tokens": u64::from(prompt) + u64::from(completion),
+        "total_tokens": u64::from(u.prompt) + u64::from(completion),
+        "prompt_tokens_details": {"cached_tokens": u.cached},
     })
 }
 
@@ -433,11 +445,11 @@ impl StreamHead {
     /// one choice.
     pub(super) fn done_event(
         &mut self,
-        prompt: u32,
-        completion: u32,
+        u: Usage,
         include_usage: bool,
         finish: FinishReason,
     ) -> Bytes {
+        let (prompt, completion) = (u.prompt, u.completion);
         let mut out = Vec::with_capacity(256);
         match self.endpoint {
             Endpoint::Responses => self.responses.done(prompt, completion, finish, &mut out),
@@ -445,7 +457,7 @@ impl StreamHead {
             Endpoint::Chat | Endpoint::Completions => {
                 if include_usage {
                     let mut c = self.chunk(json!([]));
-                    c["usage"] = usage(prompt, completion.saturating_mul(self.n));
+                    c["usage"] = usage(u, completion.saturating_mul(self.n));
                     sse(&c, &mut out);
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
@@ -456,12 +468,8 @@ impl StreamHead {
 
     /// The whole non-streaming response body; `completion` counts one
     /// choice.
-    pub(super) fn full_response(
-        &self,
-        prompt: u32,
-        completion: u32,
-        finish: FinishReason,
-    ) -> Bytes {
+    pub(super) fn full_response(&self, u: Usage, finish: FinishReason) -> Bytes {
+        let (prompt, completion) = (u.prompt, u.completion);
         let text = TOKEN_TEXT.repeat(completion as usize);
         let choice = |i: u32| match self.endpoint {
             Endpoint::Chat => json!({"index": i, "message": {"role": "assistant", "content": text},
@@ -490,7 +498,7 @@ impl StreamHead {
             "created": self.created,
             "model": self.model,
             "choices": (0..self.n).map(choice).collect::<Vec<_>>(),
-            "usage": usage(prompt, completion.saturating_mul(self.n)),
+            "usage": usage(u, completion.saturating_mul(self.n)),
         });
         Bytes::from(v.to_string())
     }

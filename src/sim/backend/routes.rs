@@ -24,7 +24,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::metrics::FinishReason;
-use super::openai::{self, ApiError, Endpoint, StreamHead};
+use super::openai::{self, ApiError, Endpoint, StreamHead, Usage};
 use super::pooling;
 use super::triton::TritonError;
 use super::{Body, Delivery, Fault, Flavour, MAX_BODY_BYTES, SeqGuard, Shared};
@@ -67,22 +67,21 @@ impl Stream for TokenStream {
             Poll::Ready(Some(Delivery::Finished {
                 prompt_tokens,
                 completion_tokens,
+                cached_tokens,
             })) => {
                 this.is_done = true;
+                let usage = Usage {
+                    prompt: prompt_tokens,
+                    cached: cached_tokens,
+                    completion: completion_tokens,
+                };
                 if this.store {
-                    let whole =
-                        this.head
-                            .full_response(prompt_tokens, completion_tokens, this.reason);
+                    let whole = this.head.full_response(usage, this.reason);
                     this.guard
                         .shared
                         .store_response(this.head.id.clone(), whole);
                 }
-                this.head.done_event(
-                    prompt_tokens,
-                    completion_tokens,
-                    this.include_usage,
-                    this.reason,
-                )
+                this.head.done_event(usage, this.include_usage, this.reason)
             }
         };
         Poll::Ready(Some(Ok(Frame::data(bytes))))
@@ -335,8 +334,9 @@ async fn generate(
         ));
     }
     let reason = g.finish_reason();
+    let prefix = shared.prefix_keys(&g.model, &body);
     let (guard, mut rx) = shared
-        .submit_for(adapter, g.prompt_tokens, g.output_tokens, reason)
+        .submit_for(adapter, g.prompt_tokens, g.output_tokens, reason, prefix)
         .map_err(|e| engine_error(e, endpoint))?;
     let head = StreamHead::new(
         endpoint,
@@ -383,9 +383,15 @@ async fn generate(
         if let Delivery::Finished {
             prompt_tokens,
             completion_tokens,
+            cached_tokens,
         } = d
         {
-            let body = head.full_response(prompt_tokens, completion_tokens, reason);
+            let usage = Usage {
+                prompt: prompt_tokens,
+                cached: cached_tokens,
+                completion: completion_tokens,
+            };
+            let body = head.full_response(usage, reason);
             if endpoint == Endpoint::Responses && g.store {
                 shared.store_response(head.id.clone(), body.clone());
             }

@@ -128,7 +128,8 @@ async fn non_streaming_chat_returns_usage_and_text() {
     // "hello world!" is 12 bytes = 3 tokens, plus 4 for the template.
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12})
+        json!({"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12,
+            "prompt_tokens_details": {"cached_tokens": 0}})
     );
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["choices"][0]["message"]["content"], " tok".repeat(5));
@@ -243,7 +244,8 @@ async fn usage_chunk_only_when_include_usage() {
     assert_eq!(ev[3]["choices"], json!([]));
     assert_eq!(
         ev[3]["usage"],
-        json!({"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5})
+        json!({"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 0}})
     );
     assert_eq!(ev[4], "[DONE]");
 

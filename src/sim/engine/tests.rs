@@ -29,6 +29,15 @@ fn req(id: u64, prompt_tokens: u32, output_tokens: u32) -> SeqRequest {
         prompt_tokens,
         output_tokens,
         adapter: None,
+        prefix: Vec::new(),
+    }
+}
+
+/// A request whose prompt's blocks are keyed `keys` (16-token blocks).
+fn keyed(id: u64, prompt_tokens: u32, output_tokens: u32, keys: &[u64]) -> SeqRequest {
+    SeqRequest {
+        prefix: keys.to_vec(),
+        ..req(id, prompt_tokens, output_tokens)
     }
 }
 
@@ -154,7 +163,8 @@ fn first_token_arrives_at_the_end_of_the_prefill_step() {
             id: 1,
             at: Instant::from_nanos(30 * MS),
             prompt_tokens: 100,
-            completion_tokens: 3
+            completion_tokens: 3,
+            cached_tokens: 0,
         })
     );
 }
@@ -473,4 +483,117 @@ fn lora_slots_load_lru_and_skip_a_sequence_that_finds_none() {
         off.submit(Instant::ZERO, with(9, Some(0), 1)),
         Err(EngineError::LoraDisabled)
     );
+}
+
+fn cached_of(out: &[EngineEvent], want: u64) -> u32 {
+    out.iter()
+        .find_map(|e| match e {
+            EngineEvent::Finished {
+                id, cached_tokens, ..
+            } if *id == want => Some(*cached_tokens),
+            _ => None,
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_cached_prefix_is_not_prefilled_again() {
+    let mut e = Engine::new(params());
+    // 100 tokens: six full 16-token blocks.
+    let keys = [1, 2, 3, 4, 5, 6];
+    e.submit(Instant::ZERO, keyed(1, 100, 1, &keys)).unwrap();
+    let mut out = Vec::new();
+    let t = run_to_idle(&mut e, &mut out);
+    assert_eq!(cached_of(&out, 1), 0);
+    // Its blocks stay cached after it ends, but count as free.
+    assert_eq!(e.stats().kv_blocks_used, 0);
+    // Same first four blocks: 64 tokens cached, 36 prefilled (3.6 ms).
+    e.submit(t, keyed(2, 100, 1, &[1, 2, 3, 4, 9, 9])).unwrap();
+    e.advance(t, &mut out);
+    assert_eq!(e.next_event_at().unwrap() - t, Duration::from_micros(3_600));
+    run_to_idle(&mut e, &mut out);
+    assert_eq!(cached_of(&out, 2), 64);
+    let s = e.stats();
+    assert_eq!(s.prefix_cache_queries_total, 200);
+    assert_eq!(s.prefix_cache_hits_total, 64);
+    assert_eq!(s.prefill_tokens_total, 136);
+}
+
+#[test]
+fn a_whole_prompt_cached_still_computes_its_last_block() {
+    let mut e = Engine::new(params());
+    let keys = [1, 2, 3, 4];
+    e.submit(Instant::ZERO, keyed(1, 64, 1, &keys)).unwrap();
+    let mut out = Vec::new();
+    let t = run_to_idle(&mut e, &mut out);
+    e.submit(t, keyed(2, 64, 1, &keys)).unwrap();
+    run_to_idle(&mut e, &mut out);
+    // At most prompt − 1 tokens, in whole blocks: three.
+    assert_eq!(cached_of(&out, 2), 48);
+}
+
+#[test]
+fn running_sequences_share_their_cached_blocks() {
+    let mut e = Engine::new(params());
+    e.submit(Instant::ZERO, keyed(1, 64, 50, &[1, 2, 3, 4]))
+        .unwrap();
+    let mut out = Vec::new();
+    e.advance(Instant::ZERO, &mut out);
+    let t = e.next_event_at().unwrap();
+    e.advance(t, &mut out);
+    // Submitted during 1's second step: admitted when it ends.
+    e.submit(t, keyed(2, 64, 50, &[1, 2, 3, 4])).unwrap();
+    let t = e.next_event_at().unwrap();
+    e.advance(t, &mut out);
+    // 1: 66 tokens, 5 blocks; 2: 64 tokens, three of its four blocks
+    // shared with 1 (its last is its own: a prompt's last token is
+    // always computed).
+    assert_eq!(e.stats().kv_blocks_used, 5 + 1);
+    run_to_idle(&mut e, &mut out);
+    assert_eq!(cached_of(&out, 2), 48);
+    assert_eq!(e.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn a_full_cache_evicts_the_least_recently_used_prefix() {
+    // Room for 8 blocks of 16 tokens.
+    let mut e = Engine::new(EngineParams {
+        kv_tokens: 8 * 16,
+        ..params()
+    });
+    let mut out = Vec::new();
+    let mut t = Instant::ZERO;
+    // Prefix A (3 blocks), then B (3 blocks): both fit idle.
+    for (id, k) in [(1, 10), (2, 20)] {
+        e.submit(t, keyed(id, 49, 1, &[k, k + 1, k + 2])).unwrap();
+        t = run_to_idle(&mut e, &mut out);
+    }
+    // A again (a hit, which makes B the least recently used), then C needs
+    // two empty blocks: B's deepest two go (a prompt's blocks are freed
+    // last first), A's stay.
+    e.submit(t, keyed(3, 49, 1, &[10, 11, 12])).unwrap();
+    t = run_to_idle(&mut e, &mut out);
+    e.submit(t, keyed(4, 49, 1, &[30, 31, 32])).unwrap();
+    t = run_to_idle(&mut e, &mut out);
+    e.submit(t, keyed(5, 49, 1, &[10, 11, 12])).unwrap();
+    t = run_to_idle(&mut e, &mut out);
+    e.submit(t, keyed(6, 49, 1, &[20, 21, 22])).unwrap();
+    run_to_idle(&mut e, &mut out);
+    assert_eq!(cached_of(&out, 3), 48);
+    assert_eq!(cached_of(&out, 5), 48);
+    assert_eq!(cached_of(&out, 6), 16);
+    assert_eq!(e.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn reset_drops_the_idle_cache() {
+    let mut e = Engine::new(params());
+    let mut out = Vec::new();
+    e.submit(Instant::ZERO, keyed(1, 64, 1, &[1, 2, 3, 4]))
+        .unwrap();
+    let t = run_to_idle(&mut e, &mut out);
+    assert_eq!(e.reset_prefix_cache(), 4);
+    e.submit(t, keyed(2, 64, 1, &[1, 2, 3, 4])).unwrap();
+    run_to_idle(&mut e, &mut out);
+    assert_eq!(cached_of(&out, 2), 0);
 }

@@ -1,0 +1,30 @@
+//! A backend that may take a request now, as the strategies see it.
+
+use crate::core::ids::BackendId;
+
+/// A backend that may take a request now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: BackendId,
+    /// Requests Fairway has in flight there.
+    pub in_flight: u32,
+    /// Requests waiting inside the engine, from a fresh reading (else 0).
+    pub waiting: u32,
+    /// Current dispatch window (> in_flight for a candidate).
+    pub window: u32,
+    /// KV usage from a fresh reading.
+    pub kv_usage: Option<f64>,
+    /// Prompt tokens of this request it holds cached, by the pool's prefix
+    /// index (0 without one).
+    pub cached_tokens: u32,
+    /// Uncached prompt tokens Fairway sent it that have not started
+    /// answering: the prefill queued ahead of this request.
+    pub pending_prefill: u64,
+}
+
+impl Candidate {
+    /// Outstanding work over capacity: `(in_flight + waiting) / window`.
+    pub fn load(&self) -> f64 {
+        f64::from(self.in_flight + self.waiting) / f64::from(self.window.max(1))
+    }
+}
