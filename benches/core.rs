@@ -122,6 +122,7 @@ impl Load {
         let usage = Usage {
             prompt_tokens: 200,
             completion_tokens: 80,
+            cached_tokens: None,
         };
         if let Some((_, ds)) = self.s.on_completion(t, id, Some(usage)) {
             self.track(ds);

@@ -97,9 +97,13 @@ async fn requests_sharing_a_prefix_land_where_it_is_cached() {
     );
     let text = scrape(&gw).await;
     assert!(metric(&text, "fairway_prefix_index_entries{model=\"m\"}").unwrap() > 0.0);
+    let predicted = metric_sum(&text, "fairway_prefix_predicted_cached_tokens_total{");
+    assert!(predicted > 16.0 * 500.0, "{text}");
+    // What the engines reported in their usage agrees with the prediction.
+    let reported = metric_sum(&text, "fairway_backend_cached_prompt_tokens_total{");
     assert!(
-        metric_sum(&text, "fairway_prefix_predicted_cached_tokens_total{") > 16.0 * 500.0,
-        "{text}"
+        (reported - predicted).abs() <= 0.05 * predicted,
+        "reported {reported}, predicted {predicted}"
     );
     promtool_check(&text);
 }

@@ -18,7 +18,7 @@ use crate::core::placement::PlacementSpec;
 use crate::core::spec::{
     Api, BackendSpec, OutlierSpec, PoolSpec, PreemptionSpec, QueueSpec, SchedulerSpec, TenantSpec,
 };
-pub use crate::core::spec::{Discipline, OnLate, PrefixSpec, Priority, Strategy};
+pub use crate::core::spec::{Discipline, OnLate, PrefillCharge, PrefixSpec, Priority, Strategy};
 
 /// Readings older than this many poll intervals are stale.
 const STALE_AFTER_INTERVALS: u32 = 3;
@@ -274,6 +274,10 @@ pub struct QueuePolicy {
     /// The share of backlogged tenants' in-flight estimates that a
     /// returning tenant's lift counts as received (0 to 1).
     pub in_flight_credit: f64,
+    /// Whether cached prompt tokens count in the charge (default `full`:
+    /// they do).
+    #[serde(serialize_with = "as_display")]
+    pub prefill_charge: PrefillCharge,
 }
 
 /// `[preemption]`: when queued interactive work may take the slot of
@@ -461,6 +465,7 @@ impl Policy {
                 max_queued_per_tenant: self.queue.max_queued_per_tenant,
                 output_token_weight: self.queue.output_token_weight,
                 in_flight_credit: self.queue.in_flight_credit,
+                prefill_charge: self.queue.prefill_charge,
             },
             preemption: PreemptionSpec {
                 enabled: self.preemption.enabled,

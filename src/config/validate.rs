@@ -24,8 +24,8 @@ use self::reader::{Reader, Table, Value, Zero};
 use self::server::{read_server, read_tls};
 use super::file::{ConfigError, parse_document};
 use super::policy::{
-    Discipline, OnStale, PlacementPolicy, Policy, PollerPolicy, PreemptionPolicy, QueuePolicy,
-    TelemetryPolicy,
+    Discipline, OnStale, PlacementPolicy, Policy, PollerPolicy, PreemptionPolicy, PrefillCharge,
+    QueuePolicy, TelemetryPolicy,
 };
 
 /// Looks an environment variable up; `None` when unset or not UTF-8.
@@ -140,6 +140,12 @@ const TELEMETRY_KEYS: &[&str] = &[
     "fairness_window",
     "sample_ratio",
 ];
+/// `[queue] prefill_charge` spellings.
+const PREFILL_CHARGES: &[(&str, PrefillCharge)] = &[
+    ("uncached", PrefillCharge::Uncached),
+    ("full", PrefillCharge::Full),
+];
+
 /// Default `[queue] in_flight_credit` (docs/policy.md says why).
 pub const DEFAULT_IN_FLIGHT_CREDIT: f64 = 0.5;
 const POLLER_KEYS: &[&str] = &["interval", "timeout"];
@@ -149,6 +155,7 @@ const QUEUE_KEYS: &[&str] = &[
     "max_queued_per_tenant",
     "output_token_weight",
     "in_flight_credit",
+    "prefill_charge",
 ];
 const DISCIPLINES: &[(&str, Discipline)] = &[
     ("fifo", Discipline::Fifo),
@@ -413,5 +420,10 @@ fn read_queue(r: &mut Reader<'_>, t: &Table<'_, '_>) -> QueuePolicy {
         in_flight_credit: r
             .opt(t, "in_flight_credit", Reader::share)
             .unwrap_or(DEFAULT_IN_FLIGHT_CREDIT),
+        prefill_charge: r
+            .opt(t, "prefill_charge", |r, v, p| {
+                r.choice(v, p, PREFILL_CHARGES)
+            })
+            .unwrap_or(PrefillCharge::Full),
     }
 }

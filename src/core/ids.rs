@@ -48,4 +48,7 @@ impl fmt::Display for RequestId {
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
+    /// Prompt tokens the engine found in its prefix cache, where it
+    /// reports them.
+    pub cached_tokens: Option<u32>,
 }

@@ -54,7 +54,7 @@ use crate::core::ids::{AdapterId, BackendId, PoolId, RequestId, TenantId, Usage}
 use crate::core::queue::cost::{Work, cost};
 use crate::core::reading::Reading;
 use crate::core::routing::Candidate;
-use crate::core::spec::{Api, Discipline, OnLate, PreemptionSpec, SchedulerSpec};
+use crate::core::spec::{Api, Discipline, OnLate, PreemptionSpec, PrefillCharge, SchedulerSpec};
 use crate::core::time::Instant;
 
 pub use outlier::{EjectReason, Ejection};
@@ -150,6 +150,7 @@ pub struct Scheduler {
     max_wait: Duration,
     max_queued_per_tenant: u32,
     output_token_weight: f64,
+    prefill_charge: PrefillCharge,
     stale_after: Duration,
     preemption: PreemptionSpec,
     /// When a queued interactive request that found no slot reaches
@@ -182,6 +183,7 @@ impl Scheduler {
             max_wait: spec.queue.max_wait,
             max_queued_per_tenant: spec.queue.max_queued_per_tenant,
             output_token_weight: spec.queue.output_token_weight,
+            prefill_charge: spec.queue.prefill_charge,
             stale_after: spec.stale_after,
             preemption: spec.preemption.clone(),
             preempt_check: None,
@@ -273,18 +275,26 @@ impl Scheduler {
             dispatched,
             charged,
             class,
+            cached,
             ..
         } = req.phase
         else {
             return None;
         };
         let gpu_seconds = self.leave_backend(now, id, req.tenant, req.pool, req.phase);
+        // The prompt the charge settles on: the engine's own cached count
+        // where it reports one, else the index's prediction.
+        let prompt = usage.map_or(0, |u| {
+            self.charged_prompt(u.prompt_tokens, u.cached_tokens.unwrap_or(cached))
+        });
         let window = self.pool_window(req.pool);
         let pool = &mut self.pools[req.pool.0 as usize];
         pool.drain.completed(now, window);
         let mut actual = None;
         if let Some(u) = usage {
-            let tokens = f64::from(u.prompt_tokens) + f64::from(u.completion_tokens);
+            // Per token as the charge counts them (the estimate multiplies
+            // the same tokens).
+            let tokens = f64::from(prompt) + f64::from(u.completion_tokens);
             if tokens >= 1.0 {
                 let sample = gpu_seconds / tokens;
                 pool.gpu_seconds_per_token = 0.9 * pool.gpu_seconds_per_token + 0.1 * sample;
@@ -293,11 +303,15 @@ impl Scheduler {
                     b.gpu_cost.learn(class, sample);
                 }
             }
+            if let (Some(n), Some(b)) = (u.cached_tokens, self.backends.get_mut(backend.0 as usize))
+            {
+                b.reported_cached_tokens += u64::from(n);
+            }
             let capacity = pool_capacity(&self.backends, pool);
             actual = Some(cost(
                 self.discipline,
                 Work {
-                    prompt_tokens: f64::from(u.prompt_tokens),
+                    prompt_tokens: f64::from(prompt),
                     output_tokens: f64::from(u.completion_tokens),
                     gpu_seconds,
                 },

@@ -62,6 +62,33 @@ impl Strategy {
     }
 }
 
+/// What a request's prompt counts for in its tenant's fair-queue charge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillCharge {
+    /// Only the prompt tokens the engine computes: those it found cached
+    /// are free (predicted at dispatch, settled with the engine's
+    /// `cached_tokens` where it reports them).
+    Uncached,
+    /// Every prompt token, cached or not.
+    Full,
+}
+
+impl PrefillCharge {
+    /// The policy-file spelling (`"uncached"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefillCharge::Uncached => "uncached",
+            PrefillCharge::Full => "full",
+        }
+    }
+}
+
+impl fmt::Display for PrefillCharge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Tenant class for the `priority` discipline and for preemption.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Priority {
@@ -241,6 +268,7 @@ pub struct QueueSpec {
     /// returning tenant's lift counts as received
     /// ([`crate::core::queue::FairQueue::set_in_flight_credit`]).
     pub in_flight_credit: f64,
+    pub prefill_charge: PrefillCharge,
 }
 
 /// When queued interactive work may take the slot of in-flight batch work.
@@ -407,6 +435,7 @@ mod tests {
                 max_queued_per_tenant: 100,
                 output_token_weight: 1.0,
                 in_flight_credit: 0.5,
+                prefill_charge: PrefillCharge::Uncached,
             },
             preemption: PreemptionSpec {
                 enabled: false,

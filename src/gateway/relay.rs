@@ -254,6 +254,7 @@ fn tail(mode: Mode, carry: &mut BytesMut, seen: &mut Seen) -> Option<Bytes> {
                 seen.usage = Some(Usage {
                     prompt_tokens: 0,
                     completion_tokens: n,
+                    cached_tokens: None,
                 });
             }
             None
@@ -408,7 +409,8 @@ mod tests {
             (
                 Some(Usage {
                     prompt_tokens: 9,
-                    completion_tokens: 2
+                    completion_tokens: 2,
+                    cached_tokens: None,
                 }),
                 true
             )

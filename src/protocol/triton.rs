@@ -196,10 +196,7 @@ pub fn triton_tokens(json: &[u8]) -> Option<u32> {
 pub fn add_triton_event(event: &[u8], usage: &mut Option<Usage>) {
     for data in data_lines(event) {
         if let Some(n) = triton_tokens(data) {
-            let u = usage.get_or_insert(Usage {
-                prompt_tokens: 0,
-                completion_tokens: 0,
-            });
+            let u = usage.get_or_insert(Usage::default());
             u.completion_tokens = u.completion_tokens.saturating_add(n);
         }
     }

@@ -173,6 +173,8 @@ struct InFlight {
     replica: usize,
     req: RequestId,
     prompt: u32,
+    /// Its prompt tokens the engine found cached (at admission).
+    cached: u32,
     backend: BackendId,
     dispatched: Instant,
     first: Option<Instant>,

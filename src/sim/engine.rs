@@ -110,6 +110,8 @@ pub enum EngineEvent {
         id: u64,
         /// Step start.
         at: Instant,
+        /// Prompt tokens found in the prefix cache at its first admission.
+        cached_tokens: u32,
     },
     /// The sequence produced its `index`-th token (1-based).
     Token {
@@ -523,7 +525,11 @@ impl Engine {
             }
             self.stats.prefill_tokens_total += computed;
             prefill_tokens += computed;
-            out.push(EngineEvent::Admitted { id: seq.id, at });
+            out.push(EngineEvent::Admitted {
+                id: seq.id,
+                at,
+                cached_tokens: seq.cached_tokens,
+            });
             self.running.push(seq);
         }
         if self.running.is_empty() {

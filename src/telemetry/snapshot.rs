@@ -69,6 +69,9 @@ pub struct BackendGauges {
     /// Prompt tokens the prefix index predicted it held, over the requests
     /// sent to it (a counter; pools that route on prefixes only).
     pub predicted_cached_tokens: Option<u64>,
+    /// Prompt tokens it reported it found in its prefix cache (usage
+    /// `cached_tokens`; a counter).
+    pub reported_cached_tokens: u64,
 }
 
 /// Writes the families read from `snap`.
@@ -336,20 +339,30 @@ fn encode_prefix(w: &mut String, snap: &Snapshot) {
             );
         }
     }
-    prom::family(
-        w,
-        "fairway_prefix_predicted_cached_tokens_total",
-        Kind::Counter,
-        "Prompt tokens the prefix index predicted a backend held, over the requests sent to it.",
-    );
-    for b in &snap.backends {
-        if let Some(v) = b.predicted_cached_tokens {
-            let _ = writeln!(
-                w,
-                "fairway_prefix_predicted_cached_tokens_total{{backend=\"{}\",model=\"{}\"}} {v}",
-                prom::escape(&b.backend),
-                prom::escape(&b.model),
-            );
+    type Count = fn(&BackendGauges) -> Option<u64>;
+    let per_backend: [(&str, &str, Count); 2] = [
+        (
+            "fairway_prefix_predicted_cached_tokens_total",
+            "Prompt tokens the prefix index predicted a backend held, over the requests sent to it.",
+            |b| b.predicted_cached_tokens,
+        ),
+        (
+            "fairway_backend_cached_prompt_tokens_total",
+            "Prompt tokens a backend reported it found in its prefix cache (cached_tokens in its usage).",
+            |b| Some(b.reported_cached_tokens),
+        ),
+    ];
+    for (name, help, get) in per_backend {
+        prom::family(w, name, Kind::Counter, help);
+        for b in &snap.backends {
+            if let Some(v) = get(b) {
+                let _ = writeln!(
+                    w,
+                    "{name}{{backend=\"{}\",model=\"{}\"}} {v}",
+                    prom::escape(&b.backend),
+                    prom::escape(&b.model),
+                );
+            }
         }
     }
 }

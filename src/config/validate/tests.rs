@@ -840,6 +840,7 @@ fn minimal_file_gets_every_default() {
             max_queued_per_tenant: 10_000,
             output_token_weight: 1.0,
             in_flight_credit: crate::config::validate::DEFAULT_IN_FLIGHT_CREDIT,
+            prefill_charge: PrefillCharge::Full,
         },
         preemption: PreemptionPolicy {
             enabled: true,
@@ -902,6 +903,7 @@ max_wait = \"2m\"
 max_queued_per_tenant = 0x10
 output_token_weight = 2
 in_flight_credit = 1
+prefill_charge = \"uncached\"
 [[pools]]
 model = \"m\"
 routing = \"p2c\"
@@ -954,6 +956,7 @@ burst = 3
             max_queued_per_tenant: 16,
             output_token_weight: 2.0,
             in_flight_credit: 1.0,
+            prefill_charge: PrefillCharge::Uncached,
         }
     );
     let pool = &p.pools[0];

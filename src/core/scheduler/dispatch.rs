@@ -3,7 +3,7 @@
 
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::routing::{pick, prefix_aware};
-use crate::core::spec::{Discipline, Strategy};
+use crate::core::spec::{Discipline, PrefillCharge, Strategy};
 use crate::core::time::Instant;
 
 use super::state::{Phase, Req, is_late, is_queued};
@@ -171,7 +171,7 @@ impl Scheduler {
         let charged = self.estimate(
             pool,
             Some(backend),
-            req.prompt_tokens,
+            self.charged_prompt(req.prompt_tokens, cached),
             req.output_estimate,
             class,
         );
@@ -211,6 +211,7 @@ impl Scheduler {
             charged,
             class,
             prefill,
+            cached,
         };
         // Approximate mode: the backend will hold the prompt once it has
         // prefilled it.
@@ -295,6 +296,15 @@ impl Scheduler {
         }
         p.preemptible.remove(&(dispatched, id));
         gpu_seconds
+    }
+
+    /// The prompt tokens a request's charge counts, `cached` of its
+    /// `prompt` having been found (or predicted) in its engine's cache.
+    pub(super) fn charged_prompt(&self, prompt: u32, cached: u32) -> u32 {
+        match self.prefill_charge {
+            PrefillCharge::Uncached => prompt.saturating_sub(cached),
+            PrefillCharge::Full => prompt,
+        }
     }
 
     /// Request `id`'s response started: its prefill is no longer queued

@@ -242,6 +242,9 @@ pub(super) struct BackendState {
     /// Prompt tokens the prefix index predicted it held, over the
     /// requests sent to it.
     pub(super) predicted_cached_tokens: u64,
+    /// Prompt tokens it reported it found cached (`cached_tokens` in
+    /// usage), over the requests that reported them.
+    pub(super) reported_cached_tokens: u64,
 }
 
 impl BackendState {
@@ -271,6 +274,7 @@ impl BackendState {
             lora: Default::default(),
             pending_prefill: 0,
             predicted_cached_tokens: 0,
+            reported_cached_tokens: 0,
         }
     }
 
@@ -293,6 +297,8 @@ pub(super) enum Phase {
         /// Its uncached prompt tokens, counted in its backend's
         /// `pending_prefill` until its response starts (then 0).
         prefill: u32,
+        /// Its prompt tokens the prefix index predicted its backend held.
+        cached: u32,
     },
 }
 

@@ -33,6 +33,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             max_queued_per_tenant: 1000,
             output_token_weight: 1.0,
             in_flight_credit: 0.5,
+            prefill_charge: crate::core::spec::PrefillCharge::Uncached,
         },
         preemption: PreemptionSpec {
             enabled: true,
@@ -164,6 +165,7 @@ fn weights_three_to_one_get_three_to_one_service() {
         let usage = Usage {
             prompt_tokens: 100,
             completion_tokens: 100,
+            cached_tokens: None,
         };
         let (ended, ds) = s.on_completion(t(now), id, Some(usage)).unwrap();
         served[usize::from(ended.tenant == b)] += 1;
@@ -486,7 +488,7 @@ proptest! {
                 }
                 Op::Complete(i) if !in_flight.is_empty() => {
                     let id = in_flight.remove(i % in_flight.len());
-                    let (_, ds) = s.on_completion(t(now), id, Some(Usage { prompt_tokens: 10, completion_tokens: 20 })).expect("in flight");
+                    let (_, ds) = s.on_completion(t(now), id, Some(Usage { prompt_tokens: 10, completion_tokens: 20, cached_tokens: None })).expect("in flight");
                     prop_assert!(ended.insert(id));
                     open.retain(|r| *r != id);
                     apply(ds, &mut in_flight, &mut open, &mut ended);
@@ -1248,4 +1250,98 @@ fn an_adapter_loaded_nowhere_evicts_the_pools_coldest_slot() {
     // "z" is loaded nowhere and no slot is free: it evicts "q" (last sent
     // at 20), not "r" on the least busy backend (last sent at 30).
     assert_eq!(send("z", 50), q);
+}
+
+/// Two backends routing on prefixes, charging `charge`.
+fn prefix_scheduler(charge: crate::core::spec::PrefillCharge) -> Scheduler {
+    let mut sp = spec(2, 4, vec![tenant("a", 1.0)]);
+    sp.queue.prefill_charge = charge;
+    sp.pools[0].strategy = Strategy::PrefixAware;
+    sp.pools[0].prefix.block_tokens = 10;
+    Scheduler::new(&sp, t(0), 1)
+}
+
+#[test]
+fn a_shared_prefix_goes_to_its_holder_and_is_charged_as_cached() {
+    use crate::core::spec::PrefillCharge;
+    // 100-token prompts, ten 10-token blocks; the second shares nine.
+    let keys: Vec<u64> = (1..=10).collect();
+    let mut other = keys.clone();
+    other[9] = 99;
+    let run = |charge| {
+        let mut s = prefix_scheduler(charge);
+        let base = arrival(&s, "a");
+        let a = |prefix: &[u64]| Arrival {
+            prefix: prefix.to_vec(),
+            ..base.clone()
+        };
+        let (first, ds) = s.on_arrival(t(0), a(&keys)).unwrap();
+        let holder = dispatched(&ds)[0].1;
+        // Prefilled: its 100 tokens no longer wait at the holder (while
+        // they did, the holder would cost 10 + 100 against the other's 100).
+        assert!(s.on_response_started(first));
+        let (_, ds) = s.on_arrival(t(1), a(&other)).unwrap();
+        let (second, b) = dispatched(&ds)[0];
+        assert_eq!(b, holder, "the holder has 90 of its 100 tokens");
+        let v = s.backend_view(t(1), holder);
+        assert_eq!(v.predicted_cached_tokens, 90);
+        let usage = |cached| Usage {
+            prompt_tokens: 100,
+            completion_tokens: 100,
+            cached_tokens: cached,
+        };
+        let (one, _) = s.on_completion(t(2), first, Some(usage(None))).unwrap();
+        // The engine says it found 50 (it had evicted some).
+        let (two, _) = s
+            .on_completion(t(3), second, Some(usage(Some(50))))
+            .unwrap();
+        assert_eq!(s.backend_view(t(3), holder).reported_cached_tokens, 50);
+        (one, two)
+    };
+    let (full1, full2) = run(PrefillCharge::Full);
+    assert_eq!(full1.charged, full2.charged);
+    let (unc1, unc2) = run(PrefillCharge::Uncached);
+    assert_eq!(
+        unc1.charged, full1.charged,
+        "nothing was cached for the first"
+    );
+    assert!(unc2.charged < full2.charged, "{unc2:?} {full2:?}");
+    // Settled on what the engine reported (50 cached): less than all of
+    // it.
+    let (s_full, s_unc) = (full2.settled.unwrap(), unc2.settled.unwrap());
+    assert!(s_unc < s_full, "{s_unc} {s_full}");
+}
+
+#[test]
+fn the_latency_gate_never_leaves_a_pool_with_room_idle() {
+    use crate::core::reading::Reading;
+    let mut s = Scheduler::new(&spec(2, 4, vec![tenant("a", 1.0)]), t(0), 1);
+    // Both backends read a TTFT p99 above the 150 ms threshold.
+    for b in [BackendId(0), BackendId(1)] {
+        s.on_reading(
+            t(0),
+            b,
+            Reading {
+                at: t(0),
+                ttft_p99: Some(Duration::from_millis(400)),
+                ..Default::default()
+            },
+        );
+    }
+    let (_, ds) = s.on_arrival(t(1), arrival(&s, "a")).unwrap();
+    assert_eq!(dispatched(&ds).len(), 1, "dispatched at once, by load");
+    // One backend back under the threshold: it alone is a candidate.
+    s.on_reading(
+        t(2),
+        BackendId(1),
+        Reading {
+            at: t(2),
+            ttft_p99: Some(Duration::from_millis(100)),
+            ..Default::default()
+        },
+    );
+    for n in 0..3 {
+        let (_, ds) = s.on_arrival(t(3 + n), arrival(&s, "a")).unwrap();
+        assert_eq!(dispatched(&ds)[0].1, BackendId(1));
+    }
 }

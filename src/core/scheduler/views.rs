@@ -48,6 +48,8 @@ pub struct BackendView {
     /// Prompt tokens the prefix index predicted it held, over the requests
     /// sent to it (a counter).
     pub predicted_cached_tokens: u64,
+    /// Prompt tokens it reported it found cached (a counter).
+    pub reported_cached_tokens: u64,
 }
 
 /// A pool's prefix index, for metrics.
@@ -199,6 +201,7 @@ impl Scheduler {
             busy_gpu_seconds: s.clock.busy_gpu_seconds(now),
             gpus: s.gpus,
             predicted_cached_tokens: s.predicted_cached_tokens,
+            reported_cached_tokens: s.reported_cached_tokens,
         }
     }
 

@@ -3,6 +3,7 @@
 //! and how each request ended.
 
 use super::{InFlight, Outcome, RequestResult, Sim, to_engine, to_gateway};
+use crate::config::PrefillCharge;
 use crate::core::ids::Usage;
 use crate::core::scheduler::{Arrival, Decision};
 use crate::core::time::Instant;
@@ -109,6 +110,7 @@ impl Sim<'_> {
                             dispatched: now,
                             first: None,
                             service: 0.0,
+                            cached: 0,
                         },
                     );
                     if w.stream {
@@ -153,7 +155,9 @@ impl Sim<'_> {
                         continue;
                     };
                     // Service: every generated token, and the prompt with
-                    // the first one (its prefill).
+                    // the first one (its prefill), as the charge counts it:
+                    // less what the engine found cached under
+                    // `prefill_charge = "uncached"`.
                     let mut tokens = 1.0;
                     if index == 1 && f.first.is_none() {
                         let b = &mut self.backends[bi];
@@ -162,7 +166,10 @@ impl Sim<'_> {
                         // The engine's histogram observes it now, in wall
                         // seconds as the simulated backend exports it.
                         b.ttft_window.push((first - f.dispatched).as_secs_f64());
-                        tokens += f64::from(f.prompt);
+                        tokens += f64::from(match self.policy.queue.prefill_charge {
+                            PrefillCharge::Uncached => f.prompt.saturating_sub(f.cached),
+                            PrefillCharge::Full => f.prompt,
+                        });
                     }
                     let tenant = self.tenant_of[i].map_or(0, |t| t.0 as usize);
                     let w = self.weights.get(tenant).copied().unwrap_or(1.0);
@@ -177,7 +184,7 @@ impl Sim<'_> {
                     at,
                     prompt_tokens,
                     completion_tokens,
-                    ..
+                    cached_tokens,
                 } => {
                     let i = id as usize;
                     let Some(f) = self.flying.remove(&i) else {
@@ -195,6 +202,7 @@ impl Sim<'_> {
                     let usage = Usage {
                         prompt_tokens,
                         completion_tokens,
+                        cached_tokens: Some(cached_tokens),
                     };
                     let r = f.replica;
                     if let Some((ended, d)) = self.scheds[r].on_completion(end, f.req, Some(usage))
@@ -208,7 +216,14 @@ impl Sim<'_> {
                     self.end(i, Outcome::Served, end, Some(f.dispatched), f.first);
                     self.last_end = self.last_end.max(end);
                 }
-                EngineEvent::Admitted { .. } | EngineEvent::Preempted { .. } => {}
+                EngineEvent::Admitted {
+                    id, cached_tokens, ..
+                } => {
+                    if let Some(f) = self.flying.get_mut(&(id as usize)) {
+                        f.cached = cached_tokens;
+                    }
+                }
+                EngineEvent::Preempted { .. } => {}
             }
         }
     }

@@ -185,7 +185,8 @@ fn a_submit_during_a_step_joins_at_the_next_step_start() {
         out[1],
         EngineEvent::Admitted {
             id: 2,
-            at: Instant::from_nanos(10 * MS)
+            at: Instant::from_nanos(10 * MS),
+            cached_tokens: 0,
         }
     );
     // Mixed step: 10 ms prefill + decode of a 2-batch (11 ms).
@@ -309,7 +310,7 @@ fn re_admission_prefills_prompt_plus_generated_tokens() {
             match *ev {
                 EngineEvent::Token { id: 2, index, .. } => generated = index,
                 EngineEvent::Preempted { id: 2, .. } => is_preempted = true,
-                EngineEvent::Admitted { id: 2, at } if is_preempted => {
+                EngineEvent::Admitted { id: 2, at, .. } if is_preempted => {
                     let tokens = 32 + u64::from(generated);
                     assert!(generated > 0);
                     // Prefill of prompt + generated at 0.1 ms a token, plus a
