@@ -33,10 +33,12 @@ use crate::core::time::Instant;
 /// Backends remembered per block (the most recently seen win a slot).
 pub const HOLDERS: usize = 4;
 
-/// Bytes per key at a full index: the slot (48) and the hash map's
-/// entry (16, at its load factor about 18–36 by growth). Measured by
-/// `benches/prefix.rs`; see docs/benchmarks/.
-pub const ENTRY_BYTES: usize = 80;
+/// Heap bytes per key of a full index, at most: the slot (48) and the
+/// hash map's buckets (17 bytes each, 1.14 to 2.3 per key as the table
+/// grows in powers of two), and the slot vector's growth. Checked by a
+/// test at 2^16 keys; `cargo bench --bench prefix` prints it at 2^20
+/// (docs/benchmarks/).
+pub const ENTRY_BYTES: usize = 140;
 
 /// No backend in this holder position.
 const EMPTY: u32 = u32::MAX;
@@ -332,6 +334,20 @@ impl PrefixIndex {
                 break;
             }
         }
+    }
+
+    /// Heap bytes of its tables, from their capacities (the hash map's as
+    /// hashbrown lays it out: one control byte and one entry per bucket,
+    /// buckets a power of two at most 7/8 full).
+    pub fn heap_bytes(&self) -> usize {
+        let buckets = if self.map.capacity() == 0 {
+            0
+        } else {
+            (self.map.capacity() * 8 / 7).next_power_of_two()
+        };
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+            + buckets * (std::mem::size_of::<(u64, u32)>() + 1)
+            + self.free.capacity() * std::mem::size_of::<u32>()
     }
 
     /// Keys held now.

@@ -96,6 +96,22 @@ fn a_smaller_cap_on_reload_evicts_at_once() {
     assert_eq!(ix.len(), 3);
 }
 
+#[test]
+fn memory_per_block_is_as_documented() {
+    let n = 1 << 16;
+    let mut ix = PrefixIndex::new(n, None);
+    let keys: Vec<u64> = (0..n as u64)
+        .map(|k| k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    for chunk in keys.chunks(32) {
+        ix.stored(at(0), B0, chunk);
+    }
+    assert_eq!(ix.len(), n);
+    let per = ix.heap_bytes() / n;
+    assert!(per <= ENTRY_BYTES, "{per} bytes per block");
+    assert!(per >= std::mem::size_of::<Slot>(), "{per}");
+}
+
 proptest! {
     /// Whatever is stored, removed and cleared, the index never holds more
     /// than its cap, and a lookup agrees with a model of what each

@@ -1,0 +1,99 @@
+//! Criterion benches for prefix-aware routing's work per request, and the
+//! index's memory per block:
+//! - `keys`: what the gateway adds to a request of a `prefix_aware` pool
+//!   before the scheduler's lock: read the prompt (`protocol::prompt`),
+//!   cut it into approximate token ids and chain its block keys, for the
+//!   bench's 200-byte chat and an 8 KiB conversation of eight turns;
+//! - `index`: a lookup over 8 backends and the record of the choice, on a
+//!   full index of 1 M blocks.
+//!
+//! Before the benches it prints the index's heap bytes per block at 1 M
+//! blocks (`PrefixIndex::heap_bytes`, from the tables' capacities).
+//!
+//!   cargo bench --bench prefix
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use fairway::core::ids::BackendId;
+use fairway::core::prefix::PrefixIndex;
+use fairway::core::time::Instant;
+use fairway::protocol::prompt;
+use fairway::tokens::{approximate_ids, request_keys};
+
+/// The body `benches/lib.sh` sends (about 200 bytes).
+const CHAT: &str = r#"{"model":"bench","messages":[{"role":"system","content":"You are a concise assistant."},{"role":"user","content":"Summarise the main causes of the 1929 stock market crash in two sentences."}],"max_tokens":20,"temperature":0.2}"#;
+
+/// A conversation of eight turns of about 1 KiB each.
+fn long_chat() -> String {
+    let text = "The quick brown fox jumps over the lazy dog, \\\"quoted\\\". ".repeat(18);
+    let messages: Vec<String> = (0..8)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            format!(r#"{{"role":"{role}","content":"{text}"}}"#)
+        })
+        .collect();
+    format!(
+        r#"{{"model":"bench","messages":[{}],"max_tokens":256,"stream":true}}"#,
+        messages.join(",")
+    )
+}
+
+fn keys_of(body: &[u8]) -> Vec<u64> {
+    let p = prompt::read(body).unwrap_or_default();
+    let ids = approximate_ids(&p.text);
+    request_keys("bench", p.cache_salt.as_deref(), &ids, 64)
+}
+
+fn keys(c: &mut Criterion) {
+    let mut g = c.benchmark_group("keys");
+    g.bench_function("chat-200B", |b| {
+        b.iter(|| keys_of(black_box(CHAT.as_bytes())))
+    });
+    let long = long_chat();
+    g.bench_function("chat-8KiB", |b| {
+        b.iter(|| keys_of(black_box(long.as_bytes())))
+    });
+    g.finish();
+}
+
+const BLOCKS: usize = 1 << 20;
+
+/// A full index: 1 M blocks in chains of 32, spread over 8 backends.
+fn full_index() -> PrefixIndex {
+    let mut ix = PrefixIndex::new(BLOCKS, Some(Duration::from_secs(120)));
+    let chains = BLOCKS / 32;
+    for c in 0..chains as u64 {
+        let keys: Vec<u64> = (0..32)
+            .map(|i| (c << 8 | i).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        ix.stored(Instant::ZERO, BackendId((c % 8) as u32), &keys);
+    }
+    ix
+}
+
+fn index(c: &mut Criterion) {
+    let mut ix = full_index();
+    println!(
+        "prefix index: {} blocks, {} heap bytes, {:.1} bytes per block",
+        ix.len(),
+        ix.heap_bytes(),
+        ix.heap_bytes() as f64 / ix.len() as f64
+    );
+    let long = long_chat();
+    let request = keys_of(long.as_bytes());
+    let backends: Vec<BackendId> = (0..8).map(BackendId).collect();
+    let mut out = Vec::new();
+    let mut g = c.benchmark_group("index");
+    g.bench_function("match-and-record-8KiB-8-backends", |b| {
+        b.iter(|| {
+            ix.matched(Instant::ZERO, black_box(&request), &backends, &mut out);
+            ix.stored(Instant::ZERO, BackendId(3), &request);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, keys, index);
+criterion_main!(benches);
