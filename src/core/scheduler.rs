@@ -306,6 +306,7 @@ impl Scheduler {
             if let (Some(n), Some(b)) = (u.cached_tokens, self.backends.get_mut(backend.0 as usize))
             {
                 b.reported_cached_tokens += u64::from(n);
+                b.reported_prompt_tokens += u64::from(u.prompt_tokens);
             }
             let capacity = pool_capacity(&self.backends, pool);
             actual = Some(cost(

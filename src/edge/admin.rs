@@ -197,6 +197,7 @@ pub fn snapshot(services: &Services) -> Snapshot {
                         .prefix_view(v.pool)
                         .map(|_| v.predicted_cached_tokens),
                     reported_cached_tokens: v.reported_cached_tokens,
+                    reported_prompt_tokens: v.reported_prompt_tokens,
                     model: s.pool_model(v.pool).to_owned(),
                     scrape_errors: pollers.scrape_errors(&v.name),
                     sources: pollers.sources(&v.name).pairs().collect(),

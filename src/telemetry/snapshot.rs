@@ -70,8 +70,10 @@ pub struct BackendGauges {
     /// sent to it (a counter; pools that route on prefixes only).
     pub predicted_cached_tokens: Option<u64>,
     /// Prompt tokens it reported it found in its prefix cache (usage
-    /// `cached_tokens`; a counter).
+    /// `cached_tokens`; a counter), and the prompt tokens of the
+    /// requests that reported a count.
     pub reported_cached_tokens: u64,
+    pub reported_prompt_tokens: u64,
 }
 
 /// Writes the families read from `snap`.
@@ -340,7 +342,7 @@ fn encode_prefix(w: &mut String, snap: &Snapshot) {
         }
     }
     type Count = fn(&BackendGauges) -> Option<u64>;
-    let per_backend: [(&str, &str, Count); 2] = [
+    let per_backend: [(&str, &str, Count); 3] = [
         (
             "fairway_prefix_predicted_cached_tokens_total",
             "Prompt tokens the prefix index predicted a backend held, over the requests sent to it.",
@@ -350,6 +352,11 @@ fn encode_prefix(w: &mut String, snap: &Snapshot) {
             "fairway_backend_cached_prompt_tokens_total",
             "Prompt tokens a backend reported it found in its prefix cache (cached_tokens in its usage).",
             |b| Some(b.reported_cached_tokens),
+        ),
+        (
+            "fairway_backend_reported_prompt_tokens_total",
+            "Prompt tokens of the requests whose usage reported a cached count (the cache hit rate's denominator).",
+            |b| Some(b.reported_prompt_tokens),
         ),
     ];
     for (name, help, get) in per_backend {

@@ -226,6 +226,21 @@ pub(super) fn body(a: &Alpha) -> String {
     push(&mut o, "fairway_backend_reading_age_seconds", &a_l, 0.25);
     push(&mut o, "fairway_backend_scrape_errors_total", &b_m, 7.0);
     push(&mut o, "fairway_backend_scrape_errors_total", &a_l, 0.0);
+    // gpu-a's prefix cache: 60 % of prompt tokens found cached over its
+    // life before, 80 % of those between the two scrapes.
+    let (cached, prompt) = (40.0 * a.served - 1000.0, 50.0 * a.served);
+    push(
+        &mut o,
+        "fairway_backend_cached_prompt_tokens_total",
+        &a_l,
+        cached,
+    );
+    push(
+        &mut o,
+        "fairway_backend_reported_prompt_tokens_total",
+        &a_l,
+        prompt,
+    );
     o
 }
 

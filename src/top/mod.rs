@@ -20,7 +20,9 @@
 //!   `fairway_tenant_slo_ttft_seconds` and `fairway_tenant_slo_e2e_seconds`
 //!   `{tenant}`;
 //! - `fairway_backend_{healthy,in_flight,window,kv_usage_ratio,waiting,reading_age_seconds}`
-//!   `{backend,model}`;
+//!   `{backend,model}`, and `fairway_backend_cached_prompt_tokens_total`
+//!   over `fairway_backend_reported_prompt_tokens_total` (counters) for the
+//!   share of prompt tokens each engine found in its prefix cache;
 //! - `fairway_jain_fairness_index` and `fairway_overhead_seconds_bucket{le}`.
 //!
 //! A counter that went down between two scrapes (the gateway restarted) is

@@ -174,7 +174,19 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
     out.push('\n');
 
     let mut rows = Vec::new();
-    for ((backend, model), b) in &cur.backends {
+    for (key, b) in &cur.backends {
+        let (backend, model) = key;
+        // The share of prompt tokens the engine found in its prefix cache
+        // since the last scrape (without one, since it started).
+        let was = prev.and_then(|p| p.backends.get(key));
+        let hit = match (b.cached_tokens, b.prompt_tokens) {
+            (Some(c), Some(p)) => {
+                let dc = series_increase(was.and_then(|w| w.cached_tokens), c);
+                let dp = series_increase(was.and_then(|w| w.prompt_tokens), p);
+                (dp > 0.0).then(|| (dc / dp).min(1.0))
+            }
+            _ => None,
+        };
         let healthy = match b.healthy {
             Some(h) if h.is_finite() => {
                 if h >= 0.5 {
@@ -191,6 +203,7 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
             healthy.to_owned(),
             format!("{}/{}", fmt_count(b.in_flight), fmt_count(b.window)),
             fmt_pct(b.kv_usage),
+            fmt_pct(hit),
             fmt_count(b.waiting),
             fmt_opt_duration(b.reading_age),
         ]);
@@ -206,10 +219,11 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
                 "healthy",
                 "in flight/window",
                 "kv %",
+                "cache hit %",
                 "waiting",
                 "reading age",
             ],
-            &[true, true, true, false, false, false, false],
+            &[true, true, true, false, false, false, false, false],
             &rows,
             width,
         );
@@ -267,11 +281,11 @@ mod tests {
         );
         assert_eq!(
             row(&text, "gpu-a"),
-            ["gpu-a", "llama", "up", "3/8", "42%", "2", "250ms"]
+            ["gpu-a", "llama", "up", "3/8", "42%", "60%", "2", "250ms"]
         );
         assert_eq!(
             row(&text, "gpu-b"),
-            ["gpu-b", "mistral", "DOWN", "0/4", "-", "-", "12.50s"]
+            ["gpu-b", "mistral", "DOWN", "0/4", "-", "-", "-", "12.50s"]
         );
         assert!(line_index(&text, "alpha") < line_index(&text, "beta"));
         assert!(line_index(&text, "beta") < line_index(&text, "gamma"));
@@ -319,6 +333,8 @@ mod tests {
             ]
         );
         assert_eq!(row(&text, "gamma")[1], "0.0");
+        // The prefix cache's hit rate between the scrapes.
+        assert_eq!(row(&text, "gpu-a")[5], "80%");
     }
 
     #[test]

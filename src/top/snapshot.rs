@@ -44,6 +44,11 @@ pub(super) struct BackendFigures {
     pub(super) kv_usage: Option<f64>,
     pub(super) waiting: Option<f64>,
     pub(super) reading_age: Option<f64>,
+    /// `fairway_backend_cached_prompt_tokens_total` and
+    /// `fairway_backend_reported_prompt_tokens_total`: counters, for the
+    /// prefix cache's hit rate between scrapes.
+    pub(super) cached_tokens: Option<f64>,
+    pub(super) prompt_tokens: Option<f64>,
 }
 
 /// Counters of one scrape, kept to turn the next scrape into rates.
@@ -215,6 +220,8 @@ impl Snapshot {
             "kv_usage_ratio" => &mut b.kv_usage,
             "waiting" => &mut b.waiting,
             "reading_age_seconds" => &mut b.reading_age,
+            "cached_prompt_tokens_total" => &mut b.cached_tokens,
+            "reported_prompt_tokens_total" => &mut b.prompt_tokens,
             _ => return,
         };
         *slot = Some(s.value);

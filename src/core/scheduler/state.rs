@@ -245,6 +245,8 @@ pub(super) struct BackendState {
     /// Prompt tokens it reported it found cached (`cached_tokens` in
     /// usage), over the requests that reported them.
     pub(super) reported_cached_tokens: u64,
+    /// Prompt tokens of those same requests: the hit rate's denominator.
+    pub(super) reported_prompt_tokens: u64,
 }
 
 impl BackendState {
@@ -275,6 +277,7 @@ impl BackendState {
             pending_prefill: 0,
             predicted_cached_tokens: 0,
             reported_cached_tokens: 0,
+            reported_prompt_tokens: 0,
         }
     }
 

@@ -48,8 +48,10 @@ pub struct BackendView {
     /// Prompt tokens the prefix index predicted it held, over the requests
     /// sent to it (a counter).
     pub predicted_cached_tokens: u64,
-    /// Prompt tokens it reported it found cached (a counter).
+    /// Prompt tokens it reported it found cached (a counter), and the
+    /// prompt tokens of the requests that reported a count.
     pub reported_cached_tokens: u64,
+    pub reported_prompt_tokens: u64,
 }
 
 /// A pool's prefix index, for metrics.
@@ -202,6 +204,7 @@ impl Scheduler {
             gpus: s.gpus,
             predicted_cached_tokens: s.predicted_cached_tokens,
             reported_cached_tokens: s.reported_cached_tokens,
+            reported_prompt_tokens: s.reported_prompt_tokens,
         }
     }
 
