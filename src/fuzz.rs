@@ -27,7 +27,23 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("metrics", metrics),
     ("policy", policy),
     ("multipart_form", multipart_form),
+    ("kv_events", kv_events),
 ];
+
+/// An engine's KV-event batch: the decoder never panics, and a batch it
+/// reads, written again as the simulated engine writes it, reads back to
+/// the same events.
+pub fn kv_events(data: &[u8]) {
+    use crate::poller::kv_events::{decode_batch, encode_batch};
+    let Ok(batch) = decode_batch(data) else {
+        return;
+    };
+    let again = decode_batch(&encode_batch(&batch))
+        .unwrap_or_else(|e| panic!("its own encoding does not decode: {e}: {batch:?}"));
+    assert_eq!(again.events, batch.events);
+    assert_eq!(again.data_parallel_rank, batch.data_parallel_rank);
+    assert_eq!(again.ts.to_bits(), batch.ts.to_bits());
+}
 
 /// The request body peek: never panics, and the splice that asks the
 /// backend for usage keeps every field Fairway read and leaves a body the

@@ -10,11 +10,16 @@
 //!   cover only the last scrape window, and defines the JSON that Fairway's
 //!   own `fairway agent` sidecar serves.
 //!
-//! `expo` and `dialect` open no socket and read no clock: the caller fetches
-//! the body and passes the instant it was read.
+//! - [`kv_events`] decodes the engines' KV-cache events (vLLM's ZMQ
+//!   publisher's msgpack batches, and SGLang's and TensorRT-LLM's), and
+//!   encodes them as the simulated engine publishes them.
+//!
+//! `expo`, `dialect` and `kv_events` open no socket and read no clock: the
+//! caller fetches the body and passes the instant it was read.
 
 pub mod dialect;
 pub mod expo;
+pub mod kv_events;
 pub mod live;
 
 pub use dialect::{
