@@ -160,6 +160,7 @@ fn routing(c: &mut Criterion) {
                 kv_usage: Some(f64::from(i % 10) / 10.0),
                 cached_tokens: (i % 4) * 256,
                 pending_prefill: u64::from(i % 5) * 300,
+                held_blocks: (i % 3) as usize,
             })
             .collect();
         for strategy in [

@@ -106,6 +106,8 @@ pub struct PrefixIndex {
     free: Vec<u32>,
     hand: usize,
     evictions: u64,
+    /// Blocks each backend is recorded as holding, by backend id.
+    held: HashMap<u32, usize>,
 }
 
 impl std::fmt::Debug for KeyHasher {
@@ -129,6 +131,7 @@ impl PrefixIndex {
             free: Vec::new(),
             hand: 0,
             evictions: 0,
+            held: HashMap::default(),
         }
     }
 
@@ -197,10 +200,34 @@ impl PrefixIndex {
                 }
             }
             let h = &mut s.holders[oldest];
-            *h = Holder {
-                backend: backend.0,
-                seen: t,
-            };
+            let was = std::mem::replace(
+                h,
+                Holder {
+                    backend: backend.0,
+                    seen: t,
+                },
+            );
+            self.count(was.backend, false);
+            self.count(backend.0, true);
+        }
+    }
+
+    /// Blocks `backend` is recorded as holding (an aged-out holder counts
+    /// until its block is evicted or taken by another): where a prefix no
+    /// one holds yet would crowd the fewest others.
+    pub fn held(&self, backend: BackendId) -> usize {
+        self.held.get(&backend.0).copied().unwrap_or(0)
+    }
+
+    fn count(&mut self, backend: u32, add: bool) {
+        if backend == EMPTY {
+            return;
+        }
+        let n = self.held.entry(backend).or_default();
+        if add {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
         }
     }
 
@@ -225,19 +252,27 @@ impl PrefixIndex {
 
     fn drop_holder(&mut self, i: usize, backend: u32) {
         let s = &mut self.slots[i];
+        let mut dropped = false;
         for h in s.holders.iter_mut().filter(|h| h.backend == backend) {
             *h = NO_HOLDER;
+            dropped = true;
         }
-        if s.holders.iter().all(|h| h.backend == EMPTY) {
+        if dropped {
+            self.count(backend, false);
+        }
+        if self.slots[i].holders.iter().all(|h| h.backend == EMPTY) {
             self.release(i);
         }
     }
 
     fn release(&mut self, i: usize) {
+        let holders = std::mem::replace(&mut self.slots[i].holders, [NO_HOLDER; HOLDERS]);
+        for h in holders {
+            self.count(h.backend, false);
+        }
         let s = &mut self.slots[i];
         self.map.remove(&s.key);
         s.free = true;
-        s.holders = [NO_HOLDER; HOLDERS];
         self.free.push(i as u32);
     }
 

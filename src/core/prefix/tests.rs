@@ -136,6 +136,15 @@ proptest! {
                 prop_assert_eq!(ix.slots[i as usize].key, *k);
                 prop_assert!(!ix.slots[i as usize].free);
             }
+            // Each backend's count of blocks is what its holders say.
+            for b in 0..3u32 {
+                let holding = ix
+                    .map
+                    .values()
+                    .filter(|&&i| ix.slots[i as usize].holders.iter().any(|h| h.backend == b))
+                    .count();
+                prop_assert_eq!(ix.held(BackendId(b)), holding);
+            }
         }
     }
 }

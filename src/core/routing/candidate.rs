@@ -20,6 +20,9 @@ pub struct Candidate {
     /// Uncached prompt tokens Fairway sent it that have not started
     /// answering: the prefill queued ahead of this request.
     pub pending_prefill: u64,
+    /// Blocks the pool's prefix index records it holding: a cold prefix
+    /// goes where it crowds the fewest others.
+    pub held_blocks: usize,
 }
 
 impl Candidate {

@@ -82,6 +82,7 @@ mod tests {
             kv_usage: Some(kv),
             cached_tokens: 0,
             pending_prefill: 0,
+            held_blocks: 0,
         }
     }
 

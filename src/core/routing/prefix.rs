@@ -11,8 +11,10 @@
 //!   [`SPILL_GAP`], the request goes to the least loaded instead, which
 //!   then holds the prefix too: a hot prefix replicates rather than
 //!   queueing behind one engine;
-//! - **ties at random**, after the lower load: a burst of cold requests
-//!   does not herd onto one engine;
+//! - **ties** go to the lower load, then to the backend holding the fewest
+//!   indexed blocks (a prefix no one holds spreads over the pool rather
+//!   than piling onto one engine, as llm-d's no-hit LRU scorer does), then
+//!   at random: a burst of cold requests does not herd;
 //! - in-flight work counts **at dispatch** (the caller adds each request's
 //!   uncached prompt to its backend's pending prefill as it sends it), not
 //!   at the next poll.
@@ -33,12 +35,13 @@ fn cost(c: &Candidate, prompt: u32) -> u64 {
 /// Picks the index of a candidate (`cands` is not empty). Returns it and
 /// whether the spill guard chose it.
 pub fn prefix_aware(cands: &[Candidate], prompt: u32, rng: &mut impl Rng) -> (usize, bool) {
-    let key = |c: &Candidate| (cost(c, prompt), c.load());
+    let key = |c: &Candidate| (cost(c, prompt), c.load(), c.held_blocks);
     let mut best = 0;
     let mut ties = 1u32;
     for (i, c) in cands.iter().enumerate().skip(1) {
         let (k, b) = (key(c), key(&cands[best]));
-        if k.0 < b.0 || (k.0 == b.0 && k.1 < b.1) {
+        let better = k.0 < b.0 || (k.0 == b.0 && (k.1 < b.1 || (k.1 == b.1 && k.2 < b.2)));
+        if better {
             best = i;
             ties = 1;
         } else if k == b {
@@ -77,6 +80,7 @@ mod tests {
             kv_usage: None,
             cached_tokens: cached,
             pending_prefill: pending,
+            held_blocks: 0,
         }
     }
 
@@ -99,6 +103,18 @@ mod tests {
         assert_eq!(prefix_aware(&c, 1000, &mut rng), (0, true));
         let c = [cand(0, 4, 0, 0), cand(1, 7, 1000, 0)];
         assert_eq!(prefix_aware(&c, 1000, &mut rng), (1, false));
+    }
+
+    #[test]
+    fn a_cold_prefix_goes_where_fewest_blocks_are_held() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut c = [cand(0, 1, 0, 0), cand(1, 1, 0, 0), cand(2, 1, 0, 0)];
+        c[0].held_blocks = 40;
+        c[1].held_blocks = 7;
+        c[2].held_blocks = 12;
+        for _ in 0..100 {
+            assert_eq!(prefix_aware(&c, 100, &mut rng).0, 1);
+        }
     }
 
     #[test]

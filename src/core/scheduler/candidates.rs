@@ -46,6 +46,7 @@ impl Scheduler {
                 kv_usage: fresh.and_then(|r| r.kv_usage),
                 cached_tokens: 0,
                 pending_prefill: 0,
+                held_blocks: 0,
             };
             if headroom.latency {
                 // Ahead of the slow ones, which are dropped below if any

@@ -136,10 +136,15 @@ impl Scheduler {
         let block = ps.prefix_spec.block_tokens;
         let ids: Vec<BackendId> = self.scratch[..n].iter().map(|c| c.id).collect();
         let mut blocks = Vec::with_capacity(n);
+        let mut held = vec![0; n];
         if let Some(ix) = ps.prefix.as_mut() {
             ix.matched(now, &req.prefix, &ids, &mut blocks);
+            for (h, b) in held.iter_mut().zip(&ids) {
+                *h = ix.held(*b);
+            }
         }
         for (i, c) in self.scratch[..n].iter_mut().enumerate() {
+            c.held_blocks = held[i];
             let held = blocks.get(i).copied().unwrap_or(0);
             // An engine recomputes at least the prompt's last token.
             c.cached_tokens = held
