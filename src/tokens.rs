@@ -76,6 +76,31 @@ pub fn request_keys(model: &str, salt: Option<&str>, ids: &[u32], block_tokens: 
     block_keys(prefix_root(model, salt), ids, block_tokens)
 }
 
+/// [`request_keys`] of a text's [`approximate_ids`], straight from its
+/// bytes: a full block of approximate ids is its `4 · block_tokens` bytes
+/// as they are (an id's little-endian bytes are the text's), so no id is
+/// built. What the gateway computes per request.
+pub fn text_keys(model: &str, salt: Option<&str>, text: &[u8], block_tokens: u32) -> Vec<u64> {
+    let n = block_tokens.max(1) as usize * BYTES_PER_TOKEN;
+    let mut parent = prefix_root(model, salt);
+    let blocks = text.chunks_exact(n);
+    let rest = blocks.remainder();
+    let mut keys: Vec<u64> = blocks
+        .map(|block| {
+            parent = xxh3_64_with_seed(block, parent);
+            parent
+        })
+        .collect();
+    // The last id is zero-padded: a remainder whose ids fill a block is a
+    // full block too.
+    if rest.len() > n - BYTES_PER_TOKEN {
+        let mut block = rest.to_vec();
+        block.resize(n, 0);
+        keys.push(xxh3_64_with_seed(&block, parent));
+    }
+    keys
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +136,21 @@ mod tests {
         assert!(ka[3..].iter().zip(&kb[3..]).all(|(x, y)| x != y));
         // A partial block has no key.
         assert_eq!(block_keys(7, &a[..15], 8).len(), 1);
+    }
+
+    #[test]
+    fn keys_from_the_text_are_the_keys_of_its_approximate_ids() {
+        let text: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for len in [0, 3, 63, 64, 65, 1000, 5000] {
+            for block in [1, 16, 64] {
+                let t = &text[..len];
+                assert_eq!(
+                    text_keys("m", Some("s"), t, block),
+                    request_keys("m", Some("s"), &approximate_ids(t), block),
+                    "{len} bytes, blocks of {block}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -260,11 +260,10 @@ fn prefix_keys(live: &Live, pool: &Pool, read: &Read, call: Call) -> Vec<u64> {
     let Some(p) = prompt::read(body) else {
         return Vec::new();
     };
-    let ids = tokens::approximate_ids(&p.text);
-    tokens::request_keys(
+    tokens::text_keys(
         &read.info.model,
         p.cache_salt.as_deref(),
-        &ids,
+        &p.text,
         policy.prefix.block_tokens,
     )
 }

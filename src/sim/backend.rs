@@ -383,8 +383,7 @@ impl Shared {
         let Some(p) = crate::protocol::prompt::read(body) else {
             return Vec::new();
         };
-        let ids = crate::tokens::approximate_ids(&p.text);
-        crate::tokens::request_keys(model, p.cache_salt.as_deref(), &ids, self.block_size)
+        crate::tokens::text_keys(model, p.cache_salt.as_deref(), &p.text, self.block_size)
     }
 
     /// Puts a sequence in the engine, with `adapter` (see
