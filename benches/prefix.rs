@@ -20,7 +20,6 @@ use fairway::core::ids::BackendId;
 use fairway::core::prefix::PrefixIndex;
 use fairway::core::time::Instant;
 use fairway::protocol::prompt;
-use fairway::tokens::text_keys;
 
 /// The body `benches/lib.sh` sends (about 200 bytes).
 const CHAT: &str = r#"{"model":"bench","messages":[{"role":"system","content":"You are a concise assistant."},{"role":"user","content":"Summarise the main causes of the 1929 stock market crash in two sentences."}],"max_tokens":20,"temperature":0.2}"#;
@@ -41,8 +40,7 @@ fn long_chat() -> String {
 }
 
 fn keys_of(body: &[u8]) -> Vec<u64> {
-    let p = prompt::read(body).unwrap_or_default();
-    text_keys("bench", p.cache_salt.as_deref(), &p.text, 64)
+    prompt::keys(body, "bench", 64)
 }
 
 fn keys(c: &mut Criterion) {

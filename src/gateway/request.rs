@@ -33,7 +33,6 @@ use crate::protocol::openai::RequestInfo;
 use crate::protocol::read::read_body;
 use crate::protocol::triton::ModelPath;
 use crate::protocol::{audio, openai, prompt, triton};
-use crate::tokens;
 
 /// The kind of inference call, by its route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,15 +256,7 @@ fn prefix_keys(live: &Live, pool: &Pool, read: &Read, call: Call) -> Vec<u64> {
     let Payload::Whole(body) = &read.payload else {
         return Vec::new();
     };
-    let Some(p) = prompt::read(body) else {
-        return Vec::new();
-    };
-    tokens::text_keys(
-        &read.info.model,
-        p.cache_salt.as_deref(),
-        &p.text,
-        policy.prefix.block_tokens,
-    )
+    prompt::keys(body, &read.info.model, policy.prefix.block_tokens)
 }
 
 /// Admit: admission and the fair queue, under the scheduler's lock. The

@@ -70,6 +70,17 @@ pub fn read(body: &[u8]) -> Option<Prompt> {
     })
 }
 
+/// The keys of a JSON request body's prompt blocks, `block_tokens` each
+/// (`crate::tokens::text_keys`), rooted in `model` (the model or adapter
+/// it names) and its `cache_salt`: how the gateway keys a request, and the
+/// simulated engine its cache. Empty when the body is not a JSON object.
+pub fn keys(body: &[u8], model: &str, block_tokens: u32) -> Vec<u64> {
+    match read(body) {
+        Some(p) => crate::tokens::text_keys(model, p.cache_salt.as_deref(), &p.text, block_tokens),
+        None => Vec::new(),
+    }
+}
+
 fn append(v: &RawValue, shape: Shape, out: &mut Vec<u8>) {
     let mut de = serde_json::Deserializer::from_str(v.get());
     // A value of an unexpected shape adds what it can; it never fails the
@@ -209,6 +220,21 @@ mod tests {
             r#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}"#,
         );
         assert!(two.starts_with(&one));
+    }
+
+    #[test]
+    fn keys_are_the_prompts_blocks_rooted_in_the_model_and_salt() {
+        let body = br#"{"model":"m","prompt":"0123456789abcdef","cache_salt":"s"}"#;
+        // 17 bytes with the newline: five tokens (the last padded), a block
+        // each.
+        let k = keys(body, "m", 1);
+        assert_eq!(
+            k,
+            crate::tokens::text_keys("m", Some("s"), b"0123456789abcdef\n", 1)
+        );
+        assert_eq!(k.len(), 5);
+        assert_ne!(k, keys(body, "other", 1));
+        assert!(keys(b"[1]", "m", 1).is_empty());
     }
 
     #[test]

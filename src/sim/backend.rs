@@ -376,14 +376,9 @@ impl Shared {
     }
 
     /// The keys of a request body's prompt blocks at the engine's block
-    /// size, as Fairway keys them (`protocol::prompt`, approximate token
-    /// ids, `model` and `cache_salt` at the root): what the prefix cache
-    /// matches.
+    /// size, as Fairway keys them: what the prefix cache matches.
     fn prefix_keys(&self, model: &str, body: &[u8]) -> Vec<u64> {
-        let Some(p) = crate::protocol::prompt::read(body) else {
-            return Vec::new();
-        };
-        crate::tokens::text_keys(model, p.cache_salt.as_deref(), &p.text, self.block_size)
+        crate::protocol::prompt::keys(body, model, self.block_size)
     }
 
     /// Puts a sequence in the engine, with `adapter` (see

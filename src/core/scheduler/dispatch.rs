@@ -136,18 +136,15 @@ impl Scheduler {
         let block = ps.prefix_spec.block_tokens;
         let ids: Vec<BackendId> = self.scratch[..n].iter().map(|c| c.id).collect();
         let mut blocks = Vec::with_capacity(n);
-        let mut held = vec![0; n];
         if let Some(ix) = ps.prefix.as_mut() {
             ix.matched(now, &req.prefix, &ids, &mut blocks);
-            for (h, b) in held.iter_mut().zip(&ids) {
-                *h = ix.held(*b);
-            }
         }
+        let ix = ps.prefix.as_ref();
         for (i, c) in self.scratch[..n].iter_mut().enumerate() {
-            c.held_blocks = held[i];
-            let held = blocks.get(i).copied().unwrap_or(0);
+            c.held_blocks = ix.map_or(0, |ix| ix.held(c.id));
+            let matched = blocks.get(i).copied().unwrap_or(0);
             // An engine recomputes at least the prompt's last token.
-            c.cached_tokens = held
+            c.cached_tokens = matched
                 .saturating_mul(block)
                 .min(req.prompt_tokens.saturating_sub(1));
             c.pending_prefill = self.backends[c.id.0 as usize].pending_prefill;
