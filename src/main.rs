@@ -190,6 +190,13 @@ enum Command {
         /// `vllm:lora_requests_info`.
         #[arg(long)]
         lora_residency_metrics: bool,
+        /// Publish KV-cache events as vLLM's `--kv-events-config` does: a
+        /// ZMQ PUB socket at this address (e.g. 0.0.0.0:5557) ...
+        #[arg(long, requires = "kv_events_replay")]
+        kv_events: Option<std::net::SocketAddr>,
+        /// ... and its replay (ROUTER) socket at this one.
+        #[arg(long, requires = "kv_events")]
+        kv_events_replay: Option<std::net::SocketAddr>,
     },
 }
 
@@ -313,6 +320,8 @@ fn run(cli: Cli) -> ExitCode {
             max_loras,
             lora_load_time,
             lora_residency_metrics,
+            kv_events,
+            kv_events_replay,
         } => {
             let engine = EngineParams {
                 max_loras,
@@ -337,6 +346,7 @@ fn run(cli: Cli) -> ExitCode {
                         flavour,
                         adapters: lora_modules,
                         residency_metrics: lora_residency_metrics,
+                        kv_events: kv_events.zip(kv_events_replay),
                     },
                 ))
             }))

@@ -61,12 +61,18 @@ pub fn block_keys(root: u64, ids: &[u32], block_tokens: u32) -> Vec<u64> {
     let mut parent = root;
     let mut bytes = Vec::with_capacity(n * 4);
     for block in ids.chunks_exact(n) {
-        bytes.clear();
-        bytes.extend(block.iter().flat_map(|t| t.to_le_bytes()));
-        parent = xxh3_64_with_seed(&bytes, parent);
+        parent = chain_key(parent, block, &mut bytes);
         keys.push(parent);
     }
     keys
+}
+
+/// The key of the block of `ids` after the block keyed `parent` (the
+/// root for the first): `bytes` is scratch.
+pub fn chain_key(parent: u64, ids: &[u32], bytes: &mut Vec<u8>) -> u64 {
+    bytes.clear();
+    bytes.extend(ids.iter().flat_map(|t| t.to_le_bytes()));
+    xxh3_64_with_seed(bytes, parent)
 }
 
 /// The keys of a request: its ids' full blocks, chained from its root.

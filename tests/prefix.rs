@@ -210,3 +210,137 @@ async fn the_index_stays_under_its_cap_under_a_flood_of_distinct_prompts() {
     );
     assert!(metric(&text, "fairway_prefix_index_evictions_total{model=\"m\"}").unwrap() > 1000.0);
 }
+
+/// An engine that publishes KV events, its HTTP listener at `listen` and
+/// its PUB and replay sockets at `kv` (port 0: any).
+async fn events_engine(
+    listen: std::net::SocketAddr,
+    kv: (std::net::SocketAddr, std::net::SocketAddr),
+) -> fairway::sim::backend::SimHandle {
+    SimBackend::builder("m")
+        .max_num_seqs(16)
+        .kv_tokens(64 * 1024)
+        .decode_step(Duration::from_millis(2), Duration::from_micros(10))
+        .listen(listen)
+        .kv_events(kv.0, kv.1)
+        .start()
+        .await
+        .unwrap()
+}
+
+fn kv_addrs(b: &fairway::sim::backend::SimHandle) -> (std::net::SocketAddr, std::net::SocketAddr) {
+    let (e, r) = b.kv_events().unwrap();
+    let addr = |s: &str| s.trim_start_matches("tcp://").parse().unwrap();
+    (addr(&e), addr(&r))
+}
+
+#[tokio::test]
+async fn kv_events_keep_what_each_engine_holds_through_gaps_and_restarts() {
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let (b0, b1) = (
+        events_engine(any, (any, any)).await,
+        events_engine(any, (any, any)).await,
+    );
+    // A TTL of one second: what Fairway guesses from its own sends is
+    // gone after it; only what the engines report stays.
+    let mut toml = format!(
+        r#"{SERVER}
+[poller]
+interval = "50ms"
+
+[[pools]]
+model = "m"
+routing = "prefix_aware"
+prefix_block_tokens = 16
+prefix_ttl = "1s"
+backends = [
+  {{ name = "b0", url = "http://{{b0}}", max_inflight = 8, kv_events = {{ endpoint = "E0", replay = "R0" }} }},
+  {{ name = "b1", url = "http://{{b1}}", max_inflight = 8, kv_events = {{ endpoint = "E1", replay = "R1" }} }},
+]
+
+[[tenants]]
+name = "alpha"
+api_keys = ["ka"]
+"#
+    );
+    for (i, b) in [&b0, &b1].iter().enumerate() {
+        let (e, r) = b.kv_events().unwrap();
+        toml = toml
+            .replace(&format!("E{i}"), &e)
+            .replace(&format!("R{i}"), &r);
+    }
+    let gw = gateway(&toml, &[&b0, &b1]).await;
+    let c = client();
+    let followed = eventually(Duration::from_secs(10), async || {
+        metric_sum(&scrape(&gw).await, "fairway_kv_events_connected{") == 2.0
+    })
+    .await;
+    assert!(followed, "{}", scrape(&gw).await);
+    // Give the subscriptions a moment to reach the publishers.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let batches = |text: &str| metric_sum(text, "fairway_kv_events_batches_total{");
+    for s in 0..4 {
+        cached(&c, &gw, chat_with("m", &system(s), "first", 2, "")).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(5), async || batches(&scrape(&gw).await)
+            >= 4.0)
+        .await,
+        "{}",
+        scrape(&gw).await
+    );
+    // Past the guesses' life, each prompt still goes where it is cached.
+    let wait_out_guesses = || tokio::time::sleep(Duration::from_millis(2500));
+    wait_out_guesses().await;
+    for s in 0..4 {
+        let got = cached(&c, &gw, chat_with("m", &system(s), "again", 2, "")).await;
+        assert!(got > 500, "system {s} found {got} cached tokens");
+    }
+
+    // Lost batches: the gateway sees the gap and replays them.
+    b0.lose_kv_batches(1);
+    b1.lose_kv_batches(1);
+    for s in 10..16 {
+        cached(&c, &gw, chat_with("m", &system(s), "first", 2, "")).await;
+    }
+    let replayed = eventually(Duration::from_secs(5), async || {
+        metric_sum(&scrape(&gw).await, "fairway_kv_events_replayed_total{") >= 2.0
+    })
+    .await;
+    let text = scrape(&gw).await;
+    assert!(replayed, "{text}");
+    assert_eq!(metric_sum(&text, "fairway_kv_events_resets_total{"), 0.0);
+    wait_out_guesses().await;
+    for s in 10..16 {
+        let got = cached(&c, &gw, chat_with("m", &system(s), "again", 2, "")).await;
+        assert!(got > 500, "system {s} (its batch replayed) found {got}");
+    }
+
+    // b0 restarts (same addresses, an empty cache, its sequence from 0):
+    // the gateway drops what b0 held and relearns.
+    let (http, kv) = (b0.addr(), kv_addrs(&b0));
+    b0.shutdown().await;
+    let b0 = events_engine(http, kv).await;
+    for s in 20..26 {
+        cached(&c, &gw, chat_with("m", &system(s), "first", 2, "")).await;
+    }
+    let reset = eventually(Duration::from_secs(10), async || {
+        metric(
+            &scrape(&gw).await,
+            "fairway_kv_events_resets_total{backend=\"b0\"",
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    })
+    .await;
+    assert!(reset, "{}", scrape(&gw).await);
+    assert!(b0.stats().finished_total > 0, "b0 serves again");
+    // What it held before the restart is no longer predicted there, and
+    // what it stores since is.
+    wait_out_guesses().await;
+    for s in 20..26 {
+        let got = cached(&c, &gw, chat_with("m", &system(s), "again", 2, "")).await;
+        assert!(got > 500, "system {s} after the restart found {got}");
+    }
+    promtool_check(&scrape(&gw).await);
+}

@@ -375,6 +375,20 @@ pub struct BackendPolicy {
     /// KV capacity in tokens, for DRF cost (default: from the backend's
     /// reading, or 65 536 until one arrives).
     pub kv_tokens: u64,
+    /// Where its engine publishes its KV-cache events (precise prefix
+    /// routing); `None`: the prefix index learns from Fairway's own sends.
+    pub kv_events: Option<KvEventsSource>,
+}
+
+/// A backend's KV-event publisher (vLLM's `--kv-events-config`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KvEventsSource {
+    /// `tcp://host:port` of its PUB socket.
+    pub endpoint: String,
+    /// `tcp://host:port` of its replay (ROUTER) socket, if it has one.
+    pub replay: Option<String>,
+    /// The topic it publishes under (`""`: all).
+    pub topic: String,
 }
 
 /// An `http://host:port/path` URL, split.

@@ -9,6 +9,7 @@
 
 mod cluster;
 mod pools;
+mod prefix;
 mod reader;
 mod server;
 mod sim;

@@ -12,7 +12,7 @@
 //!
 //! **Bounded by construction.** At most `cap` keys, each in a fixed-size
 //! slot (the key and up to [`HOLDERS`] backends with the time each was
-//! last seen there): no allocation per request once the slots are full,
+//! last recorded there, and until when): no allocation per request once the slots are full,
 //! and a full index evicts with CLOCK (second chance: a key matched or
 //! stored since the hand last passed survives one more round), which
 //! approximates LRU at O(1) per insertion. [`ENTRY_BYTES`] is the
@@ -30,7 +30,7 @@ use std::time::Duration;
 use crate::core::ids::BackendId;
 use crate::core::time::Instant;
 
-/// Backends remembered per block (the most recently seen win a slot).
+/// Backends remembered per block (a new one takes the slot that ends first).
 pub const HOLDERS: usize = 4;
 
 /// Heap bytes per key of a full index, at most: the slot (48) and the
@@ -46,13 +46,14 @@ const EMPTY: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug)]
 struct Holder {
     backend: u32,
-    /// Whole seconds since the clock's origin when last stored.
-    seen: u32,
+    /// Whole seconds since the clock's origin after which it is gone;
+    /// `u32::MAX`: until removed (the engine reported it).
+    until: u32,
 }
 
 const NO_HOLDER: Holder = Holder {
     backend: EMPTY,
-    seen: 0,
+    until: 0,
 };
 
 #[derive(Clone, Debug)]
@@ -98,8 +99,8 @@ pub struct IndexStats {
 #[derive(Debug)]
 pub struct PrefixIndex {
     cap: usize,
-    /// Holders older than this are gone (approximate mode); `None`: only
-    /// `removed`/`cleared` remove them.
+    /// How long [`stored`](Self::stored) holders last (approximate mode);
+    /// `None`: until `removed`/`cleared`.
     ttl: Option<Duration>,
     slots: Vec<Slot>,
     map: HashMap<u64, u32, BuildHasherDefault<KeyHasher>>,
@@ -164,16 +165,31 @@ impl PrefixIndex {
         }
     }
 
-    fn alive(&self, h: &Holder, now: u32) -> bool {
-        h.backend != EMPTY
-            && self
-                .ttl
-                .is_none_or(|ttl| u64::from(now.saturating_sub(h.seen)) <= ttl.as_secs())
+    fn alive(h: &Holder, now: u32) -> bool {
+        h.backend != EMPTY && h.until >= now
     }
 
-    /// Records that `backend` holds `keys` (a chain, in order) at `now`.
+    /// Records that `backend` holds `keys` (a chain, in order) at `now`,
+    /// for the index's TTL.
     pub fn stored(&mut self, now: Instant, backend: BackendId, keys: &[u64]) {
+        self.stored_for(now, backend, keys, self.ttl);
+    }
+
+    /// Records that `backend` holds `keys` for `life` from `now` (`None`:
+    /// until removed, as an engine's own event says). A holder already
+    /// recorded keeps the later of its end and the new one: a guess never
+    /// shortens what the engine reported.
+    pub fn stored_for(
+        &mut self,
+        now: Instant,
+        backend: BackendId,
+        keys: &[u64],
+        life: Option<Duration>,
+    ) {
         let t = secs(now);
+        let until = life.map_or(u32::MAX, |l| {
+            t.saturating_add(u32::try_from(l.as_secs()).unwrap_or(u32::MAX))
+        });
         for &key in keys {
             let i = match self.map.get(&key) {
                 Some(&i) => i as usize,
@@ -182,15 +198,15 @@ impl PrefixIndex {
             let s = &mut self.slots[i];
             s.referenced = true;
             if let Some(h) = s.holders.iter_mut().find(|h| h.backend == backend.0) {
-                h.seen = t;
+                h.until = h.until.max(until);
                 continue;
             }
-            // An empty position, else the one seen longest ago.
+            // An empty position, else the one that ends first.
             let age = |h: &Holder| {
                 if h.backend == EMPTY {
                     0
                 } else {
-                    u64::from(h.seen) + 1
+                    u64::from(h.until) + 1
                 }
             };
             let mut oldest = 0;
@@ -204,7 +220,7 @@ impl PrefixIndex {
                 h,
                 Holder {
                     backend: backend.0,
-                    seen: t,
+                    until,
                 },
             );
             self.count(was.backend, false);
@@ -314,7 +330,7 @@ impl PrefixIndex {
             if s.free {
                 continue;
             }
-            let expired = now.is_some_and(|t| !s.holders.iter().any(|h| self.alive(h, t)));
+            let expired = now.is_some_and(|t| !s.holders.iter().any(|h| Self::alive(h, t)));
             if s.referenced && !expired {
                 self.slots[i].referenced = false;
                 continue;
@@ -353,7 +369,7 @@ impl PrefixIndex {
                 }
                 if s.holders
                     .iter()
-                    .any(|h| h.backend == b.0 && self.alive(h, t))
+                    .any(|h| h.backend == b.0 && Self::alive(h, t))
                 {
                     *n += 1;
                     any = true;

@@ -37,6 +37,7 @@ mod drain;
 mod lease;
 mod outlier;
 mod preemption;
+mod prefix_events;
 mod registry;
 mod slo;
 mod state;
@@ -58,6 +59,7 @@ use crate::core::spec::{Api, Discipline, OnLate, PreemptionSpec, PrefillCharge, 
 use crate::core::time::Instant;
 
 pub use outlier::{EjectReason, Ejection};
+pub use prefix_events::PrefixEvent;
 use state::{BackendState, Phase, PoolState, Req, Slab, TenantState, pool_capacity};
 pub use views::{BackendView, PrefixView, TenantView};
 

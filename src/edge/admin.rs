@@ -200,6 +200,7 @@ pub fn snapshot(services: &Services) -> Snapshot {
                     reported_prompt_tokens: v.reported_prompt_tokens,
                     model: s.pool_model(v.pool).to_owned(),
                     scrape_errors: pollers.scrape_errors(&v.name),
+                    kv_events: pollers.kv_events(&v.name),
                     sources: pollers.sources(&v.name).pairs().collect(),
                     backend: v.name,
                     in_flight: v.in_flight,

@@ -3,6 +3,7 @@
 //! the client of the calls that need no queueing, the cluster membership
 //! and the traces.
 
+use crate::core::scheduler::PrefixEvent;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -295,6 +296,19 @@ impl crate::poller::Sink for Gateway {
 
     fn forget(&self, name: &str) {
         self.adapters.forget(name);
+    }
+
+    fn on_kv_events(&self, name: &str, followed: bool, events: &[PrefixEvent]) {
+        let now = self.clock.now();
+        self.sched.with(|s| {
+            let Some(b) = s.backend(name) else {
+                return;
+            };
+            s.set_prefix_events(b, followed);
+            for e in events {
+                s.on_prefix_event(now, b, e);
+            }
+        });
     }
 }
 

@@ -21,6 +21,10 @@
 
 use rmpv::Value;
 
+pub mod feed;
+
+pub use feed::{Feed, FeedStats, Sequence};
+
 /// An engine's hash of one block, as it sends it: an integer (signed ones
 /// kept as their two's-complement bits) or bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -44,6 +48,10 @@ pub enum KvEvent {
         medium: Option<String>,
         /// The KV-cache group (hybrid models); `None` when not sent.
         group_idx: Option<i64>,
+        /// The request's `cache_salt`, where the chain starts a prompt
+        /// (vLLM puts it in the first block's `extra_keys`; SGLang in
+        /// `metadata.cache_salt`).
+        salt: Option<String>,
     },
     /// Blocks left the cache (evicted or reused).
     BlockRemoved {
@@ -200,6 +208,7 @@ fn event(v: &Value) -> Result<Option<KvEvent>, &'static str> {
                     .and_then(Value::as_u64)
                     .and_then(|n| u32::try_from(n).ok())
                     .unwrap_or(0),
+                salt: salt(&f, text("lora_name").as_deref()),
                 lora_name: text("lora_name"),
                 medium: text("medium"),
                 group_idx,
@@ -213,6 +222,31 @@ fn event(v: &Value) -> Result<Option<KvEvent>, &'static str> {
         "AllBlocksCleared" => KvEvent::AllBlocksCleared,
         _ => return Ok(None),
     }))
+}
+
+/// The salt of a `BlockStored`: vLLM's first block's `extra_keys` are a
+/// tuple of the LoRA name, multimodal hashes and the salt, the salt last;
+/// the last string there that is not the LoRA name is taken (a prompt
+/// with images and no salt would be read as salted: it matches nothing
+/// unsalted, which is right, as its blocks differ anyway). SGLang's
+/// `BlockStoredWithMetadata` carries `metadata.cache_salt` where vLLM
+/// has `lora_name` (position 7 of the array form).
+fn salt(f: &Fields<'_>, lora: Option<&str>) -> Option<String> {
+    let metadata = f
+        .get("metadata")
+        .or_else(|| f.get("lora_name").filter(|v| v.is_map()));
+    if let Some(m) = metadata {
+        return field(m, "cache_salt")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+    }
+    let first = f.get("extra_keys")?.as_array()?.first()?.as_array()?;
+    first
+        .iter()
+        .rev()
+        .filter_map(Value::as_str)
+        .find(|k| Some(*k) != lora)
+        .map(str::to_owned)
 }
 
 fn hashes(v: Option<&Value>) -> Result<Vec<EngineHash>, &'static str> {
@@ -259,6 +293,7 @@ pub fn encode_batch(batch: &EventBatch) -> Vec<u8> {
                     lora_name,
                     medium,
                     group_idx,
+                    salt,
                 } => {
                     m.push((s("type"), s("BlockStored")));
                     m.push((s("block_hashes"), hashes(block_hashes)));
@@ -274,6 +309,13 @@ pub fn encode_batch(batch: &EventBatch) -> Vec<u8> {
                     m.push((s("lora_id"), Value::Nil));
                     m.push((s("medium"), opt(medium)));
                     m.push((s("lora_name"), opt(lora_name)));
+                    if let Some(salt) = salt {
+                        // vLLM's shape: per block, the first's tuple ends
+                        // with the salt.
+                        let mut keys = vec![Value::Nil; block_hashes.len().max(1)];
+                        keys[0] = Value::Array(vec![s(salt)]);
+                        m.push((s("extra_keys"), Value::Array(keys)));
+                    }
                     if let Some(g) = group_idx {
                         m.push((s("group_idx"), Value::from(*g)));
                     }

@@ -37,10 +37,15 @@ use tokio_util::task::TaskTracker;
 use crate::clock::Clock;
 use crate::config::{BackendTarget, MetricsDialect, Policy};
 use crate::core::reading::Reading;
+use crate::core::scheduler::PrefixEvent;
 use crate::net::client::Client;
 use crate::net::scrape::{ScrapeError, get};
 use crate::poller::Decoder;
 use crate::poller::dialect::Sources;
+mod kv_subscriber;
+
+pub use kv_subscriber::KvEventCounts;
+use kv_subscriber::{KvStats, KvTarget, follow};
 
 /// Largest scrape body read; a larger one fails the scrape.
 const MAX_SCRAPE_BYTES: usize = 8 << 20;
@@ -74,6 +79,12 @@ pub trait Sink: Send + Sync + 'static {
     fn on_adapters(&self, name: &str, model: &str, adapters: Vec<String>);
     /// Backend `name` is polled no longer: forget what it listed.
     fn forget(&self, name: &str);
+    /// Backend `name`'s KV events: whether they are followed now (a
+    /// change drops what the prefix index held for it), and the changes
+    /// of its cache since the last call.
+    fn on_kv_events(&self, name: &str, followed: bool, events: &[PrefixEvent]) {
+        let _ = (name, followed, events);
+    }
 }
 
 /// Counters of one backend's poller, read at `/metrics` scrape time.
@@ -93,6 +104,9 @@ pub struct Pollers {
     clock: Clock,
     running: HashMap<String, (Target, CancellationToken)>,
     stats: HashMap<String, Arc<PollStats>>,
+    /// The KV-event subscribers, by backend name.
+    following: HashMap<String, (KvTarget, CancellationToken)>,
+    kv_stats: HashMap<String, Arc<KvStats>>,
     /// Every poller task, running or stopping, so shutdown can join them.
     tasks: TaskTracker,
 }
@@ -106,6 +120,8 @@ impl Pollers {
             clock,
             running: HashMap::new(),
             stats: HashMap::new(),
+            following: HashMap::new(),
+            kv_stats: HashMap::new(),
             tasks: TaskTracker::new(),
         }
     }
@@ -180,6 +196,56 @@ impl Pollers {
             ));
             self.running.insert(name, (target, stop));
         }
+        self.follow(sink, policy);
+    }
+
+    /// Starts, restarts or stops the KV-event subscribers so that exactly
+    /// the backends of `policy` with `kv_events` are followed.
+    fn follow<S: Sink>(&mut self, sink: &Arc<S>, policy: &Policy) {
+        let mut wanted = HashMap::new();
+        for pool in &policy.pools {
+            for b in &pool.backends {
+                if let Some(source) = &b.kv_events {
+                    let target = KvTarget {
+                        source: source.clone(),
+                        model: pool.model.clone(),
+                        block_tokens: pool.prefix.block_tokens,
+                        cap: pool.prefix.index_blocks,
+                    };
+                    wanted.insert(b.name.clone(), target);
+                }
+            }
+        }
+        self.following.retain(|name, (target, stop)| {
+            let keep = wanted.get(name) == Some(target);
+            if !keep {
+                stop.cancel();
+                sink.on_kv_events(name, false, &[]);
+            }
+            keep
+        });
+        self.kv_stats.retain(|name, _| wanted.contains_key(name));
+        for (name, target) in wanted {
+            if self.following.contains_key(&name) {
+                continue;
+            }
+            let stop = CancellationToken::new();
+            let stats = self.kv_stats.entry(name.clone()).or_default().clone();
+            let sink: Weak<dyn Sink> = Arc::downgrade(sink) as Weak<dyn Sink>;
+            self.tasks.spawn(follow(
+                sink,
+                name.clone(),
+                target.clone(),
+                stats,
+                stop.clone(),
+            ));
+            self.following.insert(name, (target, stop));
+        }
+    }
+
+    /// What backend `name`'s KV-event subscriber did (`None`: it has none).
+    pub fn kv_events(&self, backend: &str) -> Option<KvEventCounts> {
+        self.kv_stats.get(backend).map(|s| s.counts())
     }
 
     /// Failed scrapes of a backend so far.
@@ -199,6 +265,9 @@ impl Pollers {
     /// Stops every task (shutdown); await the result to join them.
     pub fn stop_all(&mut self) -> impl std::future::Future<Output = ()> + use<> {
         for (_, (_, stop)) in self.running.drain() {
+            stop.cancel();
+        }
+        for (_, (_, stop)) in self.following.drain() {
             stop.cancel();
         }
         let tasks = self.tasks.clone();

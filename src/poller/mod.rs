@@ -14,6 +14,10 @@
 //!   publisher's msgpack batches, and SGLang's and TensorRT-LLM's), and
 //!   encodes them as the simulated engine publishes them.
 //!
+//! - `live::kv_subscriber` is the I/O half of precise prefix routing: one
+//!   task per backend with `kv_events`, subscribed to its engine's
+//!   publisher, with replay on gaps, resets and a watchdog.
+//!
 //! `expo`, `dialect` and `kv_events` open no socket and read no clock: the
 //! caller fetches the body and passes the instant it was read.
 
@@ -27,4 +31,4 @@ pub use dialect::{
     collect_buckets, quantile,
 };
 pub use expo::{ErrorKind, Exposition, MetricType, ParseError, Sample, parse, parse_strict};
-pub use live::{PollStats, Pollers, Sink};
+pub use live::{KvEventCounts, PollStats, Pollers, Sink};

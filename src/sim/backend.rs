@@ -15,6 +15,7 @@
 
 mod dialects;
 mod handle;
+mod kv_publisher;
 pub(crate) mod metrics;
 mod openai;
 mod pooling;
@@ -36,6 +37,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use self::handle::{SimBackend, SimBackendBuilder, SimHandle};
+use self::kv_publisher::{KvLink, SeqPrompt};
 use self::metrics::{FinishReason, RequestMetrics};
 use crate::clock::Clock;
 use crate::config::EngineParams;
@@ -82,6 +84,9 @@ pub struct SimBackendConfig {
     /// (`vllm:lora_adapter_loaded`, `vllm:max_gpu_lora_adapters`,
     /// `vllm:lora_adapter_load_seconds`) besides `vllm:lora_requests_info`.
     pub residency_metrics: bool,
+    /// Publish KV events (vLLM's `--kv-events-config`): the PUB socket's
+    /// and the replay socket's addresses to bind.
+    pub kv_events: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
 }
 
 /// The server a simulated backend imitates, wire format and metric names.
@@ -149,7 +154,11 @@ pub async fn serve(
     cfg: SimBackendConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_shared(listener, Shared::new(cfg), shutdown).await
+    let kv = match cfg.kv_events {
+        Some((publish, replay)) => Some(KvLink::bind(publish, replay).await?),
+        None => None,
+    };
+    serve_shared(listener, Shared::new(cfg, kv), shutdown).await
 }
 
 async fn serve_shared(
@@ -175,6 +184,9 @@ async fn serve_shared(
     drop(listener);
     // Hung requests (Fault::Hang) would block the drain forever.
     shared.stop.cancel();
+    if let Some(kv) = &shared.kv {
+        kv.stop.cancel();
+    }
     graceful.shutdown().await;
     driver.abort();
     tasks.shutdown().await;
@@ -203,6 +215,8 @@ struct Live {
     arrival: Instant,
     reason: FinishReason,
     has_first_token: bool,
+    /// Its prompt as the KV events show it (only when they are published).
+    prompt: Option<SeqPrompt>,
 }
 
 /// Everything behind the backend's one lock.
@@ -247,10 +261,12 @@ struct Shared {
     salt: u32,
     /// Cancelled when the server drains.
     stop: CancellationToken,
+    /// Where its KV events are published, when they are.
+    kv: Option<KvLink>,
 }
 
 impl Shared {
-    fn new(cfg: SimBackendConfig) -> Arc<Self> {
+    fn new(cfg: SimBackendConfig, kv: Option<KvLink>) -> Arc<Self> {
         let time_scale = if cfg.engine.time_scale.is_finite() && cfg.engine.time_scale > 0.0 {
             cfg.engine.time_scale
         } else {
@@ -266,7 +282,13 @@ impl Shared {
             time_scale,
             clock: Clock::new(),
             state: Mutex::new(State {
-                engine: Engine::new(cfg.engine),
+                engine: {
+                    let mut e = Engine::new(cfg.engine);
+                    if kv.is_some() {
+                        e.record_cache_changes();
+                    }
+                    e
+                },
                 next_id: 1,
                 live: HashMap::new(),
                 metrics: RequestMetrics::new(),
@@ -280,6 +302,7 @@ impl Shared {
             stored: Default::default(),
             salt: id_salt(),
             stop: CancellationToken::new(),
+            kv,
         })
     }
 
@@ -319,6 +342,13 @@ impl Shared {
         } = st;
         events.clear();
         engine.advance(now, events);
+        // Before the finished leave `live`: a sequence admitted and
+        // finished in this advance still has its prompt.
+        if let Some(kv) = &self.kv {
+            kv.publish(engine.take_cache_changes(), self.block_size, |id| {
+                live.get(&id).and_then(|l| l.prompt.as_ref())
+            });
+        }
         for ev in events.iter() {
             match *ev {
                 EngineEvent::Token { id, index, at } => {
@@ -360,7 +390,13 @@ impl Shared {
         output_tokens: u32,
         reason: FinishReason,
     ) -> Result<(SeqGuard, mpsc::UnboundedReceiver<Delivery>), EngineError> {
-        self.submit_for(None, prompt_tokens, output_tokens, reason, Vec::new())
+        self.submit_for(
+            None,
+            prompt_tokens,
+            output_tokens,
+            reason,
+            (Vec::new(), None),
+        )
     }
 
     /// The engine's adapter id of `model`: `None` for the base model, 404
@@ -376,9 +412,19 @@ impl Shared {
     }
 
     /// The keys of a request body's prompt blocks at the engine's block
-    /// size, as Fairway keys them: what the prefix cache matches.
-    fn prefix_keys(&self, model: &str, body: &[u8]) -> Vec<u64> {
-        crate::protocol::prompt::keys(body, model, self.block_size)
+    /// size, as Fairway keys them: what the prefix cache matches; and,
+    /// when KV events are published, the prompt as they show it.
+    fn prefix_keys(&self, model: &str, body: &[u8]) -> (Vec<u64>, Option<SeqPrompt>) {
+        let keys = crate::protocol::prompt::keys(body, model, self.block_size);
+        let prompt = self.kv.as_ref().and_then(|_| {
+            let p = crate::protocol::prompt::read(body)?;
+            Some(SeqPrompt {
+                ids: crate::tokens::approximate_ids(&p.text),
+                lora: (model != self.model).then(|| model.to_owned()),
+                salt: p.cache_salt,
+            })
+        });
+        (keys, prompt)
     }
 
     /// Puts a sequence in the engine, with `adapter` (see
@@ -389,7 +435,7 @@ impl Shared {
         prompt_tokens: u32,
         output_tokens: u32,
         reason: FinishReason,
-        prefix: Vec<u64>,
+        (prefix, prompt): (Vec<u64>, Option<SeqPrompt>),
     ) -> Result<(SeqGuard, mpsc::UnboundedReceiver<Delivery>), EngineError> {
         let now = self.sim_now();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -415,6 +461,7 @@ impl Shared {
                     arrival: now,
                     reason,
                     has_first_token: false,
+                    prompt,
                 },
             );
             id

@@ -236,6 +236,23 @@ pub struct Engine {
     cache: PrefixCache,
     /// Keys evicted from the cache (scratch).
     evicted: Vec<u64>,
+    /// The cache's changes since last taken, when recorded (for KV events).
+    changes: Option<Vec<CacheChange>>,
+}
+
+/// A change of the engine's prefix cache, as its KV events report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheChange {
+    /// Sequence `id`'s prompt blocks `first..first + keys.len()` entered
+    /// the cache, after the block keyed `parent` (`None`: from the start).
+    Stored {
+        id: u64,
+        parent: Option<u64>,
+        first: usize,
+        keys: Vec<u64>,
+    },
+    /// Blocks left the cache (evicted for room, or a reset).
+    Removed(Vec<u64>),
 }
 
 impl Engine {
@@ -260,6 +277,7 @@ impl Engine {
             loras: Vec::new(),
             cache: PrefixCache::default(),
             evicted: Vec::new(),
+            changes: None,
             stats: EngineStats {
                 kv_blocks_total: blocks_total,
                 block_size: params.block_size.max(1),
@@ -447,8 +465,31 @@ impl Engine {
         let empty = self.blocks_free - self.cache.idle();
         if n > empty {
             self.cache.evict(n - empty, &mut self.evicted);
-            self.evicted.clear();
+            self.note_evicted();
         }
+    }
+
+    /// Records the cache's changes from now on, for
+    /// [`take_cache_changes`](Self::take_cache_changes).
+    pub fn record_cache_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+    }
+
+    /// The cache's changes since the last call (none unless recorded).
+    pub fn take_cache_changes(&mut self) -> Vec<CacheChange> {
+        self.changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn note_evicted(&mut self) {
+        if let Some(c) = self.changes.as_mut()
+            && !self.evicted.is_empty()
+        {
+            c.push(CacheChange::Removed(self.evicted.clone()));
+        }
+        self.evicted.clear();
     }
 
     /// The prompt blocks of `seq` the cache may serve: whole blocks, and
@@ -462,7 +503,7 @@ impl Engine {
     /// use stay until their sequences end). Returns how many.
     pub fn reset_prefix_cache(&mut self) -> u64 {
         let n = self.cache.clear_idle(&mut self.evicted);
-        self.evicted.clear();
+        self.note_evicted();
         n
     }
 
@@ -513,7 +554,18 @@ impl Engine {
             // Its other full prompt blocks are cached once prefilled.
             let full = (u64::from(seq.prompt_tokens) / self.block_size) as usize;
             let end = seq.prefix.len().min(full).max(hit);
-            seq.shared = hit + self.cache.insert(&seq.prefix[hit..end]);
+            let added = self.cache.insert(&seq.prefix[hit..end]);
+            seq.shared = hit + added;
+            if let Some(c) = self.changes.as_mut()
+                && added > 0
+            {
+                c.push(CacheChange::Stored {
+                    id: seq.id,
+                    parent: hit.checked_sub(1).map(|i| seq.prefix[i]),
+                    first: hit,
+                    keys: seq.prefix[hit..hit + added].to_vec(),
+                });
+            }
             seq.is_prefilling = true;
             let cached = hit as u64 * self.block_size;
             if !seq.has_counted_prompt {

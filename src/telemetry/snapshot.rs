@@ -8,6 +8,9 @@ use std::fmt::Write as _;
 
 use crate::prom::{self, Kind};
 
+mod prefix;
+use prefix::encode_prefix;
+
 /// Scheduler state read at scrape time.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -74,6 +77,8 @@ pub struct BackendGauges {
     /// requests that reported a count.
     pub reported_cached_tokens: u64,
     pub reported_prompt_tokens: u64,
+    /// Its KV-event subscriber's counters, when it has `kv_events`.
+    pub kv_events: Option<crate::poller::KvEventCounts>,
 }
 
 /// Writes the families read from `snap`.
@@ -296,79 +301,6 @@ fn encode_pools(w: &mut String, snap: &Snapshot) {
         for (model, p) in &pools {
             if let Some(v) = get(p) {
                 let _ = writeln!(w, "{name}{{model=\"{}\"}} {v}", prom::escape(model));
-            }
-        }
-    }
-}
-
-/// The prefix indexes, and what they predicted per backend.
-fn encode_prefix(w: &mut String, snap: &Snapshot) {
-    type Get = fn(&PrefixGauges) -> f64;
-    let families: [(&str, Kind, &str, Get); 4] = [
-        (
-            "fairway_prefix_index_entries",
-            Kind::Gauge,
-            "Blocks in the model's prefix index.",
-            |p| p.entries as f64,
-        ),
-        (
-            "fairway_prefix_index_capacity",
-            Kind::Gauge,
-            "The most blocks the model's prefix index holds (prefix_index_blocks).",
-            |p| p.capacity as f64,
-        ),
-        (
-            "fairway_prefix_index_evictions_total",
-            Kind::Counter,
-            "Blocks evicted from the model's prefix index to make room.",
-            |p| p.evictions as f64,
-        ),
-        (
-            "fairway_prefix_spills_total",
-            Kind::Counter,
-            "Requests sent to the least loaded backend instead of the loaded holder of their prefix.",
-            |p| p.spills as f64,
-        ),
-    ];
-    for (name, kind, help, get) in families {
-        prom::family(w, name, kind, help);
-        for p in &snap.prefix {
-            let _ = writeln!(
-                w,
-                "{name}{{model=\"{}\"}} {}",
-                prom::escape(&p.model),
-                get(p)
-            );
-        }
-    }
-    type Count = fn(&BackendGauges) -> Option<u64>;
-    let per_backend: [(&str, &str, Count); 3] = [
-        (
-            "fairway_prefix_predicted_cached_tokens_total",
-            "Prompt tokens the prefix index predicted a backend held, over the requests sent to it.",
-            |b| b.predicted_cached_tokens,
-        ),
-        (
-            "fairway_backend_cached_prompt_tokens_total",
-            "Prompt tokens a backend reported it found in its prefix cache (cached_tokens in its usage).",
-            |b| Some(b.reported_cached_tokens),
-        ),
-        (
-            "fairway_backend_reported_prompt_tokens_total",
-            "Prompt tokens of the requests whose usage reported a cached count (the cache hit rate's denominator).",
-            |b| Some(b.reported_prompt_tokens),
-        ),
-    ];
-    for (name, help, get) in per_backend {
-        prom::family(w, name, Kind::Counter, help);
-        for b in &snap.backends {
-            if let Some(v) = get(b) {
-                let _ = writeln!(
-                    w,
-                    "{name}{{backend=\"{}\",model=\"{}\"}} {v}",
-                    prom::escape(&b.backend),
-                    prom::escape(&b.model),
-                );
             }
         }
     }

@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::net::Ipv6Addr;
 use std::time::Duration;
 
+use super::prefix::{check_kv_events, read_kv_events, read_prefix};
 use super::reader::{Reader, Table, Value, Zero};
 use super::sim::read_sim;
 use crate::config::policy::{
-    BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, OutlierPolicy, PoolPolicy,
-    PrefixSpec, Strategy,
+    BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, OutlierPolicy, PoolPolicy, Strategy,
 };
 use crate::core::spec::Api;
 
@@ -48,6 +48,7 @@ const BACKEND_KEYS: &[&str] = &[
     "kv_tokens",
     "protocol",
     "served_model",
+    "kv_events",
 ];
 const PROTOCOLS: &[(&str, Api)] = &[("openai", Api::OpenAi), ("triton", Api::Triton)];
 const STRATEGIES: &[(&str, Strategy)] = &[
@@ -193,22 +194,7 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
     let adapter_affinity = r
         .opt(t, "adapter_affinity", Reader::boolean)
         .unwrap_or(true);
-    let default = PrefixSpec::default();
-    let prefix = PrefixSpec {
-        block_tokens: r
-            .opt(t, "prefix_block_tokens", |r, v, p| {
-                read_at_most(r, v, p, MAX_PREFIX_BLOCK_TOKENS)
-            })
-            .unwrap_or(default.block_tokens),
-        index_blocks: r
-            .opt(t, "prefix_index_blocks", |r, v, p| {
-                read_at_most(r, v, p, MAX_PREFIX_INDEX_BLOCKS)
-            })
-            .unwrap_or(default.index_blocks),
-        ttl: r
-            .opt(t, "prefix_ttl", |r, v, p| r.duration(v, p, Zero::Refused))
-            .unwrap_or(default.ttl),
-    };
+    let prefix = read_prefix(r, t);
     let model_name = model.clone().unwrap_or_default();
     let backends = match t.get("backends") {
         None => {
@@ -234,6 +220,7 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
                 .collect()
         }
     };
+    check_kv_events(r, t, routing, &backends);
     Some(PoolPolicy {
         model: model?,
         routing,
@@ -246,27 +233,6 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
         prefix,
         backends,
     })
-}
-
-/// The largest `prefix_block_tokens`: a block longer than most prompts
-/// matches nothing.
-const MAX_PREFIX_BLOCK_TOKENS: u64 = 4096;
-/// The largest `prefix_index_blocks` (about 5 GiB of index).
-const MAX_PREFIX_INDEX_BLOCKS: u64 = 64 << 20;
-
-/// A positive integer of at most `max`.
-fn read_at_most<T: TryFrom<u64>>(
-    r: &mut Reader<'_>,
-    v: &Value<'_>,
-    path: &str,
-    max: u64,
-) -> Option<T> {
-    let n: u64 = r.positive_int(v, path)?;
-    if n > max {
-        r.error(v.span(), path, format!("must be at most {max}"));
-        return None;
-    }
-    T::try_from(n).ok()
 }
 
 /// A number in (0, 1].
@@ -363,6 +329,7 @@ fn read_backend(
         );
     }
     let kv_tokens = r.opt(t, "kv_tokens", Reader::positive_int);
+    let kv_events = r.opt(t, "kv_events", read_kv_events);
     let target = target?;
     let name = explicit_name.clone().unwrap_or_else(|| match &target {
         BackendTarget::Url { authority } => authority.clone(),
@@ -384,6 +351,7 @@ fn read_backend(
         kv_tokens,
         protocol,
         served_model,
+        kv_events,
     })
 }
 

@@ -878,6 +878,7 @@ fn minimal_file_gets_every_default() {
                 kv_tokens: 65_536,
                 protocol: Api::OpenAi,
                 served_model: None,
+                kv_events: None,
             }],
         }],
         tenants: vec![],
@@ -983,6 +984,7 @@ burst = 3
             kv_tokens: 65_536,
             protocol: Api::OpenAi,
             served_model: None,
+            kv_events: None,
         }
     );
     assert_eq!(
@@ -1000,6 +1002,7 @@ burst = 3
             kv_tokens: 1000,
             protocol: Api::OpenAi,
             served_model: None,
+            kv_events: None,
         }
     );
     assert_eq!(
@@ -1604,4 +1607,46 @@ fn prefix_routing_keys_default_and_are_bounded() {
     assert_one(src, 3, 23, "pools[0].prefix_block_tokens", "at most 4096");
     let src = "[[pools]]\nmodel = \"m\"\nprefix_index_blocks = 0\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n";
     assert_one(src, 3, 23, "pools[0].prefix_index_blocks", "positive");
+}
+
+#[test]
+fn kv_events_name_an_engines_publisher_and_need_prefix_routing() {
+    let head = "[[pools]]\nmodel = \"m\"\nrouting = \"prefix_aware\"\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n";
+    let p = parse(&format!("{head}kv_events = \"tcp://10.0.0.5:5557\"\n")).unwrap();
+    assert_eq!(
+        p.pools[0].backends[0].kv_events,
+        Some(KvEventsSource {
+            endpoint: "tcp://10.0.0.5:5557".into(),
+            replay: None,
+            topic: String::new(),
+        })
+    );
+    let p = parse(&format!(
+        "{head}kv_events = {{ endpoint = \"tcp://e:5557\", replay = \"tcp://e:5558\", topic = \"kv@a@m\" }}\n"
+    ))
+    .unwrap();
+    let k = p.pools[0].backends[0].kv_events.clone().unwrap();
+    assert_eq!(
+        (k.replay.as_deref(), k.topic.as_str()),
+        (Some("tcp://e:5558"), "kv@a@m")
+    );
+    // vLLM binds `tcp://*:5557`; Fairway connects and needs the host.
+    assert_one(
+        &format!("{head}kv_events = \"tcp://*:5557\"\n"),
+        6,
+        13,
+        "pools[0].backends[0].kv_events",
+        "name its host",
+    );
+    assert_one(
+        &format!("{head}kv_events = {{ replay = \"tcp://e:1\" }}\n"),
+        6,
+        13,
+        "pools[0].backends[0].kv_events.endpoint",
+        "missing required key",
+    );
+    let plain = "[[pools]]\nmodel = \"m\"\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\nkv_events = \"tcp://e:5557\"\n";
+    let errs = errors(plain);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].message.contains("prefix_aware"), "{errs:#?}");
 }

@@ -215,10 +215,17 @@ impl Scheduler {
             prefill,
             cached,
         };
-        // Approximate mode: the backend will hold the prompt once it has
-        // prefilled it.
-        if let Some(ix) = self.pools[p].prefix.as_mut() {
-            ix.stored(now, backend, &req.prefix);
+        // The backend will hold the prompt once it has prefilled it: for
+        // the index's TTL (approximate mode), or until its engine's own
+        // event says so (precise mode).
+        let ps = &mut self.pools[p];
+        if let Some(ix) = ps.prefix.as_mut() {
+            if self.backends[backend.0 as usize].prefix_events {
+                let guess = super::prefix_events::PREFIX_GUESS.min(ps.prefix_spec.ttl);
+                ix.stored_for(now, backend, &req.prefix, Some(guess));
+            } else {
+                ix.stored(now, backend, &req.prefix);
+            }
         }
         self.tenants[tenant.0 as usize].in_flight += 1;
         let preemptible = self.may_preempt(tenant);

@@ -247,6 +247,10 @@ pub(super) struct BackendState {
     pub(super) reported_cached_tokens: u64,
     /// Prompt tokens of those same requests: the hit rate's denominator.
     pub(super) reported_prompt_tokens: u64,
+    /// Its engine's KV events are followed (a live subscription): what it
+    /// holds is what it reported, and what Fairway sends it is a guess for
+    /// [`PREFIX_GUESS`](super::prefix_events::PREFIX_GUESS) only.
+    pub(super) prefix_events: bool,
 }
 
 impl BackendState {
@@ -278,6 +282,7 @@ impl BackendState {
             predicted_cached_tokens: 0,
             reported_cached_tokens: 0,
             reported_prompt_tokens: 0,
+            prefix_events: false,
         }
     }
 

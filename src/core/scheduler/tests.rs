@@ -1345,3 +1345,74 @@ fn the_latency_gate_never_leaves_a_pool_with_room_idle() {
         assert_eq!(dispatched(&ds)[0].1, BackendId(1));
     }
 }
+
+#[test]
+fn an_engines_events_hold_its_blocks_and_a_guess_lasts_only_until_confirmed() {
+    use crate::core::scheduler::PrefixEvent;
+    let keys: Vec<u64> = (1..=10).collect();
+    let mut s = prefix_scheduler(crate::core::spec::PrefillCharge::Full);
+    let view = |s: &Scheduler| s.prefix_view(PoolId(0)).unwrap().index.entries;
+    let base = arrival(&s, "a");
+    let a = |prefix: &[u64]| Arrival {
+        prefix: prefix.to_vec(),
+        ..base.clone()
+    };
+    // Backend 1 follows its events and reports holding the chain: the
+    // prompt goes there, and it still does long past the index's TTL.
+    s.set_prefix_events(BackendId(0), true);
+    s.set_prefix_events(BackendId(1), true);
+    s.on_prefix_event(t(0), BackendId(1), &PrefixEvent::Stored(keys.clone()));
+    assert_eq!(view(&s), 10);
+    let send = |s: &mut Scheduler, at: u64, prefix: &[u64]| {
+        let (id, ds) = s.on_arrival(t(at * 1000), a(prefix)).unwrap();
+        let b = dispatched(&ds)[0].1;
+        assert!(s.on_response_started(id));
+        s.on_completion(t(at * 1000), id, None).unwrap();
+        b
+    };
+    assert_eq!(send(&mut s, 500, &keys), BackendId(1));
+    // A new prompt sent to an event-fed backend is a guess: held for
+    // PREFIX_GUESS, not the TTL.
+    let fresh: Vec<u64> = (100..=105).collect();
+    let (id, ds) = s.on_arrival(t(1000000), a(&fresh)).unwrap();
+    let holder = dispatched(&ds)[0].1;
+    assert!(s.on_response_started(id));
+    s.on_completion(t(1000000), id, None).unwrap();
+    // Still held a second later; gone after PREFIX_GUESS.
+    assert_eq!(send(&mut s, 1001, &fresh), holder);
+    let mut hits = Vec::new();
+    let both = [BackendId(0), BackendId(1)];
+    let ix = s.pools[0].prefix.as_mut().unwrap();
+    ix.matched(t(1011000), &fresh, &both, &mut hits);
+    assert_eq!(hits.iter().sum::<u32>(), 6, "{hits:?}");
+    ix.matched(t(1012000), &fresh, &both, &mut hits);
+    assert_eq!(hits, vec![0, 0], "the guess expired unconfirmed");
+    // Removed and lost: the blocks go.
+    s.on_prefix_event(
+        t(1030000),
+        BackendId(1),
+        &PrefixEvent::Removed(keys[5..].to_vec()),
+    );
+    let ids = [BackendId(1)];
+    s.pools[0]
+        .prefix
+        .as_mut()
+        .unwrap()
+        .matched(t(1030000), &keys, &ids, &mut hits);
+    assert_eq!(hits, vec![5]);
+    s.set_prefix_events(BackendId(1), false);
+    s.pools[0]
+        .prefix
+        .as_mut()
+        .unwrap()
+        .matched(t(1030000), &keys, &ids, &mut hits);
+    assert_eq!(hits, vec![0], "a lost subscription drops what it reported");
+    // Not followed: its events are ignored.
+    s.on_prefix_event(t(1031000), BackendId(1), &PrefixEvent::Stored(keys.clone()));
+    s.pools[0]
+        .prefix
+        .as_mut()
+        .unwrap()
+        .matched(t(1031000), &keys, &ids, &mut hits);
+    assert_eq!(hits, vec![0]);
+}

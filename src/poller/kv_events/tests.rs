@@ -61,6 +61,7 @@ fn vllm_map_events_in_an_array_envelope() {
                 lora_name: None,
                 medium: Some("GPU".into()),
                 group_idx: Some(0),
+                salt: None,
             },
             KvEvent::BlockRemoved {
                 block_hashes: vec![EngineHash::Int(7)],
@@ -70,6 +71,61 @@ fn vllm_map_events_in_an_array_envelope() {
             KvEvent::AllBlocksCleared,
         ]
     );
+}
+
+#[test]
+fn the_salt_is_read_from_vllms_extra_keys_and_sglangs_metadata() {
+    let salt_of = |event: Value| {
+        let payload = pack(Value::Array(vec![
+            Value::from(0.0),
+            Value::Array(vec![event]),
+        ]));
+        match &decode_batch(&payload).unwrap().events[0] {
+            KvEvent::BlockStored { salt, .. } => salt.clone(),
+            e => panic!("{e:?}"),
+        }
+    };
+    let vllm = |lora: Value, extra: Value| {
+        Value::Map(vec![
+            (s("type"), s("BlockStored")),
+            (s("block_hashes"), ints(&[1, 2])),
+            (s("parent_block_hash"), Value::Nil),
+            (s("token_ids"), ints(&[1, 2, 3, 4])),
+            (s("block_size"), Value::from(2)),
+            (s("lora_id"), Value::Nil),
+            (s("medium"), s("GPU")),
+            (s("lora_name"), lora),
+            (s("extra_keys"), extra),
+        ])
+    };
+    // The LoRA name leads the first block's tuple; the salt ends it.
+    let keys = Value::Array(vec![
+        Value::Array(vec![s("sql-lora"), s("team-a")]),
+        Value::Nil,
+    ]);
+    assert_eq!(
+        salt_of(vllm(s("sql-lora"), keys)).as_deref(),
+        Some("team-a")
+    );
+    let lora_only = Value::Array(vec![Value::Array(vec![s("sql-lora")]), Value::Nil]);
+    assert_eq!(salt_of(vllm(s("sql-lora"), lora_only)), None);
+    assert_eq!(
+        salt_of(vllm(Value::Nil, Value::Array(vec![Value::Nil]))),
+        None
+    );
+    // SGLang's BlockStoredWithMetadata, positional: metadata where vLLM
+    // has lora_name.
+    let sglang = Value::Array(vec![
+        s("BlockStored"),
+        ints(&[1]),
+        Value::Nil,
+        ints(&[1, 2]),
+        Value::from(2),
+        Value::Nil,
+        Value::Nil,
+        Value::Map(vec![(s("cache_salt"), s("team-b"))]),
+    ]);
+    assert_eq!(salt_of(sglang).as_deref(), Some("team-b"));
 }
 
 #[test]
@@ -174,6 +230,7 @@ fn what_the_simulated_engine_publishes_decodes_to_itself() {
                 lora_name: Some("a".into()),
                 medium: Some("GPU".into()),
                 group_idx: None,
+                salt: Some("tenant-7".into()),
             },
             KvEvent::BlockRemoved {
                 block_hashes: vec![EngineHash::Int(3)],

@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::kv_publisher::KvLink;
 use super::{Fault, Flavour, Shared, SimBackendConfig, serve_shared};
 use crate::config::EngineParams;
 use crate::sim::engine::EngineStats;
@@ -29,6 +30,7 @@ impl SimBackend {
                 flavour: Flavour::Vllm,
                 adapters: Vec::new(),
                 residency_metrics: false,
+                kv_events: None,
             },
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
@@ -110,6 +112,14 @@ impl SimBackendBuilder {
     }
 
     /// The address to bind (port 0 picks a free one).
+    /// Publishes KV events as vLLM does, on a PUB and a replay socket at
+    /// these addresses (port 0: any free one; see
+    /// [`SimHandle::kv_events`]).
+    pub fn kv_events(mut self, publish: SocketAddr, replay: SocketAddr) -> Self {
+        self.cfg.kv_events = Some((publish, replay));
+        self
+    }
+
     pub fn listen(mut self, addr: SocketAddr) -> Self {
         self.listen = addr;
         self
@@ -119,7 +129,11 @@ impl SimBackendBuilder {
     pub async fn start(self) -> std::io::Result<SimHandle> {
         let listener = TcpListener::bind(self.listen).await?;
         let addr = listener.local_addr()?;
-        let shared = Shared::new(self.cfg);
+        let kv = match self.cfg.kv_events {
+            Some((publish, replay)) => Some(KvLink::bind(publish, replay).await?),
+            None => None,
+        };
+        let shared = Shared::new(self.cfg, kv);
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let stop = async move {
             let _ = stop_rx.await;
@@ -156,6 +170,22 @@ impl SimHandle {
         format!("http://{}", self.addr)
     }
 
+    /// The KV-event PUB and replay endpoints (`tcp://IP:PORT`), when it
+    /// publishes them.
+    pub fn kv_events(&self) -> Option<(String, String)> {
+        let kv = self.shared.kv.as_ref()?;
+        Some((kv.endpoint.clone(), kv.replay.clone()))
+    }
+
+    /// Numbers the next `n` KV-event batches but does not send them (as a
+    /// PUB socket drops messages for a slow subscriber): the subscriber
+    /// sees a gap; the replay socket still has them.
+    pub fn lose_kv_batches(&self, n: u64) {
+        if let Some(kv) = &self.shared.kv {
+            kv.drop_next.store(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Switches the failure mode for requests arriving from now on.
     pub fn set_fault(&self, fault: Fault) {
         *self.shared.fault.lock() = fault;
@@ -189,6 +219,9 @@ impl SimHandle {
 
 impl Drop for SimHandle {
     fn drop(&mut self) {
+        if let Some(kv) = &self.shared.kv {
+            kv.stop.cancel();
+        }
         if let Some(task) = self.task.take() {
             task.abort();
         }

@@ -504,6 +504,7 @@ async fn serve_stops_on_its_shutdown_future() {
         flavour: Flavour::Vllm,
         adapters: Vec::new(),
         residency_metrics: false,
+        kv_events: None,
     };
     let server = tokio::spawn(serve(listener, cfg, async move {
         let _ = rx.await;

@@ -1,0 +1,167 @@
+//! The prefix-routing families: each pool's index, what it predicted per
+//! backend against what the engines reported, and the KV-event
+//! subscribers.
+
+use std::fmt::Write as _;
+
+use super::{BackendGauges, PrefixGauges, Snapshot};
+use crate::prom::{self, Kind};
+
+/// The prefix indexes, and what they predicted per backend.
+pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
+    type Get = fn(&PrefixGauges) -> f64;
+    let families: [(&str, Kind, &str, Get); 4] = [
+        (
+            "fairway_prefix_index_entries",
+            Kind::Gauge,
+            "Blocks in the model's prefix index.",
+            |p| p.entries as f64,
+        ),
+        (
+            "fairway_prefix_index_capacity",
+            Kind::Gauge,
+            "The most blocks the model's prefix index holds (prefix_index_blocks).",
+            |p| p.capacity as f64,
+        ),
+        (
+            "fairway_prefix_index_evictions_total",
+            Kind::Counter,
+            "Blocks evicted from the model's prefix index to make room.",
+            |p| p.evictions as f64,
+        ),
+        (
+            "fairway_prefix_spills_total",
+            Kind::Counter,
+            "Requests sent to the least loaded backend instead of the loaded holder of their prefix.",
+            |p| p.spills as f64,
+        ),
+    ];
+    for (name, kind, help, get) in families {
+        prom::family(w, name, kind, help);
+        for p in &snap.prefix {
+            let _ = writeln!(
+                w,
+                "{name}{{model=\"{}\"}} {}",
+                prom::escape(&p.model),
+                get(p)
+            );
+        }
+    }
+    type Count = fn(&BackendGauges) -> Option<u64>;
+    let per_backend: [(&str, &str, Count); 3] = [
+        (
+            "fairway_prefix_predicted_cached_tokens_total",
+            "Prompt tokens the prefix index predicted a backend held, over the requests sent to it.",
+            |b| b.predicted_cached_tokens,
+        ),
+        (
+            "fairway_backend_cached_prompt_tokens_total",
+            "Prompt tokens a backend reported it found in its prefix cache (cached_tokens in its usage).",
+            |b| Some(b.reported_cached_tokens),
+        ),
+        (
+            "fairway_backend_reported_prompt_tokens_total",
+            "Prompt tokens of the requests whose usage reported a cached count (the cache hit rate's denominator).",
+            |b| Some(b.reported_prompt_tokens),
+        ),
+    ];
+    for (name, help, get) in per_backend {
+        prom::family(w, name, Kind::Counter, help);
+        for b in &snap.backends {
+            if let Some(v) = get(b) {
+                let _ = writeln!(
+                    w,
+                    "{name}{{backend=\"{}\",model=\"{}\"}} {v}",
+                    prom::escape(&b.backend),
+                    prom::escape(&b.model),
+                );
+            }
+        }
+    }
+    encode_kv_events(w, snap);
+}
+
+/// The KV-event subscribers' families (backends with `kv_events` only).
+fn encode_kv_events(w: &mut String, snap: &Snapshot) {
+    use crate::poller::KvEventCounts as C;
+    type Get = fn(&C) -> f64;
+    let families: [(&str, Kind, &str, Get); 10] = [
+        (
+            "fairway_kv_events_connected",
+            Kind::Gauge,
+            "1 while the backend's KV events are followed (precise prefix routing); 0 while its publisher cannot be reached.",
+            |c| f64::from(u8::from(c.connected)),
+        ),
+        (
+            "fairway_kv_events_batches_total",
+            Kind::Counter,
+            "KV-event batches applied from the backend.",
+            |c| c.batches as f64,
+        ),
+        (
+            "fairway_kv_events_total",
+            Kind::Counter,
+            "KV events received from the backend.",
+            |c| c.events as f64,
+        ),
+        (
+            "fairway_kv_events_gaps_total",
+            Kind::Counter,
+            "Gaps in the backend's KV-event sequence.",
+            |c| c.gaps as f64,
+        ),
+        (
+            "fairway_kv_events_replayed_total",
+            Kind::Counter,
+            "Gaps filled from the backend's replay socket.",
+            |c| c.replayed as f64,
+        ),
+        (
+            "fairway_kv_events_resets_total",
+            Kind::Counter,
+            "Times the backend's prefix entries were dropped to be relearned (an engine restart, a gap not replayed).",
+            |c| c.resets as f64,
+        ),
+        (
+            "fairway_kv_events_decode_errors_total",
+            Kind::Counter,
+            "KV-event messages from the backend that were not a batch.",
+            |c| c.decode_errors as f64,
+        ),
+        (
+            "fairway_kv_events_unanchored_total",
+            Kind::Counter,
+            "Stored-block events whose parent block was unknown (not keyed).",
+            |c| c.unanchored as f64,
+        ),
+        (
+            "fairway_kv_events_watchdog_total",
+            Kind::Counter,
+            "KV-event subscriptions replaced after a silence.",
+            |c| c.watchdog as f64,
+        ),
+        (
+            "fairway_kv_events_lag_seconds",
+            Kind::Gauge,
+            "From the engine's timestamp of the last KV-event batch to its arrival.",
+            |c| c.lag_ms as f64 / 1000.0,
+        ),
+    ];
+    if snap.backends.iter().all(|b| b.kv_events.is_none()) {
+        return;
+    }
+    for (name, kind, help, get) in families {
+        prom::family(w, name, kind, help);
+        for b in &snap.backends {
+            if let Some(c) = &b.kv_events {
+                let _ = writeln!(
+                    w,
+                    "{name}{{backend=\"{}\",model=\"{}\"}} {}",
+                    prom::escape(&b.backend),
+                    prom::escape(&b.model),
+                    get(c)
+                );
+            }
+        }
+    }
+}
