@@ -5,7 +5,10 @@
 //!   cut it into approximate token ids and chain its block keys, for the
 //!   bench's 200-byte chat and an 8 KiB conversation of eight turns;
 //! - `index`: a lookup over 8 backends and the record of the choice, on a
-//!   full index of 1 M blocks.
+//!   full index of 1 M blocks;
+//! - `kv_events`: an engine's KV-event batch decoded (msgpack) and keyed
+//!   by the feed (one `BlockStored` of 32 blocks of 16 tokens, a 512-token
+//!   prompt, and one `BlockRemoved` of 8), per batch.
 //!
 //! Before the benches it prints the index's heap bytes per block at 1 M
 //! blocks (`PrefixIndex::heap_bytes`, from the tables' capacities).
@@ -92,5 +95,51 @@ fn index(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, keys, index);
+fn kv_events(c: &mut Criterion) {
+    use fairway::poller::kv_events::{
+        EngineHash, EventBatch, Feed, KvEvent, decode_batch, encode_batch,
+    };
+    let batch = EventBatch {
+        ts: 1.0,
+        events: vec![
+            KvEvent::BlockStored {
+                block_hashes: (1..=32).map(EngineHash::Int).collect(),
+                parent: None,
+                token_ids: (0..512).collect(),
+                block_size: 16,
+                lora_name: None,
+                medium: Some("GPU".into()),
+                group_idx: None,
+                salt: None,
+            },
+            KvEvent::BlockRemoved {
+                block_hashes: (100..108).map(EngineHash::Int).collect(),
+                medium: Some("GPU".into()),
+                group_idx: None,
+            },
+        ],
+        data_parallel_rank: None,
+        skipped: 0,
+    };
+    let payload = encode_batch(&batch);
+    let mut g = c.benchmark_group("kv_events");
+    g.bench_function("decode", |b| {
+        b.iter(|| decode_batch(black_box(&payload)))
+    });
+    let mut feed = Feed::new("bench", 64, 1 << 16);
+    let mut out = Vec::new();
+    let mut seq = 0;
+    g.bench_function("decode+key", |b| {
+        b.iter(|| {
+            out.clear();
+            let decoded = decode_batch(black_box(&payload)).unwrap_or_default();
+            feed.apply(seq, &decoded, &mut out);
+            seq += 1;
+            out.len()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, keys, index, kv_events);
 criterion_main!(benches);
