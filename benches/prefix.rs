@@ -123,9 +123,7 @@ fn kv_events(c: &mut Criterion) {
     };
     let payload = encode_batch(&batch);
     let mut g = c.benchmark_group("kv_events");
-    g.bench_function("decode", |b| {
-        b.iter(|| decode_batch(black_box(&payload)))
-    });
+    g.bench_function("decode", |b| b.iter(|| decode_batch(black_box(&payload))));
     let mut feed = Feed::new("bench", 64, 1 << 16);
     let mut out = Vec::new();
     let mut seq = 0;

@@ -196,9 +196,12 @@ pub(super) async fn follow(
             };
             out.clear();
             match feed.sequence(seq) {
-                Sequence::Old => continue,
                 Sequence::First | Sequence::Next => {}
-                Sequence::Restart => {
+                // A publisher sends each number once on its live stream
+                // (replays come through the replay socket): a number seen
+                // already is a new process counting from 0 again, even
+                // when the old one had sent only that many.
+                Sequence::Old | Sequence::Restart => {
                     tracing::info!(backend = %name, seq, "KV events: the engine restarted; relearning its cache");
                     add(&stats.resets, 1);
                     feed.reset();

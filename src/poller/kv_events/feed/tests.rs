@@ -172,3 +172,35 @@ fn the_feed_remembers_at_most_its_cap_of_engine_blocks() {
         assert!(f.order.len() <= 2 * 3 + 1);
     }
 }
+
+proptest::proptest! {
+    /// Whatever events arrive, in whatever order: no panic, and never more
+    /// than the cap of engine blocks remembered.
+    #[test]
+    fn any_events_keep_the_feed_bounded(
+        ops in proptest::collection::vec(
+            (0u8..4, proptest::collection::vec(0u64..40, 0..6), proptest::option::of(0u64..40), 1u32..5),
+            0..200,
+        ),
+        cap in 1usize..20,
+        block in 1u32..9,
+    ) {
+        let mut f = Feed::new("m", block, cap);
+        let mut out = Vec::new();
+        for (seq, (op, hashes, parent, size)) in ops.into_iter().enumerate() {
+            let tokens: Vec<u32> = (0..hashes.len() as u32 * size).collect();
+            let e = match op {
+                0 | 1 => stored(&hashes, parent, &tokens, size),
+                2 => KvEvent::BlockRemoved {
+                    block_hashes: hashes.iter().map(|h| EngineHash::Int(*h)).collect(),
+                    medium: None,
+                    group_idx: None,
+                },
+                _ => KvEvent::AllBlocksCleared,
+            };
+            f.apply(seq as u64, &batch(vec![e]), &mut out);
+            proptest::prop_assert!(f.len() <= cap);
+            proptest::prop_assert!(f.order.len() <= 2 * cap + 1);
+        }
+    }
+}
