@@ -3,7 +3,6 @@
 //! the client of the calls that need no queueing, the cluster membership
 //! and the traces.
 
-use crate::core::scheduler::PrefixEvent;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -15,7 +14,7 @@ use crate::cluster::Member;
 use crate::config::Policy;
 use crate::core::ids::{BackendId, PoolId, TenantId};
 use crate::core::reading::Reading;
-use crate::core::scheduler::{EjectReason, Ejection};
+use crate::core::scheduler::{EjectReason, Ejection, PrefixEvent};
 use crate::core::spec::{Api, SchedulerSpec};
 use crate::core::time::Instant;
 use crate::gateway::adapters::Discovered;
