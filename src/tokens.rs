@@ -1,4 +1,5 @@
-//! Tokens without a tokenizer, and the keys of cached prefixes.
+//! Tokens without a tokenizer, the keys of cached prefixes, and a pool's
+//! own tokenizer and chat template ([`chat`]).
 //!
 //! - [`estimate`]: the token-count estimate shared by the gateway (cost
 //!   before dispatch) and the simulated engine: about four bytes of text
@@ -18,6 +19,10 @@
 //!   seed or algorithm, and any block size can be canonical.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+pub mod chat;
+
+pub use chat::ChatTokenizer;
 
 /// Estimated tokens in `text`: `ceil(len / 4)`, at least 1 for non-empty text.
 pub fn estimate(text: &str) -> u32 {

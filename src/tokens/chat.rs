@@ -1,0 +1,453 @@
+//! A pool's own tokenizer and chat template: a request's prompt as the
+//! engine's token ids, in process, from local files only.
+//!
+//! - The tokenizer is Hugging Face's `tokenizer.json`, run by the
+//!   `tokenizers` crate (the same library the engines use, so the ids are
+//!   theirs).
+//! - The chat template is Jinja, rendered by `minijinja` set up as
+//!   `transformers`' `apply_chat_template` sets up Jinja: `trim_blocks`,
+//!   `lstrip_blocks`, loop controls, Python's string methods
+//!   (`minijinja-contrib`'s pycompat), `raise_exception`, a `tojson` that
+//!   writes as Python's `json.dumps` does (`", "`, `": "`, no ASCII
+//!   escaping, `indent`), and the special tokens of `tokenizer_config.json`
+//!   (`bos_token`, `eos_token`, …) as variables. It comes from its own file,
+//!   or from `tokenizer_config.json`'s `chat_template`.
+//! - A chat is rendered with `add_generation_prompt` (default true) and
+//!   tokenized without adding special tokens (the template writes them),
+//!   as vLLM does; a completion's `prompt` is tokenized with them; a
+//!   prompt of token ids is taken as it is.
+//!
+//! **The resent conversation is not tokenized again.** The rendered text
+//! is cut at every added token the tokenizer matches on the raw text
+//! (`<|im_start|>`, `<|eot_id|>`, … ; not those that strip whitespace or
+//! match whole words only): the library tokenizes each piece between them
+//! on its own, so the ids of the pieces, in order, are the ids of the
+//! whole. Each piece's ids are cached by its hash (two generations of at
+//! most [`CACHE_PIECES`] pieces, the older dropped when the newer fills),
+//! so a turn that resends the conversation tokenizes only its new
+//! messages.
+//!
+//! Not supported (the request falls back to the byte approximation, and
+//! is still routed): templates that call `strftime_now` or other
+//! functions `transformers` adds, and content given as a list of parts
+//! is passed to the template as it is (vLLM may flatten it first).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, Value};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokenizers::Tokenizer;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Pieces of rendered text whose ids are kept, per generation.
+pub const CACHE_PIECES: usize = 8192;
+
+/// The template's name in its environment (no extension: no autoescape).
+const TEMPLATE: &str = "chat";
+
+/// A pool's tokenizer and chat template. See the module docs.
+pub struct ChatTokenizer {
+    tokenizer: Tokenizer,
+    /// The environment holding the chat template, if there is one.
+    env: Option<Environment<'static>>,
+    /// `bos_token`, `eos_token`, … from `tokenizer_config.json`.
+    specials: Vec<(String, String)>,
+    /// The added tokens the rendered text is cut at, and their ids.
+    cut: Option<(AhoCorasick, Vec<u32>)>,
+    cache: Mutex<Pieces>,
+}
+
+impl std::fmt::Debug for ChatTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTokenizer")
+            .field("template", &self.env.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Pieces {
+    new: HashMap<u64, Arc<[u32]>>,
+    old: HashMap<u64, Arc<[u32]>>,
+}
+
+impl Pieces {
+    fn get(&mut self, key: u64) -> Option<Arc<[u32]>> {
+        if let Some(ids) = self.new.get(&key) {
+            return Some(Arc::clone(ids));
+        }
+        let ids = self.old.remove(&key)?;
+        self.put(key, Arc::clone(&ids));
+        Some(ids)
+    }
+
+    fn put(&mut self, key: u64, ids: Arc<[u32]>) {
+        if self.new.len() >= CACHE_PIECES {
+            self.old = std::mem::take(&mut self.new);
+        }
+        self.new.insert(key, ids);
+    }
+}
+
+/// What is read of a body to render and tokenize it.
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: Option<bool>,
+    #[serde(borrow, default)]
+    chat_template_kwargs: Option<&'a RawValue>,
+}
+
+/// `tokenizer_config.json`, the parts used.
+#[derive(Deserialize, Default)]
+struct TokenizerConfig {
+    #[serde(default)]
+    chat_template: Option<serde_json::Value>,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+fn load_error(what: &Path, e: impl std::fmt::Display) -> String {
+    format!("{}: {e}", what.display())
+}
+
+impl ChatTokenizer {
+    /// Loads `tokenizer` (a `tokenizer.json`), the special tokens and,
+    /// unless `template` names a file, the chat template of `config` (a
+    /// `tokenizer_config.json`). Errors name the file and what is wrong.
+    pub fn load(
+        tokenizer: &Path,
+        config: Option<&Path>,
+        template: Option<&Path>,
+    ) -> Result<Self, String> {
+        let tok = Tokenizer::from_file(tokenizer).map_err(|e| load_error(tokenizer, e))?;
+        let cfg: TokenizerConfig = match config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| load_error(p, e))?;
+                serde_json::from_str(&text).map_err(|e| load_error(p, e))?
+            }
+            None => TokenizerConfig::default(),
+        };
+        let source = match (template, &cfg.chat_template) {
+            (Some(p), _) => Some(std::fs::read_to_string(p).map_err(|e| load_error(p, e))?),
+            (None, Some(serde_json::Value::String(s))) => Some(s.clone()),
+            // A list of named templates: the "default" one.
+            (None, Some(serde_json::Value::Array(list))) => list
+                .iter()
+                .find(|t| t["name"] == "default")
+                .and_then(|t| t["template"].as_str())
+                .map(str::to_owned),
+            _ => None,
+        };
+        let specials = cfg
+            .rest
+            .iter()
+            .filter(|(k, _)| k.ends_with("_token"))
+            .filter_map(|(k, v)| {
+                let text = v.as_str().or_else(|| v["content"].as_str())?;
+                Some((k.clone(), text.to_owned()))
+            })
+            .collect();
+        let env = match source {
+            Some(src) => {
+                let mut env = environment();
+                env.add_template_owned(TEMPLATE, src).map_err(|e| {
+                    let what = template.or(config).unwrap_or(tokenizer);
+                    load_error(what, format!("the chat template does not compile: {e}"))
+                })?;
+                Some(env)
+            }
+            None => None,
+        };
+        let cut = cut_points(&tok);
+        Ok(ChatTokenizer {
+            tokenizer: tok,
+            env,
+            specials,
+            cut,
+            cache: Mutex::new(Pieces::default()),
+        })
+    }
+
+    /// Whether it has a chat template (chats are rendered with it).
+    pub fn has_template(&self) -> bool {
+        self.env.is_some()
+    }
+
+    /// The prompt of a request body as the engine's token ids: a chat
+    /// rendered and tokenized, a completion's prompt tokenized (or taken
+    /// as ids). `None` when the body has neither, or the template fails
+    /// on it: the caller falls back to the byte approximation.
+    pub fn prompt_ids(&self, body: &[u8]) -> Option<Vec<u32>> {
+        let b: Body<'_> = serde_json::from_slice(body).ok()?;
+        if let Some(messages) = b.messages {
+            let text = self.render_chat(&b, messages).ok()?;
+            return self.encode(&text).ok();
+        }
+        let prompt = b.prompt?;
+        if let Ok(text) = serde_json::from_str::<String>(prompt.get()) {
+            let enc = self.tokenizer.encode_fast(text.as_str(), true).ok()?;
+            return Some(enc.get_ids().to_vec());
+        }
+        serde_json::from_str::<Vec<u32>>(prompt.get()).ok()
+    }
+
+    /// Renders `messages` (a JSON array) with the chat template, as the
+    /// engine would for a chat request.
+    pub fn render(
+        &self,
+        messages: &str,
+        tools: Option<&str>,
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let json = format!(
+            r#"{{"messages":{messages},"tools":{},"add_generation_prompt":{add_generation_prompt}}}"#,
+            tools.unwrap_or("null")
+        );
+        let b: Body<'_> = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+        let messages = b.messages.ok_or("no messages")?;
+        self.render_chat(&b, messages).map_err(|e| e.to_string())
+    }
+
+    fn render_chat(&self, b: &Body<'_>, messages: &RawValue) -> Result<String, Error> {
+        let env = self
+            .env
+            .as_ref()
+            .ok_or_else(|| Error::new(ErrorKind::TemplateNotFound, "no chat template"))?;
+        let value = |raw: Option<&RawValue>| -> Result<Value, Error> {
+            match raw {
+                Some(r) => serde_json::from_str::<Value>(r.get())
+                    .map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string())),
+                None => Ok(Value::from(())),
+            }
+        };
+        let mut ctx: std::collections::BTreeMap<String, Value> = self
+            .specials
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+            .collect();
+        let continue_final = b.continue_final_message.unwrap_or(false);
+        ctx.insert("messages".into(), value(Some(messages))?);
+        ctx.insert("tools".into(), value(b.tools)?);
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(b.add_generation_prompt.unwrap_or(!continue_final)),
+        );
+        if let Some(kw) = b.chat_template_kwargs {
+            let kw = value(Some(kw))?;
+            if let Ok(keys) = kw.try_iter() {
+                for k in keys {
+                    let v = kw.get_item(&k)?;
+                    ctx.insert(k.to_string(), v);
+                }
+            }
+        }
+        env.get_template(TEMPLATE)?.render(Value::from(ctx))
+    }
+
+    /// `text`'s ids, no special tokens added, cut and cached as the module
+    /// docs say.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        let mut ids = Vec::new();
+        let Some((ac, cut_ids)) = &self.cut else {
+            self.piece(text, &mut ids)?;
+            return Ok(ids);
+        };
+        let mut at = 0;
+        for m in ac.find_iter(text) {
+            self.piece(&text[at..m.start()], &mut ids)?;
+            ids.push(cut_ids[m.pattern().as_usize()]);
+            at = m.end();
+        }
+        self.piece(&text[at..], &mut ids)?;
+        Ok(ids)
+    }
+
+    fn piece(&self, text: &str, ids: &mut Vec<u32>) -> Result<(), String> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        let key = xxh3_64(text.as_bytes());
+        if let Some(got) = self.cache.lock().get(key) {
+            ids.extend_from_slice(&got);
+            return Ok(());
+        }
+        let enc = self
+            .tokenizer
+            .encode_fast(text, false)
+            .map_err(|e| e.to_string())?;
+        let got: Arc<[u32]> = enc.get_ids().into();
+        ids.extend_from_slice(&got);
+        self.cache.lock().put(key, got);
+        Ok(())
+    }
+}
+
+/// The added tokens matched on the raw text, as the tokenizer matches
+/// them (leftmost, longest), and their ids. Tokens that strip the
+/// whitespace beside them, match whole words only, or are matched after
+/// normalization are left inside the pieces.
+fn cut_points(tok: &Tokenizer) -> Option<(AhoCorasick, Vec<u32>)> {
+    let mut tokens: Vec<(String, u32)> = tok
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| !t.lstrip && !t.rstrip && !t.single_word && !t.normalized)
+        .filter(|(_, t)| !t.content.is_empty())
+        .map(|(id, t)| (t.content, id))
+        .collect();
+    if tokens.is_empty() {
+        return None;
+    }
+    tokens.sort();
+    let ac = AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(tokens.iter().map(|(t, _)| t))
+        .ok()?;
+    Some((ac, tokens.into_iter().map(|(_, id)| id).collect()))
+}
+
+/// Jinja as `transformers` sets it up for chat templates.
+fn environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+    {
+        env.set_syntax(syntax);
+    }
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, msg))
+    });
+    env.add_filter("tojson", tojson);
+    env
+}
+
+/// `tojson` as `transformers` defines it: Python's `json.dumps` with
+/// `ensure_ascii=False` (and `indent`, `sort_keys` when given).
+fn tojson(v: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort: Option<bool> = kwargs.get("sort_keys")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    write_json(&mut out, v, indent, sort.unwrap_or(false), 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_json(
+    out: &mut String,
+    v: &Value,
+    indent: Option<usize>,
+    sort: bool,
+    depth: usize,
+) -> Result<(), Error> {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let (item_sep, key_sep) = if indent.is_some() {
+        (",", ": ")
+    } else {
+        (", ", ": ")
+    };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            if let Some(i) = v.as_i64() {
+                out.push_str(&i.to_string());
+            } else {
+                let f = f64::try_from(v.clone()).unwrap_or(f64::NAN);
+                if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e16 {
+                    out.push_str(&format!("{f:.1}"));
+                } else if f.is_finite() {
+                    out.push_str(&f.to_string());
+                } else {
+                    out.push_str(if f.is_nan() { "NaN" } else if f > 0.0 { "Infinity" } else { "-Infinity" });
+                }
+            }
+        }
+        ValueKind::String => quote(out, v.as_str().unwrap_or_default()),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_json(out, item, indent, sort, depth + 1)?;
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
+            if sort {
+                keys.sort();
+            }
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                match k.as_str() {
+                    Some(s) => quote(out, s),
+                    None => quote(out, &k.to_string()),
+                }
+                out.push_str(key_sep);
+                write_json(out, &v.get_item(k)?, indent, sort, depth + 1)?;
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        _ => quote(out, &v.to_string()),
+    }
+    Ok(())
+}
+
+/// A JSON string as Python writes it with `ensure_ascii=False`.
+fn quote(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
