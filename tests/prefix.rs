@@ -344,3 +344,34 @@ api_keys = ["ka"]
     }
     promtool_check(&scrape(&gw).await);
 }
+
+#[tokio::test]
+async fn with_the_pools_tokenizer_prompts_are_keyed_by_their_token_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut words = vec!["You", "are", "assistant", "number", ".", "first", "again"];
+    let digits: Vec<String> = (0..10).map(|d| d.to_string()).collect();
+    words.extend(digits.iter().map(String::as_str));
+    write_test_tokenizer(dir.path(), &words);
+    let (b0, b1) = (engine().await, engine().await);
+    let extra = format!(
+        "tokenizer = \"{}\"",
+        dir.path().join("tokenizer.json").display()
+    );
+    let gw = gateway(&policy("prefix_aware", &extra), &[&b0, &b1]).await;
+    let c = client();
+    let mut hits = 0;
+    for q in ["first", "again", "again"] {
+        for s in 0..4 {
+            if cached(&c, &gw, chat_with("m", &system(s), q, 2, "")).await > 500 {
+                hits += 1;
+            }
+        }
+    }
+    assert_eq!(hits, 8, "every repeat went where its prefix is");
+    // The index counted the template's tokens (six a sentence, 480 of the
+    // system prompt, 30 blocks of 16), not four bytes a token (2,240
+    // bytes, 35 blocks).
+    let text = scrape(&gw).await;
+    let predicted = metric_sum(&text, "fairway_prefix_predicted_cached_tokens_total{");
+    assert_eq!(predicted, 8.0 * 480.0, "{text}");
+}

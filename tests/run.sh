@@ -35,10 +35,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# The official openai and anthropic Python SDKs (tests/sdk.rs), pinned,
-# in a venv of their own.
+# The official openai and anthropic Python SDKs (tests/sdk.rs), and the
+# reference tokenizer and Jinja (tests/tokenizer.rs), pinned, in a venv of
+# their own.
 venv=target/sdk-venv
-if ! "$venv/bin/python" -c "import openai, anthropic" >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c "import openai, anthropic, tokenizers, jinja2" >/dev/null 2>&1; then
   echo "installing the SDKs into $venv"
   if ! python3 -m venv "$venv" >/dev/null 2>&1; then
     sudo=""
@@ -47,7 +48,7 @@ if ! "$venv/bin/python" -c "import openai, anthropic" >/dev/null 2>&1; then
     $sudo apt-get install -y -qq python3 python3-venv >/dev/null
     python3 -m venv "$venv"
   fi
-  "$venv/bin/pip" install -q -r tests/sdk/requirements.txt
+  "$venv/bin/pip" install -q -r tests/sdk/requirements.txt -r tests/tokenizer/requirements.txt
 fi
 
 # Selenium, which drives Chromium through chromedriver (tests/usage.rs).

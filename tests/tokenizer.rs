@@ -66,17 +66,25 @@ async fn rendering_and_ids_equal_the_reference_libraries() {
             tools.unwrap_or("null")
         );
         for _ in 0..2 {
-            assert_eq!(tok.prompt_ids(body.as_bytes()).unwrap(), want, "chat {i}: body");
+            assert_eq!(
+                tok.prompt_ids(body.as_bytes()).unwrap().ids,
+                want,
+                "chat {i}: body"
+            );
         }
     }
     for c in expected["completions"].as_array().unwrap() {
         let want: Vec<u32> = serde_json::from_value(c["ids"].clone()).unwrap();
         let body = json!({"model": "m", "prompt": c["prompt"]}).to_string();
-        assert_eq!(tok.prompt_ids(body.as_bytes()).unwrap(), want, "{c}");
+        assert_eq!(tok.prompt_ids(body.as_bytes()).unwrap().ids, want, "{c}");
     }
     // A prompt of ids is taken as it is.
-    let body = json!({"model": "m", "prompt": [5, 6, 7]}).to_string();
-    assert_eq!(tok.prompt_ids(body.as_bytes()).unwrap(), vec![5, 6, 7]);
+    let body = json!({"model": "m", "prompt": [5, 6, 7], "cache_salt": "s"}).to_string();
+    let got = tok.prompt_ids(body.as_bytes()).unwrap();
+    assert_eq!(
+        (got.ids, got.cache_salt.as_deref()),
+        (vec![5, 6, 7], Some("s"))
+    );
 }
 
 #[tokio::test]
@@ -93,17 +101,30 @@ async fn what_the_template_refuses_falls_back_and_bad_files_are_named() {
     );
     // A template of its own file replaces the config's.
     let own = dir.join("own.jinja");
-    std::fs::write(&own, "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}").unwrap();
-    let t = ChatTokenizer::load(&dir.join("tokenizer.json"), Some(&dir.join("tokenizer_config.json")), Some(&own)).unwrap();
+    std::fs::write(
+        &own,
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}",
+    )
+    .unwrap();
+    let t = ChatTokenizer::load(
+        &dir.join("tokenizer.json"),
+        Some(&dir.join("tokenizer_config.json")),
+        Some(&own),
+    )
+    .unwrap();
     assert_eq!(
-        t.render(r#"[{"role":"user","content":"hi"}]"#, None, true).unwrap(),
+        t.render(r#"[{"role":"user","content":"hi"}]"#, None, true)
+            .unwrap(),
         "[user] hi\n"
     );
     // Errors name the file.
     let broken = dir.join("broken.jinja");
     std::fs::write(&broken, "{% for m in messages %}").unwrap();
     let e = ChatTokenizer::load(&dir.join("tokenizer.json"), None, Some(&broken)).unwrap_err();
-    assert!(e.contains("broken.jinja") && e.contains("does not compile"), "{e}");
+    assert!(
+        e.contains("broken.jinja") && e.contains("does not compile"),
+        "{e}"
+    );
     let e = ChatTokenizer::load(&dir.join("missing.json"), None, None).unwrap_err();
     assert!(e.contains("missing.json"), "{e}");
     // Without a template, a chat has no ids; a completion still does.

@@ -320,6 +320,11 @@ pub struct PoolPolicy {
     /// `prefix_block_tokens`, `prefix_index_blocks`, `prefix_ttl`.
     #[serde(serialize_with = "prefix_keys")]
     pub prefix: PrefixSpec,
+    /// The model's tokenizer and chat template, loaded (`tokenizer`,
+    /// `tokenizer_config`, `chat_template`); `None`: prompts are measured
+    /// and keyed by their bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PoolTokenizer>,
     pub backends: Vec<BackendPolicy>,
 }
 
@@ -378,6 +383,24 @@ pub struct BackendPolicy {
     /// Where its engine publishes its KV-cache events (precise prefix
     /// routing); `None`: the prefix index learns from Fairway's own sends.
     pub kv_events: Option<KvEventsSource>,
+}
+
+/// A pool's tokenizer files, and the tokenizer loaded from them when the
+/// policy was read (equal when the paths are).
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolTokenizer {
+    pub tokenizer: PathBuf,
+    pub config: Option<PathBuf>,
+    pub template: Option<PathBuf>,
+    #[serde(skip)]
+    pub loaded: std::sync::Arc<crate::tokens::ChatTokenizer>,
+}
+
+impl PartialEq for PoolTokenizer {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.tokenizer, &self.config, &self.template)
+            == (&other.tokenizer, &other.config, &other.template)
+    }
 }
 
 /// A backend's KV-event publisher (vLLM's `--kv-events-config`).

@@ -121,8 +121,16 @@ async fn run(
     if read.parts.headers.contains_key("x-fairway-debug-panic") {
         panic!("x-fairway-debug-panic");
     }
-    let prefix = prefix_keys(live, &pool, &read, call);
-    let (pending, preemptible) = admit(gw, &pool, &read.info, call, tenant, prefix, ticket)?;
+    let (prefix, tokens) = prompt_tokens(live, &pool, &read, call);
+    let (pending, preemptible) = admit(
+        gw,
+        &pool,
+        &read.info,
+        call,
+        tenant,
+        (prefix, tokens),
+        ticket,
+    )?;
     let strip_usage = read.info.stream && !read.info.include_usage && call == Call::Completions;
     let payload = match read.payload {
         Payload::Whole(b) if strip_usage => Payload::Whole(openai::with_usage_requested(&b)),
@@ -246,17 +254,43 @@ fn route(
 /// (`protocol::prompt`) as approximate token ids, keyed by its model or
 /// adapter and its `cache_salt`. Computed before the scheduler's lock is
 /// taken. Empty for calls with no prompt text to share.
-fn prefix_keys(live: &Live, pool: &Pool, read: &Read, call: Call) -> Vec<u64> {
+///
+/// With the pool's tokenizer (`tokenizer`), the keys are of the prompt's
+/// real token ids (the chat rendered with its template), and their count
+/// replaces the estimate in the request's cost: returned as the second
+/// value, `None` without a tokenizer or when the body cannot be rendered
+/// (the keys then fall back to the bytes).
+fn prompt_tokens(live: &Live, pool: &Pool, read: &Read, call: Call) -> (Vec<u64>, Option<u32>) {
     let policy = &live.policy.pools[pool.index];
-    if policy.routing != Strategy::PrefixAware
+    let routed = policy.routing == Strategy::PrefixAware;
+    let tokenizer = policy.tokenizer.as_ref();
+    if (!routed && tokenizer.is_none())
         || matches!(call, Call::Triton | Call::Audio | Call::Pooling)
     {
-        return Vec::new();
+        return (Vec::new(), None);
     }
     let Payload::Whole(body) = &read.payload else {
-        return Vec::new();
+        return (Vec::new(), None);
     };
-    prompt::keys(body, &read.info.model, policy.prefix.block_tokens)
+    let block = policy.prefix.block_tokens;
+    match tokenizer.and_then(|t| t.loaded.prompt_ids(body)) {
+        Some(p) => {
+            let n = u32::try_from(p.ids.len()).unwrap_or(u32::MAX);
+            let keys = if routed {
+                crate::tokens::request_keys(
+                    &read.info.model,
+                    p.cache_salt.as_deref(),
+                    &p.ids,
+                    block,
+                )
+            } else {
+                Vec::new()
+            };
+            (keys, Some(n))
+        }
+        None if routed => (prompt::keys(body, &read.info.model, block), None),
+        None => (Vec::new(), None),
+    }
 }
 
 /// Admit: admission and the fair queue, under the scheduler's lock. The
@@ -268,13 +302,13 @@ fn admit(
     info: &RequestInfo,
     call: Call,
     tenant: TenantId,
-    prefix: Vec<u64>,
+    (prefix, tokens): (Vec<u64>, Option<u32>),
     ticket: &mut Ticket,
 ) -> Result<(Pending, bool), ApiError> {
     let arrival = Arrival {
         tenant,
         pool: pool.id,
-        prompt_tokens: info.prompt_tokens,
+        prompt_tokens: tokens.unwrap_or(info.prompt_tokens),
         // No output to estimate: pooling has none, and an audio call's
         // is not reported (its duration settles it).
         max_tokens: if matches!(call, Call::Pooling | Call::Audio) {

@@ -110,6 +110,15 @@ struct Body<'a> {
     continue_final_message: Option<bool>,
     #[serde(borrow, default)]
     chat_template_kwargs: Option<&'a RawValue>,
+    #[serde(default)]
+    cache_salt: Option<String>,
+}
+
+/// A prompt as the engine's token ids, and its `cache_salt`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptIds {
+    pub ids: Vec<u32>,
+    pub cache_salt: Option<String>,
 }
 
 /// `tokenizer_config.json`, the parts used.
@@ -192,18 +201,25 @@ impl ChatTokenizer {
     /// rendered and tokenized, a completion's prompt tokenized (or taken
     /// as ids). `None` when the body has neither, or the template fails
     /// on it: the caller falls back to the byte approximation.
-    pub fn prompt_ids(&self, body: &[u8]) -> Option<Vec<u32>> {
+    pub fn prompt_ids(&self, body: &[u8]) -> Option<PromptIds> {
         let b: Body<'_> = serde_json::from_slice(body).ok()?;
-        if let Some(messages) = b.messages {
+        let ids = if let Some(messages) = b.messages {
             let text = self.render_chat(&b, messages).ok()?;
-            return self.encode(&text).ok();
-        }
-        let prompt = b.prompt?;
-        if let Ok(text) = serde_json::from_str::<String>(prompt.get()) {
-            let enc = self.tokenizer.encode_fast(text.as_str(), true).ok()?;
-            return Some(enc.get_ids().to_vec());
-        }
-        serde_json::from_str::<Vec<u32>>(prompt.get()).ok()
+            self.encode(&text).ok()?
+        } else {
+            let prompt = b.prompt?;
+            match serde_json::from_str::<String>(prompt.get()) {
+                Ok(text) => {
+                    let enc = self.tokenizer.encode_fast(text.as_str(), true).ok()?;
+                    enc.get_ids().to_vec()
+                }
+                Err(_) => serde_json::from_str::<Vec<u32>>(prompt.get()).ok()?,
+            }
+        };
+        Some(PromptIds {
+            ids,
+            cache_salt: b.cache_salt,
+        })
     }
 
     /// Renders `messages` (a JSON array) with the chat template, as the
@@ -381,7 +397,13 @@ fn write_json(
                 } else if f.is_finite() {
                     out.push_str(&f.to_string());
                 } else {
-                    out.push_str(if f.is_nan() { "NaN" } else if f > 0.0 { "Infinity" } else { "-Infinity" });
+                    out.push_str(if f.is_nan() {
+                        "NaN"
+                    } else if f > 0.0 {
+                        "Infinity"
+                    } else {
+                        "-Infinity"
+                    });
                 }
             }
         }

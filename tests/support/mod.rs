@@ -471,3 +471,33 @@ pub async fn run_python(
     );
     (out.status.success(), text)
 }
+
+/// Writes a word-level tokenizer (`tokenizer.json`: whitespace
+/// pre-tokenizer, `<|im_start|>` and `<|im_end|>` special, every other
+/// word of `words` an id, the rest `[UNK]`) and a ChatML template
+/// (`tokenizer_config.json`) into `dir`: a pool's tokenizer for tests.
+pub fn write_test_tokenizer(dir: &std::path::Path, words: &[&str]) {
+    let specials = ["[UNK]", "<|im_start|>", "<|im_end|>"];
+    let added: Vec<serde_json::Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(id, t)| {
+            serde_json::json!({"id": id, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let mut vocab = serde_json::Map::new();
+    for (id, w) in specials.iter().chain(words).enumerate() {
+        vocab.entry(w.to_string()).or_insert(serde_json::json!(id));
+    }
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let config = serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+}

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::net::Ipv6Addr;
 use std::time::Duration;
 
-use super::prefix::{check_kv_events, read_kv_events, read_prefix};
+use super::prefix::{check_kv_events, read_kv_events, read_prefix, read_tokenizer};
 use super::reader::{Reader, Table, Value, Zero};
 use super::sim::read_sim;
 use crate::config::policy::{
@@ -34,6 +34,9 @@ const POOL_KEYS: &[&str] = &[
     "prefix_block_tokens",
     "prefix_index_blocks",
     "prefix_ttl",
+    "tokenizer",
+    "tokenizer_config",
+    "chat_template",
     "backends",
 ];
 const BACKEND_KEYS: &[&str] = &[
@@ -195,6 +198,7 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
         .opt(t, "adapter_affinity", Reader::boolean)
         .unwrap_or(true);
     let prefix = read_prefix(r, t);
+    let tokenizer = read_tokenizer(r, t);
     let model_name = model.clone().unwrap_or_default();
     let backends = match t.get("backends") {
         None => {
@@ -231,6 +235,7 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
         adapters,
         adapter_affinity,
         prefix,
+        tokenizer,
         backends,
     })
 }

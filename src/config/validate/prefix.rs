@@ -1,5 +1,8 @@
 //! A pool's prefix-routing keys (`prefix_block_tokens`,
-//! `prefix_index_blocks`, `prefix_ttl`), and a backend's `kv_events`:
+//! `prefix_index_blocks`, `prefix_ttl`), its tokenizer (`tokenizer`,
+//! `tokenizer_config`, `chat_template`: local files, relative to the
+//! policy file, loaded here so that a bad one is an error at its key), and
+//! a backend's `kv_events`:
 //! where its engine publishes its KV-cache events
 //! (vLLM's `--kv-events-config`), for routing on what it really caches.
 //!
@@ -10,7 +13,11 @@
 //! batches missed after a gap.
 
 use super::reader::{Reader, Table, Value, Zero};
-use crate::config::policy::{BackendPolicy, KvEventsSource, PrefixSpec, Strategy};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::policy::{BackendPolicy, KvEventsSource, PoolTokenizer, PrefixSpec, Strategy};
+use crate::tokens::ChatTokenizer;
 
 const KEYS: &[&str] = &["endpoint", "replay", "topic"];
 
@@ -130,5 +137,53 @@ pub(super) fn check_kv_events(
                 b.name
             ),
         );
+    }
+}
+
+/// A pool's `tokenizer` (a `tokenizer.json`), with `tokenizer_config`
+/// (default: `tokenizer_config.json` beside it, if there is one) and
+/// `chat_template` (default: the config's), loaded.
+pub(super) fn read_tokenizer(r: &mut Reader<'_>, t: &Table<'_, '_>) -> Option<PoolTokenizer> {
+    let base = Path::new(r.file())
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let path =
+        |r: &mut Reader<'_>, v: &Value<'_>, p: &str| -> Option<(PathBuf, std::ops::Range<usize>)> {
+            let s = r.non_empty(v, p)?;
+            Some((base.join(s), v.span()))
+        };
+    let config = r.opt(t, "tokenizer_config", path);
+    let template = r.opt(t, "chat_template", path);
+    let Some((tokenizer, span)) = r.opt(t, "tokenizer", path) else {
+        if config.is_some() || template.is_some() {
+            r.error(
+                t.span.clone(),
+                &t.child("tokenizer"),
+                "`tokenizer_config` and `chat_template` need `tokenizer` (the model's tokenizer.json)",
+            );
+        }
+        return None;
+    };
+    let config = config.map(|(p, _)| p).or_else(|| {
+        let beside = tokenizer.with_file_name("tokenizer_config.json");
+        beside.is_file().then_some(beside)
+    });
+    let template = template.map(|(p, _)| p);
+    match ChatTokenizer::load(&tokenizer, config.as_deref(), template.as_deref()) {
+        Ok(loaded) => Some(PoolTokenizer {
+            tokenizer,
+            config,
+            template,
+            loaded: Arc::new(loaded),
+        }),
+        Err(why) => {
+            r.error(
+                span,
+                &t.child("tokenizer"),
+                format!("cannot load the tokenizer: {why}"),
+            );
+            None
+        }
     }
 }

@@ -865,6 +865,7 @@ fn minimal_file_gets_every_default() {
             adapters: Vec::new(),
             adapter_affinity: true,
             prefix: Default::default(),
+            tokenizer: None,
             backends: vec![BackendPolicy {
                 name: "10.0.0.5:8000".into(),
                 target: BackendTarget::Url {
@@ -1649,4 +1650,51 @@ fn kv_events_name_an_engines_publisher_and_need_prefix_routing() {
     let errs = errors(plain);
     assert_eq!(errs.len(), 1, "{errs:#?}");
     assert!(errs[0].message.contains("prefix_aware"), "{errs:#?}");
+}
+
+#[test]
+fn a_pools_tokenizer_is_loaded_from_files_beside_the_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = dir.path().join("tok");
+    std::fs::create_dir_all(&tok).unwrap();
+    let tokenizer = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,"model":{"type":"WordLevel","vocab":{"[UNK]":0,"hi":1},"unk_token":"[UNK]"}}"#;
+    std::fs::write(tok.join("tokenizer.json"), tokenizer).unwrap();
+    std::fs::write(
+        tok.join("tokenizer_config.json"),
+        r#"{"chat_template":"{% for m in messages %}{{ m.content }} {% endfor %}"}"#,
+    )
+    .unwrap();
+    let write = |text: &str| {
+        let p = dir.path().join("policy.toml");
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let head = "[[pools]]\nmodel = \"m\"\n";
+    let tail = "[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\n";
+    let p = write(&format!("{head}tokenizer = \"tok/tokenizer.json\"\n{tail}"));
+    let (policy, _) = load_policy(&p).unwrap();
+    let t = policy.pools[0].tokenizer.as_ref().unwrap();
+    assert_eq!(
+        t.config.as_deref(),
+        Some(tok.join("tokenizer_config.json").as_path())
+    );
+    assert!(t.loaded.has_template());
+    let ids = t
+        .loaded
+        .prompt_ids(br#"{"messages":[{"role":"user","content":"hi there"}]}"#)
+        .unwrap();
+    assert_eq!(ids.ids, vec![1, 0]);
+    // A file that is not there: an error at the key, naming it.
+    let p = write(&format!("{head}tokenizer = \"tok/nope.json\"\n{tail}"));
+    let errs = load_policy(&p).unwrap_err();
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(
+        (errs[0].line, errs[0].path.as_str()),
+        (3, "pools[0].tokenizer")
+    );
+    assert!(errs[0].message.contains("nope.json"), "{errs:#?}");
+    // A template without a tokenizer.
+    let p = write(&format!("{head}chat_template = \"t.jinja\"\n{tail}"));
+    let errs = load_policy(&p).unwrap_err();
+    assert!(errs[0].message.contains("need `tokenizer`"), "{errs:#?}");
 }
