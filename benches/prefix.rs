@@ -6,6 +6,11 @@
 //!   bench's 200-byte chat and an 8 KiB conversation of eight turns;
 //! - `index`: a lookup over 8 backends and the record of the choice, on a
 //!   full index of 1 M blocks;
+//! - `tokenizer`: with a pool's tokenizer, the 8 KiB conversation
+//!   rendered with a ChatML template, tokenized by a byte-level BPE of
+//!   4,000 ids (trained here from the bench's text, as a model's own
+//!   would be) and keyed: resent as it is (every piece cached), and with
+//!   a new last turn (one piece tokenized), against the bytes' keys;
 //! - `kv_events`: an engine's KV-event batch decoded (msgpack) and keyed
 //!   by the feed (one `BlockStored` of 32 blocks of 16 tokens, a 512-token
 //!   prompt, and one `BlockRemoved` of 8), per batch.
@@ -139,5 +144,68 @@ fn kv_events(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, keys, index, kv_events);
+fn tokenizer(c: &mut Criterion) {
+    use std::collections::HashSet;
+    use tokenizers::models::TrainerWrapper;
+    use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::{AddedToken, Tokenizer};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut tok = Tokenizer::new(BPE::default());
+    tok.with_pre_tokenizer(Some(ByteLevel::default()));
+    let specials = ["<|im_start|>", "<|im_end|>"]
+        .map(|t| AddedToken::from(t, true))
+        .to_vec();
+    let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+        .vocab_size(4000)
+        .special_tokens(specials)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect::<HashSet<char>>())
+        .build()
+        .into();
+    let long = long_chat();
+    let corpus = [long.clone(), CHAT.to_owned()];
+    tok.train(&mut trainer, corpus.iter()).expect("trains");
+    tok.save(dir.path().join("tokenizer.json"), false)
+        .expect("saves");
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let config = format!(
+        r#"{{"chat_template": {}}}"#,
+        serde_json::to_string(template).expect("json")
+    );
+    std::fs::write(dir.path().join("tokenizer_config.json"), config).expect("writes");
+    let chat = fairway::tokens::ChatTokenizer::load(
+        &dir.path().join("tokenizer.json"),
+        Some(&dir.path().join("tokenizer_config.json")),
+        None,
+    )
+    .expect("loads");
+    let keys = |body: &[u8]| {
+        let p = chat.prompt_ids(body).expect("renders");
+        fairway::tokens::request_keys("bench", p.cache_salt.as_deref(), &p.ids, 64)
+    };
+    let mut g = c.benchmark_group("tokenizer");
+    g.bench_function("chat-8KiB-resent", |b| {
+        b.iter(|| keys(black_box(long.as_bytes())))
+    });
+    let mut n = 0u64;
+    let shared = long
+        .trim_end_matches(r#"],"max_tokens":256,"stream":true}"#)
+        .to_owned();
+    g.bench_function("chat-8KiB-new-turn", |b| {
+        b.iter(|| {
+            n += 1;
+            let body = format!(
+                r#"{shared},{{"role":"user","content":"And what about question {n}?"}}],"max_tokens":256}}"#
+            );
+            keys(black_box(body.as_bytes()))
+        })
+    });
+    g.bench_function("chat-8KiB-bytes", |b| {
+        b.iter(|| keys_of(black_box(long.as_bytes())))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, keys, index, tokenizer, kv_events);
 criterion_main!(benches);

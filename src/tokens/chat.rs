@@ -95,21 +95,22 @@ impl Pieces {
     }
 }
 
-/// What is read of a body to render and tokenize it.
+/// What is read of a body to render and tokenize it: the template's
+/// inputs straight into the template engine's values, in one pass.
 #[derive(Deserialize)]
 struct Body<'a> {
-    #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
+    #[serde(default)]
+    messages: Option<Value>,
+    #[serde(default)]
+    tools: Option<Value>,
     #[serde(borrow, default)]
     prompt: Option<&'a RawValue>,
     #[serde(default)]
     add_generation_prompt: Option<bool>,
     #[serde(default)]
     continue_final_message: Option<bool>,
-    #[serde(borrow, default)]
-    chat_template_kwargs: Option<&'a RawValue>,
+    #[serde(default)]
+    chat_template_kwargs: Option<Value>,
     #[serde(default)]
     cache_salt: Option<String>,
 }
@@ -203,8 +204,8 @@ impl ChatTokenizer {
     /// on it: the caller falls back to the byte approximation.
     pub fn prompt_ids(&self, body: &[u8]) -> Option<PromptIds> {
         let b: Body<'_> = serde_json::from_slice(body).ok()?;
-        let ids = if let Some(messages) = b.messages {
-            let text = self.render_chat(&b, messages).ok()?;
+        let ids = if b.messages.is_some() {
+            let text = self.render_chat(&b).ok()?;
             self.encode(&text).ok()?
         } else {
             let prompt = b.prompt?;
@@ -235,36 +236,28 @@ impl ChatTokenizer {
             tools.unwrap_or("null")
         );
         let b: Body<'_> = serde_json::from_str(&json).map_err(|e| e.to_string())?;
-        let messages = b.messages.ok_or("no messages")?;
-        self.render_chat(&b, messages).map_err(|e| e.to_string())
+        self.render_chat(&b).map_err(|e| e.to_string())
     }
 
-    fn render_chat(&self, b: &Body<'_>, messages: &RawValue) -> Result<String, Error> {
+    fn render_chat(&self, b: &Body<'_>) -> Result<String, Error> {
         let env = self
             .env
             .as_ref()
             .ok_or_else(|| Error::new(ErrorKind::TemplateNotFound, "no chat template"))?;
-        let value = |raw: Option<&RawValue>| -> Result<Value, Error> {
-            match raw {
-                Some(r) => serde_json::from_str::<Value>(r.get())
-                    .map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string())),
-                None => Ok(Value::from(())),
-            }
-        };
+        let value = |v: &Option<Value>| v.clone().unwrap_or_else(|| Value::from(()));
         let mut ctx: std::collections::BTreeMap<String, Value> = self
             .specials
             .iter()
             .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
             .collect();
         let continue_final = b.continue_final_message.unwrap_or(false);
-        ctx.insert("messages".into(), value(Some(messages))?);
-        ctx.insert("tools".into(), value(b.tools)?);
+        ctx.insert("messages".into(), value(&b.messages));
+        ctx.insert("tools".into(), value(&b.tools));
         ctx.insert(
             "add_generation_prompt".into(),
             Value::from(b.add_generation_prompt.unwrap_or(!continue_final)),
         );
-        if let Some(kw) = b.chat_template_kwargs {
-            let kw = value(Some(kw))?;
+        if let Some(kw) = &b.chat_template_kwargs {
             if let Ok(keys) = kw.try_iter() {
                 for k in keys {
                     let v = kw.get_item(&k)?;
