@@ -257,12 +257,12 @@ impl ChatTokenizer {
             "add_generation_prompt".into(),
             Value::from(b.add_generation_prompt.unwrap_or(!continue_final)),
         );
-        if let Some(kw) = &b.chat_template_kwargs {
-            if let Ok(keys) = kw.try_iter() {
-                for k in keys {
-                    let v = kw.get_item(&k)?;
-                    ctx.insert(k.to_string(), v);
-                }
+        if let Some(kw) = &b.chat_template_kwargs
+            && let Ok(keys) = kw.try_iter()
+        {
+            for k in keys {
+                let v = kw.get_item(&k)?;
+                ctx.insert(k.to_string(), v);
             }
         }
         env.get_template(TEMPLATE)?.render(Value::from(ctx))
