@@ -20,6 +20,8 @@
 //!
 //!   cargo bench --bench prefix
 
+#![allow(clippy::expect_used)] // a bench that cannot set up has nothing to measure
+
 use std::hint::black_box;
 use std::time::Duration;
 
