@@ -278,6 +278,10 @@ pub struct QueuePolicy {
     /// they do).
     #[serde(serialize_with = "as_display")]
     pub prefill_charge: PrefillCharge,
+    /// How far, as a share of the fairness bound (0 to 1), a pool routing
+    /// on prefixes may serve a tenant out of order for a request whose
+    /// prompt is cached on a backend with room (0: never).
+    pub locality: f64,
 }
 
 /// `[preemption]`: when queued interactive work may take the slot of
@@ -503,6 +507,7 @@ impl Policy {
                 output_token_weight: self.queue.output_token_weight,
                 in_flight_credit: self.queue.in_flight_credit,
                 prefill_charge: self.queue.prefill_charge,
+                locality: self.queue.locality,
             },
             preemption: PreemptionSpec {
                 enabled: self.preemption.enabled,

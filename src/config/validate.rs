@@ -149,6 +149,8 @@ const PREFILL_CHARGES: &[(&str, PrefillCharge)] = &[
 
 /// Default `[queue] in_flight_credit` (docs/policy.md says why).
 pub const DEFAULT_IN_FLIGHT_CREDIT: f64 = 0.5;
+/// Default `[queue] locality` (docs/policy.md says why).
+pub const DEFAULT_LOCALITY: f64 = 1.0;
 const POLLER_KEYS: &[&str] = &["interval", "timeout"];
 const QUEUE_KEYS: &[&str] = &[
     "discipline",
@@ -157,6 +159,7 @@ const QUEUE_KEYS: &[&str] = &[
     "output_token_weight",
     "in_flight_credit",
     "prefill_charge",
+    "locality",
 ];
 const DISCIPLINES: &[(&str, Discipline)] = &[
     ("fifo", Discipline::Fifo),
@@ -426,5 +429,20 @@ fn read_queue(r: &mut Reader<'_>, t: &Table<'_, '_>) -> QueuePolicy {
                 r.choice(v, p, PREFILL_CHARGES)
             })
             .unwrap_or(PrefillCharge::Full),
+        locality: r
+            .opt(t, "locality", |r, v, p| {
+                let n = r.number(v, p)?;
+                if (0.0..=1.0).contains(&n) {
+                    Some(n)
+                } else {
+                    r.error(
+                        v.span(),
+                        p,
+                        format!("must be from 0 to 1 (a share of the fairness bound), found {n}"),
+                    );
+                    None
+                }
+            })
+            .unwrap_or(DEFAULT_LOCALITY),
     }
 }

@@ -153,6 +153,8 @@ pub struct Scheduler {
     max_queued_per_tenant: u32,
     output_token_weight: f64,
     prefill_charge: PrefillCharge,
+    /// `QueueSpec::locality`.
+    locality: f64,
     stale_after: Duration,
     preemption: PreemptionSpec,
     /// When a queued interactive request that found no slot reaches
@@ -186,6 +188,7 @@ impl Scheduler {
             max_queued_per_tenant: spec.queue.max_queued_per_tenant,
             output_token_weight: spec.queue.output_token_weight,
             prefill_charge: spec.queue.prefill_charge,
+            locality: spec.queue.locality,
             stale_after: spec.stale_after,
             preemption: spec.preemption.clone(),
             preempt_check: None,

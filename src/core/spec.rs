@@ -269,6 +269,10 @@ pub struct QueueSpec {
     /// ([`crate::core::queue::FairQueue::set_in_flight_credit`]).
     pub in_flight_credit: f64,
     pub prefill_charge: PrefillCharge,
+    /// In a pool routing on prefixes, how far (a share of the fairness
+    /// bound, 0 to 1) the queue may pass over the next tenant for one whose
+    /// next request has more of its prompt cached on a backend with room.
+    pub locality: f64,
 }
 
 /// When queued interactive work may take the slot of in-flight batch work.
@@ -436,6 +440,7 @@ mod tests {
                 output_token_weight: 1.0,
                 in_flight_credit: 0.5,
                 prefill_charge: PrefillCharge::Uncached,
+                locality: 0.0,
             },
             preemption: PreemptionSpec {
                 enabled: false,

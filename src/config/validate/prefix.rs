@@ -142,7 +142,8 @@ pub(super) fn check_kv_events(
 
 /// A pool's `tokenizer` (a `tokenizer.json`), with `tokenizer_config`
 /// (default: `tokenizer_config.json` beside it, if there is one) and
-/// `chat_template` (default: the config's), loaded.
+/// `chat_template` (default: `chat_template.jinja` beside it, else the
+/// config's), loaded.
 pub(super) fn read_tokenizer(r: &mut Reader<'_>, t: &Table<'_, '_>) -> Option<PoolTokenizer> {
     let base = Path::new(r.file())
         .parent()
@@ -169,7 +170,12 @@ pub(super) fn read_tokenizer(r: &mut Reader<'_>, t: &Table<'_, '_>) -> Option<Po
         let beside = tokenizer.with_file_name("tokenizer_config.json");
         beside.is_file().then_some(beside)
     });
-    let template = template.map(|(p, _)| p);
+    // `transformers` saves a model's template beside its tokenizer as
+    // `chat_template.jinja` (and reads it before the config's).
+    let template = template.map(|(p, _)| p).or_else(|| {
+        let beside = tokenizer.with_file_name("chat_template.jinja");
+        beside.is_file().then_some(beside)
+    });
     match ChatTokenizer::load(&tokenizer, config.as_deref(), template.as_deref()) {
         Ok(loaded) => Some(PoolTokenizer {
             tokenizer,

@@ -841,6 +841,7 @@ fn minimal_file_gets_every_default() {
             output_token_weight: 1.0,
             in_flight_credit: crate::config::validate::DEFAULT_IN_FLIGHT_CREDIT,
             prefill_charge: PrefillCharge::Full,
+            locality: 1.0,
         },
         preemption: PreemptionPolicy {
             enabled: true,
@@ -959,6 +960,7 @@ burst = 3
             output_token_weight: 2.0,
             in_flight_credit: 1.0,
             prefill_charge: PrefillCharge::Uncached,
+            locality: 1.0,
         }
     );
     let pool = &p.pools[0];

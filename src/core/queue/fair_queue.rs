@@ -306,6 +306,37 @@ impl FairQueue {
         self.pop_from(tenant, is_live).map(|id| (tenant, id))
     }
 
+    /// The backlogged tenants whose counter is at most `share` (0 to 1)
+    /// of the fairness bound ([`FairQueue::bound`]) above the smallest, in
+    /// discipline order, at most `most` of them, each with its next live
+    /// request: those a dispatch may serve out of order (locality) without
+    /// leaving the stated bound.
+    pub fn heads_within(
+        &self,
+        share: f64,
+        most: usize,
+        is_live: impl Fn(RequestId) -> bool,
+    ) -> Vec<(TenantId, RequestId)> {
+        let Some(first) = self.backlogged.first() else {
+            return Vec::new();
+        };
+        let limit = first.0.1 + share.clamp(0.0, 1.0) * self.bound();
+        self.backlogged
+            .iter()
+            .take_while(|(k, _)| k.1 <= limit)
+            .filter_map(|(_, t)| {
+                let q = self.tenants.get(t.0 as usize)?;
+                let id = q
+                    .entries
+                    .iter()
+                    .map(|(id, _)| *id)
+                    .find(|id| is_live(*id))?;
+                Some((*t, id))
+            })
+            .take(most)
+            .collect()
+    }
+
     /// Removes and returns `tenant`'s next request, whatever its place in
     /// discipline order (a preemption serves the head it was made for).
     pub fn pop_from(

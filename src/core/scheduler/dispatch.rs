@@ -13,6 +13,9 @@ use super::{Decision, SHED_RETRY_AFTER, Scheduler};
 /// weighted share (see `Scheduler::in_reserve`).
 const RESERVE: f64 = 1.0 / 16.0;
 
+/// Tenants whose next request the locality pass weighs at most.
+const LOCAL_HEADS: usize = 8;
+
 impl Scheduler {
     /// Dispatches from the pool's queue while some backend has room, then
     /// from its late lane.
@@ -41,10 +44,15 @@ impl Scheduler {
                         None => ps.late.pop_allowed(allow, |r| is_late(requests, r)),
                     }
                 }
-                None => match ps.queue.pop(|r| is_queued(requests, r)) {
-                    Some(next) => Some(next),
-                    None => ps.late.pop(|r| is_late(requests, r)),
-                },
+                None => {
+                    let local = self.pop_local(now, pool);
+                    let ps = &mut self.pools[p];
+                    let requests = &self.requests;
+                    match local.or_else(|| ps.queue.pop(|r| is_queued(requests, r))) {
+                        Some(next) => Some(next),
+                        None => ps.late.pop(|r| is_late(requests, r)),
+                    }
+                }
             };
             let Some((tenant, id)) = next else {
                 break;
@@ -76,6 +84,51 @@ impl Scheduler {
             self.dispatch(now, pool, tenant, id, backend, cached, out);
         }
         self.pools[p].note_backlog(now);
+    }
+
+    /// Locality within the fairness bound: in a pool routing on prefixes,
+    /// among the tenants within `locality` of the bound above the next
+    /// (at most [`LOCAL_HEADS`]), the one whose next request has the most
+    /// of its prompt cached on a backend with room, if that is more than
+    /// the next tenant's; `None`: serve in discipline order.
+    fn pop_local(&mut self, now: Instant, pool: PoolId) -> Option<(TenantId, RequestId)> {
+        let p = pool.0 as usize;
+        if self.locality <= 0.0 || self.pools[p].strategy != Strategy::PrefixAware {
+            return None;
+        }
+        let heads = {
+            let requests = &self.requests;
+            self.pools[p]
+                .queue
+                .heads_within(self.locality, LOCAL_HEADS, |r| is_queued(requests, r))
+        };
+        if heads.len() < 2 {
+            return None;
+        }
+        let n = self.scratch.len();
+        let mut best: Option<(u32, TenantId)> = None;
+        for (i, &(tenant, id)) in heads.iter().enumerate() {
+            self.match_prefix(now, pool, id, n);
+            let cached = self.scratch[..n]
+                .iter()
+                .map(|c| c.cached_tokens)
+                .max()
+                .unwrap_or(0);
+            // Strictly more than those before it: ties keep the order.
+            if i == 0 || best.is_none_or(|(b, _)| cached > b) {
+                best = Some((cached, tenant));
+            }
+        }
+        let (_, tenant) = best?;
+        if tenant == heads[0].0 {
+            return None;
+        }
+        let requests = &self.requests;
+        let ps = &mut self.pools[p];
+        ps.local_dispatches += 1;
+        ps.queue
+            .pop_from(tenant, |r| is_queued(requests, r))
+            .map(|id| (tenant, id))
     }
 
     /// Whether `pool` is down to its reserve of free slots

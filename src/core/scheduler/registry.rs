@@ -19,6 +19,7 @@ impl Scheduler {
         self.max_queued_per_tenant = spec.queue.max_queued_per_tenant;
         self.output_token_weight = spec.queue.output_token_weight;
         self.prefill_charge = spec.queue.prefill_charge;
+        self.locality = spec.queue.locality;
         self.stale_after = spec.stale_after;
         self.preemption = spec.preemption.clone();
         self.apply_tenants(spec, now);

@@ -132,6 +132,9 @@ pub(super) struct PoolState {
     /// Requests the prefix strategy sent to the least loaded backend
     /// rather than the one holding their prefix.
     pub(super) prefix_spills: u64,
+    /// Requests served out of discipline order for their cached prefix
+    /// (`QueueSpec::locality`).
+    pub(super) local_dispatches: u64,
     pub(super) retired: bool,
 }
 
@@ -162,6 +165,7 @@ impl PoolState {
             prefix: None,
             prefix_spec: pp.prefix,
             prefix_spills: 0,
+            local_dispatches: 0,
             retired: false,
         }
         .with_prefix(pp.strategy, pp.prefix)

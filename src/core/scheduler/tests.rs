@@ -34,6 +34,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             output_token_weight: 1.0,
             in_flight_credit: 0.5,
             prefill_charge: crate::core::spec::PrefillCharge::Uncached,
+            locality: 0.0,
         },
         preemption: PreemptionSpec {
             enabled: true,
