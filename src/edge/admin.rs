@@ -231,6 +231,7 @@ pub fn snapshot(services: &Services) -> Snapshot {
                     capacity: v.index.cap,
                     evictions: v.index.evictions,
                     spills: v.spills,
+                    local: v.local,
                 })
             })
             .collect();

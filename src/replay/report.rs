@@ -103,6 +103,9 @@ pub struct PrefixReport {
     /// Prompt tokens the engines computed (prefills and re-prefills after
     /// preemptions).
     pub prefill_tokens: u64,
+    /// Requests served out of the fair queue's order for their cached
+    /// prefix (`[queue] locality`).
+    pub local_dispatches: u64,
 }
 
 impl RunReport {
@@ -207,6 +210,7 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
                 hit_rate: of(p.cached_tokens),
                 predicted_hit_rate: of(p.predicted_tokens),
                 prefill_tokens: p.prefill_tokens,
+                local_dispatches: p.local_dispatches,
             }
         }),
         discipline,
@@ -330,12 +334,13 @@ pub fn table(runs: &[RunReport]) -> String {
         .filter_map(|r| {
             let p = r.prefix?;
             Some(format!(
-                "{} {}: hit {:.1}% (predicted {:.1}%), {} tokens prefilled",
+                "{} {}: hit {:.1}% (predicted {:.1}%), {} tokens prefilled, {} served first for locality",
                 r.label(),
                 r.routing(),
                 p.hit_rate * 100.0,
                 p.predicted_hit_rate * 100.0,
-                p.prefill_tokens
+                p.prefill_tokens,
+                p.local_dispatches
             ))
         })
         .collect();

@@ -120,6 +120,9 @@ pub struct PrefixTrace {
     pub cached_tokens: u64,
     pub predicted_tokens: u64,
     pub prefill_tokens: u64,
+    /// Requests served out of the fair queue's order for their cached
+    /// prefix.
+    pub local_dispatches: u64,
 }
 
 /// Options of one run.
@@ -258,6 +261,10 @@ impl Sim<'_> {
             let ids: Vec<_> = s.backends().collect();
             for b in ids {
                 t.predicted_tokens += s.backend_view(end, b).predicted_cached_tokens;
+            }
+            let pools: Vec<_> = s.pools().collect();
+            for p in pools {
+                t.local_dispatches += s.prefix_view(p).map_or(0, |v| v.local);
             }
         }
         Some(t)

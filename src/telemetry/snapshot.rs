@@ -36,6 +36,7 @@ pub struct PrefixGauges {
     /// Counters.
     pub evictions: u64,
     pub spills: u64,
+    pub local: u64,
 }
 
 /// Per-tenant gauges.

@@ -13,6 +13,10 @@ use crate::core::spec::{Discipline, Priority};
 /// further.
 pub const FAIRNESS_BOUND: f64 = 2.0;
 
+/// How many times a request at the head of its tenant's queue may be
+/// passed over for one behind it (locality) before it is served first.
+pub const MAX_HEAD_PASSES: u32 = 4;
+
 /// Ordering key: class first (priority), then counter or arrival sequence.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Key(u8, f64);
@@ -41,6 +45,9 @@ struct TenantQueue {
     weight: f64,
     class: u8,
     key: Option<Key>,
+    /// Times a request behind its head was served first since the head
+    /// last changed (locality).
+    head_passes: u32,
 }
 
 impl TenantQueue {
@@ -54,6 +61,7 @@ impl TenantQueue {
             weight,
             class,
             key: None,
+            head_passes: 0,
         }
     }
 }
@@ -306,35 +314,71 @@ impl FairQueue {
         self.pop_from(tenant, is_live).map(|id| (tenant, id))
     }
 
-    /// The backlogged tenants whose counter is at most `share` (0 to 1)
-    /// of the fairness bound ([`FairQueue::bound`]) above the smallest, in
-    /// discipline order, at most `most` of them, each with its next live
-    /// request: those a dispatch may serve out of order (locality) without
-    /// leaving the stated bound.
-    pub fn heads_within(
+    /// Requests a dispatch may serve out of order (locality) without
+    /// leaving the stated bound: of the backlogged tenants whose counter is
+    /// at most `share` (0 to 1) of the fairness bound ([`FairQueue::bound`])
+    /// above the smallest, in discipline order, at most `tenants`, each
+    /// one's first `per_tenant` live requests in its order (only its head
+    /// once the head has been passed over [`MAX_HEAD_PASSES`] times).
+    pub fn candidates_within(
         &self,
         share: f64,
-        most: usize,
+        tenants: usize,
+        per_tenant: usize,
         is_live: impl Fn(RequestId) -> bool,
     ) -> Vec<(TenantId, RequestId)> {
         let Some(first) = self.backlogged.first() else {
             return Vec::new();
         };
         let limit = first.0.1 + share.clamp(0.0, 1.0) * self.bound();
-        self.backlogged
+        let mut out = Vec::new();
+        for (_, t) in self
+            .backlogged
             .iter()
             .take_while(|(k, _)| k.1 <= limit)
-            .filter_map(|(_, t)| {
-                let q = self.tenants.get(t.0 as usize)?;
-                let id = q
-                    .entries
+            .take(tenants)
+        {
+            let Some(q) = self.tenants.get(t.0 as usize) else {
+                continue;
+            };
+            let n = if q.head_passes >= MAX_HEAD_PASSES {
+                1
+            } else {
+                per_tenant
+            };
+            out.extend(
+                q.entries
                     .iter()
                     .map(|(id, _)| *id)
-                    .find(|id| is_live(*id))?;
-                Some((*t, id))
-            })
-            .take(most)
-            .collect()
+                    .filter(|id| is_live(*id))
+                    .take(n)
+                    .map(|id| (*t, id)),
+            );
+        }
+        out
+    }
+
+    /// Removes `tenant`'s queued request `id` (one of
+    /// [`candidates_within`](Self::candidates_within)), counting a pass
+    /// over its head when it is not the head.
+    pub fn pop_request(
+        &mut self,
+        tenant: TenantId,
+        id: RequestId,
+        is_live: impl Fn(RequestId) -> bool,
+    ) -> Option<RequestId> {
+        let q = self.tenants.get_mut(tenant.0 as usize)?;
+        while q.entries.front().is_some_and(|(head, _)| !is_live(*head)) {
+            q.entries.pop_front();
+        }
+        let at = q.entries.iter().position(|(e, _)| *e == id)?;
+        if at == 0 {
+            return self.pop_from(tenant, is_live);
+        }
+        q.entries.remove(at);
+        q.head_passes += 1;
+        self.taken(tenant, is_live);
+        Some(id)
     }
 
     /// Removes and returns `tenant`'s next request, whatever its place in
@@ -354,6 +398,17 @@ impl FairQueue {
             }
         }
         let id = found?;
+        q.head_passes = 0;
+        self.taken(tenant, is_live);
+        Some(id)
+    }
+
+    /// The accounts of a request of `tenant` leaving the queue for a
+    /// backend.
+    fn taken(&mut self, tenant: TenantId, is_live: impl Fn(RequestId) -> bool) {
+        let Some(q) = self.tenants.get_mut(tenant.0 as usize) else {
+            return;
+        };
         q.live = q.live.saturating_sub(1);
         self.len = self.len.saturating_sub(1);
         // The floor of a tenant returning to an empty queue: like the lift
@@ -364,7 +419,6 @@ impl FairQueue {
             .vtime
             .max(q.counter - (1.0 - self.in_flight_credit) * q.pending);
         self.rekey(tenant, is_live);
-        Some(id)
     }
 
     /// Records that a queued request of `tenant` left the queue without being

@@ -1417,3 +1417,40 @@ fn an_engines_events_hold_its_blocks_and_a_guess_lasts_only_until_confirmed() {
         .matched(t(1031000), &keys, &ids, &mut hits);
     assert_eq!(hits, vec![0]);
 }
+
+#[test]
+fn locality_serves_a_cached_prefix_first_within_the_fairness_bound() {
+    use crate::core::spec::PrefillCharge;
+    let keys: Vec<u64> = (1..=10).collect();
+    // One backend, one slot at a time; b warmed the prefix, a did not.
+    let run = |locality: f64| {
+        let mut sp = spec(1, 1, vec![tenant("a", 1.0), tenant("b", 1.0)]);
+        sp.queue.prefill_charge = PrefillCharge::Full;
+        sp.queue.locality = locality;
+        sp.pools[0].strategy = Strategy::PrefixAware;
+        sp.pools[0].prefix.block_tokens = 10;
+        let mut s = Scheduler::new(&sp, t(0), 1);
+        let with = |s: &Scheduler, who: &str, prefix: &[u64]| Arrival {
+            prefix: prefix.to_vec(),
+            ..arrival(s, who)
+        };
+        let (warm, _) = s.on_arrival(t(0), with(&s, "b", &keys)).unwrap();
+        assert!(s.on_response_started(warm));
+        s.on_completion(t(1), warm, None).unwrap();
+        // a holds the slot; then a and b queue, a first.
+        let (busy, _) = s.on_arrival(t(2), with(&s, "a", &[])).unwrap();
+        let (x, _) = s.on_arrival(t(3), with(&s, "a", &[900, 901])).unwrap();
+        let (y, _) = s.on_arrival(t(4), with(&s, "b", &keys)).unwrap();
+        assert!(s.on_response_started(busy));
+        let (_, ds) = s.on_completion(t(5), busy, None).unwrap();
+        let next = dispatched(&ds)[0].0;
+        (next, x, y)
+    };
+    let (next, x, _) = run(0.0);
+    assert_eq!(next, x, "in discipline order, a (below b) goes first");
+    let (next, _, y) = run(1.0);
+    assert_eq!(
+        next, y,
+        "b's request finds its 100 tokens cached: it goes first"
+    );
+}

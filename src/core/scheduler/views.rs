@@ -61,6 +61,9 @@ pub struct PrefixView {
     /// Requests sent to the least loaded backend rather than the holder
     /// of their prefix (a counter).
     pub spills: u64,
+    /// Requests served out of discipline order for their cached prefix
+    /// (a counter; `QueueSpec::locality`).
+    pub local: u64,
 }
 
 impl Scheduler {
@@ -214,6 +217,7 @@ impl Scheduler {
         p.prefix.as_ref().map(|ix| PrefixView {
             index: ix.stats(),
             spills: p.prefix_spills,
+            local: p.local_dispatches,
         })
     }
 

@@ -10,7 +10,7 @@ use crate::prom::{self, Kind};
 /// The prefix indexes, and what they predicted per backend.
 pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
     type Get = fn(&PrefixGauges) -> f64;
-    let families: [(&str, Kind, &str, Get); 4] = [
+    let families: [(&str, Kind, &str, Get); 5] = [
         (
             "fairway_prefix_index_entries",
             Kind::Gauge,
@@ -34,6 +34,12 @@ pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
             Kind::Counter,
             "Requests sent to the least loaded backend instead of the loaded holder of their prefix.",
             |p| p.spills as f64,
+        ),
+        (
+            "fairway_prefix_local_dispatches_total",
+            Kind::Counter,
+            "Requests the fair queue served out of its order, within the fairness bound, because their prefix was cached on a backend with room ([queue] locality).",
+            |p| p.local as f64,
         ),
     ];
     for (name, kind, help, get) in families {

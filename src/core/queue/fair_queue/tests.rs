@@ -222,6 +222,42 @@ proptest::proptest! {
         }
     }
 
+    /// Locality: whichever tenant within the bound of the smallest counter
+    /// a dispatch serves (`heads_within(1.0, …)`, here chosen at random,
+    /// as cached prefixes would choose), backlogged weighted services
+    /// stay within twice the bound: the one served was at most one bound
+    /// above the smallest and moves up by at most one largest charge.
+    #[test]
+    fn serving_any_head_within_the_bound_keeps_twice_the_bound(
+        weights in proptest::collection::vec(0.25f64..8.0, 2..6),
+        steps in proptest::collection::vec((0.1f64..20.0, 0usize..8), 50..400),
+    ) {
+        let mut q = FairQueue::new(Discipline::Drf);
+        for (i, w) in weights.iter().enumerate() {
+            q.set_tenant(TenantId(i as u32), *w, Priority::Interactive);
+            q.push(TenantId(i as u32), id(2 * i as u64));
+            q.push(TenantId(i as u32), id(2 * i as u64 + 1));
+        }
+        let max_cost = steps.iter().map(|s| s.0).fold(0.0, f64::max);
+        let min_weight = weights.iter().copied().fold(f64::INFINITY, f64::min);
+        let bound = max_cost / min_weight;
+        let mut service = vec![0.0; weights.len()];
+        for (k, (c, pick)) in steps.iter().enumerate() {
+            let heads = q.candidates_within(1.0, 8, 4, live);
+            proptest::prop_assert!(!heads.is_empty());
+            let (t, r) = heads[pick % heads.len()];
+            q.pop_request(t, r, live).expect("backlogged");
+            q.charge_estimate(t, *c);
+            q.settle(t, *c, Some(*c));
+            service[t.0 as usize] += c;
+            q.push(t, id(1000 + k as u64));
+            let weighted: Vec<f64> = service.iter().zip(&weights).map(|(s, w)| s / w).collect();
+            let spread = weighted.iter().copied().fold(f64::MIN, f64::max)
+                - weighted.iter().copied().fold(f64::MAX, f64::min);
+            proptest::prop_assert!(spread <= 2.0 * bound + 1e-9, "spread {} > 2 × {} after {} dispatches", spread, bound, k + 1);
+        }
+    }
+
     /// `floors` always holds exactly the backlogged tenants under their
     /// `counter - (1 - credit) * pending`, whatever the credit and the
     /// order of pushes, pops, estimates and settlements.
@@ -284,6 +320,39 @@ fn a_and_b(discipline: Discipline, credit: f64) -> (FairQueue, TenantId, TenantI
     q.set_tenant(a, 1.0, Priority::Interactive);
     q.set_tenant(b, 1.0, Priority::Interactive);
     (q, a, b)
+}
+
+#[test]
+fn locality_may_serve_requests_within_a_share_of_the_bound_and_a_head_waits_little() {
+    let (mut q, a, b) = a_and_b(Discipline::Wfq, 0.0);
+    q.push(a, id(1));
+    q.push(b, id(2));
+    q.push(b, id(3));
+    q.charge(a, 2.0);
+    q.charge(b, 1.0);
+    // b at 1, a at 2; the bound is 2.
+    let all = vec![(b, id(2)), (b, id(3)), (a, id(1))];
+    assert_eq!(q.candidates_within(1.0, 8, 4, live), all);
+    assert_eq!(q.candidates_within(0.25, 8, 4, live), all[..2].to_vec());
+    assert_eq!(q.candidates_within(1.0, 1, 1, live), all[..1].to_vec());
+    // Behind b's head, again and again: after MAX_HEAD_PASSES the head
+    // alone is offered.
+    for k in 0..MAX_HEAD_PASSES {
+        q.push(b, id(100 + u64::from(k)));
+        let c = q.candidates_within(0.0, 8, 4, live);
+        assert_eq!(c[0], (b, id(2)));
+        assert_eq!(q.pop_request(b, c[1].1, live), Some(c[1].1));
+    }
+    assert_eq!(q.candidates_within(0.0, 8, 4, live), vec![(b, id(2))]);
+    assert_eq!(q.pop_request(b, id(2), live), Some(id(2)));
+    for k in 0..3 {
+        q.push(b, id(200 + k));
+    }
+    assert_eq!(
+        q.candidates_within(0.0, 8, 4, live).len(),
+        4,
+        "a new head may be passed again"
+    );
 }
 
 #[test]
