@@ -219,6 +219,7 @@ fn the_same_seed_gives_the_same_report() {
         strategy: Strategy::P2c,
         slo_admission: true,
         adapter_affinity: true,
+        kv_events: false,
     };
     let a = run_variant(&p, &work, v, &opts(9)).0;
     let b = run_variant(&p, &work, v, &opts(9)).0;

@@ -52,12 +52,14 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
         strategy: s0,
         slo_admission: admits,
         adapter_affinity: affinity,
+        kv_events: _,
     } = Variant::of(policy);
     let v = |discipline, strategy, slo_admission| Variant {
         discipline,
         strategy,
         slo_admission,
         adapter_affinity: affinity,
+        kv_events: false,
     };
     let disciplines = |s| {
         let mut out: Vec<Variant> = DISCIPLINES.iter().map(|&d| v(d, s, false)).collect();
@@ -70,10 +72,15 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
         None => vec![v(d0, s0, admits)],
         Some(Compare::Disciplines) => disciplines(s0),
         Some(Compare::Strategies) => STRATEGIES.iter().map(|&s| v(d0, s, admits)).collect(),
-        Some(Compare::Routing) => [Strategy::LeastOutstanding, Strategy::PrefixAware]
-            .into_iter()
-            .map(|s| v(d0, s, admits))
-            .collect(),
+        // Prefix routing in approximate mode, then in precise mode.
+        Some(Compare::Routing) => vec![
+            v(d0, Strategy::LeastOutstanding, admits),
+            v(d0, Strategy::PrefixAware, admits),
+            Variant {
+                kv_events: true,
+                ..v(d0, Strategy::PrefixAware, admits)
+            },
+        ],
         Some(Compare::All) => STRATEGIES.iter().flat_map(|&s| disciplines(s)).collect(),
         Some(Compare::Adapters) => [true, false]
             .into_iter()
@@ -99,6 +106,18 @@ pub fn run_variant(
     for pool in &mut p.pools {
         pool.routing = variant.strategy;
         pool.adapter_affinity = variant.adapter_affinity;
+        for b in &mut pool.backends {
+            // The replay delivers a simulated engine's events itself: the
+            // address is never dialled.
+            b.kv_events =
+                (variant.kv_events && variant.strategy == Strategy::PrefixAware).then(|| {
+                    crate::config::KvEventsSource {
+                        endpoint: "tcp://replay:1".into(),
+                        replay: None,
+                        topic: String::new(),
+                    }
+                });
+        }
     }
     if !variant.slo_admission {
         for t in &mut p.tenants {

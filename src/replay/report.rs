@@ -52,6 +52,8 @@ pub struct RunReport {
     pub slo_admission: bool,
     /// Whether requests for a LoRA adapter preferred backends with it loaded.
     pub adapter_affinity: bool,
+    /// Whether the engines' KV events fed the prefix index (precise mode).
+    pub kv_events: bool,
     /// LoRA adapter loads on all engines (`null`: no request named an
     /// adapter, or not known).
     pub adapter_loads: Option<u64>,
@@ -122,11 +124,14 @@ impl RunReport {
     /// Its routing in tables: the strategy, `+lora` when requests for an
     /// adapter preferred backends with it loaded.
     pub fn routing(&self) -> String {
-        if self.adapter_affinity && self.adapter_loads.is_some() {
-            format!("{}+lora", self.strategy.as_str())
-        } else {
-            self.strategy.as_str().to_owned()
+        let mut s = self.strategy.as_str().to_owned();
+        if self.kv_events && self.strategy == Strategy::PrefixAware {
+            s.push_str("+events");
         }
+        if self.adapter_affinity && self.adapter_loads.is_some() {
+            s.push_str("+lora");
+        }
+        s
     }
 }
 
@@ -137,6 +142,7 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
         strategy,
         slo_admission,
         adapter_affinity,
+        kv_events,
     } = variant;
     let mut tenants = BTreeMap::new();
     // Rates are per second of offered load (first to last arrival), the
@@ -217,6 +223,7 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
         strategy,
         slo_admission,
         adapter_affinity,
+        kv_events,
         adapter_loads: trace.adapter_loads,
         jain: trace.jain,
         slo_jain: jain(
@@ -435,6 +442,7 @@ mod tests {
             strategy: Strategy::LeastOutstanding,
             slo_admission: false,
             adapter_affinity: true,
+            kv_events: false,
         };
         let r = summarise(variant, &trace);
         assert_eq!(r.estimate_ratio_p50, Some(2.0));

@@ -166,6 +166,10 @@ impl Ingress {
 
 struct Backend {
     engine: Engine,
+    /// Its KV events' feed into the prefix index (precise mode: a backend
+    /// with `kv_events`), the pool's model, and the events' next sequence
+    /// number.
+    feed: Option<(crate::poller::kv_events::Feed, String, u64)>,
     scale: f64,
     polled: bool,
     ttft_window: Vec<f64>,
@@ -282,15 +286,17 @@ impl<'p> Sim<'p> {
         let scheds: Vec<Scheduler> = (0..u64::from(n))
             .map(|r| Scheduler::new(&spec, Instant::ZERO, opts.seed.wrapping_add(r)))
             .collect();
-        let sched = &scheds[0];
+        let mut scheds = scheds;
         let mut backends = Vec::new();
-        for b in sched.backends() {
-            let name = sched.backend_name(b);
-            let bp = policy
+        let ids: Vec<BackendId> = scheds[0].backends().collect();
+        for b in ids {
+            let name = scheds[0].backend_name(b);
+            let (pool, bp) = policy
                 .pools
                 .iter()
-                .flat_map(|p| &p.backends)
-                .find(|x| x.name == name);
+                .flat_map(|p| p.backends.iter().map(move |x| (Some(p), x)))
+                .find(|(_, x)| x.name == name)
+                .map_or((None, None), |(p, x)| (p, Some(x)));
             let params = match bp.map(|x| &x.target) {
                 Some(BackendTarget::Sim { params }) => params.clone(),
                 _ => EngineParams::default(),
@@ -300,14 +306,37 @@ impl<'p> Sim<'p> {
             } else {
                 1.0
             };
+            let mut engine = Engine::new(params);
+            // Precise mode: the engine's cache changes reach the index as
+            // its events would, with no delay.
+            let feed = match (pool, bp) {
+                (Some(p), Some(x))
+                    if x.kv_events.is_some()
+                        && p.routing == crate::config::Strategy::PrefixAware =>
+                {
+                    engine.record_cache_changes();
+                    for s in &mut scheds {
+                        s.set_prefix_events(b, true);
+                    }
+                    let f = crate::poller::kv_events::Feed::new(
+                        &p.model,
+                        p.prefix.block_tokens,
+                        p.prefix.index_blocks,
+                    );
+                    Some((f, p.model.clone(), 0))
+                }
+                _ => None,
+            };
             backends.push(Backend {
-                engine: Engine::new(params),
+                engine,
+                feed,
                 scale,
                 polled: bp.is_some_and(|x| x.metrics != MetricsDialect::None),
                 ttft_window: Vec::new(),
                 e2e_window: Vec::new(),
             });
         }
+        let sched = &scheds[0];
         let n_tenants = sched.tenants().count();
         let mut weights = vec![1.0; n_tenants];
         for t in &policy.tenants {
@@ -438,7 +467,7 @@ impl<'p> Sim<'p> {
                     .next_event_at()
                     .is_some_and(|e| to_gateway(e, self.backends[i].scale) <= now);
                 if due {
-                    self.advance_engine(i, now);
+                    self.advance_engine(i, now, workload);
                 }
             }
             // 2. Arrivals at or before now, in workload order.

@@ -15,6 +15,9 @@ pub struct Variant {
     pub slo_admission: bool,
     /// Requests for a LoRA adapter prefer backends that have it loaded.
     pub adapter_affinity: bool,
+    /// Every backend's KV events feed its pool's prefix index (precise
+    /// mode: the simulated engines' cache changes, delivered at once).
+    pub kv_events: bool,
 }
 
 impl Variant {
@@ -29,6 +32,10 @@ impl Variant {
                 .map_or(Strategy::LeastOutstanding, |p| p.routing),
             slo_admission: policy.tenants.iter().any(|t| t.on_late != OnLate::Serve),
             adapter_affinity: policy.pools.first().is_none_or(|p| p.adapter_affinity),
+            kv_events: policy
+                .pools
+                .first()
+                .is_some_and(|p| p.backends.iter().any(|b| b.kv_events.is_some())),
         }
     }
 }

@@ -4,11 +4,13 @@
 
 use super::{InFlight, Outcome, RequestResult, Sim, to_engine, to_gateway};
 use crate::config::PrefillCharge;
+use crate::core::ids::BackendId;
 use crate::core::ids::Usage;
 use crate::core::scheduler::{Arrival, Decision};
 use crate::core::time::Instant;
+use crate::poller::kv_events::{EngineHash, EventBatch, KvEvent};
 use crate::replay::workload::WorkRequest;
-use crate::sim::engine::{EngineEvent, SeqRequest};
+use crate::sim::engine::{CacheChange, EngineEvent, SeqRequest};
 use crate::tokens::request_keys;
 
 impl Sim<'_> {
@@ -142,11 +144,14 @@ impl Sim<'_> {
         self.pending.clear();
     }
 
-    pub(super) fn advance_engine(&mut self, bi: usize, now: Instant) {
+    pub(super) fn advance_engine(&mut self, bi: usize, now: Instant, workload: &[WorkRequest]) {
         let b = &mut self.backends[bi];
         let target = to_engine(now, b.scale).max(b.engine.next_event_at().unwrap_or(Instant::ZERO));
         self.events.clear();
         b.engine.advance(target, &mut self.events);
+        if b.feed.is_some() {
+            self.publish_cache(bi, now, workload);
+        }
         for k in 0..self.events.len() {
             match self.events[k] {
                 EngineEvent::Token { id, index, at } => {
@@ -230,6 +235,65 @@ impl Sim<'_> {
 
     /// Records how request `i` ended: at `end`, dispatched at `dispatched`,
     /// its first token at `first`.
+    /// Precise mode: backend `bi`'s cache changes as its KV events (token
+    /// ids from the workload), keyed by its feed into every replica's
+    /// index at once.
+    fn publish_cache(&mut self, bi: usize, now: Instant, workload: &[WorkRequest]) {
+        let b = &mut self.backends[bi];
+        let changes = b.engine.take_cache_changes();
+        let Some((feed, model, seq)) = b.feed.as_mut() else {
+            return;
+        };
+        if changes.is_empty() {
+            return;
+        }
+        let bs = b.engine.params().block_size;
+        let size = bs as usize;
+        let events = changes
+            .into_iter()
+            .filter_map(|c| match c {
+                CacheChange::Stored {
+                    id,
+                    parent,
+                    first,
+                    keys,
+                } => {
+                    let w = workload.get(id as usize)?;
+                    let ids = w.token_ids(id);
+                    let tokens = ids.get(first * size..(first + keys.len()) * size)?;
+                    Some(KvEvent::BlockStored {
+                        block_hashes: keys.into_iter().map(EngineHash::Int).collect(),
+                        parent: parent.map(EngineHash::Int),
+                        token_ids: tokens.to_vec(),
+                        block_size: bs,
+                        lora_name: (w.model != *model).then(|| w.model.clone()),
+                        medium: None,
+                        group_idx: None,
+                        salt: None,
+                    })
+                }
+                CacheChange::Removed(keys) => Some(KvEvent::BlockRemoved {
+                    block_hashes: keys.into_iter().map(EngineHash::Int).collect(),
+                    medium: None,
+                    group_idx: None,
+                }),
+            })
+            .collect();
+        let batch = EventBatch {
+            events,
+            ..EventBatch::default()
+        };
+        let mut out = Vec::new();
+        feed.apply(*seq, &batch, &mut out);
+        *seq += 1;
+        let backend = BackendId(bi as u32);
+        for s in &mut self.scheds {
+            for e in &out {
+                s.on_prefix_event(now, backend, e);
+            }
+        }
+    }
+
     fn end(
         &mut self,
         i: usize,
