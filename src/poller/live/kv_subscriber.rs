@@ -195,6 +195,7 @@ pub(super) async fn follow(
                 continue;
             };
             out.clear();
+            let before = feed.stats;
             match feed.sequence(seq) {
                 Sequence::First | Sequence::Next => {}
                 // A publisher sends each number once on its live stream
@@ -225,7 +226,6 @@ pub(super) async fn follow(
                     }
                 }
             }
-            let before = feed.stats;
             feed.apply(seq, &batch, &mut out);
             add(&stats.batches, 1);
             add(&stats.events, batch.events.len() as u64);
