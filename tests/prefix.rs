@@ -375,3 +375,59 @@ async fn with_the_pools_tokenizer_prompts_are_keyed_by_their_token_ids() {
     let predicted = metric_sum(&text, "fairway_prefix_predicted_cached_tokens_total{");
     assert_eq!(predicted, 8.0 * 480.0, "{text}");
 }
+
+#[tokio::test]
+async fn an_in_process_simulated_backend_publishes_its_events_with_kv_events_true() {
+    let toml = format!(
+        r#"{SERVER}
+[[pools]]
+model = "m"
+routing = "prefix_aware"
+prefix_block_tokens = 16
+[[pools.backends]]
+name = "s0"
+sim = {{ kv_tokens = 65536 }}
+kv_events = true
+"#
+    );
+    let gw = gateway(&toml, &[]).await;
+    let c = client();
+    assert!(
+        eventually(Duration::from_secs(10), async || {
+            metric(
+                &scrape(&gw).await,
+                "fairway_kv_events_connected{backend=\"s0\"",
+            )
+            .unwrap_or(0.0)
+                == 1.0
+        })
+        .await,
+        "{}",
+        scrape(&gw).await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = send(
+        &c,
+        post(
+            gw.addr(),
+            "/v1/chat/completions",
+            None,
+            chat_with("m", &system(1), "q", 2, ""),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            metric(
+                &scrape(&gw).await,
+                "fairway_kv_events_batches_total{backend=\"s0\"",
+            )
+            .unwrap_or(0.0)
+                >= 1.0
+        })
+        .await,
+        "{}",
+        scrape(&gw).await
+    );
+}

@@ -410,7 +410,8 @@ impl PartialEq for PoolTokenizer {
 /// A backend's KV-event publisher (vLLM's `--kv-events-config`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct KvEventsSource {
-    /// `tcp://host:port` of its PUB socket.
+    /// `tcp://host:port` of its PUB socket; empty for an in-process
+    /// simulated backend's (`kv_events = true`: it binds its own).
     pub endpoint: String,
     /// `tcp://host:port` of its replay (ROUTER) socket, if it has one.
     pub replay: Option<String>,

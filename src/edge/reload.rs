@@ -155,7 +155,8 @@ async fn reload_inner(services: &Services) -> Result<Reloaded, ReloadError> {
         );
         gw.set_live(Arc::new(live));
     });
-    services.pollers.lock().reconcile(gw, &policy, &sims);
+    let kv = services.sim_kv_events();
+    services.pollers.lock().reconcile(gw, &policy, &sims, &kv);
     services.source.lock().text = text;
     Ok(Reloaded::Applied { hash })
 }

@@ -179,8 +179,12 @@ impl Server {
         });
         {
             let sims = services.sim_authorities.lock().clone();
+            let kv = services.sim_kv_events();
             let policy = gateway.live().policy.clone();
-            services.pollers.lock().reconcile(&gateway, &policy, &sims);
+            services
+                .pollers
+                .lock()
+                .reconcile(&gateway, &policy, &sims, &kv);
         }
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();

@@ -33,6 +33,18 @@ pub struct Services {
     pub pollers: Mutex<Pollers>,
 }
 
+impl Services {
+    /// The KV-event endpoints (publisher, replay) of the in-process
+    /// simulated backends that publish them, by backend name.
+    pub fn sim_kv_events(&self) -> HashMap<String, (String, String)> {
+        self.sims
+            .lock()
+            .iter()
+            .filter_map(|(n, h)| h.kv_events().map(|e| (n.clone(), e)))
+            .collect()
+    }
+}
+
 /// Where the policy came from, for reloads.
 #[derive(Clone, Debug, Default)]
 pub struct PolicySource {
@@ -62,11 +74,15 @@ pub async fn start_sims(
                     Api::OpenAi => crate::sim::backend::Flavour::Vllm,
                 };
                 let name = b.served_model.clone().unwrap_or_else(|| pool.model.clone());
-                let h = SimBackend::builder(name)
+                let mut builder = SimBackend::builder(name)
                     .engine(params.clone())
-                    .flavour(flavour)
-                    .start()
-                    .await?;
+                    .flavour(flavour);
+                if b.kv_events.is_some() {
+                    // `kv_events = true`: it publishes, on ports of its own.
+                    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+                    builder = builder.kv_events(any, any);
+                }
+                let h = builder.start().await?;
                 tracing::info!(backend = %b.name, addr = %h.addr(), "started simulated backend");
                 out.push((b.name.clone(), h));
             }

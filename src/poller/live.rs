@@ -128,12 +128,14 @@ impl Pollers {
 
     /// Starts, restarts or stops tasks so that exactly the backends of
     /// `policy` are polled as it says. `sims` maps in-process simulated
-    /// backends to their `host:port`.
+    /// backends to their `host:port`, and `sim_kv` those that publish KV
+    /// events to their publisher's and replay socket's `tcp://` addresses.
     pub fn reconcile<S: Sink>(
         &mut self,
         sink: &Arc<S>,
         policy: &Policy,
         sims: &HashMap<String, String>,
+        sim_kv: &HashMap<String, (String, String)>,
     ) {
         let mut wanted = HashMap::new();
         let backends = policy
@@ -196,18 +198,33 @@ impl Pollers {
             ));
             self.running.insert(name, (target, stop));
         }
-        self.follow(sink, policy);
+        self.follow(sink, policy, sim_kv);
     }
 
     /// Starts, restarts or stops the KV-event subscribers so that exactly
     /// the backends of `policy` with `kv_events` are followed.
-    fn follow<S: Sink>(&mut self, sink: &Arc<S>, policy: &Policy) {
+    fn follow<S: Sink>(
+        &mut self,
+        sink: &Arc<S>,
+        policy: &Policy,
+        sim_kv: &HashMap<String, (String, String)>,
+    ) {
         let mut wanted = HashMap::new();
         for pool in &policy.pools {
             for b in &pool.backends {
                 if let Some(source) = &b.kv_events {
+                    // An in-process simulated engine's: its own addresses.
+                    let source = match (source.endpoint.is_empty(), sim_kv.get(&b.name)) {
+                        (false, _) => source.clone(),
+                        (true, Some((endpoint, replay))) => crate::config::KvEventsSource {
+                            endpoint: endpoint.clone(),
+                            replay: Some(replay.clone()),
+                            topic: String::new(),
+                        },
+                        (true, None) => continue,
+                    };
                     let target = KvTarget {
-                        source: source.clone(),
+                        source,
                         model: pool.model.clone(),
                         block_tokens: pool.prefix.block_tokens,
                         cap: pool.prefix.index_blocks,

@@ -336,6 +336,17 @@ fn read_backend(
     let kv_tokens = r.opt(t, "kv_tokens", Reader::positive_int);
     let kv_events = r.opt(t, "kv_events", read_kv_events);
     let target = target?;
+    if kv_events.as_ref().is_some_and(|k| k.endpoint.is_empty())
+        && matches!(target, BackendTarget::Url { .. })
+        && let Some((v, path)) = t.get("kv_events")
+    {
+        r.error(
+            v.span(),
+            &path,
+            "`kv_events = true` is for a simulated backend (`sim = { … }`); a remote engine's \
+             needs its publisher's address, e.g. \"tcp://10.0.0.5:5557\"",
+        );
+    }
     let name = explicit_name.clone().unwrap_or_else(|| match &target {
         BackendTarget::Url { authority } => authority.clone(),
         BackendTarget::Sim { .. } => format!("{model}-sim-{index}"),

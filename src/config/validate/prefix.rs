@@ -26,6 +26,15 @@ pub(super) fn read_kv_events(
     v: &Value<'_>,
     path: &str,
 ) -> Option<KvEventsSource> {
+    if matches!(v.get_ref(), toml::de::DeValue::Boolean(_)) {
+        // `true`: an in-process simulated backend publishes its own
+        // (checked against the target by the caller).
+        return r.boolean(v, path)?.then(|| KvEventsSource {
+            endpoint: String::new(),
+            replay: None,
+            topic: String::new(),
+        });
+    }
     if matches!(v.get_ref(), toml::de::DeValue::String(_)) {
         let endpoint = read_tcp(r, v, path)?;
         return Some(KvEventsSource {

@@ -1700,3 +1700,20 @@ fn a_pools_tokenizer_is_loaded_from_files_beside_the_policy() {
     let errs = load_policy(&p).unwrap_err();
     assert!(errs[0].message.contains("need `tokenizer`"), "{errs:#?}");
 }
+
+#[test]
+fn kv_events_true_is_for_a_simulated_backend() {
+    let head = "[[pools]]\nmodel = \"m\"\nrouting = \"prefix_aware\"\n[[pools.backends]]\n";
+    let p = parse(&format!("{head}sim = {{}}\nkv_events = true\n")).unwrap();
+    let k = p.pools[0].backends[0].kv_events.clone().unwrap();
+    assert!(k.endpoint.is_empty(), "{k:?}");
+    let p = parse(&format!("{head}sim = {{}}\nkv_events = false\n")).unwrap();
+    assert_eq!(p.pools[0].backends[0].kv_events, None);
+    assert_one(
+        &format!("{head}url = \"http://10.0.0.5:8000\"\nkv_events = true\n"),
+        6,
+        13,
+        "pools[0].backends[0].kv_events",
+        "simulated backend",
+    );
+}
