@@ -48,8 +48,10 @@ use crate::config::EngineParams;
 use crate::core::time::Instant;
 
 mod cache;
+mod changes;
 
 use cache::PrefixCache;
+pub use changes::{CacheChange, StoredPrompt, kv_events};
 
 /// One generation request as the engine sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -238,21 +240,6 @@ pub struct Engine {
     evicted: Vec<u64>,
     /// The cache's changes since last taken, when recorded (for KV events).
     changes: Option<Vec<CacheChange>>,
-}
-
-/// A change of the engine's prefix cache, as its KV events report it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CacheChange {
-    /// Sequence `id`'s prompt blocks `first..first + keys.len()` entered
-    /// the cache, after the block keyed `parent` (`None`: from the start).
-    Stored {
-        id: u64,
-        parent: Option<u64>,
-        first: usize,
-        keys: Vec<u64>,
-    },
-    /// Blocks left the cache (evicted for room, or a reset).
-    Removed(Vec<u64>),
 }
 
 impl Engine {

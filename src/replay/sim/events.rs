@@ -2,15 +2,16 @@
 //! scheduler's decisions carried out, the engines' tokens and completions,
 //! and how each request ended.
 
+use std::borrow::Cow;
+
 use super::{InFlight, Outcome, RequestResult, Sim, to_engine, to_gateway};
 use crate::config::PrefillCharge;
-use crate::core::ids::BackendId;
-use crate::core::ids::Usage;
+use crate::core::ids::{BackendId, Usage};
 use crate::core::scheduler::{Arrival, Decision};
 use crate::core::time::Instant;
-use crate::poller::kv_events::{EngineHash, EventBatch, KvEvent};
+use crate::poller::kv_events::EventBatch;
 use crate::replay::workload::WorkRequest;
-use crate::sim::engine::{CacheChange, EngineEvent, SeqRequest};
+use crate::sim::engine::{EngineEvent, SeqRequest, StoredPrompt, kv_events};
 use crate::tokens::request_keys;
 
 impl Sim<'_> {
@@ -247,38 +248,15 @@ impl Sim<'_> {
         if changes.is_empty() {
             return;
         }
-        let bs = b.engine.params().block_size;
-        let size = bs as usize;
-        let events = changes
-            .into_iter()
-            .filter_map(|c| match c {
-                CacheChange::Stored {
-                    id,
-                    parent,
-                    first,
-                    keys,
-                } => {
-                    let w = workload.get(id as usize)?;
-                    let ids = w.token_ids(id);
-                    let tokens = ids.get(first * size..(first + keys.len()) * size)?;
-                    Some(KvEvent::BlockStored {
-                        block_hashes: keys.into_iter().map(EngineHash::Int).collect(),
-                        parent: parent.map(EngineHash::Int),
-                        token_ids: tokens.to_vec(),
-                        block_size: bs,
-                        lora_name: (w.model != *model).then(|| w.model.clone()),
-                        medium: None,
-                        group_idx: None,
-                        salt: None,
-                    })
-                }
-                CacheChange::Removed(keys) => Some(KvEvent::BlockRemoved {
-                    block_hashes: keys.into_iter().map(EngineHash::Int).collect(),
-                    medium: None,
-                    group_idx: None,
-                }),
+        let model = model.as_str();
+        let events = kv_events(changes, b.engine.params().block_size, |id| {
+            let w = workload.get(id as usize)?;
+            Some(StoredPrompt {
+                ids: Cow::Owned(w.token_ids(id)),
+                lora: (w.model != model).then_some(w.model.as_str()),
+                salt: None,
             })
-            .collect();
+        });
         let batch = EventBatch {
             events,
             ..EventBatch::default()

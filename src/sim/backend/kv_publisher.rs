@@ -9,6 +9,7 @@
 //! bytes of its text per id): the simulated engine's tokenizer. A gateway
 //! that keys prompts the same way (no tokenizer configured) matches them.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,8 +20,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::poller::kv_events::{EngineHash, EventBatch, KvEvent, encode_batch};
-use crate::sim::engine::CacheChange;
+use crate::poller::kv_events::{EventBatch, encode_batch};
+use crate::sim::engine::{CacheChange, StoredPrompt, kv_events};
 
 /// Batches kept for replay (vLLM's `buffer_steps` default).
 const BUFFER_STEPS: usize = 10_000;
@@ -84,36 +85,14 @@ impl KvLink {
         block_size: u32,
         prompt: impl Fn(u64) -> Option<&'p SeqPrompt>,
     ) {
-        let bs = block_size as usize;
-        let events: Vec<KvEvent> = changes
-            .into_iter()
-            .filter_map(|c| match c {
-                CacheChange::Stored {
-                    id,
-                    parent,
-                    first,
-                    keys,
-                } => {
-                    let p = prompt(id)?;
-                    let ids = p.ids.get(first * bs..(first + keys.len()) * bs)?;
-                    Some(KvEvent::BlockStored {
-                        block_hashes: keys.into_iter().map(EngineHash::Int).collect(),
-                        parent: parent.map(EngineHash::Int),
-                        token_ids: ids.to_vec(),
-                        block_size,
-                        lora_name: p.lora.clone(),
-                        medium: Some("GPU".into()),
-                        group_idx: None,
-                        salt: if first == 0 { p.salt.clone() } else { None },
-                    })
-                }
-                CacheChange::Removed(keys) => Some(KvEvent::BlockRemoved {
-                    block_hashes: keys.into_iter().map(EngineHash::Int).collect(),
-                    medium: Some("GPU".into()),
-                    group_idx: None,
-                }),
+        let events = kv_events(changes, block_size, |id| {
+            let p = prompt(id)?;
+            Some(StoredPrompt {
+                ids: Cow::Borrowed(&p.ids),
+                lora: p.lora.as_deref(),
+                salt: p.salt.as_deref(),
             })
-            .collect();
+        });
         if events.is_empty() {
             return;
         }
