@@ -168,36 +168,21 @@ impl Pollers {
                 },
             );
         }
-        self.running.retain(|name, (target, stop)| {
-            let keep = wanted.get(name) == Some(target);
-            if !keep {
-                stop.cancel();
-                sink.forget(name);
-            }
-            keep
-        });
-        self.stats.retain(|name, _| wanted.contains_key(name));
-        for (name, target) in wanted {
-            if self.running.contains_key(&name) {
-                continue;
-            }
-            let stop = CancellationToken::new();
-            let stats = self.stats.entry(name.clone()).or_default().clone();
-            let sink: Weak<dyn Sink> = Arc::downgrade(sink) as Weak<dyn Sink>;
-            let via = Via {
-                client: self.client.clone(),
-                clock: self.clock,
-            };
-            self.tasks.spawn(poll(
-                sink,
-                via,
-                name.clone(),
-                target.clone(),
-                stats,
-                stop.clone(),
-            ));
-            self.running.insert(name, (target, stop));
-        }
+        let (client, clock, tasks) = (&self.client, self.clock, &self.tasks);
+        reconcile_tasks(
+            &mut self.running,
+            &mut self.stats,
+            wanted,
+            |name| sink.forget(name),
+            |name, target, stats, stop| {
+                let sink = Arc::downgrade(sink) as Weak<dyn Sink>;
+                let via = Via {
+                    client: client.clone(),
+                    clock,
+                };
+                tasks.spawn(poll(sink, via, name, target, stats, stop));
+            },
+        );
         self.follow(sink, policy, sim_kv);
     }
 
@@ -233,31 +218,17 @@ impl Pollers {
                 }
             }
         }
-        self.following.retain(|name, (target, stop)| {
-            let keep = wanted.get(name) == Some(target);
-            if !keep {
-                stop.cancel();
-                sink.on_kv_events(name, false, &[]);
-            }
-            keep
-        });
-        self.kv_stats.retain(|name, _| wanted.contains_key(name));
-        for (name, target) in wanted {
-            if self.following.contains_key(&name) {
-                continue;
-            }
-            let stop = CancellationToken::new();
-            let stats = self.kv_stats.entry(name.clone()).or_default().clone();
-            let sink: Weak<dyn Sink> = Arc::downgrade(sink) as Weak<dyn Sink>;
-            self.tasks.spawn(follow(
-                sink,
-                name.clone(),
-                target.clone(),
-                stats,
-                stop.clone(),
-            ));
-            self.following.insert(name, (target, stop));
-        }
+        let tasks = &self.tasks;
+        reconcile_tasks(
+            &mut self.following,
+            &mut self.kv_stats,
+            wanted,
+            |name| sink.on_kv_events(name, false, &[]),
+            |name, target, stats, stop| {
+                let sink = Arc::downgrade(sink) as Weak<dyn Sink>;
+                tasks.spawn(follow(sink, name, target, stats, stop));
+            },
+        );
     }
 
     /// What backend `name`'s KV-event subscriber did (`None`: it has none).
@@ -290,6 +261,37 @@ impl Pollers {
         let tasks = self.tasks.clone();
         tasks.close();
         async move { tasks.wait().await }
+    }
+}
+
+/// Keeps exactly the `wanted` tasks (by backend name) in `running`: stops
+/// those gone or changed (`stopped` tells the gateway), starts the new ones
+/// with `start` (its counters kept across a restart), and drops the
+/// counters of the gone.
+fn reconcile_tasks<T: PartialEq + Clone, St: Default>(
+    running: &mut HashMap<String, (T, CancellationToken)>,
+    stats: &mut HashMap<String, Arc<St>>,
+    wanted: HashMap<String, T>,
+    mut stopped: impl FnMut(&str),
+    mut start: impl FnMut(String, T, Arc<St>, CancellationToken),
+) {
+    running.retain(|name, (target, stop)| {
+        let keep = wanted.get(name) == Some(target);
+        if !keep {
+            stop.cancel();
+            stopped(name);
+        }
+        keep
+    });
+    stats.retain(|name, _| wanted.contains_key(name));
+    for (name, target) in wanted {
+        if running.contains_key(&name) {
+            continue;
+        }
+        let stop = CancellationToken::new();
+        let st = stats.entry(name.clone()).or_default().clone();
+        start(name.clone(), target.clone(), st, stop.clone());
+        running.insert(name, (target, stop));
     }
 }
 
