@@ -415,14 +415,15 @@ impl Shared {
     /// size, as Fairway keys them: what the prefix cache matches; and,
     /// when KV events are published, the prompt as they show it.
     fn prefix_keys(&self, model: &str, body: &[u8]) -> (Vec<u64>, Option<SeqPrompt>) {
-        let keys = crate::protocol::prompt::keys(body, model, self.block_size);
-        let prompt = self.kv.as_ref().and_then(|_| {
-            let p = crate::protocol::prompt::read(body)?;
-            Some(SeqPrompt {
-                ids: crate::tokens::approximate_ids(&p.text),
-                lora: (model != self.model).then(|| model.to_owned()),
-                salt: p.cache_salt,
-            })
+        let Some(p) = crate::protocol::prompt::read(body) else {
+            return (Vec::new(), None);
+        };
+        let salt = p.cache_salt.as_deref();
+        let keys = crate::tokens::text_keys(model, salt, &p.text, self.block_size);
+        let prompt = self.kv.as_ref().map(|_| SeqPrompt {
+            ids: crate::tokens::approximate_ids(&p.text),
+            lora: (model != self.model).then(|| model.to_owned()),
+            salt: p.cache_salt.clone(),
         });
         (keys, prompt)
     }

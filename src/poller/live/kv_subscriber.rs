@@ -254,14 +254,12 @@ fn report(sink: &Weak<dyn Sink>, name: &str, followed: bool, events: &[PrefixEve
 }
 
 fn decode(msg: &ZmqMessage, stats: &KvStats) -> Option<(u64, EventBatch)> {
-    let decoded = frames(msg).ok_or(()).and_then(|(seq, payload)| {
-        let seq = decode_seq(seq).map_err(|_| ())?;
-        Ok((seq, decode_batch(payload).map_err(|_| ())?))
-    });
-    if decoded.is_err() {
+    let decoded = frames(msg)
+        .and_then(|(seq, payload)| Some((decode_seq(seq).ok()?, decode_batch(payload).ok()?)));
+    if decoded.is_none() {
         add(&stats.decode_errors, 1);
     }
-    decoded.ok()
+    decoded
 }
 
 async fn subscribe(source: &KvEventsSource) -> Result<SubSocket, String> {

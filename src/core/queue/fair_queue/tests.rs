@@ -185,6 +185,25 @@ fn a_returning_tenant_is_lifted_to_settled_counters_not_estimates() {
     assert_eq!(q.counter(TenantId(1)), 1.0);
 }
 
+/// A drf queue of tenants of `weights`, two requests queued each (so that
+/// none is lifted as a newcomer while one is pushed back per dispatch).
+fn backlogged(weights: &[f64]) -> FairQueue {
+    let mut q = FairQueue::new(Discipline::Drf);
+    for (i, w) in weights.iter().enumerate() {
+        q.set_tenant(TenantId(i as u32), *w, Priority::Interactive);
+        q.push(TenantId(i as u32), id(2 * i as u64));
+        q.push(TenantId(i as u32), id(2 * i as u64 + 1));
+    }
+    q
+}
+
+/// The largest gap between tenants' weighted services.
+fn weighted_spread(service: &[f64], weights: &[f64]) -> f64 {
+    let weighted: Vec<f64> = service.iter().zip(weights).map(|(s, w)| s / w).collect();
+    weighted.iter().copied().fold(f64::MIN, f64::max)
+        - weighted.iter().copied().fold(f64::MAX, f64::min)
+}
+
 proptest::proptest! {
     /// The fairness bound the fair queue keeps (VTC's form): while tenants
     /// stay backlogged, their weighted services (service / weight) differ
@@ -197,14 +216,8 @@ proptest::proptest! {
         weights in proptest::collection::vec(0.25f64..8.0, 2..6),
         costs in proptest::collection::vec(0.1f64..20.0, 50..400),
     ) {
-        let mut q = FairQueue::new(Discipline::Drf);
-        // Two queued each, and one pushed back per dispatch: no tenant's
-        // queue ever empties, so none is lifted as a newcomer.
-        for (i, w) in weights.iter().enumerate() {
-            q.set_tenant(TenantId(i as u32), *w, Priority::Interactive);
-            q.push(TenantId(i as u32), id(2 * i as u64));
-            q.push(TenantId(i as u32), id(2 * i as u64 + 1));
-        }
+        // One pushed back per dispatch: no tenant's queue ever empties.
+        let mut q = backlogged(&weights);
         let max_cost = costs.iter().copied().fold(0.0, f64::max);
         let min_weight = weights.iter().copied().fold(f64::INFINITY, f64::min);
         let bound = max_cost / min_weight;
@@ -215,16 +228,15 @@ proptest::proptest! {
             q.settle(t, *c, Some(*c));
             service[t.0 as usize] += c;
             q.push(t, id(1000 + k as u64));
-            let weighted: Vec<f64> = service.iter().zip(&weights).map(|(s, w)| s / w).collect();
-            let spread = weighted.iter().copied().fold(f64::MIN, f64::max)
-                - weighted.iter().copied().fold(f64::MAX, f64::min);
+            let spread = weighted_spread(&service, &weights);
             proptest::prop_assert!(spread <= bound + 1e-9, "spread {} > bound {} after {} dispatches", spread, bound, k + 1);
         }
     }
 
-    /// Locality: whichever tenant within the bound of the smallest counter
-    /// a dispatch serves (`heads_within(1.0, …)`, here chosen at random,
-    /// as cached prefixes would choose), backlogged weighted services
+    /// Locality: whichever request a dispatch serves of those within the
+    /// bound of the smallest counter (`candidates_within(1.0, …)`, here
+    /// chosen at random, as cached prefixes would choose), backlogged
+    /// weighted services
     /// stay within twice the bound: the one served was at most one bound
     /// above the smallest and moves up by at most one largest charge.
     #[test]
@@ -232,12 +244,7 @@ proptest::proptest! {
         weights in proptest::collection::vec(0.25f64..8.0, 2..6),
         steps in proptest::collection::vec((0.1f64..20.0, 0usize..8), 50..400),
     ) {
-        let mut q = FairQueue::new(Discipline::Drf);
-        for (i, w) in weights.iter().enumerate() {
-            q.set_tenant(TenantId(i as u32), *w, Priority::Interactive);
-            q.push(TenantId(i as u32), id(2 * i as u64));
-            q.push(TenantId(i as u32), id(2 * i as u64 + 1));
-        }
+        let mut q = backlogged(&weights);
         let max_cost = steps.iter().map(|s| s.0).fold(0.0, f64::max);
         let min_weight = weights.iter().copied().fold(f64::INFINITY, f64::min);
         let bound = max_cost / min_weight;
@@ -251,9 +258,7 @@ proptest::proptest! {
             q.settle(t, *c, Some(*c));
             service[t.0 as usize] += c;
             q.push(t, id(1000 + k as u64));
-            let weighted: Vec<f64> = service.iter().zip(&weights).map(|(s, w)| s / w).collect();
-            let spread = weighted.iter().copied().fold(f64::MIN, f64::max)
-                - weighted.iter().copied().fold(f64::MAX, f64::min);
+            let spread = weighted_spread(&service, &weights);
             proptest::prop_assert!(spread <= 2.0 * bound + 1e-9, "spread {} > 2 × {} after {} dispatches", spread, bound, k + 1);
         }
     }
