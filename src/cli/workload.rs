@@ -50,6 +50,19 @@ pub struct ReplayArgs {
     /// How requests are spread over the replicas.
     #[arg(long, value_enum, default_value_t = crate::replay::sim::Ingress::Even)]
     ingress: crate::replay::sim::Ingress,
+    /// Instead of one run a variant, search each variant's capacity: the
+    /// highest arrival rate (the workload's arrivals compressed) at which
+    /// every tenant meets its SLO on at least this share of its requests
+    /// (0.95: 95 %). Reports the runs at capacity.
+    #[arg(long, value_parser = share)]
+    capacity: Option<f64>,
+}
+
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(a) if a > 0.0 && a <= 1.0 => Ok(a),
+        _ => Err(format!("expected a share in (0, 1], got \"{s}\"")),
+    }
 }
 
 /// Loads a policy for offline use, with every error listed.
@@ -146,22 +159,31 @@ pub async fn load(a: LoadArgs) -> anyhow::Result<()> {
 /// Replays the workload under each variant of the policy and reports the
 /// runs.
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
-    use crate::replay::{report, run_variant, sim::RunOptions, variants};
+    use crate::replay::{capacity::capacity, report, run_variant, sim::RunOptions, variants};
     let (policy, work) = load_workload(&a.source)?;
     if let Some(dir) = &a.svg {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let clock = crate::clock::Clock::new();
     let mut runs = Vec::new();
+    let mut found = Vec::new();
     for variant in variants(&policy, a.compare) {
         let slo = if variant.slo_admission { "+slo" } else { "" };
-        let label = format!("{}{slo}/{}", variant.discipline, variant.strategy);
+        let label = format!("{}{slo}/{}", variant.discipline, variant.routing());
         let opts = RunOptions {
             seed: a.source.seed,
             progress: Some(format!("replay {label}")),
             replicas: a.replicas,
             ingress: a.ingress,
         };
+        if let Some(attainment) = a.capacity {
+            let c = capacity(&policy, &work, variant, &opts, attainment);
+            if let Some(c) = &c {
+                runs.push(c.run.clone());
+            }
+            found.push((label, c));
+            continue;
+        }
         let (run, trace) = run_variant(&policy, &work, variant, &opts);
         if let Some(dir) = &a.svg {
             let file = dir.join(format!("{}.svg", label.replace('/', "-")));
@@ -172,6 +194,9 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         runs.push(run);
     }
     print!("{}", report::table(&runs));
+    if let Some(attainment) = a.capacity {
+        print!("{}", report::capacity_table(attainment, &found));
+    }
     println!(
         "{} requests, {} run(s), seed {}, {:.2} s wall",
         work.len(),

@@ -42,6 +42,13 @@ pub enum Strategy {
     LeastOutstanding,
     /// By cached prefix and load (`routing::prefix_aware`).
     PrefixAware,
+    /// The replay's oracle, never read from a policy file: every request
+    /// to the backend with the most of its prompt cached among those with
+    /// room, else the least loaded (`routing::prefix_greedy`). With the
+    /// engines' own events as the index, as the replay delivers them, it
+    /// is "every request to a holder with room": the hit rate
+    /// `PrefixAware` is measured against.
+    PrefixGreedy,
     P2c,
     RoundRobin,
     Random,
@@ -49,11 +56,17 @@ pub enum Strategy {
 }
 
 impl Strategy {
+    /// Whether the pool keeps a prefix index and routes on it.
+    pub fn routes_on_prefixes(self) -> bool {
+        matches!(self, Strategy::PrefixAware | Strategy::PrefixGreedy)
+    }
+
     /// The policy-file spelling (`"least_outstanding"`).
     pub fn as_str(self) -> &'static str {
         match self {
             Strategy::LeastOutstanding => "least_outstanding",
             Strategy::PrefixAware => "prefix_aware",
+            Strategy::PrefixGreedy => "prefix_greedy",
             Strategy::P2c => "p2c",
             Strategy::RoundRobin => "round_robin",
             Strategy::Random => "random",

@@ -36,7 +36,10 @@ pub enum Compare {
     /// The policy's routing with LoRA adapter affinity on, then off.
     Adapters,
     /// Routing on load alone (`least_outstanding`), then on cached
-    /// prefixes and load (`prefix_aware`).
+    /// prefixes and load (`prefix_aware`, fed by Fairway's own sends,
+    /// then by the engines' events), then the oracle: every request to
+    /// the engine holding most of its prompt with room, on the engines'
+    /// events.
     Routing,
 }
 
@@ -72,13 +75,18 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
         None => vec![v(d0, s0, admits)],
         Some(Compare::Disciplines) => disciplines(s0),
         Some(Compare::Strategies) => STRATEGIES.iter().map(|&s| v(d0, s, admits)).collect(),
-        // Prefix routing in approximate mode, then in precise mode.
+        // Prefix routing in approximate mode, then in precise mode, then
+        // the oracle.
         Some(Compare::Routing) => vec![
             v(d0, Strategy::LeastOutstanding, admits),
             v(d0, Strategy::PrefixAware, admits),
             Variant {
                 kv_events: true,
                 ..v(d0, Strategy::PrefixAware, admits)
+            },
+            Variant {
+                kv_events: true,
+                ..v(d0, Strategy::PrefixGreedy, admits)
             },
         ],
         Some(Compare::All) => STRATEGIES.iter().flat_map(|&s| disciplines(s)).collect(),
@@ -110,7 +118,7 @@ pub fn run_variant(
             // The replay delivers a simulated engine's events itself: the
             // address is never dialled.
             b.kv_events =
-                (variant.kv_events && variant.strategy == Strategy::PrefixAware).then(|| {
+                (variant.kv_events && variant.strategy.routes_on_prefixes()).then(|| {
                     crate::config::KvEventsSource {
                         endpoint: "tcp://replay:1".into(),
                         replay: None,

@@ -5,8 +5,10 @@
 //! - [`sim`]: the discrete-event simulation driving the live scheduler
 //!   against simulated engines on a simulated clock.
 //! - [`report`]: per-tenant and overall figures, table, JSON, SVG.
+//! - [`capacity`]: the highest arrival rate a variant serves within the SLOs.
 //! - [`live`]: the same workload played against a running gateway (`fairway load`).
 
+pub mod capacity;
 mod compare;
 pub mod live;
 pub mod report;

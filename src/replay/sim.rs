@@ -312,7 +312,7 @@ impl<'p> Sim<'p> {
             let feed = match (pool, bp) {
                 (Some(p), Some(x))
                     if x.kv_events.is_some()
-                        && p.routing == crate::config::Strategy::PrefixAware =>
+                        && p.routing.routes_on_prefixes() =>
                 {
                     engine.record_cache_changes();
                     for s in &mut scheds {

@@ -38,4 +38,15 @@ impl Variant {
                 .is_some_and(|p| p.backends.iter().any(|b| b.kv_events.is_some())),
         }
     }
+
+    /// Its routing in tables: the strategy, `+events` in precise mode;
+    /// `oracle` for the greedy strategy on the engines' events.
+    pub fn routing(&self) -> String {
+        let events = self.kv_events && self.strategy.routes_on_prefixes();
+        match self.strategy {
+            Strategy::PrefixGreedy if events => "oracle".to_owned(),
+            Strategy::PrefixAware if events => "prefix_aware+events".to_owned(),
+            s => s.as_str().to_owned(),
+        }
+    }
 }

@@ -21,6 +21,7 @@ pub fn pick(
     Some(match strategy {
         Strategy::LeastOutstanding => least_outstanding(cands, rng),
         Strategy::PrefixAware => super::prefix_aware(cands, prompt_tokens, rng).0,
+        Strategy::PrefixGreedy => super::prefix_greedy(cands, rng),
         Strategy::P2c => {
             // Power of two choices (Mitzenmacher, 2001): two at random, the less loaded.
             let a = rng.random_range(0..cands.len());

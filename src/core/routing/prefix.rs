@@ -63,6 +63,36 @@ pub fn prefix_aware(cands: &[Candidate], prompt: u32, rng: &mut impl Rng) -> (us
     }
 }
 
+/// The replay's oracle (`Strategy::PrefixGreedy`): the candidate with
+/// the most of the prompt cached among those with room (load below 1),
+/// else the least loaded; ties go to the lower load, then at random.
+/// No spill, no weighing of queued prefill: the most hits the index
+/// allows while an engine has a free slot.
+pub fn prefix_greedy(cands: &[Candidate], rng: &mut impl Rng) -> usize {
+    let roomy = cands.iter().any(|c| c.load() < 1.0);
+    // Larger is better: room (when anyone has it), cached tokens, then
+    // lower load.
+    let key = |c: &Candidate| {
+        let cached = if roomy && c.load() < 1.0 { c.cached_tokens } else { 0 };
+        (cached, -c.load())
+    };
+    let mut best = 0;
+    let mut ties = 1u32;
+    for (i, c) in cands.iter().enumerate().skip(1) {
+        let (k, b) = (key(c), key(&cands[best]));
+        if k.0 > b.0 || (k.0 == b.0 && k.1 > b.1) {
+            best = i;
+            ties = 1;
+        } else if k == b {
+            ties += 1;
+            if rng.random_range(0..ties) == 0 {
+                best = i;
+            }
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use rand::SeedableRng;
@@ -128,5 +158,19 @@ mod tests {
             seen[prefix_aware(&c, 100, &mut rng).0] += 1;
         }
         assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
+    }
+
+    #[test]
+    fn the_oracle_sends_to_the_holder_while_it_has_room() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        // The holder is busier and has a long queue of prefill: still it.
+        let c = [cand(0, 1, 0, 0), cand(1, 7, 900, 5000)];
+        assert_eq!(prefix_greedy(&c, &mut rng), 1);
+        // Full: the least loaded, whatever it holds.
+        let c = [cand(0, 3, 0, 0), cand(1, 8, 900, 0), cand(2, 2, 100, 0)];
+        assert_eq!(prefix_greedy(&c, &mut rng), 2);
+        // Everyone full: the least loaded.
+        let c = [cand(0, 9, 0, 0), cand(1, 8, 900, 0)];
+        assert_eq!(prefix_greedy(&c, &mut rng), 1);
     }
 }

@@ -2,7 +2,7 @@
 //! queue, requeue, shedding, and undoing what a dispatch counted.
 
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
-use crate::core::routing::{pick, prefix_aware};
+use crate::core::routing::{pick, prefix_aware, prefix_greedy};
 use crate::core::spec::{Discipline, PrefillCharge, Strategy};
 use crate::core::time::Instant;
 
@@ -72,6 +72,9 @@ impl Scheduler {
                 let (i, spilled) = prefix_aware(&self.scratch[..best], prompt, &mut self.rng);
                 self.pools[p].prefix_spills += u64::from(spilled);
                 i
+            } else if ps.strategy == Strategy::PrefixGreedy {
+                self.match_prefix(now, pool, id, best);
+                prefix_greedy(&self.scratch[..best], &mut self.rng)
             } else {
                 pick(
                     ps.strategy,
@@ -98,7 +101,7 @@ impl Scheduler {
     /// next request's; `None`: serve in discipline order.
     fn pop_local(&mut self, now: Instant, pool: PoolId) -> Option<(TenantId, RequestId)> {
         let p = pool.0 as usize;
-        if self.locality <= 0.0 || self.pools[p].strategy != Strategy::PrefixAware {
+        if self.locality <= 0.0 || !self.pools[p].strategy.routes_on_prefixes() {
             return None;
         }
         let candidates = {

@@ -171,7 +171,7 @@ impl PoolState {
         .with_prefix(pp.strategy, pp.prefix)
     }
 
-    /// Keeps a prefix index under `Strategy::PrefixAware` (a new one if
+    /// Keeps a prefix index under a strategy that routes on prefixes (a new one if
     /// the block size changed: its keys would mean other blocks), none
     /// otherwise.
     pub(super) fn with_prefix(mut self, strategy: Strategy, spec: PrefixSpec) -> Self {
@@ -180,15 +180,17 @@ impl PoolState {
     }
 
     pub(super) fn set_prefix(&mut self, strategy: Strategy, spec: PrefixSpec) {
-        let keep = strategy == Strategy::PrefixAware
+        let keep = strategy.routes_on_prefixes()
             && self.prefix.is_some()
             && self.prefix_spec.block_tokens == spec.block_tokens;
-        self.prefix = match (strategy, self.prefix.take()) {
-            (Strategy::PrefixAware, Some(mut ix)) if keep => {
+        self.prefix = match self.prefix.take() {
+            Some(mut ix) if keep => {
                 ix.reconfigure(spec.index_blocks, Some(spec.ttl));
                 Some(ix)
             }
-            (Strategy::PrefixAware, _) => Some(PrefixIndex::new(spec.index_blocks, Some(spec.ttl))),
+            _ if strategy.routes_on_prefixes() => {
+                Some(PrefixIndex::new(spec.index_blocks, Some(spec.ttl)))
+            }
             _ => None,
         };
         self.prefix_spec = spec;
