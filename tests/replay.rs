@@ -459,7 +459,11 @@ fn prefix_routing_serves_half_again_the_rate_within_the_slo_and_near_the_oracles
             .collect();
         let run = run_variant(&p, &dense, v, &opts(1)).0;
         holds_bound(&v.routing(), run.bound_ratio);
-        let worst = run.tenants.values().map(|t| t.slo_attainment).fold(1.0, f64::min);
+        let worst = run
+            .tenants
+            .values()
+            .map(|t| t.slo_attainment)
+            .fold(1.0, f64::min);
         (worst, run.prefix.unwrap())
     };
     let (lo_worst, _) = at(*lo, 0.8);
@@ -467,6 +471,12 @@ fn prefix_routing_serves_half_again_the_rate_within_the_slo_and_near_the_oracles
     let (worst, mine) = at(*precise, 1.2);
     assert!(worst >= 0.8, "prefix_aware+events at 1.2: {worst:.3}");
     let (_, best) = at(*oracle, 1.2);
-    assert!(mine.hit_rate >= 0.9 * best.hit_rate, "{mine:?} against {best:?}");
-    assert!((mine.predicted_hit_rate - mine.hit_rate).abs() < 0.05, "{mine:?}");
+    assert!(
+        mine.hit_rate >= 0.9 * best.hit_rate,
+        "{mine:?} against {best:?}"
+    );
+    assert!(
+        (mine.predicted_hit_rate - mine.hit_rate).abs() < 0.05,
+        "{mine:?}"
+    );
 }

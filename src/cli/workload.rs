@@ -195,7 +195,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
     }
     print!("{}", report::table(&runs));
     if let Some(attainment) = a.capacity {
-        print!("{}", report::capacity_table(attainment, &found));
+        print!("{}", crate::replay::capacity::table(attainment, &found));
     }
     println!(
         "{} requests, {} run(s), seed {}, {:.2} s wall",

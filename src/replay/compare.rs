@@ -117,14 +117,13 @@ pub fn run_variant(
         for b in &mut pool.backends {
             // The replay delivers a simulated engine's events itself: the
             // address is never dialled.
-            b.kv_events =
-                (variant.kv_events && variant.strategy.routes_on_prefixes()).then(|| {
-                    crate::config::KvEventsSource {
-                        endpoint: "tcp://replay:1".into(),
-                        replay: None,
-                        topic: String::new(),
-                    }
-                });
+            b.kv_events = (variant.kv_events && variant.strategy.routes_on_prefixes()).then(|| {
+                crate::config::KvEventsSource {
+                    endpoint: "tcp://replay:1".into(),
+                    replay: None,
+                    topic: String::new(),
+                }
+            });
         }
     }
     if !variant.slo_admission {

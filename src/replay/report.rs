@@ -10,7 +10,6 @@ use crate::config::policy::as_display;
 use crate::config::{Discipline, Strategy};
 use crate::core::fairness::jain;
 use crate::core::queue::FAIRNESS_BOUND;
-use crate::replay::capacity::Capacity;
 use crate::replay::sim::{Outcome, Trace};
 use crate::replay::variant::Variant;
 
@@ -400,49 +399,6 @@ fn secs(v: Option<f64>) -> String {
         Some(x) if x < 1.0 => format!("{:.0}ms", x * 1e3),
         Some(x) => format!("{x:.2}s"),
     }
-}
-
-/// `--capacity`'s summary: each variant's highest rate multiple within
-/// the SLOs, what it offered and served there, and its ratio to the
-/// first variant's (`found` pairs a variant's label with its capacity,
-/// `None` where it missed at every rate tried).
-pub fn capacity_table(attainment: f64, found: &[(String, Option<Capacity>)]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "capacity: the highest arrival rate with every tenant within its SLO on at least {:.1}% of its requests",
-        attainment * 100.0
-    );
-    let _ = writeln!(
-        s,
-        "{:<9} {:<22} {:>7} {:>10} {:>10} {:>9} {:>15} {:>9}",
-        "queue", "routing", "rate x", "offered/s", "served/s", "hit rate", "prefill tokens", "vs first"
-    );
-    let first = found.first().and_then(|f| f.1.as_ref()).map(|c| c.offered_rps);
-    for (label, c) in found {
-        let Some(c) = c else {
-            let _ = writeln!(s, "{label:<32} misses its SLOs at every rate down to 1/64 of the workload's");
-            continue;
-        };
-        let run = &c.run;
-        let (hit, prefill) = run.prefix.map_or((String::from("-"), String::from("-")), |p| {
-            (format!("{:.1}%", p.hit_rate * 100.0), p.prefill_tokens.to_string())
-        });
-        let ratio = first.map_or(String::from("-"), |f| format!("{:.2}x", c.offered_rps / f));
-        let _ = writeln!(
-            s,
-            "{:<9} {:<22} {:>7.2} {:>10.2} {:>10.2} {:>9} {:>15} {:>9}",
-            run.label(),
-            run.routing(),
-            c.factor,
-            c.offered_rps,
-            run.throughput_rps,
-            hit,
-            prefill,
-            ratio,
-        );
-    }
-    s
 }
 
 /// The `--json` document: `{"runs": [...]}`.

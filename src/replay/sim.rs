@@ -310,10 +310,7 @@ impl<'p> Sim<'p> {
             // Precise mode: the engine's cache changes reach the index as
             // its events would, with no delay.
             let feed = match (pool, bp) {
-                (Some(p), Some(x))
-                    if x.kv_events.is_some()
-                        && p.routing.routes_on_prefixes() =>
-                {
+                (Some(p), Some(x)) if x.kv_events.is_some() && p.routing.routes_on_prefixes() => {
                     engine.record_cache_changes();
                     for s in &mut scheds {
                         s.set_prefix_events(b, true);

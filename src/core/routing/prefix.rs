@@ -73,7 +73,11 @@ pub fn prefix_greedy(cands: &[Candidate], rng: &mut impl Rng) -> usize {
     // Larger is better: room (when anyone has it), cached tokens, then
     // lower load.
     let key = |c: &Candidate| {
-        let cached = if roomy && c.load() < 1.0 { c.cached_tokens } else { 0 };
+        let cached = if roomy && c.load() < 1.0 {
+            c.cached_tokens
+        } else {
+            0
+        };
         (cached, -c.load())
     };
     let mut best = 0;
