@@ -12,7 +12,7 @@ use crate::core::ids::{BackendId, PoolId, TenantId};
 use crate::core::scheduler::Scheduler;
 use crate::core::spec::Api;
 use crate::protocol::error::ApiError;
-use crate::telemetry::metrics::{Metrics, Series};
+use crate::telemetry::metrics::{Metrics, Series, SloTargets};
 
 /// The policy in force plus what is derived from it, swapped as one value.
 #[derive(Debug)]
@@ -145,11 +145,17 @@ pub fn derive_live(
     let series = policy
         .tenants
         .iter()
-        .map(|t| t.name.as_str())
-        .chain(["default"])
         .map(|t| {
+            let slo = SloTargets {
+                ttft: Some(t.slo.ttft.as_secs_f64()),
+                e2e: Some(t.slo.e2e.as_secs_f64()),
+            };
+            (t.name.as_str(), slo)
+        })
+        .chain([("default", SloTargets::default())])
+        .map(|(t, slo)| {
             let pools = policy.pools.iter();
-            pools.map(|p| metrics.series(t, &p.model)).collect()
+            pools.map(|p| metrics.series(t, &p.model, slo)).collect()
         })
         .collect();
     let usage = policy

@@ -22,81 +22,12 @@ pub use super::snapshot::{BackendGauges, PrefixGauges, Snapshot, TenantGauges};
 use crate::outcome::Outcome;
 use crate::prom::{self, Kind};
 
-const LATENCY_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-];
-const OVERHEAD_BUCKETS: &[f64] = &[
-    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05,
-];
-const TPOT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0];
+mod histogram;
 
-/// A histogram's values at one scrape (per bucket, not cumulative).
-#[derive(Clone, Debug)]
-struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-/// A histogram recorded with atomics: one counter per bucket (the last for
-/// values past every bound) and the sum as `f64` bits.
-#[derive(Debug)]
-struct AtomicHistogram {
-    bounds: &'static [f64],
-    counts: Box<[AtomicU64]>,
-    sum: AtomicF64,
-}
-
-impl AtomicHistogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        AtomicHistogram {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum: AtomicF64::default(),
-        }
-    }
-
-    fn observe(&self, v: f64) {
-        let i = self.bounds.partition_point(|b| *b < v);
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum.add(v);
-    }
-
-    /// What it holds now, if it has seen a value; the count is the sum of
-    /// the buckets, so the exposition stays consistent while it moves.
-    fn read(&self) -> Option<Histogram> {
-        let all: Vec<u64> = self
-            .counts
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect();
-        let count = all.iter().sum();
-        (count > 0).then(|| Histogram {
-            bounds: self.bounds,
-            counts: all[..self.bounds.len()].to_vec(),
-            sum: self.sum.get(),
-            count,
-        })
-    }
-}
-
-/// An `f64` counter on an `AtomicU64`.
-#[derive(Debug, Default)]
-struct AtomicF64(AtomicU64);
-
-impl AtomicF64 {
-    fn add(&self, v: f64) {
-        let _ = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                Some((f64::from_bits(b) + v).to_bits())
-            });
-    }
-    fn get(&self) -> f64 {
-        f64::from_bits(self.0.load(Ordering::Relaxed))
-    }
-}
+use histogram::{
+    AtomicF64, AtomicHistogram, Histogram, LATENCY_BUCKETS, OVERHEAD_BUCKETS, TPOT_BUCKETS,
+    hist_lines, hist_tm, latency_buckets,
+};
 
 /// Every per-request series of one (tenant, model).
 #[derive(Debug)]
@@ -113,14 +44,21 @@ pub struct Series {
     gpu_seconds: AtomicF64,
 }
 
+/// A tenant's SLO targets in seconds, for its histograms' buckets.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SloTargets {
+    pub ttft: Option<f64>,
+    pub e2e: Option<f64>,
+}
+
 impl Series {
-    fn new() -> Self {
+    fn new(slo: SloTargets) -> Self {
         Series {
             requests: std::array::from_fn(|_| AtomicU64::new(0)),
             served: AtomicU64::new(0),
             goodput: AtomicU64::new(0),
-            ttft: AtomicHistogram::new(LATENCY_BUCKETS),
-            e2e: AtomicHistogram::new(LATENCY_BUCKETS),
+            ttft: AtomicHistogram::new(latency_buckets(slo.ttft)),
+            e2e: AtomicHistogram::new(latency_buckets(slo.e2e)),
             queue_wait: AtomicHistogram::new(LATENCY_BUCKETS),
             tpot: AtomicHistogram::new(TPOT_BUCKETS),
             prompt_tokens: AtomicU64::new(0),
@@ -176,7 +114,7 @@ pub struct RequestRecord {
     pub overhead: Option<Duration>,
 }
 
-type TM = (String, String);
+pub(super) type TM = (String, String);
 
 /// What only changes off the request path: the series by tenant and
 /// model, reloads and ejections; and the requests for LoRA adapters.
@@ -283,9 +221,12 @@ impl Metrics {
 
     /// The series of (`tenant`, `model`), made on first use and kept for
     /// the process's life (a reload that drops a tenant leaves its
-    /// counters as they were). Called when a policy is loaded, and for the
-    /// few requests that end before they have a declared tenant and model.
-    pub fn series(&self, tenant: &str, model: &str) -> Arc<Series> {
+    /// counters as they were), its TTFT and e2e buckets bracketing `slo`
+    /// as it was then (a reload that changes an SLO keeps the buckets
+    /// until the next start: a histogram's buckets never move under
+    /// Prometheus). Called when a policy is loaded, and for the few
+    /// requests that end before they have a declared tenant and model.
+    pub fn series(&self, tenant: &str, model: &str, slo: SloTargets) -> Arc<Series> {
         let mut g = self.inner.lock();
         if let Some(s) = g.series.get(tenant).and_then(|m| m.get(model)) {
             return s.clone();
@@ -294,7 +235,7 @@ impl Metrics {
             .entry(tenant.to_owned())
             .or_default()
             .entry(model.to_owned())
-            .or_insert_with(|| Arc::new(Series::new()))
+            .or_insert_with(|| Arc::new(Series::new(slo)))
             .clone()
     }
 
@@ -510,6 +451,7 @@ impl Metrics {
                 prom::escape(b)
             );
         }
+        recent_quantiles(w, &g.usage);
         drop(g);
         self.edge.encode(w);
 
@@ -519,7 +461,71 @@ impl Metrics {
     }
 }
 
-fn tm(k: &TM) -> String {
+/// Seconds the "recent" gauges look back: the usage windows' minute
+/// buckets that started in the last minute (the one under way and the
+/// one before).
+const RECENT: u64 = 60;
+
+/// Each tenant's TTFT and e2e p50/p99 over the last minute, from its usage
+/// windows' sketches (within 2 %, never above the slowest), and the
+/// responses behind them: what `fairway top` shows, where the histogram
+/// buckets would round.
+fn recent_quantiles(
+    w: &mut String,
+    usage: &BTreeMap<String, Arc<Mutex<super::usage::TenantWindows>>>,
+) {
+    let now = crate::clock::unix_seconds_f64();
+    let windows: Vec<(&String, super::usage::WindowStats)> = usage
+        .iter()
+        .map(|(t, u)| (t, u.lock().window(now, RECENT)))
+        .filter(|(_, s)| s.served > 0)
+        .collect();
+    for (name, help, pick) in [
+        (
+            "fairway_tenant_recent_ttft_p50_seconds",
+            "Median TTFT of the tenant's responses in the last minute (DDSketch: within 2 %).",
+            (|s: &super::usage::WindowStats| s.ttft_seconds.p50) as fn(&_) -> _,
+        ),
+        (
+            "fairway_tenant_recent_ttft_p99_seconds",
+            "TTFT p99 of the tenant's responses in the last minute (DDSketch: within 2 %, never above the slowest).",
+            |s: &super::usage::WindowStats| s.ttft_seconds.p99,
+        ),
+        (
+            "fairway_tenant_recent_e2e_p50_seconds",
+            "Median end-to-end time of the tenant's responses in the last minute (DDSketch: within 2 %).",
+            |s: &super::usage::WindowStats| s.e2e_seconds.p50,
+        ),
+        (
+            "fairway_tenant_recent_e2e_p99_seconds",
+            "End-to-end p99 of the tenant's responses in the last minute (DDSketch: within 2 %, never above the slowest).",
+            |s: &super::usage::WindowStats| s.e2e_seconds.p99,
+        ),
+    ] {
+        prom::family(w, name, Kind::Gauge, help);
+        for (t, s) in &windows {
+            if let Some(v) = pick(s) {
+                let _ = writeln!(w, "{name}{{tenant=\"{}\"}} {v}", prom::escape(t));
+            }
+        }
+    }
+    prom::family(
+        w,
+        "fairway_tenant_recent_responses",
+        Kind::Gauge,
+        "Responses served to the tenant in the last minute, behind its recent quantiles (under 100: the p99 is the slowest few).",
+    );
+    for (t, s) in &windows {
+        let _ = writeln!(
+            w,
+            "fairway_tenant_recent_responses{{tenant=\"{}\"}} {}",
+            prom::escape(t),
+            s.served
+        );
+    }
+}
+
+pub(super) fn tm(k: &TM) -> String {
     format!(
         "tenant=\"{}\",model=\"{}\"",
         prom::escape(&k.0),
@@ -534,30 +540,6 @@ fn counter_tm(w: &mut String, name: &str, help: &str, m: &BTreeMap<TM, u64>) {
     }
 }
 
-fn hist_tm(w: &mut String, name: &str, help: &str, m: &BTreeMap<TM, Histogram>) {
-    prom::family(w, name, Kind::Histogram, help);
-    for (k, h) in m {
-        hist_lines(w, name, &tm(k), h);
-    }
-}
-
-fn hist_lines(w: &mut String, name: &str, labels: &str, h: &Histogram) {
-    let sep = if labels.is_empty() { "" } else { "," };
-    let mut cum = 0;
-    for (b, c) in h.bounds.iter().zip(&h.counts) {
-        cum += c;
-        let _ = writeln!(w, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cum}");
-    }
-    let _ = writeln!(w, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
-    let braces = if labels.is_empty() {
-        String::new()
-    } else {
-        format!("{{{labels}}}")
-    };
-    let _ = writeln!(w, "{name}_sum{braces} {}", h.sum);
-    let _ = writeln!(w, "{name}_count{braces} {}", h.count);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -565,7 +547,7 @@ mod tests {
     #[test]
     fn histogram_is_cumulative_and_counts_once() {
         let m = Metrics::new();
-        let s = m.series("a", "m");
+        let s = m.series("a", "m", SloTargets::default());
         let rec = RequestRecord {
             outcome: Outcome::Served,
             goodput: true,
@@ -579,7 +561,7 @@ mod tests {
         };
         m.record(&s, &rec);
         m.record(
-            &m.series("a", "m"),
+            &m.series("a", "m", SloTargets::default()),
             &RequestRecord {
                 outcome: Outcome::Refused(crate::outcome::RefusedBy::Limit(
                     crate::core::admission::LimitKind::Rate,
@@ -603,5 +585,94 @@ mod tests {
         );
         assert!(text.contains("fairway_goodput_total{tenant=\"a\",model=\"m\"} 1"));
         assert_eq!(m.requests_with_outcome("served"), 1);
+    }
+
+    /// A tenant's TTFT and e2e buckets bracket its SLO targets: a 511 ms
+    /// p99 against a 500 ms target interpolates within (500, 550] ms.
+    #[test]
+    fn latency_buckets_bracket_the_slo() {
+        let m = Metrics::new();
+        let slo = SloTargets {
+            ttft: Some(0.5),
+            e2e: Some(7.0),
+        };
+        let s = m.series("a", "m", slo);
+        m.record(
+            &s,
+            &RequestRecord {
+                outcome: Outcome::Served,
+                goodput: false,
+                queue_wait: None,
+                ttft: Some(Duration::from_millis(511)),
+                e2e: Duration::from_secs(8),
+                prompt_tokens: 1,
+                completion_tokens: 1,
+                gpu_seconds: 0.0,
+                overhead: None,
+            },
+        );
+        let text = m.encode(&Snapshot::default());
+        let le =
+            |name: &str, b: &str| format!("{name}_bucket{{tenant=\"a\",model=\"m\",le=\"{b}\"}}");
+        for (b, n) in [
+            ("0.4", 0),
+            ("0.45", 0),
+            ("0.5", 0),
+            ("0.55", 1),
+            ("0.625", 1),
+        ] {
+            assert!(
+                text.contains(&format!("{} {n}", le("fairway_ttft_seconds", b))),
+                "{b}: {text}"
+            );
+        }
+        for b in ["5.6", "6.3", "7", "7.7", "8.75"] {
+            assert!(text.contains(&le("fairway_e2e_seconds", b)), "{b}");
+        }
+        // The queue wait keeps the plain ladder.
+        assert_eq!(latency_buckets(None), LATENCY_BUCKETS);
+        assert_eq!(
+            latency_buckets(Some(1.0))
+                .iter()
+                .filter(|&&b| b == 1.0)
+                .count(),
+            1
+        );
+    }
+
+    /// The usage windows' last minute is exported per tenant, for `top`.
+    #[test]
+    fn recent_quantiles_come_from_the_usage_sketches() {
+        let m = Metrics::new();
+        let now = crate::clock::unix_seconds_f64();
+        let u = m.usage("a");
+        for ms in [100.0, 200.0, 511.0] {
+            u.lock().record(
+                now,
+                &super::super::usage::UsageRecord {
+                    outcome: Outcome::Served,
+                    goodput: true,
+                    ttft: Some(ms / 1000.0),
+                    e2e: 1.0,
+                    queue_wait: None,
+                    preempted: false,
+                    gpu_seconds: 0.0,
+                },
+            );
+        }
+        let text = m.encode(&Snapshot::default());
+        let p99: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(
+                    "fairway_tenant_recent_ttft_seconds{tenant=\"a\",quantile=\"0.99\"} ",
+                )
+            })
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((0.50..=0.511).contains(&p99), "{p99}");
+        // Three responses: the p99 is the slowest, within 2 %, never above.
+        assert!(text.contains("fairway_tenant_recent_responses{tenant=\"a\"} 3"));
     }
 }

@@ -2,26 +2,42 @@
 //! memory, over the last 5 minutes, hour and day.
 //!
 //! Each tenant has two rings of buckets: 60 one-minute buckets (the 5-minute
-//! and 1-hour windows, and the per-minute series the page plots) and 96
-//! fifteen-minute buckets (the 24-hour window). A bucket counts outcomes
+//! and 1-hour windows, and the per-minute series the page plots) and 25
+//! one-hour buckets (the 24-hour window, its oldest hour counted whole).
+//! A bucket counts outcomes
 //! (each refusal reason its own), goodput, preemptions and GPU-seconds, and
-//! keeps TTFT and e2e histograms of 48 bins each (a factor of 2^(1/3),
-//! 26 %, from 1 ms to about 65 s; quantiles interpolate within a bin).
-//! Memory per tenant is fixed at the rings' size whatever the traffic or
-//! the time it runs; a bucket whose minute has passed is reused.
+//! keeps a TTFT and an e2e sketch (DDSketch: quantiles within 2 % of
+//! the true ones, clamped to the samples' range, mergeable). Memory per
+//! tenant is bounded whatever the traffic or the time it runs: the
+//! counters are fixed, a sketch is made on a bucket's first sample and
+//! holds at most [`MAX_BINS`] bins; a bucket whose minute has passed is
+//! reused.
 //!
 //! Sans-IO: every call takes the wall-clock time in unix seconds.
 
 use serde::Serialize;
+use sketches_ddsketch::{Config, DDSketch};
 
 use crate::outcome::Outcome;
 
-/// Histogram bins: bin `i` holds latencies up to `2^((i+1)/3)` ms.
-pub const BINS: usize = 48;
 const MINUTE: u64 = 60;
-const QUARTER: u64 = 900;
+const HOUR: u64 = 3600;
 const MINUTES: usize = 60;
-const QUARTERS: usize = 96;
+/// 24 hours and the one under way.
+const HOURS: usize = 25;
+
+/// The sketches' relative error: a quantile they report is within 2 %
+/// of the sample at its rank (DDSketch's guarantee), and never outside
+/// the smallest and largest samples seen.
+pub const RELATIVE_ERROR: f64 = 0.02;
+/// Bins a sketch may grow to (8 bytes each, made 128 at a time): 2 %
+/// bins span a factor of 166 in 128 and of 800 million in 512; past
+/// that the lowest collapse, so only values that much smaller than a
+/// window's largest lose their precision.
+const MAX_BINS: u32 = 512;
+/// Samples below which a window's p99 is its largest few: the API says
+/// so (`few_samples`), and the page marks it.
+pub const FEW_FOR_P99: u64 = 100;
 
 /// One finished request, as the windows count it.
 #[derive(Clone, Copy, Debug)]
@@ -36,58 +52,84 @@ pub struct UsageRecord {
     pub gpu_seconds: f64,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Hist([u32; BINS]);
+/// A latency sketch (DDSketch, `sketches-ddsketch`), made on its first
+/// sample: an idle bucket costs a pointer. Sketches merge, so windows
+/// (and, across replicas, gateways) add up without losing accuracy.
+#[derive(Clone, Default)]
+struct Sketch(Option<Box<DDSketch>>);
 
-impl Default for Hist {
-    fn default() -> Self {
-        Hist([0; BINS])
+impl std::fmt::Debug for Sketch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sketch")
+            .field("samples", &self.samples())
+            .finish()
     }
 }
 
-/// Upper bound of bin `i`, seconds.
-fn bin_upper(i: usize) -> f64 {
-    2f64.powf((i + 1) as f64 / 3.0) / 1000.0
+fn sketch_config() -> Config {
+    Config::new(RELATIVE_ERROR, MAX_BINS, 1e-6)
 }
 
-impl Hist {
+impl Sketch {
     fn add(&mut self, seconds: f64) {
-        let ms = (seconds * 1000.0).max(1e-3);
-        let i = (ms.log2() * 3.0).ceil().max(1.0) as usize - 1;
-        self.0[i.min(BINS - 1)] += 1;
-    }
-
-    fn merge(&mut self, other: &Hist) {
-        for (a, b) in self.0.iter_mut().zip(other.0.iter()) {
-            *a += b;
+        if seconds.is_finite() {
+            self.0
+                .get_or_insert_with(|| Box::new(DDSketch::new(sketch_config())))
+                .add(seconds.max(0.0));
         }
     }
 
-    /// The `q` quantile, interpolated geometrically within its bin.
+    fn merge(&mut self, other: &Sketch) {
+        let Some(o) = &other.0 else { return };
+        match &mut self.0 {
+            // Same configuration on both sides: a merge cannot fail.
+            Some(s) => {
+                let _ = s.merge(o);
+            }
+            None => self.0 = Some(o.clone()),
+        }
+    }
+
+    fn samples(&self) -> u64 {
+        self.0.as_ref().map_or(0, |s| s.count() as u64)
+    }
+
+    /// The `q` quantile by nearest rank (the `ceil(q n)`-th smallest, as
+    /// the replay's reports count it: with few samples a p99 is the
+    /// largest, not the second largest), clamped to the samples' range.
     fn quantile(&self, q: f64) -> Option<f64> {
-        let total: u64 = self.0.iter().map(|&n| u64::from(n)).sum();
-        if total == 0 {
-            return None;
+        let s = self.0.as_ref()?;
+        let n = s.count();
+        // The sketch reads rank `floor(q' (n - 1))`: aim at the middle of
+        // the wanted rank so rounding cannot land on the one below.
+        let rank = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
+        let q = if n > 1 {
+            ((rank as f64 + 0.5) / (n - 1) as f64).min(1.0)
+        } else {
+            1.0
+        };
+        let v = s.quantile(q).ok().flatten()?;
+        Some(v.clamp(s.min()?, s.max()?))
+    }
+
+    fn quantiles(&self) -> Quantiles {
+        let samples = self.samples();
+        Quantiles {
+            p50: self.quantile(0.5),
+            p99: self.quantile(0.99),
+            samples,
+            few_samples: samples > 0 && samples < FEW_FOR_P99,
         }
-        let rank = (q * total as f64).ceil().max(1.0);
-        let mut seen = 0.0;
-        for (i, &n) in self.0.iter().enumerate() {
-            if n == 0 {
-                continue;
-            }
-            if seen + f64::from(n) >= rank {
-                let lower = if i == 0 { 0.0005 } else { bin_upper(i - 1) };
-                let upper = bin_upper(i);
-                let within = (rank - seen) / f64::from(n);
-                return Some(lower * (upper / lower).powf(within));
-            }
-            seen += f64::from(n);
-        }
-        Some(bin_upper(BINS - 1))
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |s| {
+            std::mem::size_of::<DDSketch>() + s.length() * std::mem::size_of::<u64>()
+        })
     }
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Slot {
     /// Unix seconds of the bucket's start; 0 when never used.
     start: u64,
@@ -97,8 +139,8 @@ struct Slot {
     gpu_seconds: f64,
     queue_wait_sum: f64,
     queue_waits: u32,
-    ttft: Hist,
-    e2e: Hist,
+    ttft: Sketch,
+    e2e: Sketch,
 }
 
 impl Slot {
@@ -179,7 +221,7 @@ impl Ring {
 #[derive(Clone, Debug)]
 pub struct TenantWindows {
     minutes: Ring,
-    quarters: Ring,
+    hours: Ring,
     /// When each outcome last happened (unix seconds), for the page's
     /// sentences ("you hit your GPU-seconds budget at 14:02").
     last: [u64; Outcome::COUNT],
@@ -189,17 +231,23 @@ impl Default for TenantWindows {
     fn default() -> Self {
         TenantWindows {
             minutes: Ring::new(MINUTE, MINUTES),
-            quarters: Ring::new(QUARTER, QUARTERS),
+            hours: Ring::new(HOUR, HOURS),
             last: [0; Outcome::COUNT],
         }
     }
 }
 
-/// Latency quantiles, seconds.
+/// Latency quantiles, seconds: within [`RELATIVE_ERROR`] of the samples'
+/// own, never above the largest.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Quantiles {
     pub p50: Option<f64>,
     pub p99: Option<f64>,
+    /// Samples behind them.
+    pub samples: u64,
+    /// Fewer than [`FEW_FOR_P99`] samples: the p99 is the largest few,
+    /// not a tail to judge by.
+    pub few_samples: bool,
 }
 
 /// What a window holds.
@@ -259,14 +307,8 @@ fn stats<'a>(buckets: impl Iterator<Item = &'a Slot>) -> WindowStats {
     out.served = u64::from(sum.outcomes[Outcome::Served.index()]);
     out.goodput = u64::from(sum.goodput);
     out.slo_attainment = (out.served > 0).then(|| out.goodput as f64 / out.served as f64);
-    out.ttft_seconds = Quantiles {
-        p50: sum.ttft.quantile(0.5),
-        p99: sum.ttft.quantile(0.99),
-    };
-    out.e2e_seconds = Quantiles {
-        p50: sum.e2e.quantile(0.5),
-        p99: sum.e2e.quantile(0.99),
-    };
+    out.ttft_seconds = sum.ttft.quantiles();
+    out.e2e_seconds = sum.e2e.quantiles();
     out.queue_wait_mean_seconds =
         (sum.queue_waits > 0).then(|| sum.queue_wait_sum / f64::from(sum.queue_waits));
     out.preempted = u64::from(sum.preempted);
@@ -278,7 +320,7 @@ impl TenantWindows {
     /// Counts `r`, which ended at `now` (unix seconds).
     pub fn record(&mut self, now: f64, r: &UsageRecord) {
         let now = now.max(1.0) as u64;
-        for ring in [&mut self.minutes, &mut self.quarters] {
+        for ring in [&mut self.minutes, &mut self.hours] {
             if let Some(b) = ring.slot(now) {
                 b.add(r);
             }
@@ -288,13 +330,14 @@ impl TenantWindows {
     }
 
     /// The last `seconds` before `now`: from the minute buckets up to an
-    /// hour, from the quarter-hour buckets beyond (to a day).
+    /// hour, from the hour buckets beyond (to a day; the oldest
+    /// hour counts whole).
     pub fn window(&self, now: f64, seconds: u64) -> WindowStats {
         let now = now.max(1.0) as u64;
         if seconds <= MINUTE * MINUTES as u64 {
             stats(self.minutes.within(now, seconds))
         } else {
-            stats(self.quarters.within(now, seconds))
+            stats(self.hours.within(now, seconds))
         }
     }
 
@@ -328,10 +371,20 @@ impl TenantWindows {
         Some(self.last[outcome.index()]).filter(|&t| t > 0)
     }
 
-    /// The bytes these windows hold: the same from the first record on.
+    /// The bytes these windows hold: the buckets' counters, fixed, and
+    /// their sketches, which grow with the spread of the latencies in a
+    /// bucket (at most [`MAX_BINS`] bins each) and go when it is reused.
     pub fn heap_bytes(&self) -> usize {
-        (self.minutes.buckets.capacity() + self.quarters.buckets.capacity())
-            * std::mem::size_of::<Slot>()
+        [&self.minutes, &self.hours]
+            .iter()
+            .map(|r| {
+                r.buckets.capacity() * std::mem::size_of::<Slot>()
+                    + r.buckets
+                        .iter()
+                        .map(|b| b.ttft.heap_bytes() + b.e2e.heap_bytes())
+                        .sum::<usize>()
+            })
+            .sum()
     }
 }
 
@@ -399,39 +452,117 @@ mod tests {
         assert_eq!(series.iter().map(|p| p.requests).sum::<u64>(), 101);
     }
 
-    #[test]
-    fn quantiles_are_within_a_bin() {
-        let mut h = Hist::default();
-        for ms in 1..=1000 {
-            h.add(f64::from(ms) / 1000.0);
-        }
-        let p50 = h.quantile(0.5).unwrap();
-        let p99 = h.quantile(0.99).unwrap();
-        assert!((0.4..0.63).contains(&p50), "{p50}");
-        assert!((0.8..1.26).contains(&p99), "{p99}");
-        h.add(1e6);
-        assert!(h.quantile(1.0).unwrap() <= bin_upper(BINS - 1));
+    /// The nearest-rank quantile of the sorted samples.
+    fn exact(sorted: &[f64], q: f64) -> f64 {
+        sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
     }
 
-    /// Many tenants over two simulated days: each tenant's windows hold the
-    /// same bytes from the first request to the last, and the oldest data
+    #[test]
+    fn quantiles_are_within_the_stated_error_and_never_past_the_largest() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        for (n, spread) in [(45, 0.3), (200, 1.0), (5000, 2.5), (3, 0.1)] {
+            let mut s = Sketch::default();
+            let mut xs: Vec<f64> = (0..n)
+                .map(|_| 0.2 * (spread * (rng.random::<f64>() - 0.5) * 4.0).exp())
+                .collect();
+            for &x in &xs {
+                s.add(x);
+            }
+            xs.sort_by(f64::total_cmp);
+            let q = s.quantiles();
+            assert_eq!(q.samples, n as u64);
+            assert_eq!(q.few_samples, (n as u64) < FEW_FOR_P99);
+            for (got, want) in [(q.p50, exact(&xs, 0.5)), (q.p99, exact(&xs, 0.99))] {
+                let got = got.unwrap();
+                assert!(
+                    (got - want).abs() <= RELATIVE_ERROR * want + 1e-12,
+                    "n {n}: {got} against {want}"
+                );
+                assert!(got <= xs[xs.len() - 1] && got >= xs[0]);
+            }
+        }
+        // The usage page's false red: 45 responses, the slowest 408 ms,
+        // against a 500 ms SLO: never reported above it.
+        let mut s = Sketch::default();
+        let mut worst: f64 = 0.0;
+        for i in 0..45 {
+            let x = if i == 44 {
+                0.408
+            } else {
+                0.1 + 0.3 * f64::from(i) / 44.0
+            };
+            worst = worst.max(x);
+            s.add(x);
+        }
+        let p99 = s.quantile(0.99).unwrap();
+        assert!(
+            p99 <= worst && p99 >= worst * (1.0 - RELATIVE_ERROR),
+            "{p99}"
+        );
+        assert_eq!(Sketch::default().quantiles(), Quantiles::default());
+    }
+
+    #[test]
+    fn sketches_merge_as_one() {
+        let (mut a, mut b, mut both) = (Sketch::default(), Sketch::default(), Sketch::default());
+        for i in 1..=1000 {
+            let x = f64::from(i) / 1000.0;
+            if i % 3 == 0 {
+                a.add(x)
+            } else {
+                b.add(x)
+            }
+            both.add(x);
+        }
+        a.merge(&b);
+        assert_eq!(a.quantiles(), both.quantiles());
+        let mut empty = Sketch::default();
+        empty.merge(&both);
+        assert_eq!(empty.quantiles(), both.quantiles());
+    }
+
+    /// Many tenants over two simulated days, latencies spread from 1 ms
+    /// to 100 s: each tenant's windows stay under their bound (every
+    /// bucket's two sketches at their largest), and the oldest data
     /// leaves the day window.
     #[test]
     fn memory_per_tenant_stays_bounded() {
-        let mut tenants: Vec<TenantWindows> = (0..500).map(|_| TenantWindows::default()).collect();
-        let size = tenants[0].heap_bytes();
-        assert!(size < 100 * 1024, "{size} bytes per tenant");
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        let bound = (MINUTES + HOURS)
+            * (std::mem::size_of::<Slot>()
+                + 2 * (std::mem::size_of::<DDSketch>() + MAX_BINS as usize * 8));
+        let mut tenants: Vec<TenantWindows> = (0..200).map(|_| TenantWindows::default()).collect();
+        let idle = tenants[0].heap_bytes();
+        assert!(idle < 20 * 1024, "{idle} bytes per idle tenant");
         let mut now = T0;
         while now < T0 + 2.0 * 86_400.0 {
             for (i, t) in tenants.iter_mut().enumerate() {
                 if i % 7 == (now as usize / 60) % 7 {
-                    t.record(now, &served(0.2, true));
+                    t.record(now, &served(10f64.powf(rng.random_range(-3.0..2.0)), true));
                 }
             }
             now += 37.0;
         }
+        let most = tenants
+            .iter()
+            .map(TenantWindows::heap_bytes)
+            .max()
+            .unwrap_or(0);
+        // A busy tenant of ordinary latencies: a request a second, TTFT
+        // around 200 ms (x/÷ 3), e2e four times that.
+        let mut busy = TenantWindows::default();
+        for i in 0..(2 * 86_400) {
+            let ttft = 0.2 * 3f64.powf(rng.random_range(-1.0..1.0));
+            busy.record(T0 + f64::from(i), &served(ttft, true));
+        }
+        eprintln!(
+            "bytes per tenant: idle {idle}, busy {}, spread over five decades {most}, bound {bound}",
+            busy.heap_bytes()
+        );
         for t in &tenants {
-            assert_eq!(t.heap_bytes(), size);
+            assert!(t.heap_bytes() <= bound, "{} > {bound}", t.heap_bytes());
             let day = t.window(now, 86_400);
             assert!(day.requests > 0 && day.requests < 2400, "{}", day.requests);
         }

@@ -125,8 +125,14 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
         let requests = increase(prev_requests, &t.requests, |_| true);
         let served = increase(prev_requests, &t.requests, |k| k.1 == "served");
         let goodput = increase(pt.map(|p| &p.goodput), &t.goodput, |_| true);
-        let ttft = p99_by_model(pt.map(|p| &p.ttft), &t.ttft);
-        let e2e = p99_by_model(pt.map(|p| &p.e2e), &t.e2e);
+        // The gateway's sketches of the last minute where it exports them
+        // (within 2 %); else the buckets between the two scrapes.
+        let ttft = t
+            .recent_ttft_p99
+            .or_else(|| p99_by_model(pt.map(|p| &p.ttft), &t.ttft));
+        let e2e = t
+            .recent_e2e_p99
+            .or_else(|| p99_by_model(pt.map(|p| &p.e2e), &t.e2e));
         rows.push(vec![
             name.clone(),
             rate(requests),
@@ -335,6 +341,36 @@ mod tests {
         assert_eq!(row(&text, "gamma")[1], "0.0");
         // The prefix cache's hit rate between the scrapes.
         assert_eq!(row(&text, "gpu-a")[5], "80%");
+    }
+
+    /// The gateway's sketches of the last minute win over the buckets:
+    /// a 511 ms p99 reads 511 ms, not a point between 0.5 and 1 s.
+    #[test]
+    fn the_recent_sketch_quantiles_are_shown_where_exported() {
+        let prev = Snapshot::from_text(&body(&alpha_before()), 10.0).unwrap();
+        let mut text = body(&alpha_after());
+        for (name, v) in [
+            ("fairway_tenant_recent_ttft_seconds", 0.511),
+            ("fairway_tenant_recent_e2e_seconds", 3.2),
+        ] {
+            text.push_str(&format!("# TYPE {name} gauge\n"));
+            push(
+                &mut text,
+                name,
+                &[("tenant", "alpha"), ("quantile", "0.5")],
+                0.1,
+            );
+            push(
+                &mut text,
+                name,
+                &[("tenant", "alpha"), ("quantile", "0.99")],
+                v,
+            );
+        }
+        let cur = Snapshot::from_text(&text, 12.0).unwrap();
+        let shown = render(Some(&prev), &cur, 200);
+        let r = row(&shown, "alpha");
+        assert_eq!(r[4..8], ["511ms!", "500ms", "3.20s", "5.00s"]);
     }
 
     #[test]

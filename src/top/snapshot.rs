@@ -33,6 +33,11 @@ pub(super) struct TenantFigures {
     pub(super) slo_ttft: Option<f64>,
     /// `fairway_tenant_slo_e2e_seconds`.
     pub(super) slo_e2e: Option<f64>,
+    /// `fairway_tenant_recent_{ttft,e2e}_p99_seconds`: the
+    /// p99s of the last minute from the gateway's sketches, preferred to
+    /// the buckets' interpolation.
+    pub(super) recent_ttft_p99: Option<f64>,
+    pub(super) recent_e2e_p99: Option<f64>,
 }
 
 /// One backend's gauges in one scrape.
@@ -186,6 +191,16 @@ impl Snapshot {
             "fairway_tenant_slo_e2e_seconds" => {
                 if let Some(t) = self.tenant(s) {
                     t.slo_e2e = Some(v);
+                }
+            }
+            "fairway_tenant_recent_ttft_p99_seconds" => {
+                if let Some(t) = self.tenant(s) {
+                    t.recent_ttft_p99 = Some(v);
+                }
+            }
+            "fairway_tenant_recent_e2e_p99_seconds" => {
+                if let Some(t) = self.tenant(s) {
+                    t.recent_e2e_p99 = Some(v);
                 }
             }
             name => {
