@@ -663,11 +663,7 @@ mod tests {
         let text = m.encode(&Snapshot::default());
         let p99: f64 = text
             .lines()
-            .find_map(|l| {
-                l.strip_prefix(
-                    "fairway_tenant_recent_ttft_seconds{tenant=\"a\",quantile=\"0.99\"} ",
-                )
-            })
+            .find_map(|l| l.strip_prefix("fairway_tenant_recent_ttft_p99_seconds{tenant=\"a\"} "))
             .unwrap()
             .parse()
             .unwrap();

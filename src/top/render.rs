@@ -350,22 +350,11 @@ mod tests {
         let prev = Snapshot::from_text(&body(&alpha_before()), 10.0).unwrap();
         let mut text = body(&alpha_after());
         for (name, v) in [
-            ("fairway_tenant_recent_ttft_seconds", 0.511),
-            ("fairway_tenant_recent_e2e_seconds", 3.2),
+            ("fairway_tenant_recent_ttft_p99_seconds", 0.511),
+            ("fairway_tenant_recent_e2e_p99_seconds", 3.2),
         ] {
             text.push_str(&format!("# TYPE {name} gauge\n"));
-            push(
-                &mut text,
-                name,
-                &[("tenant", "alpha"), ("quantile", "0.5")],
-                0.1,
-            );
-            push(
-                &mut text,
-                name,
-                &[("tenant", "alpha"), ("quantile", "0.99")],
-                v,
-            );
+            push(&mut text, name, &[("tenant", "alpha")], v);
         }
         let cur = Snapshot::from_text(&text, 12.0).unwrap();
         let shown = render(Some(&prev), &cur, 200);
