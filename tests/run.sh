@@ -21,6 +21,7 @@ declare -A need_pkg=(
   [redis-server]=redis-server  # the shared store of the cluster tests
   [chromium]=chromium          # the usage page in a real browser (tests/usage.rs)
   [chromedriver]=chromium-driver
+  [curl]=curl                  # the README's blocks, run as written (tests/readme.rs)
 )
 missing=()
 for tool in "${!need_pkg[@]}"; do
@@ -32,7 +33,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
-  $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Without recommends: Chromium alone would bring a hundred packages
+  # (avahi, udev, printer tools) that a headless test never uses.
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # The official openai and anthropic Python SDKs (tests/sdk.rs), and the

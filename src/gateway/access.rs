@@ -50,6 +50,17 @@ pub struct AccessLine<'a> {
     pub gpu_seconds: f64,
 }
 
+/// Milliseconds to the microsecond, GPU-seconds to the microsecond: the
+/// numbers a line prints, without float noise (`0.038545`, not
+/// `0.038544999999999996`).
+fn micros(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+fn gpu(v: f64) -> f64 {
+    (v * 1e6).round() / 1e6
+}
+
 impl AccessLine<'_> {
     /// Logs the line: into the log's buffer for its thread to format, or
     /// through `tracing` inside `span` (see the module's doc).
@@ -91,16 +102,16 @@ impl AccessLine<'_> {
             outcome = self.outcome.as_str(),
             reason = self.outcome.reason(),
             status = self.status,
-            queue_wait_ms = self.queue_wait_ms,
-            ttft_ms = self.ttft_ms,
-            e2e_ms = self.e2e_ms,
+            queue_wait_ms = self.queue_wait_ms.map(micros),
+            ttft_ms = self.ttft_ms.map(micros),
+            e2e_ms = micros(self.e2e_ms),
             prompt_tokens = self.prompt_tokens,
             completion_tokens = self.completion_tokens,
             prompt_tokens_estimate = self.prompt_tokens_estimate,
             max_tokens = self.max_tokens,
             stream = self.stream,
             preempted = self.preempted,
-            gpu_seconds = self.gpu_seconds,
+            gpu_seconds = gpu(self.gpu_seconds),
             "request"
         );
     }
@@ -133,15 +144,18 @@ impl AccessLine<'_> {
             self.status
         )?;
         if let Some(ms) = self.queue_wait_ms {
-            write!(out, " queue_wait_ms={ms:?}")?;
+            write!(out, " queue_wait_ms={:?}", micros(ms))?;
         }
         if let Some(ms) = self.ttft_ms {
-            write!(out, " ttft_ms={ms:?}")?;
+            write!(out, " ttft_ms={:?}", micros(ms))?;
         }
         write!(
             out,
             " e2e_ms={:?} prompt_tokens={} completion_tokens={} prompt_tokens_estimate={}",
-            self.e2e_ms, self.prompt_tokens, self.completion_tokens, self.prompt_tokens_estimate
+            micros(self.e2e_ms),
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.prompt_tokens_estimate
         )?;
         if let Some(n) = self.max_tokens {
             write!(out, " max_tokens={n}")?;
@@ -149,7 +163,9 @@ impl AccessLine<'_> {
         writeln!(
             out,
             " stream={} preempted={} gpu_seconds={:?}",
-            self.stream, self.preempted, self.gpu_seconds
+            self.stream,
+            self.preempted,
+            gpu(self.gpu_seconds)
         )
     }
 
@@ -171,16 +187,16 @@ impl AccessLine<'_> {
                 outcome: self.outcome.as_str(),
                 reason: self.outcome.reason(),
                 status: self.status,
-                queue_wait_ms: self.queue_wait_ms,
-                ttft_ms: self.ttft_ms,
-                e2e_ms: self.e2e_ms,
+                queue_wait_ms: self.queue_wait_ms.map(micros),
+                ttft_ms: self.ttft_ms.map(micros),
+                e2e_ms: micros(self.e2e_ms),
                 prompt_tokens: self.prompt_tokens,
                 completion_tokens: self.completion_tokens,
                 prompt_tokens_estimate: self.prompt_tokens_estimate,
                 max_tokens: self.max_tokens,
                 stream: self.stream,
                 preempted: self.preempted,
-                gpu_seconds: self.gpu_seconds,
+                gpu_seconds: gpu(self.gpu_seconds),
             },
             target: "fairway::access",
         };
@@ -430,6 +446,33 @@ mod tests {
                 from_tracing(&line, LogFormat::Json)
             );
         }
+    }
+
+    /// Numbers print to the microsecond, without float noise.
+    #[test]
+    fn numbers_print_without_float_noise() {
+        let line = AccessLine {
+            queue_wait_ms: Some(0.038544999999999996),
+            ttft_ms: Some(12.345_678_9),
+            e2e_ms: 100.000_000_1,
+            gpu_seconds: 0.300_000_000_000_000_04,
+            ..lines()[0].clone()
+        };
+        let mut text = Vec::new();
+        line.write_text(&mut text);
+        let text = String::from_utf8(text).unwrap();
+        for want in [
+            "queue_wait_ms=0.039",
+            "ttft_ms=12.346",
+            "e2e_ms=100.0",
+            "gpu_seconds=0.3\n",
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
+        let mut json = Vec::new();
+        line.write_json(&mut json);
+        let json = String::from_utf8(json).unwrap();
+        assert!(json.contains("\"queue_wait_ms\":0.039,"), "{json}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::EnvLookup;
 use super::reader::{Reader, Table, Zero};
 use crate::config::policy::{ClusterPolicy, Secret, StoreFailure};
 
-const CLUSTER_KEYS: &[&str] = &[
+pub(super) const CLUSTER_KEYS: &[&str] = &[
     "store",
     "password_env",
     "replica",

@@ -16,7 +16,7 @@ use crate::config::policy::{
 };
 use crate::core::spec::Api;
 
-const POOL_KEYS: &[&str] = &[
+pub(super) const POOL_KEYS: &[&str] = &[
     "model",
     "routing",
     "timeout",
@@ -39,7 +39,7 @@ const POOL_KEYS: &[&str] = &[
     "chat_template",
     "backends",
 ];
-const BACKEND_KEYS: &[&str] = &[
+pub(super) const BACKEND_KEYS: &[&str] = &[
     "name",
     "url",
     "sim",

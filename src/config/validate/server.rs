@@ -7,7 +7,7 @@ use super::reader::{self, Reader, Table, Zero};
 use super::{EnvLookup, tenants};
 use crate::config::policy::{ServerPolicy, TlsPolicy};
 
-const SERVER_KEYS: &[&str] = &[
+pub(super) const SERVER_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
     "max_body_bytes",

@@ -15,7 +15,7 @@ use super::EnvLookup;
 use super::reader::{Reader, Table, Value, Zero};
 use crate::config::policy::{OnLate, Priority, Slo, TenantPolicy};
 
-const TENANT_KEYS: &[&str] = &[
+pub(super) const TENANT_KEYS: &[&str] = &[
     "name",
     "api_keys",
     "api_key_sha256",

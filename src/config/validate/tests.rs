@@ -1084,11 +1084,7 @@ fn demo_default_parses_to_the_documented_policy() {
         .collect();
     assert_eq!(
         names,
-        [
-            "llama-3.1-8b-sim-sim-0",
-            "llama-3.1-8b-sim-sim-1",
-            "llama-3.1-8b-sim-sim-2"
-        ]
+        ["vllm-sim-0", "vllm-sim-1", "triton-sim"]
     );
     // Two vLLM-like backends and a Triton one.
     let protocols: Vec<_> = p.pools[0].backends.iter().map(|b| b.protocol).collect();
@@ -1716,4 +1712,42 @@ fn kv_events_true_is_for_a_simulated_backend() {
         "pools[0].backends[0].kv_events",
         "simulated backend",
     );
+}
+
+/// The README's configuration table names every key the validator reads,
+/// section by section (docs/policy.md has each one's meaning).
+#[test]
+fn the_readme_lists_every_key() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let row = |section: &str| {
+        let start = format!("| `{section}` |");
+        readme
+            .lines()
+            .find(|l| l.starts_with(&start))
+            .unwrap_or_else(|| panic!("no row for {section} in the README's table"))
+            .to_owned()
+    };
+    for (section, keys) in [
+        ("[server]", super::server::SERVER_KEYS),
+        ("[poller]", super::POLLER_KEYS),
+        ("[queue]", super::QUEUE_KEYS),
+        ("[preemption]", super::PREEMPTION_KEYS),
+        ("[placement]", super::PLACEMENT_KEYS),
+        ("[cluster]", super::cluster::CLUSTER_KEYS),
+        ("[[pools]]", super::pools::POOL_KEYS),
+        ("[[pools.backends]]", super::pools::BACKEND_KEYS),
+        ("[[tenants]]", super::tenants::TENANT_KEYS),
+        ("[telemetry]", super::TELEMETRY_KEYS),
+    ] {
+        let row = row(section);
+        // `backends` is the next row's table.
+        for key in keys.iter().filter(|k| **k != "backends") {
+            assert!(
+                row.contains(&format!("`{key}`")) || row.contains(&format!("`{key} ")),
+                "the README's {section} row lacks `{key}`: {row}"
+            );
+        }
+    }
+    assert!(row("[[tenants]]").contains("`tenant_resources"));
 }

@@ -84,7 +84,7 @@ impl Responses {
         json!({
             "id": self.id,
             "object": "response",
-            "created_at": 0,
+            "created_at": crate::clock::unix_seconds(),
             "status": status,
             "error": null,
             "incomplete_details": incomplete,

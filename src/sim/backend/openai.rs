@@ -379,7 +379,7 @@ impl StreamHead {
             },
             id,
             model: g.model.clone(),
-            created: 0,
+            created: crate::clock::unix_seconds(),
             n: g.n.max(1),
             prompt_tokens: g.prompt_tokens,
         }

@@ -47,7 +47,7 @@ pub(super) fn pooling_response(
                 .enumerate()
                 .map(|(i, t)| json!({"index": i, "object": "score", "score": score(t)}))
                 .collect();
-            json!({"id": format!("score-{id:016x}"), "object": "list", "created": 0,
+            json!({"id": format!("score-{id:016x}"), "object": "list", "created": crate::clock::unix_seconds(),
                 "model": model, "data": data, "usage": usage})
         }
         "/classify" => {
@@ -60,7 +60,7 @@ pub(super) fn pooling_response(
                     json!({"index": i, "label": label, "probs": [1.0 - p, p], "num_classes": 2})
                 })
                 .collect();
-            json!({"id": format!("classify-{id:016x}"), "object": "list", "created": 0,
+            json!({"id": format!("classify-{id:016x}"), "object": "list", "created": crate::clock::unix_seconds(),
                 "model": model, "data": data, "usage": usage})
         }
         _ => {
@@ -73,7 +73,7 @@ pub(super) fn pooling_response(
                     json!({"index": i, "object": "pooling", "data": embed(&text)})
                 })
                 .collect();
-            json!({"id": format!("pool-{id:016x}"), "object": "list", "created": 0,
+            json!({"id": format!("pool-{id:016x}"), "object": "list", "created": crate::clock::unix_seconds(),
                 "model": model, "data": data, "usage": usage})
         }
     }

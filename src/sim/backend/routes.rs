@@ -224,7 +224,12 @@ pub(super) async fn handle(
         ),
         (Method::GET, "/v1/models") => json(
             StatusCode::OK,
-            openai::models_response(&shared.model, &shared.adapters, shared.max_model_len, 0),
+            openai::models_response(
+                &shared.model,
+                &shared.adapters,
+                shared.max_model_len,
+                crate::clock::unix_seconds(),
+            ),
         ),
         (Method::POST, "/v1/chat/completions") => generate(&shared, Endpoint::Chat, req, fault)
             .await
