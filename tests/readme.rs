@@ -96,7 +96,10 @@ fn every_command_block_of_the_readme_runs_as_written() {
     };
     for b in &blocks {
         let m = b.marker.as_deref().unwrap_or_else(|| {
-            panic!("README.md:{}: an sh block without a readme-test marker", b.line)
+            panic!(
+                "README.md:{}: an sh block without a readme-test marker",
+                b.line
+            )
         });
         assert!(
             ["serve", "against the gateway", "offline", "skip, "]
@@ -142,7 +145,14 @@ fn every_command_block_of_the_readme_runs_as_written() {
     assert!(first.contains(&format!("127.0.0.1:{port}")), "{first}");
     let ready = format!("curl -s http://127.0.0.1:{admin}/readyz");
     for _ in 0..100 {
-        if Command::new("bash").arg("-c").arg(&ready).output().unwrap().status.success() {
+        if Command::new("bash")
+            .arg("-c")
+            .arg(&ready)
+            .output()
+            .unwrap()
+            .status
+            .success()
+        {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));

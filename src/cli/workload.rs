@@ -205,8 +205,11 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         clock.now().as_secs_f64()
     );
     if let Some(path) = &a.json {
-        std::fs::write(path, report::json(&runs))
-            .with_context(|| format!("writing {}", path.display()))?;
+        let doc = match a.capacity {
+            Some(attainment) => crate::replay::capacity::json(attainment, &found),
+            None => report::json(&runs),
+        };
+        std::fs::write(path, doc).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

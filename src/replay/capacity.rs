@@ -168,3 +168,25 @@ pub fn table(attainment: f64, found: &[(String, Option<Capacity>)]) -> String {
     }
     s
 }
+
+/// `--capacity`'s `--json` document: `{"attainment": A, "capacity":
+/// [{"variant", "factor", "offered_rps", "run"}, ...]}`, `factor`,
+/// `offered_rps` and `run` `null` where the variant missed at every rate.
+pub fn json(attainment: f64, found: &[(String, Option<Capacity>)]) -> String {
+    let entries: Vec<serde_json::Value> = found
+        .iter()
+        .map(|(variant, c)| {
+            serde_json::json!({
+                "variant": variant,
+                "factor": c.as_ref().map(|c| c.factor),
+                "offered_rps": c.as_ref().map(|c| c.offered_rps),
+                "run": c.as_ref().map(|c| &c.run),
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(&serde_json::json!({
+        "attainment": attainment,
+        "capacity": entries,
+    }))
+    .unwrap_or_default()
+}

@@ -1082,10 +1082,7 @@ fn demo_default_parses_to_the_documented_policy() {
         .iter()
         .map(|b| b.name.as_str())
         .collect();
-    assert_eq!(
-        names,
-        ["vllm-sim-0", "vllm-sim-1", "triton-sim"]
-    );
+    assert_eq!(names, ["vllm-sim-0", "vllm-sim-1", "triton-sim"]);
     // Two vLLM-like backends and a Triton one.
     let protocols: Vec<_> = p.pools[0].backends.iter().map(|b| b.protocol).collect();
     assert_eq!(protocols, [Api::OpenAi, Api::OpenAi, Api::Triton]);
