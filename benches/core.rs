@@ -89,6 +89,7 @@ impl Load {
             deadline: None,
             adapter: None,
             prefix: Vec::new(),
+            lane: fairway::core::scheduler::Lane::Live,
         };
         self.next_tenant += 1;
         match self.s.on_arrival(Instant::from_nanos(self.now), a) {

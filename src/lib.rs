@@ -20,11 +20,14 @@
 //! 7. [`agent`] (the GPU-node sidecar), [`replay`] (the policy simulator).
 //! 8. [`placement`]: the Kubernetes extender and webhook.
 //! 9. [`gateway`]: the request path and the state it shares.
-//! 10. [`edge`]: listeners, the tower layers, admin, reload, the usage page.
-//! 11. [`top`]: `fairway top`; [`cli`]: the other subcommands; `fuzz`,
+//! 10. [`batch`]: the batches the gateway runs (store and runner).
+//! 11. [`edge`]: listeners, the tower layers, admin, reload, the usage
+//!     page, the Files and Batch routes.
+//! 12. [`top`]: `fairway top`; [`cli`]: the other subcommands; `fuzz`,
 //!     the fuzz targets.
 
 pub mod agent;
+pub mod batch;
 pub mod cli;
 pub mod clock;
 pub mod cluster;

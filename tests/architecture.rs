@@ -371,6 +371,7 @@ const LAYERS: &[&[&str]] = &[
     &["agent", "replay"],
     &["placement"],
     &["gateway"],
+    &["batch"],
     &["edge"],
     &["fuzz", "top", "cli"],
 ];

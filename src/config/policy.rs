@@ -36,6 +36,8 @@ pub struct Policy {
     /// `[cluster]`: the shared store of several replicas; `None`: this
     /// gateway is alone. Restart-only.
     pub cluster: Option<ClusterPolicy>,
+    /// `[batch]`, when the Files and Batch APIs are on.
+    pub batch: Option<BatchPolicy>,
     /// `[placement]`: the rules for placing model server pods on GPU
     /// nodes (`core::placement`).
     pub placement: PlacementPolicy,
@@ -117,6 +119,23 @@ impl PlacementPolicy {
             on_stale: self.on_stale,
         }
     }
+}
+
+/// `[batch]`: the OpenAI Files and Batch APIs, their store and limits
+/// (docs/batch.md). Without the section the routes answer 404.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BatchPolicy {
+    /// Where files, batches and every item's state are kept (an embedded
+    /// database and the files beside it); relative to the policy file.
+    pub data_dir: std::path::PathBuf,
+    /// The largest file an upload may send.
+    pub max_file_bytes: u64,
+    /// The most requests an input file may hold.
+    pub max_lines: usize,
+    /// Files a tenant may keep (uploads and batch outputs).
+    pub max_files_per_tenant: usize,
+    /// Bytes of files a tenant may keep.
+    pub max_bytes_per_tenant: u64,
 }
 
 /// `[cluster]`: several gateway replicas sharing one policy through a

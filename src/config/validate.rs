@@ -7,6 +7,7 @@
 //! Invariant: a `Policy` comes out only when no error was recorded, and it
 //! never holds a clear-text API key (only SHA-256 digests).
 
+mod batch;
 mod cluster;
 mod pools;
 mod prefix;
@@ -119,6 +120,7 @@ const ROOT_KEYS: &[&str] = &[
     "cluster",
     "placement",
     "tenant_resources",
+    "batch",
 ];
 const PLACEMENT_KEYS: &[&str] = &[
     "max_free_fraction",
@@ -191,6 +193,7 @@ fn read_policy(r: &mut Reader<'_>, root: &Table<'_, '_>, env: EnvLookup<'_>) -> 
         tenants: tenants::read_tenants(r, root, trusts_header, env),
         telemetry: read_telemetry(r, &telemetry, env),
         cluster: cluster::read_cluster(r, root, env),
+        batch: batch::read_batch(r, root),
         placement: read_placement(r, &placement),
         server,
     }

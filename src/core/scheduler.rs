@@ -117,6 +117,23 @@ pub struct Arrival {
     /// (`crate::tokens::request_keys`), for prefix-aware routing; empty
     /// when the pool does not route on prefixes.
     pub prefix: Vec<u64>,
+    /// Live traffic, or an item of a batch the gateway runs.
+    pub lane: Lane,
+}
+
+/// Where a request waits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Lane {
+    /// A client waiting for its answer: the fair queue.
+    #[default]
+    Live,
+    /// An item of a batch the gateway runs for its owner (`batch`): it
+    /// waits in the pool's lower lane, dispatched only while no live
+    /// request waits, by the same fair order among tenants; it is never
+    /// refused for a predicted SLO miss (its deadline is the batch's
+    /// window, not `max_wait`); live work may preempt it while it is
+    /// younger than the migration threshold, whatever its tenant's class.
+    Batch,
 }
 
 /// What the scheduler measured for a request that ended after dispatch.
@@ -219,15 +236,22 @@ impl Scheduler {
         let qcost = self.queue_cost(a.pool, a.prompt_tokens, output_estimate);
         let gpu_reserved = self.admit(now, &a, output_estimate, verdict, qcost)?;
 
-        let wait = a.deadline.map_or(self.max_wait, |d| d.min(self.max_wait));
+        let batch = a.lane == Lane::Batch;
+        let wait = match a.deadline {
+            // A batch item waits as long as its batch's window allows.
+            Some(d) if batch => d,
+            Some(d) => d.min(self.max_wait),
+            None => self.max_wait,
+        };
         let mut deadline = now + wait;
         let on_late = self.tenants[a.tenant.0 as usize].on_late;
-        let give_up = verdict.give_up();
+        let give_up = if batch { None } else { verdict.give_up() };
         if let (Some(g), OnLate::Refuse | OnLate::Shed) = (give_up, on_late) {
             // It cannot make its SLO once still queued then: shed it.
             deadline = deadline.min(g);
         }
-        let late = on_late == OnLate::BestEffort && matches!(verdict, slo::Verdict::Late { .. });
+        let late = batch
+            || (on_late == OnLate::BestEffort && matches!(verdict, slo::Verdict::Late { .. }));
         let id = self.requests.insert(Req {
             tenant: a.tenant,
             pool: a.pool,
@@ -244,12 +268,15 @@ impl Scheduler {
             give_up,
             adapter: a.adapter,
             prefix: a.prefix.into_boxed_slice(),
+            batch,
         });
         self.deadlines.insert((deadline, id));
         let ps = &mut self.pools[a.pool.0 as usize];
         if late {
             ps.late.push(a.tenant, id);
-            self.tenants[a.tenant.0 as usize].demoted_total += 1;
+            if !batch {
+                self.tenants[a.tenant.0 as usize].demoted_total += 1;
+            }
         } else {
             ps.queue.push(a.tenant, id);
             ps.add_queued_work(a.tenant, qcost);

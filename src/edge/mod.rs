@@ -1,8 +1,9 @@
 //! The gateway's edge: listeners and connections (`server`, `conn`), the
 //! tower layers every request passes (`layers`), the admin listener,
-//! policy reload and the tenant usage page.
+//! policy reload, the tenant usage page and the Files and Batch routes.
 
 pub mod admin;
+pub mod batch_api;
 mod clients;
 pub mod conn;
 pub mod layers;

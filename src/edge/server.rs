@@ -168,7 +168,14 @@ impl Server {
             traces,
             cluster: cluster.clone(),
         }));
+        let batches = match &gateway.live().policy.batch {
+            Some(b) => Some(
+                crate::batch::Batches::open(b, gateway.clone()).map_err(std::io::Error::other)?,
+            ),
+            None => None,
+        };
         let services = Arc::new(Services {
+            batches,
             gateway: gateway.clone(),
             sim_authorities: Mutex::new(sim_authorities),
             sims: Mutex::new(sims),
@@ -199,6 +206,9 @@ impl Server {
         }
         if let Some(signal) = reload_signal {
             tasks.spawn(reload_on_signal(services.clone(), signal, shutdown.clone()));
+        }
+        if let Some(b) = &services.batches {
+            tasks.spawn(b.clone().run(shutdown.clone()));
         }
         let task = tokio::spawn(run(
             services.clone(),
@@ -290,7 +300,11 @@ async fn run(
         .timer(TokioTimer::new())
         .header_read_timeout(server_policy.header_read_timeout);
     builder.http2().timer(TokioTimer::new());
-    let edge = edge(gw.clone(), server_policy.max_requests);
+    let edge = edge(
+        gw.clone(),
+        services.batches.clone(),
+        server_policy.max_requests,
+    );
     let max_connections = connection_limit(server_policy.max_connections);
     let caps = conn::Caps::new(max_connections, server_policy.max_connections_per_client);
     let header_read_timeout = server_policy.header_read_timeout;

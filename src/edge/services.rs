@@ -31,6 +31,9 @@ pub struct Services {
     pub tls: ArcSwapOption<rustls::ServerConfig>,
     /// One poller task per backend.
     pub pollers: Mutex<Pollers>,
+    /// The Files and Batch APIs and their runner (`[batch]`, read at
+    /// start).
+    pub batches: Option<Arc<crate::batch::Batches>>,
 }
 
 impl Services {

@@ -46,6 +46,7 @@ use crate::protocol::error::{ApiError, close_if_body_unread};
 /// outcome through [`crate::gateway::ticket::refuse`].
 pub fn edge(
     gw: Arc<Gateway>,
+    batches: Option<Arc<crate::batch::Batches>>,
     max_requests: usize,
 ) -> impl Service<
     Request<Incoming>,
@@ -69,14 +70,19 @@ pub fn edge(
             // than the whole request future (several KB): measured with
             // callgrind at about 3,500 instructions of memcpy per request.
             let gw = gw.clone();
-            Box::pin(async move { Ok::<_, Infallible>(route(gw, req).await) })
+            let batches = batches.clone();
+            Box::pin(async move { Ok::<_, Infallible>(route(gw, batches, req).await) })
                 as std::pin::Pin<
                     Box<dyn Future<Output = Result<Response<BoxBody>, Infallible>> + Send>,
                 >
         })
 }
 
-async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
+async fn route(
+    gw: Arc<Gateway>,
+    batches: Option<Arc<crate::batch::Batches>>,
+    req: Request<RequestBody>,
+) -> Response<BoxBody> {
     // `/v2/models/{model}[/versions/{v}][/{action}]`, read once.
     let v2 = crate::protocol::triton::model_path(req.uri().path());
     let v2_action = v2.as_ref().map(|p| p.action);
@@ -106,6 +112,9 @@ async fn route(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody>
             request::handle(gw, req, Call::Triton).await
         }
         (&Method::GET, "/v1/models") => admin::models(&gw, req.headers()),
+        (_, path) if crate::edge::batch_api::owns(path) => {
+            crate::edge::batch_api::route(&gw, batches.as_ref(), req).await
+        }
         (_, path) if crate::edge::usage_page::owns(path) => {
             crate::edge::usage_page::route(&gw, &req)
         }

@@ -17,7 +17,7 @@ use http::{Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 
 use crate::core::ids::TenantId;
-use crate::core::scheduler::Arrival;
+use crate::core::scheduler::{Arrival, Lane};
 use crate::core::spec::{Api, Strategy};
 use crate::gateway::forward::{Outgoing, Payload, forward};
 use crate::gateway::handle::Gateway;
@@ -79,6 +79,16 @@ impl Call {
     }
 }
 
+/// Attached by the batch runner to an item's request, in the process (a
+/// client cannot send it): whose item it is, and how long it may wait for
+/// dispatch (its batch's window). It skips the API key and waits in the
+/// pool's batch lane (`core::scheduler::Lane::Batch`).
+#[derive(Clone, Debug)]
+pub struct BatchItem {
+    pub tenant: String,
+    pub deadline: std::time::Duration,
+}
+
 /// Serves one inference request.
 pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>, call: Call) -> Response<BoxBody> {
     let start = gw.now();
@@ -122,12 +132,13 @@ async fn run(
         panic!("x-fairway-debug-panic");
     }
     let (prefix, tokens) = prompt_tokens(live, &pool, &read, call);
+    let item = read.parts.extensions.get::<BatchItem>();
     let (pending, preemptible) = admit(
         gw,
         &pool,
         &read.info,
         call,
-        tenant,
+        (tenant, item),
         (prefix, tokens),
         ticket,
     )?;
@@ -155,7 +166,17 @@ fn identify(
     req: &Request<RequestBody>,
     ticket: &mut Ticket,
 ) -> Result<TenantId, ApiError> {
-    let tenant = authenticate(live, req.headers())?;
+    let tenant = match req.extensions().get::<BatchItem>() {
+        Some(item) => {
+            live.tenant_names
+                .get(item.tenant.as_str())
+                .copied()
+                .ok_or(ApiError::Auth(
+                    "The batch's tenant is no longer in the policy.",
+                ))?
+        }
+        None => authenticate(live, req.headers())?,
+    };
     ticket.identified(tenant);
     Ok(tenant)
 }
@@ -301,7 +322,7 @@ fn admit(
     pool: &Pool,
     info: &RequestInfo,
     call: Call,
-    tenant: TenantId,
+    (tenant, item): (TenantId, Option<&BatchItem>),
     (prefix, tokens): (Vec<u64>, Option<u32>),
     ticket: &mut Ticket,
 ) -> Result<(Pending, bool), ApiError> {
@@ -317,9 +338,14 @@ fn admit(
             info.max_tokens
         },
         choices: info.choices,
-        deadline: None,
+        deadline: item.map(|i| i.deadline),
         adapter: None,
         prefix,
+        lane: if item.is_some() {
+            Lane::Batch
+        } else {
+            Lane::Live
+        },
     };
     match gw
         .sched()

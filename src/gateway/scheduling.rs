@@ -105,6 +105,7 @@ impl Scheduling {
             return Arrived::PoolDown;
         }
         let tenant = arrival.tenant;
+        let lane = arrival.lane;
         match core.sched.on_arrival(now, arrival) {
             Err(refusal) => Arrived::Refused {
                 tenant: core.sched.tenant_name(tenant).to_owned(),
@@ -112,7 +113,7 @@ impl Scheduling {
             },
             Ok((id, decisions)) => {
                 let limits = core.sched.rate_limits(tenant);
-                let preemptible = core.sched.may_preempt(tenant);
+                let preemptible = core.sched.may_preempt_in(tenant, lane);
                 let pending = core.deliver_and_register(decisions, id, preemptible);
                 Arrived::Admitted(Admitted {
                     id,

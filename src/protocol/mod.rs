@@ -2,13 +2,15 @@
 //! request's body, its usage and its error shape: OpenAI (chat,
 //! completions, embeddings and pooling; `openai`), the Responses API
 //! (`responses`), Anthropic's Messages (`anthropic`), Triton's KServe v2
-//! (`triton`) and audio uploads (`audio`). What they share: the edge
+//! (`triton`), audio uploads (`audio`) and the Files and Batch APIs'
+//! objects and lines (`batch`). What they share: the edge
 //! error type with OpenAI's shape (`error`), reading a client's body
 //! (`read`), the usage reader every shape goes through (`usage`) and SSE
 //! framing (`sse`). No scheduling and no connections here.
 
 pub mod anthropic;
 pub mod audio;
+pub mod batch;
 pub mod error;
 pub mod openai;
 pub mod prompt;

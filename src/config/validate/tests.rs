@@ -814,6 +814,7 @@ fn minimal_file_gets_every_default() {
             timeout: Duration::from_secs(1),
         },
         cluster: None,
+        batch: None,
         placement: crate::config::PlacementPolicy {
             max_free_fraction: 0.8,
             ttft_p99_threshold: Duration::from_millis(150),
@@ -1736,6 +1737,7 @@ fn the_readme_lists_every_key() {
         ("[[pools.backends]]", super::pools::BACKEND_KEYS),
         ("[[tenants]]", super::tenants::TENANT_KEYS),
         ("[telemetry]", super::TELEMETRY_KEYS),
+        ("[batch]", super::batch::BATCH_KEYS),
     ] {
         let row = row(section);
         // `backends` is the next row's table.

@@ -7,7 +7,7 @@ use crate::core::time::Instant;
 
 use super::slo::Verdict;
 use super::state::TenantState;
-use super::{Arrival, SHED_RETRY_AFTER, Scheduler};
+use super::{Arrival, Lane, SHED_RETRY_AFTER, Scheduler};
 
 impl Scheduler {
     /// The checks on arrival, in order: the tenant's concurrency cap, its
@@ -63,6 +63,7 @@ impl Scheduler {
         }
         if let Verdict::Late { over, .. } = verdict
             && t.on_late == OnLate::Refuse
+            && a.lane != Lane::Batch
         {
             let retry = self.pools[a.pool.0 as usize].promise_retry(now, a.tenant, over, qcost);
             return Err(refuse(LimitKind::Slo, retry, t));

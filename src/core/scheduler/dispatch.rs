@@ -7,7 +7,7 @@ use crate::core::spec::{Discipline, PrefillCharge, Strategy};
 use crate::core::time::Instant;
 
 use super::state::{Phase, Req, is_late, is_queued};
-use super::{Decision, SHED_RETRY_AFTER, Scheduler};
+use super::{Decision, Lane, SHED_RETRY_AFTER, Scheduler};
 
 /// The share of a pool's dispatch windows kept for tenants below their
 /// weighted share (see `Scheduler::in_reserve`).
@@ -297,7 +297,8 @@ impl Scheduler {
             }
         }
         self.tenants[tenant.0 as usize].in_flight += 1;
-        let preemptible = self.may_preempt(tenant);
+        let lane = if req.batch { Lane::Batch } else { Lane::Live };
+        let preemptible = self.may_preempt_in(tenant, lane);
         let ps = &mut self.pools[p];
         ps.add_in_flight(tenant);
         if preemptible {

@@ -7,17 +7,24 @@ use crate::core::time::Instant;
 
 use super::candidates::headroom;
 use super::state::{Phase, is_queued};
-use super::{Decision, Scheduler};
+use super::{Decision, Lane, Scheduler};
 
 impl Scheduler {
     /// Whether `tenant`'s requests may be preempted while in flight (a
     /// batch tenant, with preemption on).
     pub fn may_preempt(&self, tenant: TenantId) -> bool {
+        self.may_preempt_in(tenant, Lane::Live)
+    }
+
+    /// Whether a request of `tenant` in `lane` may be preempted while in
+    /// flight: a batch tenant's, or any batch item, with preemption on.
+    pub fn may_preempt_in(&self, tenant: TenantId, lane: Lane) -> bool {
         self.preemption.enabled
-            && self
-                .tenants
-                .get(tenant.0 as usize)
-                .is_some_and(|t| t.priority == Priority::Batch)
+            && (lane == Lane::Batch
+                || self
+                    .tenants
+                    .get(tenant.0 as usize)
+                    .is_some_and(|t| t.priority == Priority::Batch))
     }
 
     /// Frees a slot for the head of `pool`'s queue by preempting one young
@@ -68,7 +75,7 @@ impl Scheduler {
                 };
                 let v = &self.tenants[r.tenant.0 as usize];
                 let b = &self.backends[backend.0 as usize];
-                v.priority == Priority::Batch
+                (v.priority == Priority::Batch || r.batch)
                     && !v.retired
                     && f64::from(ps.in_flight(r.tenant)) / v.weight > head_share
                     && b.is_available(now)

@@ -339,6 +339,8 @@ pub(super) struct Req {
     pub(super) adapter: Option<AdapterId>,
     /// Its prompt's block keys at the pool's `prefix_block_tokens`.
     pub(super) prefix: Box<[u64]>,
+    /// An item of a batch (`Lane::Batch`): in the late lane, preemptible.
+    pub(super) batch: bool,
 }
 
 #[derive(Debug, Default)]

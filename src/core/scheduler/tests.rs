@@ -85,6 +85,7 @@ fn arrival(s: &Scheduler, name: &str) -> Arrival {
         deadline: None,
         adapter: None,
         prefix: Vec::new(),
+        lane: super::Lane::Live,
     }
 }
 
@@ -1274,6 +1275,7 @@ fn a_shared_prefix_goes_to_its_holder_and_is_charged_as_cached() {
         let base = arrival(&s, "a");
         let a = |prefix: &[u64]| Arrival {
             prefix: prefix.to_vec(),
+            lane: super::Lane::Live,
             ..base.clone()
         };
         let (first, ds) = s.on_arrival(t(0), a(&keys)).unwrap();
@@ -1356,6 +1358,7 @@ fn an_engines_events_hold_its_blocks_and_a_guess_lasts_only_until_confirmed() {
     let base = arrival(&s, "a");
     let a = |prefix: &[u64]| Arrival {
         prefix: prefix.to_vec(),
+        lane: super::Lane::Live,
         ..base.clone()
     };
     // Backend 1 follows its events and reports holding the chain: the
@@ -1432,6 +1435,7 @@ fn locality_serves_a_cached_prefix_first_within_the_fairness_bound() {
         let mut s = Scheduler::new(&sp, t(0), 1);
         let with = |s: &Scheduler, who: &str, prefix: &[u64]| Arrival {
             prefix: prefix.to_vec(),
+            lane: super::Lane::Live,
             ..arrival(s, who)
         };
         let (warm, _) = s.on_arrival(t(0), with(&s, "b", &keys)).unwrap();

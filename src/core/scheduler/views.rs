@@ -75,6 +75,24 @@ impl Scheduler {
             .any(|b| self.backends[b.0 as usize].healthy)
     }
 
+    /// Requests the pool's healthy backends take at once (the sum of their
+    /// dispatch windows), and the requests it holds now (queued in either
+    /// lane, and in flight): what a batch runner sizes its items by.
+    pub fn pool_load(&self, pool: PoolId) -> (u32, u32) {
+        let ps = &self.pools[pool.0 as usize];
+        let mut capacity = 0;
+        let mut in_flight = 0;
+        for b in &ps.backends {
+            let b = &self.backends[b.0 as usize];
+            if b.healthy && !b.retired {
+                capacity += b.window;
+            }
+            in_flight += b.in_flight;
+        }
+        let queued = u32::try_from(ps.queue.len() + ps.late.len()).unwrap_or(u32::MAX);
+        (capacity, queued.saturating_add(in_flight))
+    }
+
     /// A healthy backend of the pool, for calls that need any one of them
     /// and no scheduling (a model's metadata).
     pub fn healthy_backend(&self, pool: PoolId) -> Option<BackendId> {

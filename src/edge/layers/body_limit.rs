@@ -17,7 +17,7 @@ use tower::{Layer, Service};
 
 use crate::gateway::handle::Gateway;
 use crate::gateway::ticket::refuse;
-use crate::net::body::BoxBody;
+use crate::net::body::{BoxBody, RequestBody};
 use crate::protocol::error::ApiError;
 
 /// Adds [`BodyLimit`].
@@ -42,10 +42,18 @@ impl<S> Layer<S> for BodyLimitLayer {
     }
 }
 
+/// Room for a file upload's form around the file itself.
+const FORM_OVERHEAD: u64 = 64 << 10;
+
 /// The largest body a request to `path` may send.
-pub fn body_limit(server: &crate::config::ServerPolicy, path: &str) -> usize {
+pub fn body_limit(policy: &crate::config::Policy, path: &str) -> usize {
+    let server = &policy.server;
     if crate::protocol::audio::is_upload_route(path) {
         server.max_upload_bytes
+    } else if path == "/v1/files"
+        && let Some(b) = &policy.batch
+    {
+        usize::try_from(b.max_file_bytes.saturating_add(FORM_OVERHEAD)).unwrap_or(usize::MAX)
     } else {
         server.max_body_bytes
     }
@@ -58,10 +66,9 @@ pub struct BodyLimit<S> {
     inner: S,
 }
 
-impl<S, B> Service<Request<B>> for BodyLimit<S>
+impl<S> Service<Request<hyper::body::Incoming>> for BodyLimit<S>
 where
-    B: http_body::Body,
-    S: Service<Request<Limited<B>>, Response = Response<BoxBody>>,
+    S: Service<Request<RequestBody>, Response = Response<BoxBody>>,
 {
     type Response = Response<BoxBody>;
     type Error = S::Error;
@@ -71,8 +78,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let limit = body_limit(&self.gw.live().policy.server, req.uri().path());
+    fn call(&mut self, req: Request<hyper::body::Incoming>) -> Self::Future {
+        let limit = body_limit(&self.gw.live().policy, req.uri().path());
         let declared = req
             .headers()
             .get(header::CONTENT_LENGTH)
@@ -84,6 +91,9 @@ where
                 ApiError::BodyTooLarge(limit),
             ))));
         }
-        Either::Right(self.inner.call(req.map(|b| Limited::new(b, limit))))
+        Either::Right(
+            self.inner
+                .call(req.map(|b| RequestBody::Client(Limited::new(b, limit)))),
+        )
     }
 }

@@ -54,6 +54,7 @@ impl Sim<'_> {
             deadline: None,
             adapter: self.adapter_of[i].and_then(|_| self.scheds[r].adapter(&w.model)),
             prefix,
+            lane: crate::core::scheduler::Lane::Live,
         };
         match self.scheds[r].on_arrival(now, arrival) {
             Ok((id, decisions)) => {

@@ -1,0 +1,304 @@
+//! Batches the gateway runs for its tenants (the OpenAI Batch API):
+//! files and batches kept in a store (`store`), and a runner (`runner`)
+//! that feeds each batch's items into the gateway's own request path as
+//! its owner's work in the pools' batch lane (dispatched only while no
+//! live request waits; preempted by live work like any batch request),
+//! and writes each item's answer once.
+//!
+//! The HTTP routes are the edge's (`edge::batch_api`); this module is what
+//! they call: [`Batches`] checks ownership and limits and keeps the
+//! records. Every call that touches the store runs on the blocking pool:
+//! a commit waits for the disk.
+
+pub mod runner;
+pub mod store;
+
+use std::sync::Arc;
+
+use crate::config::BatchPolicy;
+use crate::gateway::handle::Gateway;
+use crate::protocol::batch::{
+    Batch, BatchUsage, CreateBatch, FileObject, RequestCounts, Status, WINDOW_SECONDS,
+};
+use store::{Store, StoreError, StoredBatch, StoredFile};
+
+/// Who asks: a tenant sees only its own files and batches; the operator
+/// (the admin token) sees every tenant's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Operator,
+    Tenant(String),
+}
+
+impl Scope {
+    fn sees(&self, owner: &str) -> bool {
+        match self {
+            Scope::Operator => true,
+            Scope::Tenant(t) => t == owner,
+        }
+    }
+
+    fn owner(&self) -> Option<&str> {
+        match self {
+            Scope::Operator => None,
+            Scope::Tenant(t) => Some(t),
+        }
+    }
+}
+
+/// Why a call was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// 404: no such file or batch (or not the caller's).
+    #[error("No {0} with id '{1}'.")]
+    NotFound(&'static str, String),
+    /// 400: the request is wrong; the message says how.
+    #[error("{0}")]
+    Invalid(String),
+    /// 409: the call does not fit the object's state.
+    #[error("{0}")]
+    Conflict(String),
+    /// 413: over a size limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// 500/507: the store failed; nothing was half written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The batch service: the store, its limits, and the runner's state.
+pub struct Batches {
+    store: Arc<Store>,
+    limits: BatchPolicy,
+    gw: Arc<Gateway>,
+    runner: runner::Runner,
+}
+
+impl std::fmt::Debug for Batches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batches")
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+/// A fresh id: `prefix` and 24 hex digits.
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}{:024x}", rand::random::<u128>() >> 32)
+}
+
+/// Runs `f` on the blocking pool (store calls wait for the disk).
+async fn blocking<R: Send + 'static>(
+    store: &Arc<Store>,
+    f: impl FnOnce(&Store) -> R + Send + 'static,
+) -> R {
+    let s = store.clone();
+    match tokio::task::spawn_blocking(move || f(&s)).await {
+        Ok(r) => r,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+impl Batches {
+    /// Opens the store in the policy's `data_dir` (creating it).
+    pub fn open(policy: &BatchPolicy, gw: Arc<Gateway>) -> Result<Arc<Batches>, StoreError> {
+        let store = Arc::new(Store::open(&policy.data_dir)?);
+        Ok(Arc::new(Batches {
+            store,
+            limits: policy.clone(),
+            gw,
+            runner: runner::Runner::default(),
+        }))
+    }
+
+    pub fn limits(&self) -> &BatchPolicy {
+        &self.limits
+    }
+
+    /// A temporary file for an upload, and its future id.
+    pub async fn begin_upload(
+        &self,
+    ) -> Result<(String, std::path::PathBuf, std::fs::File), BatchError> {
+        let id = new_id("file-");
+        let tmp_id = id.clone();
+        let (path, f) = blocking(&self.store, move |s| s.temp_file(&tmp_id)).await?;
+        Ok((id, path, f))
+    }
+
+    /// Keeps an upload written to `tmp` as file `id` of `owner`, if the
+    /// tenant's quota allows it.
+    pub async fn finish_upload(
+        &self,
+        owner: &str,
+        (id, tmp): (String, std::path::PathBuf),
+        filename: String,
+        purpose: String,
+        bytes: u64,
+    ) -> Result<FileObject, BatchError> {
+        let (max_files, max_bytes) = (
+            self.limits.max_files_per_tenant,
+            self.limits.max_bytes_per_tenant,
+        );
+        let owner = owner.to_owned();
+        blocking(&self.store, move |s| {
+            let (files, held) = s.held_by(&owner)?;
+            if files >= max_files || held.saturating_add(bytes) > max_bytes {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(BatchError::TooLarge(format!(
+                    "tenant '{owner}' keeps {files} files of {held} bytes; the limits are \
+                     {max_files} files and {max_bytes} bytes: delete some first"
+                )));
+            }
+            let f = StoredFile {
+                owner,
+                file: FileObject::new(id, bytes, crate::clock::unix_seconds(), filename, &purpose),
+            };
+            s.put_file(&tmp, &f)?;
+            Ok(f.file)
+        })
+        .await
+    }
+
+    async fn stored_file(&self, scope: &Scope, id: &str) -> Result<StoredFile, BatchError> {
+        let key = id.to_owned();
+        match blocking(&self.store, move |s| s.file(&key)).await? {
+            Some(f) if scope.sees(&f.owner) => Ok(f),
+            _ => Err(BatchError::NotFound("file", id.to_owned())),
+        }
+    }
+
+    pub async fn file(&self, scope: &Scope, id: &str) -> Result<FileObject, BatchError> {
+        Ok(self.stored_file(scope, id).await?.file)
+    }
+
+    pub async fn files(&self, scope: &Scope) -> Result<Vec<FileObject>, BatchError> {
+        let owner = scope.owner().map(str::to_owned);
+        let files = blocking(&self.store, move |s| s.files(owner.as_deref())).await?;
+        Ok(files.into_iter().map(|f| f.file).collect())
+    }
+
+    pub async fn content(&self, scope: &Scope, id: &str) -> Result<Vec<u8>, BatchError> {
+        self.stored_file(scope, id).await?;
+        let key = id.to_owned();
+        Ok(blocking(&self.store, move |s| s.content(&key)).await?)
+    }
+
+    /// Deletes a file; one a batch still running reads is kept (409).
+    pub async fn delete_file(&self, scope: &Scope, id: &str) -> Result<(), BatchError> {
+        let f = self.stored_file(scope, id).await?;
+        let key = id.to_owned();
+        let busy = blocking(&self.store, move |s| {
+            s.batches(Some(&f.owner)).map(|bs| {
+                bs.iter()
+                    .any(|b| b.batch.input_file_id == key && !b.batch.status.is_final())
+            })
+        })
+        .await?;
+        if busy {
+            return Err(BatchError::Conflict(format!(
+                "file '{id}' is the input of a batch still running"
+            )));
+        }
+        let key = id.to_owned();
+        blocking(&self.store, move |s| s.delete_file(&key)).await?;
+        Ok(())
+    }
+
+    /// Creates a batch of `owner`'s file: `validating` until the runner has
+    /// read the file.
+    pub async fn create(&self, owner: &str, body: &[u8]) -> Result<Batch, BatchError> {
+        let c = CreateBatch::parse(body).map_err(BatchError::Invalid)?;
+        let scope = Scope::Tenant(owner.to_owned());
+        let input = self.stored_file(&scope, &c.input_file_id).await?;
+        if input.file.purpose != "batch" {
+            return Err(BatchError::Invalid(format!(
+                "file '{}' has purpose '{}', not 'batch'",
+                input.file.id, input.file.purpose
+            )));
+        }
+        let now = crate::clock::unix_seconds();
+        let b = StoredBatch {
+            owner: owner.to_owned(),
+            batch: Batch {
+                id: new_id("batch_"),
+                object: "batch".into(),
+                endpoint: c.endpoint,
+                model: None,
+                input_file_id: c.input_file_id,
+                completion_window: c.completion_window,
+                status: Status::Validating,
+                output_file_id: None,
+                error_file_id: None,
+                errors: None,
+                created_at: now,
+                in_progress_at: None,
+                expires_at: Some(now + WINDOW_SECONDS),
+                finalizing_at: None,
+                completed_at: None,
+                failed_at: None,
+                expired_at: None,
+                cancelling_at: None,
+                cancelled_at: None,
+                request_counts: RequestCounts::default(),
+                metadata: c.metadata,
+                usage: BatchUsage::default(),
+            },
+        };
+        let out = b.batch.clone();
+        blocking(&self.store, move |s| s.put_batch(&b)).await?;
+        self.runner.wake();
+        Ok(out)
+    }
+
+    async fn stored_batch(&self, scope: &Scope, id: &str) -> Result<StoredBatch, BatchError> {
+        let key = id.to_owned();
+        match blocking(&self.store, move |s| s.batch(&key)).await? {
+            Some(b) if scope.sees(&b.owner) => Ok(b),
+            _ => Err(BatchError::NotFound("batch", id.to_owned())),
+        }
+    }
+
+    pub async fn batch(&self, scope: &Scope, id: &str) -> Result<Batch, BatchError> {
+        Ok(self.stored_batch(scope, id).await?.batch)
+    }
+
+    /// The caller's batches, newest first.
+    pub async fn batches(&self, scope: &Scope) -> Result<Vec<Batch>, BatchError> {
+        let owner = scope.owner().map(str::to_owned);
+        let bs = blocking(&self.store, move |s| s.batches(owner.as_deref())).await?;
+        Ok(bs.into_iter().map(|b| b.batch).collect())
+    }
+
+    /// Starts cancelling a batch: no item starts any more, items in flight
+    /// are stopped, finished items are kept in its output.
+    pub async fn cancel(&self, scope: &Scope, id: &str) -> Result<Batch, BatchError> {
+        let b = self.stored_batch(scope, id).await?;
+        if !matches!(
+            b.batch.status,
+            Status::Validating | Status::InProgress | Status::Cancelling
+        ) {
+            return Err(BatchError::Conflict(format!(
+                "batch '{id}' has ended and cannot be cancelled"
+            )));
+        }
+        let key = id.to_owned();
+        let now = crate::clock::unix_seconds();
+        let out = blocking(&self.store, move |s| {
+            s.update(&key, |b| {
+                if matches!(b.status, Status::Validating | Status::InProgress) {
+                    b.status = Status::Cancelling;
+                    b.cancelling_at = Some(now);
+                }
+            })
+        })
+        .await?;
+        self.runner.wake();
+        out.map(|b| b.batch)
+            .ok_or_else(|| BatchError::NotFound("batch", id.to_owned()))
+    }
+
+    /// Runs the batches until `shutdown`: those unfinished at start first.
+    pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        runner::run(self, shutdown).await;
+    }
+}

@@ -1,0 +1,543 @@
+//! The runner: one task that moves every unfinished batch along.
+//!
+//! - `validating`: the input file is read against the policy (every
+//!   problem with its line, `batch::read_input`); a file with any problem
+//!   makes the batch `failed` with its `errors`, before any item runs.
+//! - `in_progress`: items run as their owner's requests through the
+//!   gateway's request path ([`crate::gateway::request::handle`], with a
+//!   [`BatchItem`] in place of the API key), in the pool's batch lane.
+//!   Each pool gets as many items at once as its healthy backends' windows
+//!   add up to, less the items already there: the lane holds enough to
+//!   fill every slot live traffic leaves, never a fixed number. An item
+//!   refused for its owner's limits (429) or not dispatched in time (503)
+//!   waits for its `retry-after` and runs again; a 5xx or a broken answer
+//!   is retried twice; any other answer is its result. When every item has
+//!   one, the batch is `finalizing`, then `completed` with its files.
+//! - `cancelling`: items in flight are stopped; the batch is `cancelled`
+//!   with what finished.
+//! - past `expires_at`: the same, `expired`.
+//!
+//! Finalizing writes the output file (answered items, 2xx) and the error
+//! file (the rest, each item once: an HTTP answer, or `batch_cancelled`
+//! / `batch_expired` for items that never got one), in input order.
+//!
+//! After a restart the runner picks up every unfinished batch: an item
+//! that was in flight has no result and runs again; one with a result is
+//! not run again ([`super::store::Store::record`] writes a result once).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::BodyExt;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::store::{ItemResult, StoreError, StoredBatch, StoredFile};
+use super::{Batches, blocking};
+use crate::gateway::request::{BatchItem, Call};
+use crate::net::body::RequestBody;
+use crate::protocol::batch::{
+    Errors, FileObject, Item, Limits, Status, answer_usage, error_line, output_line, read_input,
+};
+
+/// How often the runner looks at the batches when nothing wakes it.
+const TICK: Duration = Duration::from_millis(250);
+/// Tries of an item that got a 5xx or no whole answer.
+const TRIES: u32 = 3;
+/// The longest answer kept for one item.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// The runner's state: what each running batch has in flight.
+#[derive(Default)]
+pub struct Runner {
+    wake: tokio::sync::Notify,
+    runs: Mutex<HashMap<String, Run>>,
+}
+
+impl Runner {
+    /// Looks at the batches now (a batch was created or cancelled, an item
+    /// ended).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// A running batch.
+struct Run {
+    items: Arc<Vec<Item>>,
+    /// Lines with a result in the store.
+    done: HashSet<u32>,
+    in_flight: HashMap<u32, tokio::task::AbortHandle>,
+    /// Lines waiting to be tried again, and when.
+    retry_at: HashMap<u32, tokio::time::Instant>,
+    tries: HashMap<u32, u32>,
+}
+
+/// What one try of an item came to.
+enum Tried {
+    Done(ItemResult),
+    Again(Duration),
+}
+
+pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = b.runner.wake.notified() => {}
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = step(&b).await {
+            tracing::warn!(error = %e, "batch runner: the store failed; retrying");
+        }
+    }
+    // Items in flight run again at the next start: they have no result.
+    for run in b.runner.runs.lock().values() {
+        for h in run.in_flight.values() {
+            h.abort();
+        }
+    }
+}
+
+/// One look at every unfinished batch, earliest deadline first.
+async fn step(b: &Arc<Batches>) -> Result<(), StoreError> {
+    let mut active: Vec<StoredBatch> = blocking(&b.store, |s| s.batches(None))
+        .await?
+        .into_iter()
+        .filter(|s| !s.batch.status.is_final())
+        .collect();
+    active.sort_by_key(|s| s.batch.expires_at);
+    let ids: HashSet<String> = active.iter().map(|s| s.batch.id.clone()).collect();
+    b.runner.runs.lock().retain(|id, _| ids.contains(id));
+    let now = crate::clock::unix_seconds();
+    let mut room = Room::default();
+    for sb in active {
+        let expired = sb.batch.expires_at.is_some_and(|e| now >= e);
+        match sb.batch.status {
+            Status::Validating if expired => finalize(b, sb, Status::Expired).await?,
+            Status::Validating => validate(b, sb).await?,
+            Status::InProgress if expired => finalize(b, sb, Status::Expired).await?,
+            Status::InProgress => advance(b, sb, &mut room).await?,
+            Status::Cancelling => finalize(b, sb, Status::Cancelled).await?,
+            Status::Finalizing => finalize(b, sb, Status::Completed).await?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The input file's items, checked against the policy now (`models`: that
+/// each names a model it serves; a running batch is read again without,
+/// so that an item for a model removed since gets the gateway's 404).
+async fn read_items(
+    b: &Arc<Batches>,
+    sb: &StoredBatch,
+    models: bool,
+) -> Result<Vec<Item>, Vec<crate::protocol::batch::LineError>> {
+    let id = sb.batch.input_file_id.clone();
+    let text = match blocking(&b.store, move |s| s.content(&id)).await {
+        Ok(t) => t,
+        Err(e) => {
+            return Err(vec![crate::protocol::batch::LineError {
+                code: "file_unreadable".into(),
+                message: format!("the input file cannot be read: {e}"),
+                line: None,
+                param: Some("input_file_id".into()),
+            }]);
+        }
+    };
+    let live = b.gw.live();
+    let gw = b.gw.clone();
+    let known = move |m: &str| {
+        !models
+            || gw
+                .model_pool(&live, m, crate::core::spec::Api::OpenAi, None)
+                .is_ok()
+    };
+    let limits = Limits {
+        endpoint: &sb.batch.endpoint,
+        max_lines: b.limits.max_lines,
+        max_body_bytes: b.gw.live().policy.server.max_body_bytes,
+        known_model: &known,
+    };
+    read_input(&text, &limits)
+}
+
+async fn validate(b: &Arc<Batches>, sb: StoredBatch) -> Result<(), StoreError> {
+    let now = crate::clock::unix_seconds();
+    let read = read_items(b, &sb, true).await;
+    let id = sb.batch.id.clone();
+    blocking(&b.store, move |s| {
+        s.update(&id, |batch| {
+            if batch.status != Status::Validating {
+                return;
+            }
+            match read {
+                Ok(items) => {
+                    batch.status = Status::InProgress;
+                    batch.in_progress_at = Some(now);
+                    batch.request_counts.total = u32::try_from(items.len()).unwrap_or(u32::MAX);
+                    let first = items.first().map(|i| i.model.clone());
+                    if items.iter().all(|i| Some(&i.model) == first.as_ref()) {
+                        batch.model = first;
+                    }
+                }
+                Err(errors) => {
+                    batch.status = Status::Failed;
+                    batch.failed_at = Some(now);
+                    batch.errors = Some(Errors {
+                        object: "list".into(),
+                        data: errors,
+                    });
+                }
+            }
+        })
+    })
+    .await?;
+    b.runner.wake();
+    Ok(())
+}
+
+/// Free places per model pool in this step: its healthy backends' windows
+/// less what it holds now (live and batch, queued and in flight).
+#[derive(Default)]
+struct Room(HashMap<String, u32>);
+
+impl Room {
+    fn take(&mut self, b: &Batches, model: &str) -> bool {
+        let free = self.0.entry(model.to_owned()).or_insert_with(|| {
+            let live = b.gw.live();
+            match b
+                .gw
+                .model_pool(&live, model, crate::core::spec::Api::OpenAi, None)
+            {
+                Ok((pool, _, _)) => {
+                    let (capacity, held) = b.gw.sched().with(|s| s.pool_load(pool));
+                    capacity.saturating_sub(held)
+                }
+                Err(_) => 0,
+            }
+        });
+        if *free == 0 {
+            return false;
+        }
+        *free -= 1;
+        true
+    }
+}
+
+async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(), StoreError> {
+    let id = sb.batch.id.clone();
+    if !b.runner.runs.lock().contains_key(&id) {
+        // It read when the batch started; only a file removed from under
+        // the store fails here, and then the batch ends when it expires.
+        let items = read_items(b, &sb, false).await.unwrap_or_default();
+        let key = id.clone();
+        let done: HashSet<u32> = blocking(&b.store, move |s| s.results(&key))
+            .await?
+            .into_keys()
+            .collect();
+        b.runner.runs.lock().entry(id.clone()).or_insert(Run {
+            items: Arc::new(items),
+            done,
+            in_flight: HashMap::new(),
+            retry_at: HashMap::new(),
+            tries: HashMap::new(),
+        });
+    }
+    let mut start = Vec::new();
+    let finished = {
+        let mut runs = b.runner.runs.lock();
+        let Some(run) = runs.get_mut(&id) else {
+            return Ok(());
+        };
+        let now = tokio::time::Instant::now();
+        for item in run.items.iter() {
+            if run.done.contains(&item.line)
+                || run.in_flight.contains_key(&item.line)
+                || run.retry_at.get(&item.line).is_some_and(|t| *t > now)
+            {
+                continue;
+            }
+            if !room.take(b, &item.model) {
+                continue;
+            }
+            start.push(item.clone());
+        }
+        run.done.len() >= usize::try_from(sb.batch.request_counts.total).unwrap_or(usize::MAX)
+            && run.in_flight.is_empty()
+    };
+    if finished {
+        let key = id.clone();
+        let now = crate::clock::unix_seconds();
+        let moved = blocking(&b.store, move |s| {
+            s.update(&key, |batch| {
+                if batch.status == Status::InProgress {
+                    batch.status = Status::Finalizing;
+                    batch.finalizing_at = Some(now);
+                }
+            })
+        })
+        .await?;
+        return match moved {
+            Some(sb) if sb.batch.status == Status::Finalizing => {
+                finalize(b, sb, Status::Completed).await
+            }
+            _ => Ok(()),
+        };
+    }
+    let deadline = Duration::from_secs(
+        sb.batch
+            .expires_at
+            .unwrap_or(0)
+            .saturating_sub(crate::clock::unix_seconds()),
+    );
+    for item in start {
+        let line = item.line;
+        let task = tokio::spawn(item_task(
+            b.clone(),
+            (id.clone(), sb.owner.clone(), sb.batch.endpoint.clone()),
+            item,
+            deadline,
+        ));
+        if let Some(run) = b.runner.runs.lock().get_mut(&id) {
+            run.in_flight.insert(line, task.abort_handle());
+        }
+    }
+    Ok(())
+}
+
+/// Runs one item and keeps what it came to.
+async fn item_task(
+    b: Arc<Batches>,
+    (id, owner, endpoint): (String, String, String),
+    item: Item,
+    deadline: Duration,
+) {
+    let tries = b
+        .runner
+        .runs
+        .lock()
+        .get(&id)
+        .and_then(|r| r.tries.get(&item.line).copied())
+        .unwrap_or(0)
+        + 1;
+    let rid = item_id(&id, item.line);
+    let tried = try_item(&b, (&owner, &endpoint, &rid), &item, deadline, tries).await;
+    let line = item.line;
+    let recorded = match &tried {
+        Tried::Done(result) => {
+            let (key, result) = (id.clone(), result.clone());
+            blocking(&b.store, move |s| s.record(&key, line, &result))
+                .await
+                .map(|_| true)
+        }
+        Tried::Again(_) => Ok(false),
+    };
+    let mut runs = b.runner.runs.lock();
+    if let Some(run) = runs.get_mut(&id) {
+        run.in_flight.remove(&line);
+        match (tried, recorded) {
+            (Tried::Done(_), Ok(true)) => {
+                run.done.insert(line);
+            }
+            (Tried::Again(after), _) => {
+                run.tries.insert(line, tries);
+                run.retry_at
+                    .insert(line, tokio::time::Instant::now() + after);
+            }
+            (_, Err(e)) => {
+                tracing::warn!(batch = %id, line, error = %e, "batch item's result not stored; it runs again");
+                run.retry_at
+                    .insert(line, tokio::time::Instant::now() + Duration::from_secs(1));
+            }
+            _ => {}
+        }
+    }
+    drop(runs);
+    b.runner.wake();
+}
+
+/// The request path's route for a batch endpoint.
+fn call_of(endpoint: &str) -> Call {
+    match endpoint {
+        "/v1/responses" => Call::Responses,
+        "/v1/embeddings" => Call::Pooling,
+        _ => Call::Completions,
+    }
+}
+
+/// The item's id in its output line and its request's `x-request-id`.
+fn item_id(batch: &str, line: u32) -> String {
+    format!("batch_req_{}_{line}", batch.trim_start_matches("batch_"))
+}
+
+async fn try_item(
+    b: &Arc<Batches>,
+    (owner, endpoint, rid): (&str, &str, &str),
+    item: &Item,
+    deadline: Duration,
+    tries: u32,
+) -> Tried {
+    let mut req = Request::new(RequestBody::local(Bytes::from(item.body.clone())));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() =
+        http::Uri::from_maybe_shared(Bytes::from(endpoint.to_owned())).unwrap_or_default();
+    let h = req.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = http::HeaderValue::from_str(rid) {
+        h.insert("x-request-id", v);
+    }
+    req.extensions_mut().insert(BatchItem {
+        tenant: owner.to_owned(),
+        deadline,
+    });
+    let resp = crate::gateway::request::handle(b.gw.clone(), req, call_of(endpoint)).await;
+    let status = resp.status();
+    let retry_after = resp
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .map_or(Duration::from_secs(1), |s| {
+            Duration::from_secs(s.clamp(1, 60))
+        });
+    let body = read_answer(resp.into_body()).await;
+    if matches!(status.as_u16(), 429 | 503) {
+        return Tried::Again(retry_after);
+    }
+    let again = status.is_server_error() || body.is_err();
+    if again && tries < TRIES {
+        return Tried::Again(Duration::from_secs(u64::from(tries)));
+    }
+    let body = body.unwrap_or_default();
+    Tried::Done(ItemResult {
+        ok: status.is_success(),
+        line: output_line(rid, &item.custom_id, status.as_u16(), rid, &body),
+        usage: if status.is_success() {
+            answer_usage(&body)
+        } else {
+            (0, 0, 0, 0)
+        },
+    })
+}
+
+/// An answer's body, whole and within [`MAX_ANSWER_BYTES`]; `Err` when
+/// it broke off or is larger.
+async fn read_answer(mut body: crate::net::body::BoxBody) -> Result<Vec<u8>, ()> {
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(drop)?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > MAX_ANSWER_BYTES {
+                return Err(());
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out)
+}
+
+/// Ends a batch as `target`: items that never got an answer get an error
+/// line (cancelled, expired), then the output and error files are
+/// written and the batch takes its final status.
+async fn finalize(b: &Arc<Batches>, mut sb: StoredBatch, target: Status) -> Result<(), StoreError> {
+    let id = sb.batch.id.clone();
+    // Stop what is in flight: those items get their cancelled or expired
+    // line below.
+    let run = b.runner.runs.lock().remove(&id);
+    if let Some(run) = &run {
+        for h in run.in_flight.values() {
+            h.abort();
+        }
+    }
+    let mut total = None;
+    if target != Status::Completed {
+        let items = match run {
+            Some(r) => r.items,
+            None => Arc::new(read_items(b, &sb, false).await.unwrap_or_default()),
+        };
+        let (code, message) = if target == Status::Expired {
+            ("batch_expired", "the batch's completion window ended first")
+        } else {
+            ("batch_cancelled", "the batch was cancelled first")
+        };
+        // A batch cancelled or expired while validating counts its items
+        // here.
+        total = Some(u32::try_from(items.len()).unwrap_or(u32::MAX));
+        let key = id.clone();
+        let done = blocking(&b.store, move |s| s.results(&key)).await?;
+        for item in items.iter().filter(|i| !done.contains_key(&i.line)) {
+            let result = ItemResult {
+                ok: false,
+                line: error_line(&item_id(&id, item.line), &item.custom_id, code, message),
+                usage: (0, 0, 0, 0),
+            };
+            let (key, line) = (id.clone(), item.line);
+            blocking(&b.store, move |s| s.record(&key, line, &result)).await?;
+        }
+    }
+    let key = id.clone();
+    let results = blocking(&b.store, move |s| s.results(&key)).await?;
+    let now = crate::clock::unix_seconds();
+    for (ok, suffix) in [(true, "output"), (false, "errors")] {
+        let lines: Vec<String> = results
+            .values()
+            .filter(|r| r.ok == ok)
+            .map(|r| r.line.clone())
+            .collect();
+        if lines.is_empty() {
+            continue;
+        }
+        // One id per batch and kind: finalizing again after a crash
+        // rewrites the same file.
+        let file = StoredFile {
+            owner: sb.owner.clone(),
+            file: FileObject::new(
+                format!("file-{}-{suffix}", id.trim_start_matches("batch_")),
+                0,
+                now,
+                format!("{id}_{suffix}.jsonl"),
+                "batch_output",
+            ),
+        };
+        let written = blocking(&b.store, move |s| {
+            let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+            s.write_file(file, &refs)
+        })
+        .await?;
+        if ok {
+            sb.batch.output_file_id = Some(written.file.id);
+        } else {
+            sb.batch.error_file_id = Some(written.file.id);
+        }
+    }
+    let (output, errors) = (
+        sb.batch.output_file_id.take(),
+        sb.batch.error_file_id.take(),
+    );
+    blocking(&b.store, move |s| {
+        s.update(&id, |batch| {
+            if let Some(t) = total.filter(|_| batch.request_counts.total == 0) {
+                batch.request_counts.total = t;
+            }
+            batch.output_file_id = output;
+            batch.error_file_id = errors;
+            batch.status = target;
+            match target {
+                Status::Completed => batch.completed_at = Some(now),
+                Status::Expired => batch.expired_at = Some(now),
+                Status::Cancelled => batch.cancelled_at = Some(now),
+                _ => {}
+            }
+        })
+    })
+    .await
+    .map(drop)
+}

@@ -1,0 +1,409 @@
+//! The embedded store: files, batches and each item's result in a data
+//! directory, no server to run. Metadata and results live in one `redb`
+//! database (`batches.redb`, each write a transaction committed to disk
+//! before it is answered); a file's bytes live beside it
+//! (`files/<id>`), written to a temporary name, synced and renamed, so a
+//! file is whole or absent.
+//!
+//! An item's result is written once: [`Store::record`] inserts it and adds
+//! it to its batch's counts and usage in the same transaction, and does
+//! nothing for an item already recorded. An item run again after a crash
+//! (it was in flight, with no result yet) therefore counts once and is in
+//! the output once.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::batch::{Batch, FileObject};
+
+const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
+const BATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("batches");
+const RESULTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("results");
+
+/// A store failure, as the API answers it (500, the message says what).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("batch store: {0}")]
+    Db(String),
+    #[error("batch store, file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("batch store: a stored record does not read back: {0}")]
+    Corrupt(String),
+}
+
+fn failed<E: std::fmt::Display>(e: E) -> StoreError {
+    StoreError::Db(e.to_string())
+}
+
+/// A file and the tenant it belongs to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredFile {
+    pub owner: String,
+    pub file: FileObject,
+}
+
+/// A batch and the tenant it belongs to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredBatch {
+    pub owner: String,
+    pub batch: Batch,
+}
+
+/// One item's result: its line of the output (`ok`) or error file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ItemResult {
+    pub ok: bool,
+    pub line: String,
+    /// (prompt, cached, completion, reasoning) tokens of its answer.
+    pub usage: (u64, u64, u64, u64),
+}
+
+pub struct Store {
+    dir: PathBuf,
+    db: Database,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("dir", &self.dir).finish()
+    }
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`. Temporary files a crash left
+    /// behind are removed.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StoreError::Io { path, source }
+        };
+        let files = dir.join("files");
+        std::fs::create_dir_all(&files).map_err(io(&files))?;
+        let tmp = dir.join("tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        let db = Database::create(dir.join("batches.redb")).map_err(failed)?;
+        let w = db.begin_write().map_err(failed)?;
+        w.open_table(FILES).map_err(failed)?;
+        w.open_table(BATCHES).map_err(failed)?;
+        w.open_table(RESULTS).map_err(failed)?;
+        w.commit().map_err(failed)?;
+        Ok(Store {
+            dir: dir.to_path_buf(),
+            db,
+        })
+    }
+
+    /// A fresh temporary file for an upload to be written into.
+    pub fn temp_file(&self, id: &str) -> Result<(PathBuf, std::fs::File), StoreError> {
+        let path = self.dir.join("tmp").join(id);
+        let f = std::fs::File::create(&path).map_err(|source| StoreError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok((path, f))
+    }
+
+    fn blob(&self, id: &str) -> PathBuf {
+        self.dir.join("files").join(id)
+    }
+
+    /// Keeps the temporary file `tmp` (synced here) as file `f`'s bytes,
+    /// then its record: a crash between the two leaves an orphan blob,
+    /// never a record without its bytes.
+    pub fn put_file(&self, tmp: &Path, f: &StoredFile) -> Result<(), StoreError> {
+        let path = self.blob(&f.file.id);
+        let io = |source| StoreError::Io {
+            path: path.clone(),
+            source,
+        };
+        std::fs::File::open(tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io)?;
+        std::fs::rename(tmp, &path).map_err(io)?;
+        if let Ok(d) = std::fs::File::open(self.dir.join("files")) {
+            let _ = d.sync_all();
+        }
+        let w = self.db.begin_write().map_err(failed)?;
+        w.open_table(FILES)
+            .map_err(failed)?
+            .insert(f.file.id.as_str(), encode(f).as_slice())
+            .map_err(failed)?;
+        w.commit().map_err(failed)
+    }
+
+    /// Writes `lines` as a new file of `f`'s (its `bytes` set here).
+    pub fn write_file(&self, mut f: StoredFile, lines: &[&str]) -> Result<StoredFile, StoreError> {
+        let (tmp, mut out) = self.temp_file(&f.file.id)?;
+        let io = |source| StoreError::Io {
+            path: tmp.clone(),
+            source,
+        };
+        let mut n = 0u64;
+        let mut w = std::io::BufWriter::new(&mut out);
+        for l in lines {
+            w.write_all(l.as_bytes()).map_err(io)?;
+            w.write_all(b"\n").map_err(io)?;
+            n += l.len() as u64 + 1;
+        }
+        w.flush().map_err(io)?;
+        drop(w);
+        drop(out);
+        f.file.bytes = n;
+        self.put_file(&tmp, &f)?;
+        Ok(f)
+    }
+
+    pub fn file(&self, id: &str) -> Result<Option<StoredFile>, StoreError> {
+        let r = self.db.begin_read().map_err(failed)?;
+        let t = r.open_table(FILES).map_err(failed)?;
+        t.get(id)
+            .map_err(failed)?
+            .map(|v| decode(v.value()))
+            .transpose()
+    }
+
+    /// Every file, or `owner`'s, oldest first.
+    pub fn files(&self, owner: Option<&str>) -> Result<Vec<StoredFile>, StoreError> {
+        let r = self.db.begin_read().map_err(failed)?;
+        let t = r.open_table(FILES).map_err(failed)?;
+        let mut out = Vec::new();
+        for e in t.iter().map_err(failed)? {
+            let (_, v) = e.map_err(failed)?;
+            let f: StoredFile = decode(v.value())?;
+            if owner.is_none_or(|o| o == f.owner) {
+                out.push(f);
+            }
+        }
+        out.sort_by(|a, b| (a.file.created_at, &a.file.id).cmp(&(b.file.created_at, &b.file.id)));
+        Ok(out)
+    }
+
+    /// A file's bytes.
+    pub fn content(&self, id: &str) -> Result<Vec<u8>, StoreError> {
+        let path = self.blob(id);
+        std::fs::read(&path).map_err(|source| StoreError::Io { path, source })
+    }
+
+    /// Removes a file's record, then its bytes.
+    pub fn delete_file(&self, id: &str) -> Result<bool, StoreError> {
+        let w = self.db.begin_write().map_err(failed)?;
+        let removed = w
+            .open_table(FILES)
+            .map_err(failed)?
+            .remove(id)
+            .map_err(failed)?
+            .is_some();
+        w.commit().map_err(failed)?;
+        if removed {
+            let _ = std::fs::remove_file(self.blob(id));
+        }
+        Ok(removed)
+    }
+
+    /// Writes a new batch (changes go through [`Store::update`]).
+    pub fn put_batch(&self, b: &StoredBatch) -> Result<(), StoreError> {
+        let w = self.db.begin_write().map_err(failed)?;
+        w.open_table(BATCHES)
+            .map_err(failed)?
+            .insert(b.batch.id.as_str(), encode(b).as_slice())
+            .map_err(failed)?;
+        w.commit().map_err(failed)
+    }
+
+    /// Changes batch `id` in one transaction (its counts and usage, which
+    /// [`Store::record`] moves, are read inside it, never from an older
+    /// copy); the batch as written, `None` if there is none.
+    pub fn update(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Batch),
+    ) -> Result<Option<StoredBatch>, StoreError> {
+        let w = self.db.begin_write().map_err(failed)?;
+        let out = {
+            let mut t = w.open_table(BATCHES).map_err(failed)?;
+            let Some(mut b) = t
+                .get(id)
+                .map_err(failed)?
+                .map(|v| decode::<StoredBatch>(v.value()))
+                .transpose()?
+            else {
+                return Ok(None);
+            };
+            f(&mut b.batch);
+            t.insert(id, encode(&b).as_slice()).map_err(failed)?;
+            b
+        };
+        w.commit().map_err(failed)?;
+        Ok(Some(out))
+    }
+
+    pub fn batch(&self, id: &str) -> Result<Option<StoredBatch>, StoreError> {
+        let r = self.db.begin_read().map_err(failed)?;
+        let t = r.open_table(BATCHES).map_err(failed)?;
+        t.get(id)
+            .map_err(failed)?
+            .map(|v| decode(v.value()))
+            .transpose()
+    }
+
+    /// Every batch, or `owner`'s, newest first.
+    pub fn batches(&self, owner: Option<&str>) -> Result<Vec<StoredBatch>, StoreError> {
+        let r = self.db.begin_read().map_err(failed)?;
+        let t = r.open_table(BATCHES).map_err(failed)?;
+        let mut out = Vec::new();
+        for e in t.iter().map_err(failed)? {
+            let (_, v) = e.map_err(failed)?;
+            let b: StoredBatch = decode(v.value())?;
+            if owner.is_none_or(|o| o == b.owner) {
+                out.push(b);
+            }
+        }
+        out.sort_by(|a, b| {
+            (b.batch.created_at, &b.batch.id).cmp(&(a.batch.created_at, &a.batch.id))
+        });
+        Ok(out)
+    }
+
+    /// Records item `line` of batch `id`, once: its result, and its batch's
+    /// counts and usage, in one transaction. `false` (and nothing written)
+    /// when the item already has a result or the batch is gone.
+    pub fn record(&self, id: &str, line: u32, result: &ItemResult) -> Result<bool, StoreError> {
+        let w = self.db.begin_write().map_err(failed)?;
+        {
+            let mut results = w.open_table(RESULTS).map_err(failed)?;
+            if results.get((id, line)).map_err(failed)?.is_some() {
+                return Ok(false);
+            }
+            let mut batches = w.open_table(BATCHES).map_err(failed)?;
+            let Some(mut b) = batches
+                .get(id)
+                .map_err(failed)?
+                .map(|v| decode::<StoredBatch>(v.value()))
+                .transpose()?
+            else {
+                return Ok(false);
+            };
+            let c = &mut b.batch.request_counts;
+            if result.ok {
+                c.completed += 1;
+            } else {
+                c.failed += 1;
+            }
+            let (prompt, cached, completion, reasoning) = result.usage;
+            let u = &mut b.batch.usage;
+            u.input_tokens += prompt;
+            u.input_tokens_details.cached_tokens += cached;
+            u.output_tokens += completion;
+            u.output_tokens_details.reasoning_tokens += reasoning;
+            u.total_tokens += prompt + completion;
+            results
+                .insert((id, line), encode(result).as_slice())
+                .map_err(failed)?;
+            batches.insert(id, encode(&b).as_slice()).map_err(failed)?;
+        }
+        w.commit().map_err(failed)?;
+        Ok(true)
+    }
+
+    /// The results of batch `id`, by line.
+    pub fn results(&self, id: &str) -> Result<BTreeMap<u32, ItemResult>, StoreError> {
+        let r = self.db.begin_read().map_err(failed)?;
+        let t = r.open_table(RESULTS).map_err(failed)?;
+        let mut out = BTreeMap::new();
+        for e in t.range((id, 0)..=(id, u32::MAX)).map_err(failed)? {
+            let (k, v) = e.map_err(failed)?;
+            out.insert(k.value().1, decode(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// The files `owner` keeps, and their bytes.
+    pub fn held_by(&self, owner: &str) -> Result<(usize, u64), StoreError> {
+        let files = self.files(Some(owner))?;
+        Ok((files.len(), files.iter().map(|f| f.file.bytes).sum()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::batch::{BatchUsage, RequestCounts, Status};
+
+    fn batch(id: &str) -> StoredBatch {
+        StoredBatch {
+            owner: "t".into(),
+            batch: Batch {
+                id: id.into(),
+                object: "batch".into(),
+                endpoint: "/v1/chat/completions".into(),
+                model: None,
+                input_file_id: "file-x".into(),
+                completion_window: "24h".into(),
+                status: Status::InProgress,
+                output_file_id: None,
+                error_file_id: None,
+                errors: None,
+                created_at: 1,
+                in_progress_at: None,
+                expires_at: None,
+                finalizing_at: None,
+                completed_at: None,
+                failed_at: None,
+                expired_at: None,
+                cancelling_at: None,
+                cancelled_at: None,
+                request_counts: RequestCounts::default(),
+                metadata: None,
+                usage: BatchUsage::default(),
+            },
+        }
+    }
+
+    #[test]
+    fn an_item_is_recorded_once_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Store::open(dir.path()).unwrap();
+            s.put_batch(&batch("b1")).unwrap();
+            let r = ItemResult {
+                ok: true,
+                line: "{}".into(),
+                usage: (3, 1, 4, 0),
+            };
+            assert!(s.record("b1", 2, &r).unwrap());
+            assert!(!s.record("b1", 2, &r).unwrap());
+            assert!(!s.record("gone", 2, &r).unwrap());
+            let f = StoredFile {
+                owner: "t".into(),
+                file: FileObject::new("file-1".into(), 0, 5, "out.jsonl".into(), "batch_output"),
+            };
+            s.write_file(f, &["a", "bc"]).unwrap();
+        }
+        let s = Store::open(dir.path()).unwrap();
+        let b = s.batch("b1").unwrap().unwrap();
+        assert_eq!(b.batch.request_counts.completed, 1);
+        assert_eq!(b.batch.usage.total_tokens, 7);
+        assert_eq!(s.results("b1").unwrap().len(), 1);
+        assert_eq!(s.content("file-1").unwrap(), b"a\nbc\n");
+        assert_eq!(s.file("file-1").unwrap().unwrap().file.bytes, 5);
+        assert_eq!(s.held_by("t").unwrap(), (1, 5));
+        assert!(s.delete_file("file-1").unwrap());
+        assert!(s.content("file-1").is_err());
+    }
+}

@@ -1,0 +1,47 @@
+//! `[batch]`: the Files and Batch APIs' store and limits.
+
+use super::reader::{Reader, Table};
+use crate::config::policy::BatchPolicy;
+
+pub(super) const BATCH_KEYS: &[&str] = &[
+    "data_dir",
+    "max_file_bytes",
+    "max_lines",
+    "max_files_per_tenant",
+    "max_bytes_per_tenant",
+];
+
+/// OpenAI's limits: 200 MB and 50,000 requests an input file.
+const MAX_FILE_BYTES: u64 = 200_000_000;
+const MAX_LINES: usize = 50_000;
+const MAX_FILES_PER_TENANT: usize = 1_000;
+const MAX_BYTES_PER_TENANT: u64 = 10_000_000_000;
+
+/// Reads `[batch]`; `None` when the section is absent.
+pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<BatchPolicy> {
+    let t = r.opt(root, "batch", Reader::table)?;
+    r.check_keys(&t, BATCH_KEYS);
+    let dir = r
+        .opt(&t, "data_dir", Reader::non_empty)
+        .unwrap_or_else(|| "fairway-data".to_owned());
+    let dir = std::path::Path::new(&dir);
+    let data_dir = match std::path::Path::new(r.file()).parent() {
+        Some(base) if dir.is_relative() => base.join(dir),
+        _ => dir.to_path_buf(),
+    };
+    Some(BatchPolicy {
+        data_dir,
+        max_file_bytes: r
+            .opt(&t, "max_file_bytes", Reader::positive_int)
+            .unwrap_or(MAX_FILE_BYTES),
+        max_lines: r
+            .opt(&t, "max_lines", Reader::positive_int)
+            .unwrap_or(MAX_LINES),
+        max_files_per_tenant: r
+            .opt(&t, "max_files_per_tenant", Reader::positive_int)
+            .unwrap_or(MAX_FILES_PER_TENANT),
+        max_bytes_per_tenant: r
+            .opt(&t, "max_bytes_per_tenant", Reader::positive_int)
+            .unwrap_or(MAX_BYTES_PER_TENANT),
+    })
+}

@@ -1,0 +1,491 @@
+//! The Files and Batch APIs over real TCP (docs/batch.md): a batch runs
+//! to its output beside live traffic, every item exactly once; bad files
+//! fail with their lines; a cancel keeps what finished; one tenant cannot
+//! see or cancel another's; a `kill -9` mid-batch loses and doubles
+//! nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::Full;
+use serde_json::{Value, json};
+use support::*;
+
+/// A gateway whose batch store is in `dir`: tenant `api` (key `ka`,
+/// interactive) and `evals` (key `ke`), two sims serving `m`.
+fn policy(dir: &std::path::Path, extra: &str) -> String {
+    std::fs::write(dir.join("admin-token"), "admin-secret").unwrap();
+    format!(
+        r#"{SERVER}
+admin_token_file = "{}"
+
+[batch]
+data_dir = "{}"
+{extra}
+
+[[pools]]
+model = "m"
+backends = [{{ name = "b0", url = "http://{{b0}}" }}, {{ name = "b1", url = "http://{{b1}}" }}]
+
+[[tenants]]
+name = "api"
+api_keys = ["ka"]
+weight = 3
+slo = {{ ttft = "2s", e2e = "20s" }}
+
+[[tenants]]
+name = "evals"
+api_keys = ["ke"]
+"#,
+        dir.join("admin-token").display(),
+        dir.join("data").display()
+    )
+}
+
+fn input(n: usize, model: &str, max_tokens: u32) -> String {
+    (0..n)
+        .map(|i| {
+            json!({
+                "custom_id": format!("q{i}"),
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": model, "messages": [{"role": "user", "content": format!("question {i}")}], "max_tokens": max_tokens},
+            })
+            .to_string()
+                + "\n"
+        })
+        .collect()
+}
+
+fn request(
+    method: Method,
+    addr: std::net::SocketAddr,
+    path: &str,
+    key: &str,
+    body: impl Into<Bytes>,
+) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Full::new(body.into()))
+        .unwrap()
+}
+
+async fn upload(addr: std::net::SocketAddr, key: &str, purpose: &str, content: &str) -> Reply {
+    let boundary = "fairway-test-boundary";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n{purpose}\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{content}\r\n--{boundary}--\r\n"
+    );
+    let req = Request::post(format!("http://{addr}/v1/files"))
+        .header("authorization", format!("Bearer {key}"))
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    send(&client(), req).await
+}
+
+async fn create(addr: std::net::SocketAddr, key: &str, file: &str) -> Reply {
+    let body = json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h", "metadata": {"suite": "t"}});
+    send(
+        &client(),
+        request(Method::POST, addr, "/v1/batches", key, body.to_string()),
+    )
+    .await
+}
+
+async fn batch(addr: std::net::SocketAddr, key: &str, id: &str) -> Value {
+    let r = send(
+        &client(),
+        request(Method::GET, addr, &format!("/v1/batches/{id}"), key, ""),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    r.json()
+}
+
+/// Polls batch `id` until it has ended.
+async fn ended(addr: std::net::SocketAddr, key: &str, id: &str, within: Duration) -> Value {
+    let start = tokio::time::Instant::now();
+    loop {
+        let b = batch(addr, key, id).await;
+        if ["completed", "failed", "expired", "cancelled"].contains(&b["status"].as_str().unwrap())
+        {
+            return b;
+        }
+        assert!(start.elapsed() < within, "batch still {}: {b}", b["status"]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A file's lines, by `custom_id`.
+async fn lines(addr: std::net::SocketAddr, key: &str, id: &str) -> HashMap<String, Value> {
+    let r = send(
+        &client(),
+        request(
+            Method::GET,
+            addr,
+            &format!("/v1/files/{id}/content"),
+            key,
+            "",
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let mut out = HashMap::new();
+    for l in r.text().lines() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let id = v["custom_id"].as_str().unwrap().to_owned();
+        assert!(out.insert(id.clone(), v).is_none(), "{id} twice");
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_runs_beside_live_traffic_to_its_output_each_item_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, b1) = (sim("m", 8).await, sim("m", 8).await);
+    let gw = gateway(&policy(dir.path(), ""), &[&b0, &b1]).await;
+    let addr = gw.addr();
+
+    let f = upload(addr, "ke", "batch", &input(120, "m", 16)).await;
+    assert_eq!(f.status, StatusCode::OK, "{}", f.text());
+    let file = f.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(f.json()["purpose"], "batch");
+    let c = create(addr, "ke", &file).await;
+    assert_eq!(c.status, StatusCode::OK, "{}", c.text());
+    let id = c.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(c.json()["status"], "validating");
+    assert_eq!(c.json()["metadata"]["suite"], "t");
+
+    // Live traffic meanwhile, served within its SLO.
+    let c2 = client();
+    let mut live_ok = 0;
+    for _ in 0..20 {
+        let r = send(
+            &c2,
+            post(
+                addr,
+                "/v1/chat/completions",
+                Some("ka"),
+                chat("m", 8, false),
+            ),
+        )
+        .await;
+        live_ok += usize::from(r.status == StatusCode::OK);
+    }
+    assert_eq!(live_ok, 20);
+
+    let b = ended(addr, "ke", &id, Duration::from_secs(60)).await;
+    assert_eq!(b["status"], "completed", "{b}");
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 120, "completed": 120, "failed": 0})
+    );
+    assert!(
+        b["usage"]["output_tokens"].as_u64().unwrap() >= 120 * 16,
+        "{b}"
+    );
+    assert!(b["error_file_id"].is_null());
+    let out = lines(addr, "ke", b["output_file_id"].as_str().unwrap()).await;
+    assert_eq!(out.len(), 120);
+    for (cid, l) in &out {
+        assert_eq!(l["response"]["status_code"], 200, "{cid}");
+        assert_eq!(l["response"]["body"]["object"], "chat.completion");
+        assert!(l["error"].is_null());
+    }
+
+    // Another tenant sees none of it, nor can cancel it; the operator
+    // sees it.
+    for path in [
+        format!("/v1/batches/{id}"),
+        format!("/v1/files/{file}"),
+        format!("/v1/files/{file}/content"),
+    ] {
+        let r = send(&client(), request(Method::GET, addr, &path, "ka", "")).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}");
+    }
+    let r = send(
+        &client(),
+        request(
+            Method::POST,
+            addr,
+            &format!("/v1/batches/{id}/cancel"),
+            "ka",
+            "",
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = send(
+        &client(),
+        request(Method::GET, addr, "/v1/batches", "ka", ""),
+    )
+    .await;
+    assert_eq!(r.json()["data"], json!([]));
+    let r = send(
+        &client(),
+        request(Method::GET, addr, "/v1/batches", "admin-secret", ""),
+    )
+    .await;
+    assert_eq!(r.json()["data"][0]["id"], id.as_str());
+    let r = send(
+        &client(),
+        request(Method::GET, addr, "/v1/files?limit=1", "ke", ""),
+    )
+    .await;
+    assert_eq!(r.json()["data"].as_array().unwrap().len(), 1);
+    assert_eq!(r.json()["has_more"], true, "{}", r.text());
+    // A finished batch is not cancelled; its input may now be deleted.
+    let r = send(
+        &client(),
+        request(
+            Method::POST,
+            addr,
+            &format!("/v1/batches/{id}/cancel"),
+            "ke",
+            "",
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    let r = send(
+        &client(),
+        request(Method::DELETE, addr, &format!("/v1/files/{file}"), "ke", ""),
+    )
+    .await;
+    assert_eq!(r.json()["deleted"], true);
+    let r = send(
+        &client(),
+        request(Method::GET, addr, &format!("/v1/files/{file}"), "ke", ""),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+
+    // Every item was a request of its owner's, counted once.
+    let m = scrape(&gw).await;
+    assert!(
+        metric(
+            &m,
+            "fairway_requests_total{tenant=\"evals\",model=\"m\",outcome=\"served\",reason=\"\"}"
+        )
+        .unwrap()
+            >= 120.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_files_and_bad_calls_get_clear_errors_and_nothing_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let b0 = sim("m", 8).await;
+    let gw = gateway(&policy(dir.path(), "max_file_bytes = 4000"), &[&b0, &b0]).await;
+    let addr = gw.addr();
+    let good = input(1, "m", 4);
+    let bad = [
+        good.clone(),
+        "{not json\n".into(),
+        good.clone(),
+        input(1, "nope", 4).replace("q0", "q9"),
+        input(1, "m", 4)
+            .replace("q0", "q8")
+            .replace("/v1/chat/completions", "/v1/embeddings"),
+    ]
+    .concat();
+    let f = upload(addr, "ke", "batch", &bad).await;
+    let file = f.json()["id"].as_str().unwrap().to_owned();
+    let id = create(addr, "ke", &file).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let b = ended(addr, "ke", &id, Duration::from_secs(10)).await;
+    assert_eq!(b["status"], "failed", "{b}");
+    let errors: Vec<(u64, &str)> = b["errors"]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["line"].as_u64().unwrap(), e["code"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        errors,
+        [
+            (2, "invalid_json_line"),
+            (3, "duplicate_custom_id"),
+            (4, "model_not_found"),
+            (5, "mismatched_endpoint")
+        ]
+    );
+    assert_eq!(b["request_counts"]["completed"], 0);
+    assert!(b["output_file_id"].is_null());
+
+    // A file over the limit, a wrong purpose, a wrong endpoint or window,
+    // a file that is not there.
+    let r = upload(addr, "ke", "batch", &input(40, "m", 4)).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
+    let r = upload(addr, "ke", "fine-tune", &good).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    for body in [
+        json!({"input_file_id": file, "endpoint": "/v1/images/generations", "completion_window": "24h"}),
+        json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "1h"}),
+    ] {
+        let r = send(
+            &client(),
+            request(Method::POST, addr, "/v1/batches", "ke", body.to_string()),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+        assert!(r.json()["error"]["message"].as_str().unwrap().len() > 10);
+    }
+    let r = create(addr, "ke", "file-nope").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    // Another tenant's file cannot be batched.
+    let r = create(addr, "ka", &file).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    // No key, no batch.
+    let r = send(
+        &client(),
+        Request::get(format!("http://{addr}/v1/batches"))
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    // Nothing ran.
+    let m = scrape(&gw).await;
+    assert!(
+        metric(&m, "fairway_requests_total{tenant=\"evals\"").is_none(),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_keeps_what_finished_and_every_item_has_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    // Slow engines: a batch that cannot finish before the cancel.
+    let slow = || {
+        fairway::sim::backend::SimBackend::builder("m")
+            .max_num_seqs(4)
+            .decode_step(Duration::from_millis(20), Duration::from_micros(10))
+            .start()
+    };
+    let (b0, b1) = (slow().await.unwrap(), slow().await.unwrap());
+    let gw = gateway(&policy(dir.path(), ""), &[&b0, &b1]).await;
+    let addr = gw.addr();
+    let file = upload(addr, "ke", "batch", &input(200, "m", 32))
+        .await
+        .json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let id = create(addr, "ke", &file).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let start = tokio::time::Instant::now();
+    while batch(addr, "ke", &id).await["request_counts"]["completed"]
+        .as_u64()
+        .unwrap()
+        < 5
+    {
+        assert!(start.elapsed() < Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = send(
+        &client(),
+        request(
+            Method::POST,
+            addr,
+            &format!("/v1/batches/{id}/cancel"),
+            "ke",
+            "",
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(["cancelling", "cancelled"].contains(&r.json()["status"].as_str().unwrap()));
+    let b = ended(addr, "ke", &id, Duration::from_secs(20)).await;
+    assert_eq!(b["status"], "cancelled", "{b}");
+    let done = b["request_counts"]["completed"].as_u64().unwrap();
+    let failed = b["request_counts"]["failed"].as_u64().unwrap();
+    assert!((5..200).contains(&done), "{b}");
+    assert_eq!(done + failed, 200, "{b}");
+    let out = lines(addr, "ke", b["output_file_id"].as_str().unwrap()).await;
+    let err = lines(addr, "ke", b["error_file_id"].as_str().unwrap()).await;
+    assert_eq!(out.len() as u64, done);
+    assert_eq!(err.len() as u64, failed);
+    assert!(
+        err.values()
+            .all(|l| l["error"]["code"] == "batch_cancelled")
+    );
+    assert!(out.keys().all(|k| !err.contains_key(k)));
+}
+
+/// A real `fairway serve` killed with SIGKILL mid-batch, then started
+/// again on the same data directory: the batch finishes, every item in
+/// the output exactly once.
+#[test]
+fn a_kill_mid_batch_loses_and_doubles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (b0, b1) = rt.block_on(async {
+        let slow = || {
+            fairway::sim::backend::SimBackend::builder("m")
+                .max_num_seqs(8)
+                .decode_step(Duration::from_millis(5), Duration::from_micros(10))
+                .start()
+        };
+        (slow().await.unwrap(), slow().await.unwrap())
+    });
+    let text = policy(dir.path(), "")
+        .replace("{b0}", &b0.addr().to_string())
+        .replace("{b1}", &b1.addr().to_string());
+    let path = dir.path().join("policy.toml");
+    std::fs::write(&path, text).unwrap();
+    let gw = ServeProcess::start(&[], &[], &path, "warn", std::process::Stdio::null());
+    let addr = gw.addr;
+    let id = rt.block_on(async {
+        let file = upload(addr, "ke", "batch", &input(150, "m", 24))
+            .await
+            .json()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let id = create(addr, "ke", &file).await.json()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let start = tokio::time::Instant::now();
+        while batch(addr, "ke", &id).await["request_counts"]["completed"]
+            .as_u64()
+            .unwrap()
+            < 20
+        {
+            assert!(start.elapsed() < Duration::from_secs(30));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        id
+    });
+    drop(gw); // SIGKILL
+    let gw = ServeProcess::start(&[], &[], &path, "warn", std::process::Stdio::null());
+    let addr = gw.addr;
+    rt.block_on(async {
+        let b = ended(addr, "ke", &id, Duration::from_secs(60)).await;
+        assert_eq!(b["status"], "completed", "{b}");
+        assert_eq!(
+            b["request_counts"],
+            json!({"total": 150, "completed": 150, "failed": 0})
+        );
+        let out = lines(addr, "ke", b["output_file_id"].as_str().unwrap()).await;
+        assert_eq!(out.len(), 150);
+    });
+}
