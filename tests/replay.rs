@@ -220,6 +220,7 @@ fn the_same_seed_gives_the_same_report() {
         slo_admission: true,
         adapter_affinity: true,
         kv_events: false,
+        batch: Default::default(),
     };
     let a = run_variant(&p, &work, v, &opts(9)).0;
     let b = run_variant(&p, &work, v, &opts(9)).0;
@@ -479,4 +480,30 @@ fn prefix_routing_serves_half_again_the_rate_within_the_slo_and_near_the_oracles
         (mine.predicted_hit_rate - mine.hit_rate).abs() < 0.05,
         "{mine:?}"
     );
+}
+
+/// `--compare batch` on config/scenarios/batch-lane.toml: the suite left
+/// out, sent live, and in the batch lane; the lane serves every item, the
+/// interactive tenant keeps its SLO, and the bound holds.
+#[test]
+fn the_batch_lane_serves_every_item_beside_live_traffic() {
+    let runs = runs(
+        &scenario("config/scenarios/batch-lane.toml"),
+        Compare::Batch,
+        1,
+    );
+    let labels: Vec<String> = runs.iter().map(|r| r.label()).collect();
+    assert_eq!(
+        labels,
+        [
+            "drf+slo, without the batch",
+            "drf+slo, batch as live",
+            "drf+slo"
+        ]
+    );
+    assert!(!runs[0].tenants.contains_key("evals"));
+    let lane = &runs[2];
+    let evals = &lane.tenants["evals"];
+    assert_eq!((evals.requests, evals.served), (3000, 3000));
+    assert!(lane.tenants["api"].slo_attainment >= 0.99, "{lane:?}");
 }

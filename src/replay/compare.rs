@@ -2,7 +2,7 @@
 
 use super::report::RunReport;
 use super::sim::{RunOptions, Trace};
-use super::variant::Variant;
+use super::variant::{BatchMode, Variant};
 use super::workload::WorkRequest;
 use crate::config::{Discipline, OnLate, Policy, Strategy};
 
@@ -35,6 +35,10 @@ pub enum Compare {
     All,
     /// The policy's routing with LoRA adapter affinity on, then off.
     Adapters,
+    /// The workload's batch items (`batch_api` tenants) left out (the
+    /// other tenants alone), sent as live requests, then in the batch
+    /// lane.
+    Batch,
     /// Routing on load alone (`least_outstanding`), then on cached
     /// prefixes and load (`prefix_aware`, fed by Fairway's own sends,
     /// then by the engines' events), then the oracle: every request to
@@ -56,6 +60,7 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
         slo_admission: admits,
         adapter_affinity: affinity,
         kv_events: _,
+        batch: _,
     } = Variant::of(policy);
     let v = |discipline, strategy, slo_admission| Variant {
         discipline,
@@ -63,6 +68,7 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
         slo_admission,
         adapter_affinity: affinity,
         kv_events: false,
+        batch: BatchMode::Lane,
     };
     let disciplines = |s| {
         let mut out: Vec<Variant> = DISCIPLINES.iter().map(|&d| v(d, s, false)).collect();
@@ -89,6 +95,13 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
                 ..v(d0, Strategy::PrefixGreedy, admits)
             },
         ],
+        Some(Compare::Batch) => [BatchMode::Dropped, BatchMode::Live, BatchMode::Lane]
+            .into_iter()
+            .map(|batch| Variant {
+                batch,
+                ..v(d0, s0, admits)
+            })
+            .collect(),
         Some(Compare::All) => STRATEGIES.iter().flat_map(|&s| disciplines(s)).collect(),
         Some(Compare::Adapters) => [true, false]
             .into_iter()
@@ -131,6 +144,24 @@ pub fn run_variant(
             t.on_late = OnLate::Serve;
         }
     }
+    let work: Vec<WorkRequest>;
+    let workload = match variant.batch {
+        BatchMode::Lane => workload,
+        BatchMode::Live => {
+            work = workload
+                .iter()
+                .map(|r| WorkRequest {
+                    batch: false,
+                    ..r.clone()
+                })
+                .collect();
+            &work
+        }
+        BatchMode::Dropped => {
+            work = workload.iter().filter(|r| !r.batch).cloned().collect();
+            &work
+        }
+    };
     let trace = super::sim::run(&p, workload, opts);
     (super::report::summarise(variant, &trace), trace)
 }

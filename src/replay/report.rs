@@ -11,7 +11,7 @@ use crate::config::{Discipline, Strategy};
 use crate::core::fairness::jain;
 use crate::core::queue::FAIRNESS_BOUND;
 use crate::replay::sim::{Outcome, Trace};
-use crate::replay::variant::Variant;
+use crate::replay::variant::{BatchMode, Variant};
 
 mod svg;
 
@@ -54,6 +54,8 @@ pub struct RunReport {
     pub adapter_affinity: bool,
     /// Whether the engines' KV events fed the prefix index (precise mode).
     pub kv_events: bool,
+    /// How the batch items were sent: `lane`, `live`, or `dropped`.
+    pub batch: BatchMode,
     /// LoRA adapter loads on all engines (`null`: no request named an
     /// adapter, or not known).
     pub adapter_loads: Option<u64>,
@@ -114,11 +116,15 @@ impl RunReport {
     /// The run's name in tables: its discipline, `+slo` with SLO-aware
     /// admission on.
     pub fn label(&self) -> String {
-        if self.slo_admission {
+        let mut s = if self.slo_admission {
             format!("{}+slo", self.discipline)
         } else {
             self.discipline.to_string()
+        };
+        if self.batch != BatchMode::Lane {
+            s = format!("{s}, {}", self.batch.as_str());
         }
+        s
     }
 
     /// Its routing in tables: the strategy, `+events` in precise mode,
@@ -131,6 +137,7 @@ impl RunReport {
             slo_admission: self.slo_admission,
             adapter_affinity: self.adapter_affinity,
             kv_events: self.kv_events,
+            batch: self.batch,
         }
         .routing();
         if self.adapter_affinity && self.adapter_loads.is_some() {
@@ -148,6 +155,7 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
         slo_admission,
         adapter_affinity,
         kv_events,
+        batch,
     } = variant;
     let mut tenants = BTreeMap::new();
     // Rates are per second of offered load (first to last arrival), the
@@ -229,6 +237,7 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
         slo_admission,
         adapter_affinity,
         kv_events,
+        batch,
         adapter_loads: trace.adapter_loads,
         jain: trace.jain,
         slo_jain: jain(
@@ -448,6 +457,7 @@ mod tests {
             slo_admission: false,
             adapter_affinity: true,
             kv_events: false,
+            batch: Default::default(),
         };
         let r = summarise(variant, &trace);
         assert_eq!(r.estimate_ratio_p50, Some(2.0));

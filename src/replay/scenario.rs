@@ -89,6 +89,11 @@ pub struct TenantLoad {
     /// Multi-turn conversations (see the module docs).
     #[serde(default)]
     pub conversation: Option<Conversation>,
+    /// `true`: the tenant hands its requests over as a batch (the Batch
+    /// API) rather than sending them live: they wait in the pools' batch
+    /// lane.
+    #[serde(default)]
+    pub batch_api: bool,
 }
 
 /// `groups` shared prefixes of `tokens` tokens each, one per request,
@@ -152,6 +157,7 @@ pub fn reference() -> Scenario {
                 model: None,
                 prefix: None,
                 conversation: None,
+                batch_api: false,
             },
             TenantLoad {
                 name: "chat".into(),
@@ -168,6 +174,7 @@ pub fn reference() -> Scenario {
                 model: None,
                 prefix: None,
                 conversation: None,
+                batch_api: false,
             },
             TenantLoad {
                 name: "evals".into(),
@@ -182,6 +189,7 @@ pub fn reference() -> Scenario {
                 model: None,
                 prefix: None,
                 conversation: None,
+                batch_api: false,
             },
         ],
     }
@@ -279,6 +287,7 @@ impl Scenario {
                         output_tokens: rng.random_range(t.output_tokens[0]..=t.output_tokens[1]),
                         stream: t.stream,
                         prefix: Vec::new(),
+                        batch: t.batch_api,
                     });
                     continue;
                 }
@@ -324,6 +333,7 @@ impl Scenario {
                         output_tokens: output,
                         stream: t.stream,
                         prefix,
+                        batch: t.batch_api,
                     });
                     history += question + output;
                 }

@@ -18,6 +18,32 @@ pub struct Variant {
     /// Every backend's KV events feed its pool's prefix index (precise
     /// mode: the simulated engines' cache changes, delivered at once).
     pub kv_events: bool,
+    /// How the workload's batch items (`batch_api` tenants) are sent.
+    pub batch: BatchMode,
+}
+
+/// How a workload's batch items are sent (`--compare batch`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchMode {
+    /// As the workload says: in the batch lane.
+    #[default]
+    Lane,
+    /// As live requests, the way a team without the Batch API sends them.
+    Live,
+    /// Not at all: the other tenants alone, the baseline.
+    Dropped,
+}
+
+impl BatchMode {
+    /// Its name in tables (empty for the lane, the default).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchMode::Lane => "",
+            BatchMode::Live => "batch as live",
+            BatchMode::Dropped => "without the batch",
+        }
+    }
 }
 
 impl Variant {
@@ -36,6 +62,7 @@ impl Variant {
                 .pools
                 .first()
                 .is_some_and(|p| p.backends.iter().any(|b| b.kv_events.is_some())),
+            batch: BatchMode::Lane,
         }
     }
 

@@ -48,6 +48,10 @@ pub struct WorkRequest {
     pub stream: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prefix: Vec<Segment>,
+    /// An item of a batch the gateway runs for its tenant (the Batch API):
+    /// it waits in the pools' batch lane, within the batch's 24 hours.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch: bool,
 }
 
 /// Tokens `0..tokens` of token stream `stream` (see the module docs).
@@ -224,6 +228,7 @@ pub fn from_access_log(text: &str) -> Result<(Vec<WorkRequest>, usize), LineErro
                 output_tokens: output.max(1),
                 stream: f["stream"].as_bool().unwrap_or(false),
                 prefix: Vec::new(),
+                batch: false,
             },
         ));
     }
@@ -258,6 +263,7 @@ mod tests {
             output_tokens: 1,
             stream: false,
             prefix,
+            batch: false,
         };
         let seg = |stream, tokens| Segment { stream, tokens };
         let a = req(100, vec![seg(7, 60)]);

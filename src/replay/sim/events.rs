@@ -3,6 +3,7 @@
 //! and how each request ended.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use super::{InFlight, Outcome, RequestResult, Sim, to_engine, to_gateway};
 use crate::config::PrefillCharge;
@@ -51,10 +52,17 @@ impl Sim<'_> {
             prompt_tokens: w.prompt_tokens,
             max_tokens: w.max_tokens,
             choices: 1,
-            deadline: None,
+            // A batch item may wait out its batch's window.
+            deadline: w
+                .batch
+                .then(|| Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS)),
             adapter: self.adapter_of[i].and_then(|_| self.scheds[r].adapter(&w.model)),
             prefix,
-            lane: crate::core::scheduler::Lane::Live,
+            lane: if w.batch {
+                crate::core::scheduler::Lane::Batch
+            } else {
+                crate::core::scheduler::Lane::Live
+            },
         };
         match self.scheds[r].on_arrival(now, arrival) {
             Ok((id, decisions)) => {
