@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(request_body sse_relay metrics policy multipart_form kv_events)
+    targets=(request_body sse_relay metrics policy multipart_form kv_events batch_input)
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

@@ -297,6 +297,70 @@ impl Batches {
             .ok_or_else(|| BatchError::NotFound("batch", id.to_owned()))
     }
 
+    /// The batch families of `/metrics`: batches by tenant and status, and
+    /// the items of unfinished batches by tenant and state (`pending`,
+    /// `running`, `completed`, `failed`). Label values are tenant names
+    /// from the policy and the fixed statuses.
+    pub fn encode_metrics(&self, out: &mut String) {
+        use std::collections::BTreeMap;
+        use std::fmt::Write as _;
+
+        use crate::prom::{self, Kind};
+        let Ok(all) = self.store.batches(None) else {
+            return;
+        };
+        let running = self.runner.in_flight();
+        let mut batches: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut items: BTreeMap<(String, &str), u64> = BTreeMap::new();
+        for sb in &all {
+            let status = serde_json::to_value(sb.batch.status)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            *batches.entry((sb.owner.clone(), status)).or_default() += 1;
+            if sb.batch.status.is_final() {
+                continue;
+            }
+            let c = sb.batch.request_counts;
+            let run = u64::from(running.get(&sb.batch.id).copied().unwrap_or(0));
+            let left = u64::from(c.total.saturating_sub(c.completed + c.failed));
+            for (state, n) in [
+                ("pending", left.saturating_sub(run)),
+                ("running", run),
+                ("completed", u64::from(c.completed)),
+                ("failed", u64::from(c.failed)),
+            ] {
+                *items.entry((sb.owner.clone(), state)).or_default() += n;
+            }
+        }
+        prom::family(
+            out,
+            "fairway_batches",
+            Kind::Gauge,
+            "Batches kept, by tenant and status.",
+        );
+        for ((t, s), n) in &batches {
+            let _ = writeln!(
+                out,
+                "fairway_batches{{tenant=\"{}\",status=\"{s}\"}} {n}",
+                prom::escape(t)
+            );
+        }
+        prom::family(
+            out,
+            "fairway_batch_items",
+            Kind::Gauge,
+            "Items of unfinished batches, by tenant and state (pending, running: sent to the request path, completed, failed).",
+        );
+        for ((t, s), n) in &items {
+            let _ = writeln!(
+                out,
+                "fairway_batch_items{{tenant=\"{}\",state=\"{s}\"}} {n}",
+                prom::escape(t)
+            );
+        }
+    }
+
     /// Runs the batches until `shutdown`: those unfinished at start first.
     pub async fn run(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
         runner::run(self, shutdown).await;

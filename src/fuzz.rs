@@ -28,7 +28,49 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("policy", policy),
     ("multipart_form", multipart_form),
     ("kv_events", kv_events),
+    ("batch_input", batch_input),
 ];
+
+/// A batch's input file: the reader never panics; what it accepts has
+/// unique `custom_id`s on increasing lines, each body a JSON object naming
+/// its model, within the line limit; what it refuses says where, on a line
+/// of the file.
+pub fn batch_input(data: &[u8]) {
+    use crate::protocol::batch::{Limits, read_input};
+    let known = |m: &str| m.len() < 8;
+    let limits = Limits {
+        endpoint: "/v1/chat/completions",
+        max_lines: 50,
+        max_body_bytes: 4096,
+        known_model: &known,
+    };
+    let lines = data.split(|&b| b == b'\n').count();
+    match read_input(data, &limits) {
+        Ok(items) => {
+            assert!(!items.is_empty() && items.len() <= 50);
+            let mut seen = std::collections::HashSet::new();
+            let mut last = 0;
+            for i in &items {
+                assert!(i.line > last && (i.line as usize) <= lines, "{i:?}");
+                last = i.line;
+                assert!(seen.insert(i.custom_id.clone()), "{i:?}");
+                let v: serde_json::Value = serde_json::from_slice(&i.body).unwrap();
+                assert_eq!(v["model"].as_str(), Some(i.model.as_str()));
+                assert!(known(&i.model) && i.body.len() <= 4096);
+            }
+        }
+        Err(errors) => {
+            assert!(!errors.is_empty() && errors.len() <= 101);
+            for e in &errors {
+                assert!(
+                    e.line.is_none_or(|l| l >= 1 && (l as usize) <= lines),
+                    "{e:?}"
+                );
+                assert!(!e.code.is_empty() && !e.message.is_empty());
+            }
+        }
+    }
+}
 
 /// An engine's KV-event batch: the decoder never panics, and a batch it
 /// reads, written again as the simulated engine writes it, reads back to

@@ -273,8 +273,14 @@ async fn a_batch_runs_beside_live_traffic_to_its_output_each_item_once() {
     .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
 
-    // Every item was a request of its owner's, counted once.
+    // Every item was a request of its owner's, counted once; the batch is
+    // in the batch families (promtool reads them).
     let m = scrape(&gw).await;
+    promtool_check(&m);
+    assert_eq!(
+        metric(&m, "fairway_batches{tenant=\"evals\",status=\"completed\"}"),
+        Some(1.0)
+    );
     assert!(
         metric(
             &m,

@@ -58,6 +58,20 @@ pub struct Runner {
 }
 
 impl Runner {
+    /// Items sent to the request path now, by batch.
+    pub fn in_flight(&self) -> HashMap<String, u32> {
+        self.runs
+            .lock()
+            .iter()
+            .map(|(id, r)| {
+                (
+                    id.clone(),
+                    u32::try_from(r.in_flight.len()).unwrap_or(u32::MAX),
+                )
+            })
+            .collect()
+    }
+
     /// Looks at the batches now (a batch was created or cancelled, an item
     /// ended).
     pub fn wake(&self) {

@@ -79,7 +79,11 @@ pub async fn route(services: Arc<Services>, req: Request<Incoming>) -> Response<
             }
         }
         (&Method::GET, "/metrics") => {
-            let mut resp = text(StatusCode::OK, &gw.metrics().encode(&snapshot(&services)));
+            let mut body = gw.metrics().encode(&snapshot(&services));
+            if let Some(b) = &services.batches {
+                b.encode_metrics(&mut body);
+            }
+            let mut resp = text(StatusCode::OK, &body);
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
