@@ -54,7 +54,8 @@ pub fn batch_input(data: &[u8]) {
                 assert!(i.line > last && (i.line as usize) <= lines, "{i:?}");
                 last = i.line;
                 assert!(seen.insert(i.custom_id.clone()), "{i:?}");
-                let v: serde_json::Value = serde_json::from_slice(&i.body).unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&i.body)
+                    .unwrap_or_else(|e| panic!("an accepted body does not read: {e}: {i:?}"));
                 assert_eq!(v["model"].as_str(), Some(i.model.as_str()));
                 assert!(known(&i.model) && i.body.len() <= 4096);
             }
