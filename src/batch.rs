@@ -17,9 +17,7 @@ use std::sync::Arc;
 
 use crate::config::BatchPolicy;
 use crate::gateway::handle::Gateway;
-use crate::protocol::batch::{
-    Batch, BatchUsage, CreateBatch, FileObject, RequestCounts, Status, WINDOW_SECONDS,
-};
+use crate::protocol::batch::{Batch, CreateBatch, FileObject, Status};
 use store::{Store, StoreError, StoredBatch, StoredFile};
 
 /// Who asks: a tenant sees only its own files and batches; the operator
@@ -219,30 +217,7 @@ impl Batches {
         let now = crate::clock::unix_seconds();
         let b = StoredBatch {
             owner: owner.to_owned(),
-            batch: Batch {
-                id: new_id("batch_"),
-                object: "batch".into(),
-                endpoint: c.endpoint,
-                model: None,
-                input_file_id: c.input_file_id,
-                completion_window: c.completion_window,
-                status: Status::Validating,
-                output_file_id: None,
-                error_file_id: None,
-                errors: None,
-                created_at: now,
-                in_progress_at: None,
-                expires_at: Some(now + WINDOW_SECONDS),
-                finalizing_at: None,
-                completed_at: None,
-                failed_at: None,
-                expired_at: None,
-                cancelling_at: None,
-                cancelled_at: None,
-                request_counts: RequestCounts::default(),
-                metadata: c.metadata,
-                usage: BatchUsage::default(),
-            },
+            batch: Batch::new(new_id("batch_"), c, now),
         };
         let out = b.batch.clone();
         blocking(&self.store, move |s| s.put_batch(&b)).await?;

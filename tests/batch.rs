@@ -129,6 +129,28 @@ async fn ended(addr: std::net::SocketAddr, key: &str, id: &str, within: Duration
     }
 }
 
+/// Uploads `n` items and creates their batch; its id.
+async fn start(addr: std::net::SocketAddr, n: usize, max_tokens: u32) -> String {
+    let f = upload(addr, "ke", "batch", &input(n, "m", max_tokens)).await;
+    assert_eq!(f.status, StatusCode::OK, "{}", f.text());
+    let c = create(addr, "ke", f.json()["id"].as_str().unwrap()).await;
+    assert_eq!(c.status, StatusCode::OK, "{}", c.text());
+    c.json()["id"].as_str().unwrap().to_owned()
+}
+
+/// Waits until batch `id` has `n` items completed.
+async fn until_completed(addr: std::net::SocketAddr, id: &str, n: u64) {
+    let start = tokio::time::Instant::now();
+    while batch(addr, "ke", id).await["request_counts"]["completed"]
+        .as_u64()
+        .unwrap()
+        < n
+    {
+        assert!(start.elapsed() < Duration::from_secs(30), "{id}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A file's lines, by `custom_id`.
 async fn lines(addr: std::net::SocketAddr, key: &str, id: &str) -> HashMap<String, Value> {
     let r = send(
@@ -387,25 +409,21 @@ async fn a_cancel_keeps_what_finished_and_every_item_has_one_line() {
     let (b0, b1) = (slow().await.unwrap(), slow().await.unwrap());
     let gw = gateway(&policy(dir.path(), ""), &[&b0, &b1]).await;
     let addr = gw.addr();
-    let file = upload(addr, "ke", "batch", &input(200, "m", 32))
-        .await
-        .json()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let id = create(addr, "ke", &file).await.json()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let start = tokio::time::Instant::now();
-    while batch(addr, "ke", &id).await["request_counts"]["completed"]
-        .as_u64()
-        .unwrap()
-        < 5
-    {
-        assert!(start.elapsed() < Duration::from_secs(30));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let id = start(addr, 200, 32).await;
+    until_completed(addr, &id, 5).await;
+    // Mid-batch, the items' states are in /metrics.
+    let m = scrape(&gw).await;
+    let pending = metric(
+        &m,
+        "fairway_batch_items{tenant=\"evals\",state=\"pending\"}",
+    )
+    .unwrap();
+    let done = metric(
+        &m,
+        "fairway_batch_items{tenant=\"evals\",state=\"completed\"}",
+    )
+    .unwrap();
+    assert!(pending > 0.0 && done >= 5.0, "{m}");
     let r = send(
         &client(),
         request(
@@ -460,25 +478,8 @@ fn a_kill_mid_batch_loses_and_doubles_nothing() {
     let gw = ServeProcess::start(&[], &[], &path, "warn", std::process::Stdio::null());
     let addr = gw.addr;
     let id = rt.block_on(async {
-        let file = upload(addr, "ke", "batch", &input(150, "m", 24))
-            .await
-            .json()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        let id = create(addr, "ke", &file).await.json()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        let start = tokio::time::Instant::now();
-        while batch(addr, "ke", &id).await["request_counts"]["completed"]
-            .as_u64()
-            .unwrap()
-            < 20
-        {
-            assert!(start.elapsed() < Duration::from_secs(30));
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let id = start(addr, 150, 24).await;
+        until_completed(addr, &id, 20).await;
         id
     });
     drop(gw); // SIGKILL

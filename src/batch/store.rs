@@ -343,35 +343,18 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::batch::{BatchUsage, RequestCounts, Status};
+    use crate::protocol::batch::{CreateBatch, Status};
 
     fn batch(id: &str) -> StoredBatch {
+        let c = CreateBatch::parse(
+            br#"{"input_file_id":"file-x","endpoint":"/v1/chat/completions","completion_window":"24h"}"#,
+        )
+        .unwrap();
+        let mut b = Batch::new(id.into(), c, 1);
+        b.status = Status::InProgress;
         StoredBatch {
             owner: "t".into(),
-            batch: Batch {
-                id: id.into(),
-                object: "batch".into(),
-                endpoint: "/v1/chat/completions".into(),
-                model: None,
-                input_file_id: "file-x".into(),
-                completion_window: "24h".into(),
-                status: Status::InProgress,
-                output_file_id: None,
-                error_file_id: None,
-                errors: None,
-                created_at: 1,
-                in_progress_at: None,
-                expires_at: None,
-                finalizing_at: None,
-                completed_at: None,
-                failed_at: None,
-                expired_at: None,
-                cancelling_at: None,
-                cancelled_at: None,
-                request_counts: RequestCounts::default(),
-                metadata: None,
-                usage: BatchUsage::default(),
-            },
+            batch: b,
         }
     }
 

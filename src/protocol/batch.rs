@@ -155,6 +155,37 @@ pub struct Batch {
     pub usage: BatchUsage,
 }
 
+impl Batch {
+    /// A batch just created: `validating`, due `WINDOW_SECONDS` after
+    /// `created_at`.
+    pub fn new(id: String, c: CreateBatch, created_at: u64) -> Batch {
+        Batch {
+            id,
+            object: "batch".into(),
+            endpoint: c.endpoint,
+            model: None,
+            input_file_id: c.input_file_id,
+            completion_window: c.completion_window,
+            status: Status::Validating,
+            output_file_id: None,
+            error_file_id: None,
+            errors: None,
+            created_at,
+            in_progress_at: None,
+            expires_at: Some(created_at + WINDOW_SECONDS),
+            finalizing_at: None,
+            completed_at: None,
+            failed_at: None,
+            expired_at: None,
+            cancelling_at: None,
+            cancelled_at: None,
+            request_counts: RequestCounts::default(),
+            metadata: c.metadata,
+            usage: BatchUsage::default(),
+        }
+    }
+}
+
 /// `POST /v1/batches`'s body.
 #[derive(Clone, Debug, Deserialize)]
 pub struct CreateBatch {
