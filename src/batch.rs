@@ -183,13 +183,11 @@ impl Batches {
 
     /// Deletes a file; one a batch still running reads is kept (409).
     pub async fn delete_file(&self, scope: &Scope, id: &str) -> Result<(), BatchError> {
-        let f = self.stored_file(scope, id).await?;
+        self.stored_file(scope, id).await?;
         let key = id.to_owned();
         let busy = blocking(&self.store, move |s| {
-            s.batches(Some(&f.owner)).map(|bs| {
-                bs.iter()
-                    .any(|b| b.batch.input_file_id == key && !b.batch.status.is_final())
-            })
+            s.active_batches()
+                .map(|bs| bs.iter().any(|b| b.batch.input_file_id == key))
         })
         .await?;
         if busy {

@@ -35,7 +35,7 @@ use http_body_util::BodyExt;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::store::{ItemResult, StoreError, StoredBatch, StoredFile};
+use super::store::{ItemResult, Store, StoreError, StoredBatch, StoredFile};
 use super::{Batches, blocking};
 use crate::gateway::request::{BatchItem, Call};
 use crate::net::body::RequestBody;
@@ -119,11 +119,7 @@ pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
 
 /// One look at every unfinished batch, earliest deadline first.
 async fn step(b: &Arc<Batches>) -> Result<(), StoreError> {
-    let mut active: Vec<StoredBatch> = blocking(&b.store, |s| s.batches(None))
-        .await?
-        .into_iter()
-        .filter(|s| !s.batch.status.is_final())
-        .collect();
+    let mut active = blocking(&b.store, Store::active_batches).await?;
     active.sort_by_key(|s| s.batch.expires_at);
     let ids: HashSet<String> = active.iter().map(|s| s.batch.id.clone()).collect();
     b.runner.runs.lock().retain(|id, _| ids.contains(id));
@@ -165,6 +161,7 @@ async fn read_items(
         }
     };
     let live = b.gw.live();
+    let max_body_bytes = live.policy.server.max_body_bytes;
     let gw = b.gw.clone();
     let known = move |m: &str| {
         !models
@@ -175,7 +172,7 @@ async fn read_items(
     let limits = Limits {
         endpoint: &sb.batch.endpoint,
         max_lines: b.limits.max_lines,
-        max_body_bytes: b.gw.live().policy.server.max_body_bytes,
+        max_body_bytes,
         known_model: &known,
     };
     read_input(&text, &limits)
@@ -397,7 +394,7 @@ async fn try_item(
     deadline: Duration,
     tries: u32,
 ) -> Tried {
-    let mut req = Request::new(RequestBody::local(Bytes::from(item.body.clone())));
+    let mut req = Request::new(RequestBody::local(item.body.clone()));
     *req.method_mut() = Method::POST;
     *req.uri_mut() =
         http::Uri::from_maybe_shared(Bytes::from(endpoint.to_owned())).unwrap_or_default();
@@ -461,7 +458,7 @@ async fn read_answer(mut body: crate::net::body::BoxBody) -> Result<Vec<u8>, ()>
 /// Ends a batch as `target`: items that never got an answer get an error
 /// line (cancelled, expired), then the output and error files are
 /// written and the batch takes its final status.
-async fn finalize(b: &Arc<Batches>, mut sb: StoredBatch, target: Status) -> Result<(), StoreError> {
+async fn finalize(b: &Arc<Batches>, sb: StoredBatch, target: Status) -> Result<(), StoreError> {
     let id = sb.batch.id.clone();
     // Stop what is in flight: those items get their cancelled or expired
     // line below.
@@ -485,21 +482,30 @@ async fn finalize(b: &Arc<Batches>, mut sb: StoredBatch, target: Status) -> Resu
         // A batch cancelled or expired while validating counts its items
         // here.
         total = Some(u32::try_from(items.len()).unwrap_or(u32::MAX));
+        // Every item without a result gets its line, in one transaction.
         let key = id.clone();
-        let done = blocking(&b.store, move |s| s.results(&key)).await?;
-        for item in items.iter().filter(|i| !done.contains_key(&i.line)) {
-            let result = ItemResult {
-                ok: false,
-                line: error_line(&item_id(&id, item.line), &item.custom_id, code, message),
-                usage: (0, 0, 0, 0),
-            };
-            let (key, line) = (id.clone(), item.line);
-            blocking(&b.store, move |s| s.record(&key, line, &result)).await?;
-        }
+        blocking(&b.store, move |s| {
+            let lines: Vec<(u32, ItemResult)> = items
+                .iter()
+                .map(|item| {
+                    let line =
+                        error_line(&item_id(&key, item.line), &item.custom_id, code, message);
+                    let result = ItemResult {
+                        ok: false,
+                        line,
+                        usage: (0, 0, 0, 0),
+                    };
+                    (item.line, result)
+                })
+                .collect();
+            s.record_all(&key, lines.iter().map(|(l, r)| (*l, r)))
+        })
+        .await?;
     }
     let key = id.clone();
     let results = blocking(&b.store, move |s| s.results(&key)).await?;
     let now = crate::clock::unix_seconds();
+    let (mut output, mut errors) = (None, None);
     for (ok, suffix) in [(true, "output"), (false, "errors")] {
         let lines: Vec<String> = results
             .values()
@@ -526,16 +532,8 @@ async fn finalize(b: &Arc<Batches>, mut sb: StoredBatch, target: Status) -> Resu
             s.write_file(file, &refs)
         })
         .await?;
-        if ok {
-            sb.batch.output_file_id = Some(written.file.id);
-        } else {
-            sb.batch.error_file_id = Some(written.file.id);
-        }
+        *if ok { &mut output } else { &mut errors } = Some(written.file.id);
     }
-    let (output, errors) = (
-        sb.batch.output_file_id.take(),
-        sb.batch.error_file_id.take(),
-    );
     blocking(&b.store, move |s| {
         s.update(&id, |batch| {
             if let Some(t) = total.filter(|_| batch.request_counts.total == 0) {

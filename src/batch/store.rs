@@ -23,6 +23,9 @@ use crate::protocol::batch::{Batch, FileObject};
 const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
 const BATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("batches");
 const RESULTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("results");
+/// The ids of the batches not yet ended: what the runner reads every
+/// step, whatever the number of ended batches kept.
+const ACTIVE: TableDefinition<&str, ()> = TableDefinition::new("active");
 
 /// A store failure, as the API answers it (500, the message says what).
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +43,22 @@ pub enum StoreError {
 
 fn failed<E: std::fmt::Display>(e: E) -> StoreError {
     StoreError::Db(e.to_string())
+}
+
+/// Writes batch `b` and keeps the index of batches not yet ended with it.
+fn write_batch(w: &redb::WriteTransaction, b: &StoredBatch) -> Result<(), StoreError> {
+    let id = b.batch.id.as_str();
+    w.open_table(BATCHES)
+        .map_err(failed)?
+        .insert(id, encode(b).as_slice())
+        .map_err(failed)?;
+    let mut active = w.open_table(ACTIVE).map_err(failed)?;
+    if b.batch.status.is_final() {
+        active.remove(id).map_err(failed)?;
+    } else {
+        active.insert(id, ()).map_err(failed)?;
+    }
+    Ok(())
 }
 
 /// A file and the tenant it belongs to.
@@ -102,6 +121,7 @@ impl Store {
         w.open_table(FILES).map_err(failed)?;
         w.open_table(BATCHES).map_err(failed)?;
         w.open_table(RESULTS).map_err(failed)?;
+        w.open_table(ACTIVE).map_err(failed)?;
         w.commit().map_err(failed)?;
         Ok(Store {
             dir: dir.to_path_buf(),
@@ -219,10 +239,7 @@ impl Store {
     /// Writes a new batch (changes go through [`Store::update`]).
     pub fn put_batch(&self, b: &StoredBatch) -> Result<(), StoreError> {
         let w = self.db.begin_write().map_err(failed)?;
-        w.open_table(BATCHES)
-            .map_err(failed)?
-            .insert(b.batch.id.as_str(), encode(b).as_slice())
-            .map_err(failed)?;
+        write_batch(&w, b)?;
         w.commit().map_err(failed)
     }
 
@@ -236,7 +253,7 @@ impl Store {
     ) -> Result<Option<StoredBatch>, StoreError> {
         let w = self.db.begin_write().map_err(failed)?;
         let out = {
-            let mut t = w.open_table(BATCHES).map_err(failed)?;
+            let t = w.open_table(BATCHES).map_err(failed)?;
             let Some(mut b) = t
                 .get(id)
                 .map_err(failed)?
@@ -245,12 +262,28 @@ impl Store {
             else {
                 return Ok(None);
             };
+            drop(t);
             f(&mut b.batch);
-            t.insert(id, encode(&b).as_slice()).map_err(failed)?;
+            write_batch(&w, &b)?;
             b
         };
         w.commit().map_err(failed)?;
         Ok(Some(out))
+    }
+
+    /// The batches not yet ended.
+    pub fn active_batches(&self) -> Result<Vec<StoredBatch>, StoreError> {
+        let r = self.db.begin_read().map_err(failed)?;
+        let active = r.open_table(ACTIVE).map_err(failed)?;
+        let batches = r.open_table(BATCHES).map_err(failed)?;
+        let mut out = Vec::new();
+        for e in active.iter().map_err(failed)? {
+            let (id, _) = e.map_err(failed)?;
+            if let Some(v) = batches.get(id.value()).map_err(failed)? {
+                out.push(decode(v.value())?);
+            }
+        }
+        Ok(out)
     }
 
     pub fn batch(&self, id: &str) -> Result<Option<StoredBatch>, StoreError> {
@@ -284,12 +317,21 @@ impl Store {
     /// counts and usage, in one transaction. `false` (and nothing written)
     /// when the item already has a result or the batch is gone.
     pub fn record(&self, id: &str, line: u32, result: &ItemResult) -> Result<bool, StoreError> {
+        self.record_all(id, std::iter::once((line, result)))
+            .map(|n| n == 1)
+    }
+
+    /// Records each `(line, result)` of batch `id` that has no result yet,
+    /// with its batch's counts and usage, in one transaction (one commit to
+    /// disk for a whole cancelled batch); how many were new.
+    pub fn record_all<'r>(
+        &self,
+        id: &str,
+        results: impl IntoIterator<Item = (u32, &'r ItemResult)>,
+    ) -> Result<usize, StoreError> {
         let w = self.db.begin_write().map_err(failed)?;
+        let mut new = 0;
         {
-            let mut results = w.open_table(RESULTS).map_err(failed)?;
-            if results.get((id, line)).map_err(failed)?.is_some() {
-                return Ok(false);
-            }
             let mut batches = w.open_table(BATCHES).map_err(failed)?;
             let Some(mut b) = batches
                 .get(id)
@@ -297,28 +339,38 @@ impl Store {
                 .map(|v| decode::<StoredBatch>(v.value()))
                 .transpose()?
             else {
-                return Ok(false);
+                return Ok(0);
             };
-            let c = &mut b.batch.request_counts;
-            if result.ok {
-                c.completed += 1;
-            } else {
-                c.failed += 1;
+            let mut table = w.open_table(RESULTS).map_err(failed)?;
+            for (line, result) in results {
+                if table.get((id, line)).map_err(failed)?.is_some() {
+                    continue;
+                }
+                let c = &mut b.batch.request_counts;
+                if result.ok {
+                    c.completed += 1;
+                } else {
+                    c.failed += 1;
+                }
+                let (prompt, cached, completion, reasoning) = result.usage;
+                let u = &mut b.batch.usage;
+                u.input_tokens += prompt;
+                u.input_tokens_details.cached_tokens += cached;
+                u.output_tokens += completion;
+                u.output_tokens_details.reasoning_tokens += reasoning;
+                u.total_tokens += prompt + completion;
+                table
+                    .insert((id, line), encode(result).as_slice())
+                    .map_err(failed)?;
+                new += 1;
             }
-            let (prompt, cached, completion, reasoning) = result.usage;
-            let u = &mut b.batch.usage;
-            u.input_tokens += prompt;
-            u.input_tokens_details.cached_tokens += cached;
-            u.output_tokens += completion;
-            u.output_tokens_details.reasoning_tokens += reasoning;
-            u.total_tokens += prompt + completion;
-            results
-                .insert((id, line), encode(result).as_slice())
-                .map_err(failed)?;
+            if new == 0 {
+                return Ok(0);
+            }
             batches.insert(id, encode(&b).as_slice()).map_err(failed)?;
         }
         w.commit().map_err(failed)?;
-        Ok(true)
+        Ok(new)
     }
 
     /// The results of batch `id`, by line.
@@ -386,6 +438,34 @@ mod tests {
         assert_eq!(s.content("file-1").unwrap(), b"a\nbc\n");
         assert_eq!(s.file("file-1").unwrap().unwrap().file.bytes, 5);
         assert_eq!(s.held_by("t").unwrap(), (1, 5));
+        // The index of batches not yet ended follows their status.
+        assert_eq!(s.active_batches().unwrap().len(), 1);
+        s.update("b1", |b| b.status = Status::Completed).unwrap();
+        assert!(s.active_batches().unwrap().is_empty());
+        assert_eq!(
+            s.batch("b1")
+                .unwrap()
+                .unwrap()
+                .batch
+                .request_counts
+                .completed,
+            1
+        );
+        // Many results in one transaction, each once.
+        let mut b2 = batch("b2");
+        b2.batch.request_counts.total = 3;
+        s.put_batch(&b2).unwrap();
+        let r = ItemResult {
+            ok: false,
+            line: "{}".into(),
+            usage: (0, 0, 0, 0),
+        };
+        assert!(s.record("b2", 1, &r).unwrap());
+        assert_eq!(s.record_all("b2", [(1, &r), (2, &r), (3, &r)]).unwrap(), 2);
+        assert_eq!(
+            s.batch("b2").unwrap().unwrap().batch.request_counts.failed,
+            3
+        );
         assert!(s.delete_file("file-1").unwrap());
         assert!(s.content("file-1").is_err());
     }

@@ -22,9 +22,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::batch::{BatchError, Batches, Scope};
-use crate::edge::admin::bears_token;
+use crate::edge::usage_page::{Caller, caller};
 use crate::gateway::handle::Gateway;
-use crate::gateway::tenant::authenticate;
 use crate::net::body::{self, BoxBody, RequestBody};
 use crate::protocol::error::ApiError;
 
@@ -98,24 +97,12 @@ fn ok<T: Serialize>(v: &T) -> Response<BoxBody> {
     resp
 }
 
-/// Who is asking: the operator (admin token) or a tenant (its key).
+/// Who is asking, as the usage page reads it, with the tenant by name.
 fn scope(gw: &Gateway, headers: &HeaderMap) -> Result<Scope, ApiError> {
-    let live = gw.live();
-    if live
-        .policy
-        .server
-        .admin_token
-        .is_some_and(|want| bears_token(headers, &want))
-    {
-        return Ok(Scope::Operator);
-    }
-    let t = authenticate(&live, headers)?;
-    let name = live
-        .tenant_names
-        .iter()
-        .find(|(_, id)| **id == t)
-        .map_or_else(|| "default".to_owned(), |(n, _)| n.clone());
-    Ok(Scope::Tenant(name))
+    Ok(match caller(&gw.live(), headers)? {
+        Caller::Operator => Scope::Operator,
+        Caller::Tenant(t) => Scope::Tenant(gw.sched().with(|s| s.tenant_name(t).to_owned())),
+    })
 }
 
 fn query(req: &Request<RequestBody>) -> HashMap<String, String> {

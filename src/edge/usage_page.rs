@@ -92,13 +92,13 @@ fn page() -> Response<BoxBody> {
     resp
 }
 
-/// Who is asking.
-enum Caller {
+/// Who is asking: the operator (the admin token) or a tenant (its key).
+pub(crate) enum Caller {
     Operator,
     Tenant(TenantId),
 }
 
-fn caller(live: &Live, headers: &HeaderMap) -> Result<Caller, ApiError> {
+pub(crate) fn caller(live: &Live, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let operator = live.policy.server.admin_token;
     if operator.is_some_and(|want| bears_token(headers, &want)) {
         return Ok(Caller::Operator);

@@ -240,8 +240,9 @@ pub struct Item {
     pub line: u32,
     pub custom_id: String,
     pub model: String,
-    /// The request body, as the line gave it.
-    pub body: Vec<u8>,
+    /// The request body, as the line gave it (shared: each try of the
+    /// item sends it again).
+    pub body: bytes::Bytes,
 }
 
 #[derive(Deserialize)]
@@ -310,7 +311,7 @@ pub fn read_input(text: &[u8], limits: &Limits<'_>) -> Result<Vec<Item>, Vec<Lin
                         line,
                         custom_id,
                         model,
-                        body,
+                        body: body.into(),
                     });
                 }
             }
