@@ -451,13 +451,7 @@ fn prefix_routing_serves_half_again_the_rate_within_the_slo_and_near_the_oracles
         ["least_outstanding", "prefix_aware+events", "oracle"]
     );
     let at = |v: Variant, factor: f64| {
-        let dense: Vec<_> = work
-            .iter()
-            .map(|r| fairway::replay::workload::WorkRequest {
-                t: r.t / factor,
-                ..r.clone()
-            })
-            .collect();
+        let dense = fairway::replay::capacity::compressed(&work, factor);
         let run = run_variant(&p, &dense, v, &opts(1)).0;
         holds_bound(&v.routing(), run.bound_ratio);
         let worst = run

@@ -40,7 +40,7 @@ fn meets(run: &RunReport, attainment: f64) -> bool {
 }
 
 /// The workload with every arrival `factor` times sooner.
-fn compressed(workload: &[WorkRequest], factor: f64) -> Vec<WorkRequest> {
+pub fn compressed(workload: &[WorkRequest], factor: f64) -> Vec<WorkRequest> {
     workload
         .iter()
         .map(|r| WorkRequest {
