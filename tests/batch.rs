@@ -78,6 +78,11 @@ fn request(
         .unwrap()
 }
 
+/// A bodiless call of tenant (or admin) `key`.
+async fn call(method: Method, addr: std::net::SocketAddr, path: &str, key: &str) -> Reply {
+    send(&client(), request(method, addr, path, key, "")).await
+}
+
 async fn upload(addr: std::net::SocketAddr, key: &str, purpose: &str, content: &str) -> Reply {
     let boundary = "fairway-test-boundary";
     let body = format!(
@@ -106,11 +111,7 @@ async fn create(addr: std::net::SocketAddr, key: &str, file: &str) -> Reply {
 }
 
 async fn batch(addr: std::net::SocketAddr, key: &str, id: &str) -> Value {
-    let r = send(
-        &client(),
-        request(Method::GET, addr, &format!("/v1/batches/{id}"), key, ""),
-    )
-    .await;
+    let r = call(Method::GET, addr, &format!("/v1/batches/{id}"), key).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     r.json()
 }
@@ -153,17 +154,7 @@ async fn until_completed(addr: std::net::SocketAddr, id: &str, n: u64) {
 
 /// A file's lines, by `custom_id`.
 async fn lines(addr: std::net::SocketAddr, key: &str, id: &str) -> HashMap<String, Value> {
-    let r = send(
-        &client(),
-        request(
-            Method::GET,
-            addr,
-            &format!("/v1/files/{id}/content"),
-            key,
-            "",
-        ),
-    )
-    .await;
+    let r = call(Method::GET, addr, &format!("/v1/files/{id}/content"), key).await;
     assert_eq!(r.status, StatusCode::OK);
     let mut out = HashMap::new();
     for l in r.text().lines() {
@@ -235,64 +226,36 @@ async fn a_batch_runs_beside_live_traffic_to_its_output_each_item_once() {
         format!("/v1/files/{file}"),
         format!("/v1/files/{file}/content"),
     ] {
-        let r = send(&client(), request(Method::GET, addr, &path, "ka", "")).await;
+        let r = call(Method::GET, addr, &path, "ka").await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}");
     }
-    let r = send(
-        &client(),
-        request(
-            Method::POST,
-            addr,
-            &format!("/v1/batches/{id}/cancel"),
-            "ka",
-            "",
-        ),
+    let r = call(
+        Method::POST,
+        addr,
+        &format!("/v1/batches/{id}/cancel"),
+        "ka",
     )
     .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
-    let r = send(
-        &client(),
-        request(Method::GET, addr, "/v1/batches", "ka", ""),
-    )
-    .await;
+    let r = call(Method::GET, addr, "/v1/batches", "ka").await;
     assert_eq!(r.json()["data"], json!([]));
-    let r = send(
-        &client(),
-        request(Method::GET, addr, "/v1/batches", "admin-secret", ""),
-    )
-    .await;
+    let r = call(Method::GET, addr, "/v1/batches", "admin-secret").await;
     assert_eq!(r.json()["data"][0]["id"], id.as_str());
-    let r = send(
-        &client(),
-        request(Method::GET, addr, "/v1/files?limit=1", "ke", ""),
-    )
-    .await;
+    let r = call(Method::GET, addr, "/v1/files?limit=1", "ke").await;
     assert_eq!(r.json()["data"].as_array().unwrap().len(), 1);
     assert_eq!(r.json()["has_more"], true, "{}", r.text());
     // A finished batch is not cancelled; its input may now be deleted.
-    let r = send(
-        &client(),
-        request(
-            Method::POST,
-            addr,
-            &format!("/v1/batches/{id}/cancel"),
-            "ke",
-            "",
-        ),
+    let r = call(
+        Method::POST,
+        addr,
+        &format!("/v1/batches/{id}/cancel"),
+        "ke",
     )
     .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
-    let r = send(
-        &client(),
-        request(Method::DELETE, addr, &format!("/v1/files/{file}"), "ke", ""),
-    )
-    .await;
+    let r = call(Method::DELETE, addr, &format!("/v1/files/{file}"), "ke").await;
     assert_eq!(r.json()["deleted"], true);
-    let r = send(
-        &client(),
-        request(Method::GET, addr, &format!("/v1/files/{file}"), "ke", ""),
-    )
-    .await;
+    let r = call(Method::GET, addr, &format!("/v1/files/{file}"), "ke").await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
 
     // Every item was a request of its owner's, counted once; the batch is
@@ -424,15 +387,11 @@ async fn a_cancel_keeps_what_finished_and_every_item_has_one_line() {
     )
     .unwrap();
     assert!(pending > 0.0 && done >= 5.0, "{m}");
-    let r = send(
-        &client(),
-        request(
-            Method::POST,
-            addr,
-            &format!("/v1/batches/{id}/cancel"),
-            "ke",
-            "",
-        ),
+    let r = call(
+        Method::POST,
+        addr,
+        &format!("/v1/batches/{id}/cancel"),
+        "ke",
     )
     .await;
     assert_eq!(r.status, StatusCode::OK);
