@@ -409,6 +409,7 @@ async fn try_item(
     req.extensions_mut().insert(BatchItem {
         tenant: owner.to_owned(),
         deadline,
+        resumable: false,
     });
     let resp = crate::gateway::request::handle(b.gw.clone(), req, call_of(endpoint)).await;
     let status = resp.status();

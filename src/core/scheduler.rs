@@ -81,8 +81,10 @@ pub enum Decision {
         id: RequestId,
         retry_after: Duration,
     },
-    /// Abort request `id` on `backend` (nothing of its response may have
-    /// reached the client). It is queued again and gets a new `Dispatch`.
+    /// Abort request `id` on `backend`. Nothing of its response had
+    /// reached the client: it is queued again and gets a new `Dispatch`.
+    /// A resumable item whose response had started: it has left the
+    /// scheduler, and its stream is to be cut (see [`Lane::Resumable`]).
     Preempt { id: RequestId, backend: BackendId },
 }
 
@@ -134,6 +136,12 @@ pub enum Lane {
     /// window, not `max_wait`); live work may preempt it while it is
     /// younger than the migration threshold, whatever its tenant's class.
     Batch,
+    /// A batch item whose generation the gateway can resume from the
+    /// tokens it already streamed: as [`Lane::Batch`], and it stays
+    /// preemptible after its response has started. Preempted then, it
+    /// leaves the scheduler (its slot and GPU-seconds settled as a cancel)
+    /// and its continuation arrives as a new request.
+    Resumable,
 }
 
 /// What the scheduler measured for a request that ended after dispatch.
@@ -236,7 +244,7 @@ impl Scheduler {
         let qcost = self.queue_cost(a.pool, a.prompt_tokens, output_estimate);
         let gpu_reserved = self.admit(now, &a, output_estimate, verdict, qcost)?;
 
-        let batch = a.lane == Lane::Batch;
+        let batch = a.lane != Lane::Live;
         let wait = match a.deadline {
             // A batch item waits as long as its batch's window allows.
             Some(d) if batch => d,
@@ -269,6 +277,8 @@ impl Scheduler {
             adapter: a.adapter,
             prefix: a.prefix.into_boxed_slice(),
             batch,
+            resumable: a.lane == Lane::Resumable,
+            started: false,
         });
         self.deadlines.insert((deadline, id));
         let ps = &mut self.pools[a.pool.0 as usize];
@@ -509,19 +519,23 @@ impl Scheduler {
     }
 
     /// Notes that the response of in-flight request `id` has started to
-    /// reach the client: from now on it is never preempted. Returns `false`
-    /// when `id` is not in flight (it was preempted or has ended): the
-    /// caller must then drop that response.
+    /// reach the client: from now on it is never preempted, but for a
+    /// resumable batch item ([`Lane::Resumable`]). Returns `false` when
+    /// `id` is not in flight (it was preempted or has ended): the caller
+    /// must then drop that response.
     pub fn on_response_started(&mut self, id: RequestId) -> bool {
-        let Some(req) = self.requests.get(id) else {
+        let Some(req) = self.requests.get_mut(id) else {
             return false;
         };
         let Phase::InFlight { dispatched, .. } = req.phase else {
             return false;
         };
-        self.pools[req.pool.0 as usize]
-            .preemptible
-            .remove(&(dispatched, id));
+        req.started = true;
+        if !req.resumable {
+            self.pools[req.pool.0 as usize]
+                .preemptible
+                .remove(&(dispatched, id));
+        }
         self.prefill_done(id);
         true
     }

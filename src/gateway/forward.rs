@@ -55,7 +55,8 @@ pub struct Outgoing<'a> {
 }
 
 /// Sends the request as the scheduler dispatches it, until a backend
-/// answers (any status) or it fails for good.
+/// answers (any status) or it fails for good; returns the answer and the
+/// request's channel of decisions.
 pub async fn forward(
     gw: &Arc<Gateway>,
     live: &Live,
@@ -63,7 +64,7 @@ pub async fn forward(
     mut pending: Pending,
     preemptible: bool,
     ticket: &mut Ticket,
-) -> Result<Response<pool::Body>, ApiError> {
+) -> Result<(Response<pool::Body>, Pending), ApiError> {
     let server = &live.policy.server;
     let pool_policy = &live.policy.pools[out.pool_index];
     // An upload's backend answers once it has the whole body, which the
@@ -167,7 +168,8 @@ pub async fn forward(
                     ticket.preempted();
                     continue;
                 }
-                return Ok(r);
+                // A resumable item's preemptions still come here.
+                return Ok((r, pending));
             }
         }
     }

@@ -13,9 +13,10 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::core::ids::Usage;
+use crate::gateway::scheduling::Pending;
 use crate::gateway::ticket::{BodyEnd, Ticket};
 use crate::net::body::BodyError;
-use crate::protocol::openai::{error_event, find};
+use crate::protocol::openai::{error_event, find, preempted_event};
 use crate::protocol::responses::response_id;
 use crate::protocol::sse::{data_lines, event_end};
 use crate::protocol::triton::{add_triton_event, triton_error_event, triton_tokens};
@@ -83,6 +84,8 @@ pin_project_lite::pin_project! {
         ticket: Option<Ticket>,
         // Ended early by an error event: nothing more to send.
         ended: bool,
+        // A resumable batch item's decisions: a `Preempt` cuts the stream.
+        preempt: Option<Pending>,
     }
 }
 
@@ -97,7 +100,18 @@ impl RelayBody {
             seen: Seen::default(),
             ticket: Some(ticket),
             ended: false,
+            preempt: None,
         }
+    }
+
+    /// A stream the scheduler may still preempt (a resumable batch item,
+    /// `core::scheduler::Lane::Resumable`): on its `Preempt` the backend's
+    /// body is dropped (which aborts the request in the engine) and the
+    /// stream ends with a `preempted` error event after the last whole
+    /// event, from which the batch runner resumes it.
+    pub fn preemptible(mut self, pending: Pending) -> Self {
+        self.preempt = Some(pending);
+        self
     }
 }
 
@@ -134,6 +148,17 @@ impl Body for RelayBody {
         let mut this = self.project();
         if *this.ended {
             return Poll::Ready(None);
+        }
+        if let Some(p) = this.preempt.as_mut()
+            && p.poll_preempted(cx).is_ready()
+        {
+            *this.ended = true;
+            *this.preempt = None;
+            this.carry.clear();
+            if let Some(t) = this.ticket.take() {
+                t.end(BodyEnd::Preempted);
+            }
+            return Poll::Ready(Some(Ok(Frame::data(preempted_event()))));
         }
         loop {
             let frame = match this.inner.as_mut().poll_frame(cx) {

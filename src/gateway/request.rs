@@ -87,6 +87,10 @@ impl Call {
 pub struct BatchItem {
     pub tenant: String,
     pub deadline: std::time::Duration,
+    /// The runner streams it and can resume it from what it streamed
+    /// (`protocol::resume`): it may be preempted mid-answer
+    /// (`Lane::Resumable`).
+    pub resumable: bool,
 }
 
 /// Serves one inference request.
@@ -98,7 +102,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>, call: Call) -> 
     let has_body = !http_body::Body::is_end_stream(req.body());
     match run(&gw, &live, req, call, &mut ticket).await {
         // The ticket finishes when the body ends (or the client leaves).
-        Ok((resp, mode)) => relay(resp, mode, ticket),
+        Ok((resp, mode, pending)) => relay(resp, mode, ticket, pending),
         Err(e) => {
             let status = e.status();
             if status.is_server_error() {
@@ -120,7 +124,7 @@ async fn run(
     req: Request<RequestBody>,
     call: Call,
     ticket: &mut Ticket,
-) -> Result<(Response<pool::Body>, Mode), ApiError> {
+) -> Result<(Response<pool::Body>, Mode, Option<Pending>), ApiError> {
     let tenant = identify(live, &req, ticket)?;
     let path = req.uri().path().to_owned();
     let read = read(live, req, &path, call, ticket).await?;
@@ -133,6 +137,7 @@ async fn run(
     }
     let (prefix, tokens) = prompt_tokens(live, &pool, &read, call);
     let item = read.parts.extensions.get::<BatchItem>();
+    let resumable = item.is_some_and(|i| i.resumable);
     let (pending, preemptible) = admit(
         gw,
         &pool,
@@ -155,9 +160,10 @@ async fn run(
         model: &read.info.model,
         pool_index: pool.index,
     };
-    let resp = forward(gw, live, out, pending, preemptible, ticket).await?;
+    let (resp, pending) = forward(gw, live, out, pending, preemptible, ticket).await?;
     let mode = Mode::of(call, &resp, strip_usage);
-    Ok((resp, mode))
+    let pending = (resumable && preemptible && !mode.is_json()).then_some(pending);
+    Ok((resp, mode, pending))
 }
 
 /// Identify: the tenant of the request's API key (or trusted header).
@@ -341,10 +347,10 @@ fn admit(
         deadline: item.map(|i| i.deadline),
         adapter: None,
         prefix,
-        lane: if item.is_some() {
-            Lane::Batch
-        } else {
-            Lane::Live
+        lane: match item {
+            Some(i) if i.resumable => Lane::Resumable,
+            Some(_) => Lane::Batch,
+            None => Lane::Live,
         },
     };
     match gw
@@ -373,12 +379,21 @@ fn admit(
 
 /// Relay: the backend's answer, streamed to the client through the
 /// ticket, which finishes when the body ends.
-fn relay(resp: Response<pool::Body>, mode: Mode, mut ticket: Ticket) -> Response<BoxBody> {
+fn relay(
+    resp: Response<pool::Body>,
+    mode: Mode,
+    mut ticket: Ticket,
+    pending: Option<Pending>,
+) -> Response<BoxBody> {
     let (parts, body) = resp.into_parts();
     let streaming = !mode.is_json();
     ticket.answered(parts.status, streaming);
     let limits = ticket.limits();
-    let mut out = Response::from_parts(parts, RelayBody::new(body, mode, ticket).boxed_unsync());
+    let mut relayed = RelayBody::new(body, mode, ticket);
+    if let Some(p) = pending {
+        relayed = relayed.preemptible(p);
+    }
+    let mut out = Response::from_parts(parts, relayed.boxed_unsync());
     upstream::strip_response_headers(out.headers_mut());
     rate_limit_headers(out.headers_mut(), &limits);
     if streaming {

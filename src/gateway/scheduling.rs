@@ -411,6 +411,28 @@ impl Pending {
         }
     }
 
+    /// Ready once a `Preempt` arrives (other decisions are dropped: none
+    /// but a `Preempt` comes to a request whose response has started).
+    pub fn poll_preempted(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if matches!(self.ready.take(), Some(Decision::Preempt { .. })) {
+            return std::task::Poll::Ready(());
+        }
+        let Rx::Many(rx) = &mut self.rx else {
+            return std::task::Poll::Pending;
+        };
+        while let std::task::Poll::Ready(d) = rx.poll_recv(cx) {
+            match d {
+                Some(Decision::Preempt { .. }) => return std::task::Poll::Ready(()),
+                Some(_) => {}
+                None => {
+                    self.rx = Rx::Done;
+                    return std::task::Poll::Pending;
+                }
+            }
+        }
+        std::task::Poll::Pending
+    }
+
     /// Whether `next` may still wait for a decision.
     pub fn is_waiting(&self) -> bool {
         self.ready.is_none() && !matches!(self.rx, Rx::Done)

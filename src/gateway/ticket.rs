@@ -32,8 +32,13 @@ use crate::telemetry::usage::UsageRecord;
 /// How a relayed body ended.
 #[derive(Debug)]
 pub enum BodyEnd {
-    Complete { usage: Option<Usage> },
+    Complete {
+        usage: Option<Usage>,
+    },
     UpstreamError(String),
+    /// A resumable batch item's stream, cut by a preemption (it had left
+    /// the scheduler already).
+    Preempted,
 }
 
 /// One request's life in the gateway; records its outcome exactly once.
@@ -288,6 +293,10 @@ impl Ticket {
                 if let Some(b) = self.backend {
                     self.gw.backend_failed(b);
                 }
+            }
+            BodyEnd::Preempted => {
+                self.preempted += 1;
+                self.outcome = Some(Outcome::Cancelled);
             }
         }
         self.finish();

@@ -16,6 +16,7 @@ pub mod openai;
 pub mod prompt;
 pub mod read;
 pub mod responses;
+pub mod resume;
 pub mod sse;
 pub mod triton;
 pub mod usage;

@@ -389,6 +389,23 @@ pub fn error_event(cause: &str) -> Bytes {
     Bytes::from(format!("data: {body}\n\n"))
 }
 
+/// The event that ends a resumable batch item's stream cut by a
+/// preemption (see `gateway::relay`); the batch runner resumes the item.
+pub fn preempted_event() -> Bytes {
+    let body = serde_json::json!({
+        "error": {
+            "message": "Preempted by live work; the batch runner resumes it.",
+            "type": "preempted",
+            "param": null,
+            "code": PREEMPTED,
+        }
+    });
+    Bytes::from(format!("data: {body}\n\n"))
+}
+
+/// The `code` of [`preempted_event`].
+pub const PREEMPTED: &str = "preempted";
+
 #[cfg(test)]
 mod tests {
     use super::*;

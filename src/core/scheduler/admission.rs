@@ -63,7 +63,7 @@ impl Scheduler {
         }
         if let Verdict::Late { over, .. } = verdict
             && t.on_late == OnLate::Refuse
-            && a.lane != Lane::Batch
+            && a.lane == Lane::Live
         {
             let retry = self.pools[a.pool.0 as usize].promise_retry(now, a.tenant, over, qcost);
             return Err(refuse(LimitKind::Slo, retry, t));

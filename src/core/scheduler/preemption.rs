@@ -20,7 +20,7 @@ impl Scheduler {
     /// flight: a batch tenant's, or any batch item, with preemption on.
     pub fn may_preempt_in(&self, tenant: TenantId, lane: Lane) -> bool {
         self.preemption.enabled
-            && (lane == Lane::Batch
+            && (lane != Lane::Live
                 || self
                     .tenants
                     .get(tenant.0 as usize)
@@ -86,6 +86,23 @@ impl Scheduler {
         let Some(id) = victim else {
             return false;
         };
+        if let Some(r) = self.requests.get(id)
+            && r.started
+        {
+            // A resumable item already streaming: it leaves (its
+            // continuation comes back as a new request), and its slot goes
+            // to the head in discipline order.
+            let (tenant, backend) = match r.phase {
+                Phase::InFlight { backend, .. } => (r.tenant, backend),
+                Phase::Queued => return false,
+            };
+            self.tenants[tenant.0 as usize].preempted_total += 1;
+            out.push(Decision::Preempt { id, backend });
+            if let Some((_, more)) = self.on_completion(now, id, None) {
+                out.extend(more);
+            }
+            return true;
+        }
         let deadline = now + self.max_wait;
         let Some(backend) = self.requeue(now, id, deadline) else {
             return false;

@@ -341,6 +341,11 @@ pub(super) struct Req {
     pub(super) prefix: Box<[u64]>,
     /// An item of a batch (`Lane::Batch`): in the late lane, preemptible.
     pub(super) batch: bool,
+    /// A batch item that can resume (`Lane::Resumable`): preemptible after
+    /// its response started too.
+    pub(super) resumable: bool,
+    /// Its response has started to reach the client.
+    pub(super) started: bool,
 }
 
 #[derive(Debug, Default)]

@@ -672,6 +672,38 @@ fn batch_work_past_the_threshold_or_already_answering_is_never_preempted() {
 }
 
 #[test]
+fn a_resumable_item_already_answering_is_preempted_and_leaves_the_scheduler() {
+    let mut p = spec(1, 2, vec![tenant("owner", 1.0), tenant("app", 1.0)]);
+    p.preemption.enabled = true;
+    let mut s = Scheduler::new(&p, t(0), 1);
+    let item = |s: &Scheduler, lane| Arrival {
+        lane,
+        deadline: Some(Duration::from_secs(3600)),
+        ..arrival(s, "owner")
+    };
+    let (resumable, ds) = s.on_arrival(t(0), item(&s, Lane::Resumable)).unwrap();
+    assert_eq!(dispatched(&ds).len(), 1);
+    let (plain, ds) = s.on_arrival(t(10), item(&s, Lane::Batch)).unwrap();
+    assert_eq!(dispatched(&ds).len(), 1);
+    // Both stream: only the resumable one stays preemptible, though the
+    // other is younger.
+    assert!(s.on_response_started(plain));
+    assert!(s.on_response_started(resumable));
+    let (app, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
+    assert_eq!(preempted(&ds), [resumable]);
+    assert_eq!(
+        dispatched(&ds).iter().map(|d| d.0).collect::<Vec<_>>(),
+        [app]
+    );
+    // It left: not queued again, its completion is not one, no slot held.
+    let owner = s.tenant("owner").unwrap();
+    assert_eq!(s.tenant_view(t(20), owner).queued, 0);
+    assert_eq!(s.tenant_view(t(20), owner).preempted_total, 1);
+    assert!(s.on_completion(t(30), resumable, None).is_none());
+    assert!(s.on_completion(t(30), plain, None).is_some());
+}
+
+#[test]
 fn a_preemption_waits_for_min_wait_and_the_tick_then_makes_it() {
     let (mut s, [_, young]) = full_of_batch(|p| p.preemption.min_wait = Duration::from_millis(100));
     let (app, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
