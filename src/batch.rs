@@ -10,6 +10,7 @@
 //! records. Every call that touches the store runs on the blocking pool:
 //! a commit waits for the disk.
 
+pub mod attempt;
 pub mod runner;
 pub mod store;
 
@@ -331,6 +332,36 @@ impl Batches {
                 "fairway_batch_items{{tenant=\"{}\",state=\"{s}\"}} {n}",
                 prom::escape(t)
             );
+        }
+        let resumes = self.runner.resumes();
+        type Field = fn(&attempt::Resumes) -> u64;
+        let families: [(&str, &str, Field); 4] = [
+            (
+                "fairway_batch_items_preempted_total",
+                "Resumable batch items cut mid-answer by a preemption, by tenant.",
+                |r| r.preempted,
+            ),
+            (
+                "fairway_batch_items_resumed_total",
+                "Continuations of preempted batch items sent from the tokens they had, by tenant.",
+                |r| r.resumed,
+            ),
+            (
+                "fairway_batch_items_restarted_total",
+                "Preempted batch items that could not resume and started again from zero, by tenant.",
+                |r| r.restarted,
+            ),
+            (
+                "fairway_batch_resume_tokens_saved_total",
+                "Generated tokens that resumed batch items kept rather than generated again, by tenant.",
+                |r| r.tokens_saved,
+            ),
+        ];
+        for (name, help, field) in families {
+            prom::family(out, name, Kind::Counter, help);
+            for (t, r) in &resumes {
+                let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", prom::escape(t), field(r));
+            }
         }
     }
 

@@ -277,6 +277,79 @@ async fn a_batch_runs_beside_live_traffic_to_its_output_each_item_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_preempted_mid_answer_resume_and_their_answers_are_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, b1) = (sim("m", 2).await, sim("m", 2).await);
+    // Two slots a backend: the items fill all four.
+    let extra = "\n[preemption]\nmin_wait = \"10ms\"\n";
+    let toml = policy(dir.path(), extra).replace("}\" }", "}\", max_inflight = 2 }");
+    let gw = gateway(&toml, &[&b0, &b1]).await;
+    let addr = gw.addr();
+    // 400 tokens at 2 ms: each item answers for about a second.
+    let (n, max_tokens) = (16, 400);
+    let id = start(addr, n, max_tokens).await;
+
+    // Live work keeps arriving while the items answer: each waits for a
+    // slot that only a preemption frees.
+    let live = tokio::spawn(async move {
+        let c = client();
+        let mut statuses = Vec::new();
+        for _ in 0..12 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let body = chat("m", 4, false);
+            let r = send(&c, post(addr, "/v1/chat/completions", Some("ka"), body)).await;
+            statuses.push(r.status);
+        }
+        statuses
+    });
+    let b = ended(addr, "ke", &id, Duration::from_secs(90)).await;
+    assert!(live.await.unwrap().iter().all(|s| *s == StatusCode::OK));
+    assert_eq!(b["status"], "completed", "{b}");
+    assert_eq!(b["request_counts"]["completed"], n);
+
+    let m = scrape(&gw).await;
+    promtool_check(&m);
+    let count = |name: &str| metric(&m, &format!("{name}{{tenant=\"evals\"}}")).unwrap_or(0.0);
+    let preempted = count("fairway_batch_items_preempted_total");
+    assert!(preempted >= 1.0, "no item was preempted mid-answer");
+    assert_eq!(count("fairway_batch_items_resumed_total"), preempted);
+    assert_eq!(count("fairway_batch_items_restarted_total"), 0.0);
+    assert!(count("fairway_batch_resume_tokens_saved_total") >= 1.0);
+
+    // Every answer is whole, as one uninterrupted call gives it: all its
+    // tokens once, the prompt counted once, its finish reason.
+    let out = lines(addr, "ke", b["output_file_id"].as_str().unwrap()).await;
+    assert_eq!(out.len(), n);
+    let direct = client();
+    for (cid, l) in &out {
+        let body = &l["response"]["body"];
+        assert_eq!(body["object"], "chat.completion", "{cid}");
+        let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(text, " tok".repeat(max_tokens as usize), "{cid}");
+        assert_eq!(body["choices"][0]["finish_reason"], "length", "{cid}");
+        assert_eq!(body["usage"]["completion_tokens"], max_tokens, "{cid}");
+        // The prompt as the engine counts it, asked of it directly.
+        let i: usize = cid[1..].parse().unwrap();
+        let item: Value = serde_json::from_str(input(n, "m", 1).lines().nth(i).unwrap()).unwrap();
+        let r = send(
+            &direct,
+            post(
+                b0.addr(),
+                "/v1/chat/completions",
+                None,
+                item["body"].to_string(),
+            ),
+        )
+        .await;
+        assert_eq!(
+            body["usage"]["prompt_tokens"],
+            r.json()["usage"]["prompt_tokens"],
+            "{cid}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_files_and_bad_calls_get_clear_errors_and_nothing_runs() {
     let dir = tempfile::tempdir().unwrap();
     let b0 = sim("m", 8).await;

@@ -11,7 +11,9 @@
 //!   fill every slot live traffic leaves, never a fixed number. An item
 //!   refused for its owner's limits (429) or not dispatched in time (503)
 //!   waits for its `retry-after` and runs again; a 5xx or a broken answer
-//!   is retried twice; any other answer is its result. When every item has
+//!   is retried twice; any other answer is its result. An item that can
+//!   resume is streamed and, when live work preempts it mid-answer,
+//!   continued from the tokens it had ([`super::attempt`]). When every item has
 //!   one, the batch is `finalizing`, then `completed` with its files.
 //! - `cancelling`: items in flight are stopped; the batch is `cancelled`
 //!   with what finished.
@@ -25,36 +27,28 @@
 //! that was in flight has no result and runs again; one with a result is
 //! not run again ([`super::store::Store::record`] writes a result once).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Method, Request, header};
-use http_body_util::BodyExt;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use super::attempt::{Resumes, Target, Tried, try_item};
 use super::store::{ItemResult, Store, StoreError, StoredBatch, StoredFile};
 use super::{Batches, blocking};
-use crate::gateway::request::{BatchItem, Call};
-use crate::net::body::RequestBody;
-use crate::protocol::batch::{
-    Errors, FileObject, Item, Limits, Status, answer_usage, error_line, output_line, read_input,
-};
+use crate::protocol::batch::{Errors, FileObject, Item, Limits, Status, error_line, read_input};
 
 /// How often the runner looks at the batches when nothing wakes it.
 const TICK: Duration = Duration::from_millis(250);
-/// Tries of an item that got a 5xx or no whole answer.
-const TRIES: u32 = 3;
-/// The longest answer kept for one item.
-const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// The runner's state: what each running batch has in flight.
 #[derive(Default)]
 pub struct Runner {
     wake: tokio::sync::Notify,
     runs: Mutex<HashMap<String, Run>>,
+    /// Since start, by tenant.
+    resumes: Mutex<BTreeMap<String, Resumes>>,
 }
 
 impl Runner {
@@ -70,6 +64,16 @@ impl Runner {
                 )
             })
             .collect()
+    }
+
+    /// Preemptions of items and what became of them since start, by
+    /// tenant.
+    pub fn resumes(&self) -> BTreeMap<String, Resumes> {
+        self.resumes.lock().clone()
+    }
+
+    pub(super) fn note(&self, tenant: &str, f: impl FnOnce(&mut Resumes)) {
+        f(self.resumes.lock().entry(tenant.to_owned()).or_default());
     }
 
     /// Looks at the batches now (a batch was created or cancelled, an item
@@ -88,12 +92,6 @@ struct Run {
     /// Lines waiting to be tried again, and when.
     retry_at: HashMap<u32, tokio::time::Instant>,
     tries: HashMap<u32, u32>,
-}
-
-/// What one try of an item came to.
-enum Tried {
-    Done(ItemResult),
-    Again(Duration),
 }
 
 pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
@@ -338,7 +336,13 @@ async fn item_task(
         .unwrap_or(0)
         + 1;
     let rid = item_id(&id, item.line);
-    let tried = try_item(&b, (&owner, &endpoint, &rid), &item, deadline, tries).await;
+    let target = Target {
+        owner: &owner,
+        endpoint: &endpoint,
+        rid: &rid,
+        deadline,
+    };
+    let tried = try_item(&b, &target, &item, tries).await;
     let line = item.line;
     let recorded = match &tried {
         Tried::Done(result) => {
@@ -373,87 +377,9 @@ async fn item_task(
     b.runner.wake();
 }
 
-/// The request path's route for a batch endpoint.
-fn call_of(endpoint: &str) -> Call {
-    match endpoint {
-        "/v1/responses" => Call::Responses,
-        "/v1/embeddings" => Call::Pooling,
-        _ => Call::Completions,
-    }
-}
-
 /// The item's id in its output line and its request's `x-request-id`.
 fn item_id(batch: &str, line: u32) -> String {
     format!("batch_req_{}_{line}", batch.trim_start_matches("batch_"))
-}
-
-async fn try_item(
-    b: &Arc<Batches>,
-    (owner, endpoint, rid): (&str, &str, &str),
-    item: &Item,
-    deadline: Duration,
-    tries: u32,
-) -> Tried {
-    let mut req = Request::new(RequestBody::local(item.body.clone()));
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() =
-        http::Uri::from_maybe_shared(Bytes::from(endpoint.to_owned())).unwrap_or_default();
-    let h = req.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    if let Ok(v) = http::HeaderValue::from_str(rid) {
-        h.insert("x-request-id", v);
-    }
-    req.extensions_mut().insert(BatchItem {
-        tenant: owner.to_owned(),
-        deadline,
-        resumable: false,
-    });
-    let resp = crate::gateway::request::handle(b.gw.clone(), req, call_of(endpoint)).await;
-    let status = resp.status();
-    let retry_after = resp
-        .headers()
-        .get(header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .map_or(Duration::from_secs(1), |s| {
-            Duration::from_secs(s.clamp(1, 60))
-        });
-    let body = read_answer(resp.into_body()).await;
-    if matches!(status.as_u16(), 429 | 503) {
-        return Tried::Again(retry_after);
-    }
-    let again = status.is_server_error() || body.is_err();
-    if again && tries < TRIES {
-        return Tried::Again(Duration::from_secs(u64::from(tries)));
-    }
-    let body = body.unwrap_or_default();
-    Tried::Done(ItemResult {
-        ok: status.is_success(),
-        line: output_line(rid, &item.custom_id, status.as_u16(), rid, &body),
-        usage: if status.is_success() {
-            answer_usage(&body)
-        } else {
-            (0, 0, 0, 0)
-        },
-    })
-}
-
-/// An answer's body, whole and within [`MAX_ANSWER_BYTES`]; `Err` when
-/// it broke off or is larger.
-async fn read_answer(mut body: crate::net::body::BoxBody) -> Result<Vec<u8>, ()> {
-    let mut out = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(drop)?;
-        if let Ok(data) = frame.into_data() {
-            if out.len() + data.len() > MAX_ANSWER_BYTES {
-                return Err(());
-            }
-            out.extend_from_slice(&data);
-        }
-    }
-    Ok(out)
 }
 
 /// Ends a batch as `target`: items that never got an answer get an error

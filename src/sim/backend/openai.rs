@@ -46,6 +46,9 @@ pub(super) struct Generation {
     pub max_output_tokens: Option<u32>,
     /// The Responses API's `store` (default true): kept for `GET`.
     pub store: bool,
+    /// vLLM's `return_token_ids` (chat and completions streams): the
+    /// prompt's ids on the first chunk, each token's on its own.
+    pub token_ids: bool,
 }
 
 impl Generation {
@@ -151,6 +154,8 @@ struct RawRequest {
     stream: bool,
     stream_options: Option<StreamOptions>,
     sim_output_tokens: Option<u32>,
+    #[serde(default)]
+    return_token_ids: bool,
 }
 
 #[derive(Deserialize)]
@@ -175,13 +180,26 @@ struct Part {
 enum Texts {
     One(String),
     Many(Vec<String>),
+    /// A prompt of token ids, as vLLM takes it.
+    Ids(Vec<u32>),
 }
 
 impl Texts {
-    fn into_vec(self) -> Vec<String> {
+    /// The texts; ids are not a text (embeddings take texts only here).
+    fn into_vec(self) -> Option<Vec<String>> {
         match self {
-            Texts::One(s) => vec![s],
-            Texts::Many(v) => v,
+            Texts::One(s) => Some(vec![s]),
+            Texts::Many(v) => Some(v),
+            Texts::Ids(_) => None,
+        }
+    }
+
+    /// The prompt's tokens.
+    fn tokens(self) -> u32 {
+        match self {
+            Texts::One(s) => crate::tokens::estimate(&s),
+            Texts::Many(v) => crate::tokens::estimate(&v.concat()),
+            Texts::Ids(ids) => u32::try_from(ids.len()).unwrap_or(u32::MAX),
         }
     }
 }
@@ -251,12 +269,10 @@ pub(super) fn parse_generation(endpoint: Endpoint, body: &[u8]) -> Result<Genera
                 .saturating_mul(TOKENS_PER_MESSAGE);
             crate::tokens::estimate(&text).saturating_add(template)
         }
-        Endpoint::Completions => {
-            let prompt = raw
-                .prompt
-                .ok_or_else(|| ApiError::bad_request("Field required: prompt".to_owned()))?;
-            crate::tokens::estimate(&prompt.into_vec().concat())
-        }
+        Endpoint::Completions => raw
+            .prompt
+            .ok_or_else(|| ApiError::bad_request("Field required: prompt".to_owned()))?
+            .tokens(),
     };
     let prompt_tokens = prompt_tokens.saturating_add(extra);
     if endpoint == Endpoint::Messages && raw.max_tokens.is_none() {
@@ -290,6 +306,7 @@ pub(super) fn parse_generation(endpoint: Endpoint, body: &[u8]) -> Result<Genera
         },
         max_output_tokens: raw.max_output_tokens,
         store: raw.store.unwrap_or(true),
+        token_ids: raw.return_token_ids,
     })
 }
 
@@ -300,11 +317,15 @@ pub(super) fn parse_embedding(body: &[u8]) -> Result<Embedding, ApiError> {
         .input
         .ok_or_else(|| ApiError::bad_request("Field required: input".to_owned()))
         .and_then(|v| {
-            serde_json::from_value::<Texts>(v).map_err(|_| {
-                ApiError::bad_request("`input` must be a string or a list of strings".to_owned())
-            })
-        })?
-        .into_vec();
+            serde_json::from_value::<Texts>(v)
+                .ok()
+                .and_then(Texts::into_vec)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "`input` must be a string or a list of strings".to_owned(),
+                    )
+                })
+        })?;
     let prompt_tokens = inputs.iter().fold(0u32, |acc, s| {
         acc.saturating_add(crate::tokens::estimate(s))
     });
@@ -365,6 +386,8 @@ pub(super) struct StreamHead {
     pub prompt_tokens: u32,
     /// The Responses API's event numbering and response object.
     pub responses: super::dialects::Responses,
+    /// Token ids asked for (`return_token_ids`).
+    pub token_ids: bool,
 }
 
 impl StreamHead {
@@ -382,6 +405,7 @@ impl StreamHead {
             created: crate::clock::unix_seconds(),
             n: g.n.max(1),
             prompt_tokens: g.prompt_tokens,
+            token_ids: g.token_ids,
         }
     }
 
@@ -415,16 +439,19 @@ impl StreamHead {
                         let role = json!([{"index": choice,
                             "delta": {"role": "assistant", "content": ""},
                             "logprobs": null, "finish_reason": null}]);
-                        sse(&self.chunk(role), &mut out);
+                        let c = self.with_ids(self.chunk(role), None, true);
+                        sse(&c, &mut out);
                     }
                     let c = json!([{"index": choice, "delta": {"content": TOKEN_TEXT},
                         "logprobs": null, "finish_reason": finish}]);
-                    sse(&self.chunk(c), &mut out);
+                    let c = self.with_ids(self.chunk(c), Some(index), false);
+                    sse(&c, &mut out);
                 }
                 Endpoint::Completions => {
                     let c = json!([{"index": choice, "text": TOKEN_TEXT, "logprobs": null,
                         "finish_reason": finish, "stop_reason": null}]);
-                    sse(&self.chunk(c), &mut out);
+                    let c = self.with_ids(self.chunk(c), Some(index), index == 1);
+                    sse(&c, &mut out);
                 }
                 Endpoint::Responses => self.responses.token(index, &mut out),
                 Endpoint::Messages => super::dialects::message_token(
@@ -437,6 +464,21 @@ impl StreamHead {
             }
         }
         Bytes::from(out)
+    }
+
+    /// `chunk` with vLLM's token ids when asked for: the prompt's
+    /// (`prompt`, the first chunk), token `index`'s (its id is its index).
+    fn with_ids(&self, mut chunk: Value, index: Option<u32>, prompt: bool) -> Value {
+        if !self.token_ids {
+            return chunk;
+        }
+        if prompt {
+            chunk["prompt_token_ids"] = json!((0..self.prompt_tokens).collect::<Vec<_>>());
+        }
+        if let Some(i) = index {
+            chunk["choices"][0]["token_ids"] = json!([i]);
+        }
+        chunk
     }
 
     /// The stream's tail. Chat and completions: the usage chunk when

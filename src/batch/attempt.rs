@@ -1,0 +1,250 @@
+//! One try of a batch item through the gateway's request path, and its
+//! resumption when live work preempts it mid-answer.
+//!
+//! An item that can resume exactly ([`resume::resumable`]) is sent
+//! streamed with token ids, in the pool's resumable lane: the scheduler
+//! may preempt it while it answers (within the migration threshold), and
+//! the runner sends its continuation from the tokens it had, as many times
+//! as it is preempted; the stitched answer is its result. A continuation
+//! refused by the backend (no token-id prompts), or a stream that cannot
+//! resume (no token ids, reasoning), starts the item again as it was
+//! asked: a restart, counted. Any other item is sent as asked, in the
+//! batch lane: preempted only before its answer starts, then sent again
+//! from zero by the request path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::Value;
+
+use super::Batches;
+use super::store::ItemResult;
+use crate::gateway::request::{BatchItem, Call};
+use crate::net::body::RequestBody;
+use crate::protocol::batch::{Item, answer_usage, output_line};
+use crate::protocol::resume::{self, Ended, Kind, Progress};
+
+/// Tries of an item that got a 5xx or no whole answer.
+pub(super) const TRIES: u32 = 3;
+/// The longest answer kept for one item.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// What one try of an item came to.
+pub(super) enum Tried {
+    Done(ItemResult),
+    Again(Duration),
+}
+
+/// Whose item, where, under which id, until when.
+pub(super) struct Target<'a> {
+    pub owner: &'a str,
+    pub endpoint: &'a str,
+    pub rid: &'a str,
+    pub deadline: Duration,
+}
+
+/// Preemptions of items and what became of them, per tenant.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Resumes {
+    /// Resumable items cut by a preemption.
+    pub preempted: u64,
+    /// Continuations sent from the tokens generated before a cut.
+    pub resumed: u64,
+    /// Cut items started again from zero instead.
+    pub restarted: u64,
+    /// Generated tokens a continuation kept (not generated again).
+    pub tokens_saved: u64,
+}
+
+/// What came back from one request.
+struct Answer {
+    status: StatusCode,
+    retry_after: Duration,
+    /// The whole body; `Err` when it broke off or was too large.
+    body: Result<Vec<u8>, ()>,
+}
+
+pub(super) async fn try_item(b: &Arc<Batches>, t: &Target<'_>, item: &Item, tries: u32) -> Tried {
+    let parsed = serde_json::from_slice::<Value>(&item.body).ok();
+    if let Some(body) = parsed
+        && let Ok(kind) = resume::resumable(t.endpoint, &body)
+    {
+        return resumable(b, t, item, (kind, &body), tries).await;
+    }
+    let a = send(b, t, t.endpoint, item.body.clone(), false).await;
+    judge(t, item, a, tries)
+}
+
+/// An item sent as it was asked: its answer, or a try again.
+fn judge(t: &Target<'_>, item: &Item, a: Answer, tries: u32) -> Tried {
+    if matches!(a.status.as_u16(), 429 | 503) {
+        return Tried::Again(a.retry_after);
+    }
+    let again = a.status.is_server_error() || a.body.is_err();
+    if again && tries < TRIES {
+        return Tried::Again(Duration::from_secs(u64::from(tries)));
+    }
+    let body = a.body.unwrap_or_default();
+    done(t, item, a.status, &body)
+}
+
+fn done(t: &Target<'_>, item: &Item, status: StatusCode, body: &[u8]) -> Tried {
+    Tried::Done(ItemResult {
+        ok: status.is_success(),
+        line: output_line(t.rid, &item.custom_id, status.as_u16(), t.rid, body),
+        usage: if status.is_success() {
+            answer_usage(body)
+        } else {
+            (0, 0, 0, 0)
+        },
+    })
+}
+
+/// A resumable item: streamed, resumed after each preemption, its
+/// stitched answer the result.
+async fn resumable(
+    b: &Arc<Batches>,
+    t: &Target<'_>,
+    item: &Item,
+    (kind, body): (Kind, &Value),
+    tries: u32,
+) -> Tried {
+    let first = Bytes::from(resume::streamed(body));
+    let mut p = Progress::default();
+    let mut next = (t.endpoint, first.clone());
+    loop {
+        let continuing = p.generated() > 0;
+        let a = send(b, t, next.0, next.1.clone(), true).await;
+        if matches!(a.status.as_u16(), 429 | 503) {
+            // Not admitted or not dispatched in time: the same request
+            // again after its wait, the progress kept.
+            tokio::time::sleep(a.retry_after).await;
+            continue;
+        }
+        if !a.status.is_success() {
+            if continuing {
+                // The backend takes no token-id prompt: start again.
+                b.runner.note(t.owner, |r| r.restarted += 1);
+                p.restart();
+                next = (t.endpoint, first.clone());
+                continue;
+            }
+            // Not asked to stream (or refused what Fairway added): the
+            // item as it was asked decides.
+            let a = send(b, t, t.endpoint, item.body.clone(), false).await;
+            return judge(t, item, a, tries);
+        }
+        let Ok(stream) = a.body else {
+            return judge(t, item, a, tries);
+        };
+        match p.read(&stream) {
+            Ended::Done => return done(t, item, StatusCode::OK, &p.answer(kind, body)),
+            Ended::Broken(cause) => {
+                tracing::warn!(item = t.rid, %cause, "batch item's stream broke");
+                if tries < TRIES {
+                    return Tried::Again(Duration::from_secs(u64::from(tries)));
+                }
+                let body = serde_json::json!({"error": {
+                    "message": format!("The backend's stream broke before it ended: {cause}"),
+                    "type": "upstream_error", "param": null, "code": "upstream_stream_broken",
+                }});
+                return done(
+                    t,
+                    item,
+                    StatusCode::BAD_GATEWAY,
+                    body.to_string().as_bytes(),
+                );
+            }
+            Ended::Preempted => {
+                b.runner.note(t.owner, |r| r.preempted += 1);
+                if p.at_limit(body) {
+                    return done(t, item, StatusCode::OK, &p.answer(kind, body));
+                }
+                match p.continuation(body) {
+                    Some(c) => {
+                        let k = p.generated();
+                        b.runner.note(t.owner, |r| {
+                            r.resumed += 1;
+                            r.tokens_saved += k;
+                        });
+                        next = ("/v1/completions", Bytes::from(c));
+                    }
+                    None => {
+                        b.runner.note(t.owner, |r| r.restarted += 1);
+                        p.restart();
+                        next = (t.endpoint, first.clone());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The request path's route for a batch endpoint.
+fn call_of(endpoint: &str) -> Call {
+    match endpoint {
+        "/v1/responses" => Call::Responses,
+        "/v1/embeddings" => Call::Pooling,
+        _ => Call::Completions,
+    }
+}
+
+/// Sends `body` to `path` as the item's request and reads the answer.
+async fn send(
+    b: &Arc<Batches>,
+    t: &Target<'_>,
+    path: &str,
+    body: Bytes,
+    resumable: bool,
+) -> Answer {
+    let mut req = Request::new(RequestBody::local(body));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = http::Uri::from_maybe_shared(Bytes::from(path.to_owned())).unwrap_or_default();
+    let h = req.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = http::HeaderValue::from_str(t.rid) {
+        h.insert("x-request-id", v);
+    }
+    req.extensions_mut().insert(BatchItem {
+        tenant: t.owner.to_owned(),
+        deadline: t.deadline,
+        resumable,
+    });
+    let resp = crate::gateway::request::handle(b.gw.clone(), req, call_of(path)).await;
+    let status = resp.status();
+    let retry_after = resp
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .map_or(Duration::from_secs(1), |s| {
+            Duration::from_secs(s.clamp(1, 60))
+        });
+    let body = read_answer(resp.into_body()).await;
+    Answer {
+        status,
+        retry_after,
+        body,
+    }
+}
+
+/// An answer's body, whole and within [`MAX_ANSWER_BYTES`]; `Err` when
+/// it broke off or is larger.
+async fn read_answer(mut body: crate::net::body::BoxBody) -> Result<Vec<u8>, ()> {
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(drop)?;
+        if let Ok(data) = frame.into_data() {
+            if out.len() + data.len() > MAX_ANSWER_BYTES {
+                return Err(());
+            }
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out)
+}
