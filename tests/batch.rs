@@ -7,13 +7,13 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 use serde_json::{Value, json};
+use support::batch::*;
 use support::*;
 
 /// A gateway whose batch store is in `dir`: tenant `api` (key `ka`,
@@ -62,74 +62,6 @@ fn input(n: usize, model: &str, max_tokens: u32) -> String {
         .collect()
 }
 
-fn request(
-    method: Method,
-    addr: std::net::SocketAddr,
-    path: &str,
-    key: &str,
-    body: impl Into<Bytes>,
-) -> Request<Full<Bytes>> {
-    Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"))
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .body(Full::new(body.into()))
-        .unwrap()
-}
-
-/// A bodiless call of tenant (or admin) `key`.
-async fn call(method: Method, addr: std::net::SocketAddr, path: &str, key: &str) -> Reply {
-    send(&client(), request(method, addr, path, key, "")).await
-}
-
-async fn upload(addr: std::net::SocketAddr, key: &str, purpose: &str, content: &str) -> Reply {
-    let boundary = "fairway-test-boundary";
-    let body = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n{purpose}\r\n\
-         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
-         Content-Type: application/jsonl\r\n\r\n{content}\r\n--{boundary}--\r\n"
-    );
-    let req = Request::post(format!("http://{addr}/v1/files"))
-        .header("authorization", format!("Bearer {key}"))
-        .header(
-            "content-type",
-            format!("multipart/form-data; boundary={boundary}"),
-        )
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    send(&client(), req).await
-}
-
-async fn create(addr: std::net::SocketAddr, key: &str, file: &str) -> Reply {
-    let body = json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h", "metadata": {"suite": "t"}});
-    send(
-        &client(),
-        request(Method::POST, addr, "/v1/batches", key, body.to_string()),
-    )
-    .await
-}
-
-async fn batch(addr: std::net::SocketAddr, key: &str, id: &str) -> Value {
-    let r = call(Method::GET, addr, &format!("/v1/batches/{id}"), key).await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    r.json()
-}
-
-/// Polls batch `id` until it has ended.
-async fn ended(addr: std::net::SocketAddr, key: &str, id: &str, within: Duration) -> Value {
-    let start = tokio::time::Instant::now();
-    loop {
-        let b = batch(addr, key, id).await;
-        if ["completed", "failed", "expired", "cancelled"].contains(&b["status"].as_str().unwrap())
-        {
-            return b;
-        }
-        assert!(start.elapsed() < within, "batch still {}: {b}", b["status"]);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Uploads `n` items and creates their batch; its id.
 async fn start(addr: std::net::SocketAddr, n: usize, max_tokens: u32) -> String {
     let f = upload(addr, "ke", "batch", &input(n, "m", max_tokens)).await;
@@ -150,19 +82,6 @@ async fn until_completed(addr: std::net::SocketAddr, id: &str, n: u64) {
         assert!(start.elapsed() < Duration::from_secs(30), "{id}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// A file's lines, by `custom_id`.
-async fn lines(addr: std::net::SocketAddr, key: &str, id: &str) -> HashMap<String, Value> {
-    let r = call(Method::GET, addr, &format!("/v1/files/{id}/content"), key).await;
-    assert_eq!(r.status, StatusCode::OK);
-    let mut out = HashMap::new();
-    for l in r.text().lines() {
-        let v: Value = serde_json::from_str(l).unwrap();
-        let id = v["custom_id"].as_str().unwrap().to_owned();
-        assert!(out.insert(id.clone(), v).is_none(), "{id} twice");
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -246,26 +246,37 @@ impl Progress {
     }
 
     fn chunk(&mut self, v: &Value, first: bool) {
+        let choice = v.get("choices").and_then(|c| c.get(0));
         if first {
             for (slot, key) in [
                 (&mut self.id, "id"),
                 (&mut self.created, "created"),
                 (&mut self.model, "model"),
-                (&mut self.fingerprint, "system_fingerprint"),
             ] {
                 if slot.is_none() {
                     *slot = v.get(key).filter(|x| !x.is_null()).cloned();
                 }
             }
-            if let Some(p) = v.get("prompt_token_ids").and_then(ids) {
-                self.prompt_ids = Some(p);
+            // Chat: on the chunk; completions: on its choice.
+            let prompt = v
+                .get("prompt_token_ids")
+                .or_else(|| choice?.get("prompt_token_ids"))
+                .and_then(ids);
+            if prompt.is_some() {
+                self.prompt_ids = prompt;
             }
+        }
+        if self.fingerprint.is_none() {
+            self.fingerprint = v
+                .get("system_fingerprint")
+                .filter(|x| !x.is_null())
+                .cloned();
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             let n = |k| u.get(k).and_then(Value::as_u64).unwrap_or(0);
             self.usage = Some((n("prompt_tokens"), n("completion_tokens")));
         }
-        let Some(c) = v.get("choices").and_then(|c| c.get(0)) else {
+        let Some(c) = choice else {
             return;
         };
         let delta = c.get("delta");
@@ -357,8 +368,7 @@ impl Progress {
         let choice = match kind {
             Kind::Chat => json!({
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": null,
-                    "tool_calls": []},
+                "message": {"role": "assistant", "content": text, "refusal": null},
                 "logprobs": null,
                 "finish_reason": finish,
                 "stop_reason": stop_reason,

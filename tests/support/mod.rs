@@ -3,6 +3,8 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 #![allow(clippy::disallowed_methods)] // waits for child processes on the wall clock
 
+pub mod batch;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -28,16 +28,17 @@ fn stream(
     }
     for (i, (t, id)) in tokens.iter().enumerate() {
         let finish = if i + 1 == tokens.len() { end } else { None };
-        let choice = match kind {
+        let mut choice = match kind {
             Kind::Chat => json!({"index": 0, "delta": {"content": t}, "token_ids": [id],
                 "finish_reason": finish}),
             Kind::Completions => json!({"index": 0, "text": t, "token_ids": [id],
                 "finish_reason": finish}),
         };
-        let extra = (kind == Kind::Completions && i == 0)
-            .then(|| ids.clone())
-            .flatten();
-        out += &chunk(choice, extra);
+        if kind == Kind::Completions && i == 0 && first {
+            // vLLM puts them on a completion's choice.
+            choice["prompt_token_ids"] = json!(prompt);
+        }
+        out += &chunk(choice, None);
     }
     match end {
         Some(_) => {

@@ -473,7 +473,12 @@ impl StreamHead {
             return chunk;
         }
         if prompt {
-            chunk["prompt_token_ids"] = json!((0..self.prompt_tokens).collect::<Vec<_>>());
+            // vLLM puts them on a chat chunk, on a completion's choice.
+            let ids = json!((0..self.prompt_tokens).collect::<Vec<_>>());
+            match self.endpoint {
+                Endpoint::Completions => chunk["choices"][0]["prompt_token_ids"] = ids,
+                _ => chunk["prompt_token_ids"] = ids,
+            }
         }
         if let Some(i) = index {
             chunk["choices"][0]["token_ids"] = json!([i]);
