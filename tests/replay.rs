@@ -477,8 +477,8 @@ fn prefix_routing_serves_half_again_the_rate_within_the_slo_and_near_the_oracles
 }
 
 /// `--compare batch` on config/scenarios/batch-lane.toml: the suite left
-/// out, sent live, and in the batch lane; the lane serves every item, the
-/// interactive tenant keeps its SLO, and the bound holds.
+/// out, sent live, and in the batch lane (restarted, resumed); the lane
+/// serves every item, the interactive tenant keeps its SLO.
 #[test]
 fn the_batch_lane_serves_every_item_beside_live_traffic() {
     let runs = runs(
@@ -492,12 +492,40 @@ fn the_batch_lane_serves_every_item_beside_live_traffic() {
         [
             "drf+slo, without the batch",
             "drf+slo, batch as live",
+            "drf+slo, batch restarted",
             "drf+slo"
         ]
     );
     assert!(!runs[0].tenants.contains_key("evals"));
-    let lane = &runs[2];
-    let evals = &lane.tenants["evals"];
-    assert_eq!((evals.requests, evals.served), (3000, 3000));
-    assert!(lane.tenants["api"].slo_attainment >= 0.99, "{lane:?}");
+    for lane in &runs[2..] {
+        let evals = &lane.tenants["evals"];
+        assert_eq!((evals.requests, evals.served), (3000, 3000));
+        assert!(lane.tenants["api"].slo_attainment >= 0.99, "{lane:?}");
+    }
+}
+
+/// Bursts of live work over long batch answers
+/// (config/scenarios/batch-preempt.toml): restarted, preempted items throw
+/// their generated tokens away; resumed, none, every item is served once
+/// and the suite ends sooner.
+#[test]
+fn resumed_batch_items_lose_no_tokens_and_the_suite_ends_sooner() {
+    let runs = runs(
+        &scenario("config/scenarios/batch-preempt.toml"),
+        Compare::Batch,
+        1,
+    );
+    let (restarted, resumed) = (&runs[2], &runs[3]);
+    assert_eq!(restarted.label(), "drf+slo, batch restarted");
+    for r in [restarted, resumed] {
+        let evals = &r.tenants["evals"];
+        assert_eq!((evals.requests, evals.served), (1500, 1500), "{r:?}");
+        assert!(r.preempted.unwrap() > 100, "{r:?}");
+    }
+    assert!(restarted.lost_tokens.unwrap() > 10_000, "{restarted:?}");
+    assert_eq!(restarted.resumed, Some(0));
+    assert_eq!(resumed.lost_tokens, Some(0));
+    assert_eq!(resumed.resumed, resumed.preempted);
+    let makespan = |r: &RunReport| r.tenants["evals"].e2e_p99_s.unwrap();
+    assert!(makespan(resumed) < makespan(restarted), "{resumed:?}");
 }

@@ -68,7 +68,9 @@ struct Answer {
 }
 
 pub(super) async fn try_item(b: &Arc<Batches>, t: &Target<'_>, item: &Item, tries: u32) -> Tried {
-    let parsed = serde_json::from_slice::<Value>(&item.body).ok();
+    let parsed = (b.limits.resume)
+        .then(|| serde_json::from_slice::<Value>(&item.body).ok())
+        .flatten();
     if let Some(body) = parsed
         && let Ok(kind) = resume::resumable(t.endpoint, &body)
     {

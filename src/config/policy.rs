@@ -136,6 +136,12 @@ pub struct BatchPolicy {
     pub max_files_per_tenant: usize,
     /// Bytes of files a tenant may keep.
     pub max_bytes_per_tenant: u64,
+    /// Items that can resume are streamed and continued from their tokens
+    /// when preempted mid-answer (`protocol::resume`); off, every item is
+    /// sent as asked and a preemption restarts it.
+    pub resume: bool,
+    /// The share of each pool's slots batch items leave to live work.
+    pub live_reserve: f64,
 }
 
 /// `[cluster]`: several gateway replicas sharing one policy through a
@@ -528,6 +534,7 @@ impl Policy {
                 in_flight_credit: self.queue.in_flight_credit,
                 prefill_charge: self.queue.prefill_charge,
                 locality: self.queue.locality,
+                batch_reserve: self.batch.as_ref().map_or(0.0, |b| b.live_reserve),
             },
             preemption: PreemptionSpec {
                 enabled: self.preemption.enabled,

@@ -180,6 +180,8 @@ pub struct Scheduler {
     prefill_charge: PrefillCharge,
     /// `QueueSpec::locality`.
     locality: f64,
+    /// `QueueSpec::batch_reserve`.
+    batch_reserve: f64,
     stale_after: Duration,
     preemption: PreemptionSpec,
     /// When a queued interactive request that found no slot reaches
@@ -214,6 +216,7 @@ impl Scheduler {
             output_token_weight: spec.queue.output_token_weight,
             prefill_charge: spec.queue.prefill_charge,
             locality: spec.queue.locality,
+            batch_reserve: spec.queue.batch_reserve,
             stale_after: spec.stale_after,
             preemption: spec.preemption.clone(),
             preempt_check: None,
@@ -308,6 +311,20 @@ impl Scheduler {
         id: RequestId,
         usage: Option<Usage>,
     ) -> Option<(Ended, Vec<Decision>)> {
+        let (ended, pool) = self.end_in_flight(now, id, usage)?;
+        let mut out = Vec::new();
+        self.try_dispatch(now, pool, &mut out);
+        Some((ended, out))
+    }
+
+    /// [`on_completion`](Self::on_completion) but for the dispatch from
+    /// the queue that the freed slot allows; returns the request's pool.
+    fn end_in_flight(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        usage: Option<Usage>,
+    ) -> Option<(Ended, PoolId)> {
         if !matches!(self.requests.get(id)?.phase, Phase::InFlight { .. }) {
             return None;
         }
@@ -383,9 +400,7 @@ impl Scheduler {
             charged,
             settled: actual,
         };
-        let mut out = Vec::new();
-        self.try_dispatch(now, req.pool, &mut out);
-        Some((ended, out))
+        Some((ended, req.pool))
     }
 
     /// The client went away. A queued request leaves the queue at once and

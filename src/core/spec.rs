@@ -286,6 +286,10 @@ pub struct QueueSpec {
     /// bound, 0 to 1) the queue may pass over the next tenant for one whose
     /// next request has more of its prompt cached on a backend with room.
     pub locality: f64,
+    /// The share of each pool's slots (its windows) that batch items leave
+    /// to live work (`[batch] live_reserve`, 0 to 1): an item is dispatched
+    /// only while more than this share is free.
+    pub batch_reserve: f64,
 }
 
 /// When queued interactive work may take the slot of in-flight batch work.
@@ -454,6 +458,7 @@ mod tests {
                 in_flight_credit: 0.5,
                 prefill_charge: PrefillCharge::Uncached,
                 locality: 0.0,
+                batch_reserve: 0.0,
             },
             preemption: PreemptionSpec {
                 enabled: false,

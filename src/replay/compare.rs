@@ -95,13 +95,18 @@ pub fn variants(policy: &Policy, compare: Option<Compare>) -> Vec<Variant> {
                 ..v(d0, Strategy::PrefixGreedy, admits)
             },
         ],
-        Some(Compare::Batch) => [BatchMode::Dropped, BatchMode::Live, BatchMode::Lane]
-            .into_iter()
-            .map(|batch| Variant {
-                batch,
-                ..v(d0, s0, admits)
-            })
-            .collect(),
+        Some(Compare::Batch) => [
+            BatchMode::Dropped,
+            BatchMode::Live,
+            BatchMode::Restart,
+            BatchMode::Lane,
+        ]
+        .into_iter()
+        .map(|batch| Variant {
+            batch,
+            ..v(d0, s0, admits)
+        })
+        .collect(),
         Some(Compare::All) => STRATEGIES.iter().flat_map(|&s| disciplines(s)).collect(),
         Some(Compare::Adapters) => [true, false]
             .into_iter()
@@ -145,8 +150,22 @@ pub fn run_variant(
         }
     }
     let work: Vec<WorkRequest>;
+    if variant.batch == BatchMode::Restart {
+        // Only `resume` of the section enters the replay.
+        p.batch
+            .get_or_insert_with(|| crate::config::policy::BatchPolicy {
+                data_dir: std::path::PathBuf::new(),
+                max_file_bytes: 0,
+                max_lines: 0,
+                max_files_per_tenant: 0,
+                max_bytes_per_tenant: 0,
+                resume: false,
+                live_reserve: 0.0,
+            })
+            .resume = false;
+    }
     let workload = match variant.batch {
-        BatchMode::Lane => workload,
+        BatchMode::Lane | BatchMode::Restart => workload,
         BatchMode::Live => {
             work = workload
                 .iter()

@@ -153,6 +153,8 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
         output_tokens: 0,
         // Counted by the gateway (`fairway_preemptions_total`), not here.
         preempted: None,
+        lost_tokens: None,
+        resumed: None,
         // Loaded inside the engines, not seen here.
         adapter_loads: None,
         // Charged and settled inside the gateway, not seen here.

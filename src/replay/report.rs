@@ -69,6 +69,12 @@ pub struct RunReport {
     pub slo_jain: Option<f64>,
     /// Preemptions of in-flight batch requests (`null`: not known).
     pub preempted: Option<u64>,
+    /// Generated tokens that preemptions threw away, generated again
+    /// later (`null`: not known).
+    pub lost_tokens: Option<u64>,
+    /// Batch items continued from their tokens after a preemption
+    /// (`null`: not known).
+    pub resumed: Option<u64>,
     pub utilisation: f64,
     pub throughput_rps: f64,
     /// Responses within their tenant's SLO per second of offered load.
@@ -247,6 +253,8 @@ pub fn summarise(variant: Variant, trace: &Trace) -> RunReport {
                 .collect::<Vec<_>>(),
         ),
         preempted: trace.preempted,
+        lost_tokens: trace.lost_tokens,
+        resumed: trace.resumed,
         utilisation: trace.utilisation,
         throughput_rps: served as f64 / span,
         goodput_rps: good as f64 / offered,
@@ -446,6 +454,8 @@ mod tests {
             makespan: 1.0,
             output_tokens: 0,
             preempted: None,
+            lost_tokens: None,
+            resumed: None,
             adapter_loads: None,
             prefix: None,
             estimates,
@@ -491,6 +501,8 @@ mod tests {
             makespan: 95.0,
             output_tokens: 0,
             preempted: None,
+            lost_tokens: None,
+            resumed: None,
             adapter_loads: None,
             prefix: None,
             estimates: Vec::new(),

@@ -103,6 +103,12 @@ pub struct Trace {
     /// Requests preempted (each time counted); `None` when not known (a
     /// live run seen from the client).
     pub preempted: Option<u64>,
+    /// Generated tokens that preemptions threw away (generated again when
+    /// the request ran again); `None` when not known.
+    pub lost_tokens: Option<u64>,
+    /// Continuations of batch items preempted mid-answer, sent from the
+    /// tokens they had (`[batch] resume`); `None` when not known.
+    pub resumed: Option<u64>,
     /// LoRA adapter loads on all engines; `None` when no request named an
     /// adapter (or not known).
     pub adapter_loads: Option<u64>,
@@ -188,6 +194,8 @@ struct InFlight {
     /// Weighted service counted for it so far: taken back if it is
     /// preempted, as recomputed work is not service.
     service: f64,
+    /// Tokens it generated in this attempt.
+    tokens: u32,
 }
 
 /// Runs `workload` under `policy`. Requests for a model no pool serves, or
@@ -230,6 +238,16 @@ struct Sim<'p> {
     events: Vec<EngineEvent>,
     output_tokens: u64,
     preempted: u64,
+    lost_tokens: u64,
+    resumed: u64,
+    /// Batch items resume when preempted mid-answer (`[batch] resume`,
+    /// on without a `[batch]` section).
+    resume: bool,
+    /// Per workload request: tokens kept from attempts before its current
+    /// one (a resumed batch item's).
+    kept: Vec<u32>,
+    /// Per workload request: its pool, once it arrived.
+    pool_of: Vec<Option<crate::core::ids::PoolId>>,
     estimates: Vec<(f64, f64)>,
     /// The largest gap between backlogged tenants' counters seen, over the
     /// fair queue's bound then (the fairness bound's ratio).
@@ -415,6 +433,11 @@ impl<'p> Sim<'p> {
             estimates: Vec::new(),
             bound_ratio: None,
             preempted: 0,
+            lost_tokens: 0,
+            resumed: 0,
+            resume: policy.batch.as_ref().is_none_or(|b| b.resume),
+            kept: vec![0; workload.len()],
+            pool_of: vec![None; workload.len()],
             last_end: Instant::ZERO,
             progress: opts
                 .progress
@@ -566,6 +589,8 @@ impl<'p> Sim<'p> {
             makespan,
             output_tokens: self.output_tokens,
             preempted: Some(self.preempted),
+            lost_tokens: Some(self.lost_tokens),
+            resumed: Some(self.resumed),
             adapter_loads: (!self.adapter_names.is_empty()).then(|| {
                 self.backends
                     .iter()

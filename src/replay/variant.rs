@@ -26,9 +26,13 @@ pub struct Variant {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BatchMode {
-    /// As the workload says: in the batch lane.
+    /// As the workload says: in the batch lane, resumed from their tokens
+    /// when preempted mid-answer.
     #[default]
     Lane,
+    /// In the batch lane, restarted from zero when preempted
+    /// (`[batch] resume = false`).
+    Restart,
     /// As live requests, the way a team without the Batch API sends them.
     Live,
     /// Not at all: the other tenants alone, the baseline.
@@ -40,6 +44,7 @@ impl BatchMode {
     pub fn as_str(self) -> &'static str {
         match self {
             BatchMode::Lane => "",
+            BatchMode::Restart => "batch restarted",
             BatchMode::Live => "batch as live",
             BatchMode::Dropped => "without the batch",
         }

@@ -9,6 +9,8 @@ pub(super) const BATCH_KEYS: &[&str] = &[
     "max_lines",
     "max_files_per_tenant",
     "max_bytes_per_tenant",
+    "resume",
+    "live_reserve",
 ];
 
 /// OpenAI's limits: 200 MB and 50,000 requests an input file.
@@ -16,6 +18,8 @@ const MAX_FILE_BYTES: u64 = 200_000_000;
 const MAX_LINES: usize = 50_000;
 const MAX_FILES_PER_TENANT: usize = 1_000;
 const MAX_BYTES_PER_TENANT: u64 = 10_000_000_000;
+/// Slots of each pool batch items leave to live work.
+const LIVE_RESERVE: f64 = 0.0;
 
 /// Reads `[batch]`; `None` when the section is absent.
 pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<BatchPolicy> {
@@ -43,5 +47,9 @@ pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<Bat
         max_bytes_per_tenant: r
             .opt(&t, "max_bytes_per_tenant", Reader::positive_int)
             .unwrap_or(MAX_BYTES_PER_TENANT),
+        resume: r.opt(&t, "resume", Reader::boolean).unwrap_or(true),
+        live_reserve: r
+            .opt(&t, "live_reserve", Reader::share)
+            .unwrap_or(LIVE_RESERVE),
     })
 }

@@ -60,6 +60,12 @@ impl Scheduler {
             let Some((tenant, id)) = next else {
                 break;
             };
+            if self.batch_held_back(pool, id) {
+                // Live work's reserve: the item waits at the head of its
+                // lane.
+                self.pools[p].late.push_front(tenant, id);
+                break;
+            }
             // The request is chosen first, so that its adapter can choose
             // among the backends.
             let adapter = self.requests.get(id).and_then(|r| r.adapter);
@@ -165,6 +171,21 @@ impl Scheduler {
             .sum();
         let reserve = (f64::from(self.pool_window(pool)) * RESERVE).floor();
         reserve >= 1.0 && f64::from(free) <= reserve
+    }
+
+    /// Whether request `id` is a batch item and no more than the
+    /// reserve for live work (`batch_reserve` of the pool's windows) is
+    /// free now.
+    fn batch_held_back(&self, pool: PoolId, id: RequestId) -> bool {
+        if self.batch_reserve <= 0.0 || !self.requests.get(id).is_some_and(|r| r.batch) {
+            return false;
+        }
+        let free: u32 = self
+            .scratch
+            .iter()
+            .map(|c| c.window.saturating_sub(c.in_flight))
+            .sum();
+        f64::from(free) <= f64::from(self.pool_window(pool)) * self.batch_reserve
     }
 
     /// By tenant index: whether the tenant holds fewer of `pool`'s slots

@@ -86,30 +86,21 @@ impl Scheduler {
         let Some(id) = victim else {
             return false;
         };
-        if let Some(r) = self.requests.get(id)
-            && r.started
-        {
-            // A resumable item already streaming: it leaves (its
-            // continuation comes back as a new request), and its slot goes
-            // to the head in discipline order.
-            let (tenant, backend) = match r.phase {
-                Phase::InFlight { backend, .. } => (r.tenant, backend),
-                Phase::Queued => return false,
-            };
-            self.tenants[tenant.0 as usize].preempted_total += 1;
-            out.push(Decision::Preempt { id, backend });
-            if let Some((_, more)) = self.on_completion(now, id, None) {
-                out.extend(more);
-            }
-            return true;
-        }
-        let deadline = now + self.max_wait;
-        let Some(backend) = self.requeue(now, id, deadline) else {
+        let Some(r) = self.requests.get(id) else {
             return false;
         };
-        if let Some(r) = self.requests.get(id) {
-            self.tenants[r.tenant.0 as usize].preempted_total += 1;
-        }
+        let (tenant, started) = (r.tenant, r.started);
+        let backend = if started {
+            // A resumable item already answering: it leaves, settled as a
+            // cancel (its continuation comes back as a new request).
+            self.end_in_flight(now, id, None).map(|(e, _)| e.backend)
+        } else {
+            self.requeue(now, id, now + self.max_wait)
+        };
+        let Some(backend) = backend else {
+            return false;
+        };
+        self.tenants[tenant.0 as usize].preempted_total += 1;
         out.push(Decision::Preempt { id, backend });
         let requests = &self.requests;
         if let Some(next) = self.pools[pool.0 as usize]

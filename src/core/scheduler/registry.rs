@@ -20,6 +20,7 @@ impl Scheduler {
         self.output_token_weight = spec.queue.output_token_weight;
         self.prefill_charge = spec.queue.prefill_charge;
         self.locality = spec.queue.locality;
+        self.batch_reserve = spec.queue.batch_reserve;
         self.stale_after = spec.stale_after;
         self.preemption = spec.preemption.clone();
         self.apply_tenants(spec, now);

@@ -35,6 +35,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             in_flight_credit: 0.5,
             prefill_charge: crate::core::spec::PrefillCharge::Uncached,
             locality: 0.0,
+            batch_reserve: 0.0,
         },
         preemption: PreemptionSpec {
             enabled: true,
@@ -701,6 +702,29 @@ fn a_resumable_item_already_answering_is_preempted_and_leaves_the_scheduler() {
     assert_eq!(s.tenant_view(t(20), owner).preempted_total, 1);
     assert!(s.on_completion(t(30), resumable, None).is_none());
     assert!(s.on_completion(t(30), plain, None).is_some());
+}
+
+#[test]
+fn batch_items_leave_the_live_reserve_free() {
+    let mut p = spec(1, 4, vec![tenant("owner", 1.0), tenant("app", 1.0)]);
+    p.queue.batch_reserve = 0.5;
+    p.preemption.enabled = false;
+    let mut s = Scheduler::new(&p, t(0), 1);
+    let item = |s: &Scheduler| Arrival {
+        lane: Lane::Resumable,
+        deadline: Some(Duration::from_secs(3600)),
+        ..arrival(s, "owner")
+    };
+    let mut sent = 0;
+    for i in 0..4 {
+        let (_, ds) = s.on_arrival(t(i), item(&s)).unwrap();
+        sent += dispatched(&ds).len();
+    }
+    assert_eq!(sent, 2, "half of the window is live work's");
+    for i in 0..2 {
+        let (_, ds) = s.on_arrival(t(10 + i), arrival(&s, "app")).unwrap();
+        assert_eq!(dispatched(&ds).len(), 1, "live work takes the reserve");
+    }
 }
 
 #[test]

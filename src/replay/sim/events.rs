@@ -8,7 +8,8 @@ use std::time::Duration;
 use super::{InFlight, Outcome, RequestResult, Sim, to_engine, to_gateway};
 use crate::config::PrefillCharge;
 use crate::core::ids::{BackendId, Usage};
-use crate::core::scheduler::{Arrival, Decision};
+use crate::core::ids::{PoolId, TenantId};
+use crate::core::scheduler::{Arrival, Decision, Lane};
 use crate::core::time::Instant;
 use crate::poller::kv_events::EventBatch;
 use crate::replay::workload::WorkRequest;
@@ -41,16 +42,30 @@ impl Sim<'_> {
             self.end(i, Outcome::Refused("model_not_found"), now, None, None);
             return;
         };
+        self.pool_of[i] = Some(pool);
+        self.submit(now, i, w, (r, tenant, pool));
+    }
+
+    /// Request `i` (or its continuation, with the tokens it kept) to
+    /// replica `r`'s scheduler.
+    fn submit(
+        &mut self,
+        now: Instant,
+        i: usize,
+        w: &WorkRequest,
+        (r, tenant, pool): (usize, TenantId, PoolId),
+    ) {
         // As the gateway keys a request for a pool that routes on prefixes.
         let prefix = match self.scheds[r].prefix_block_tokens(pool) {
             Some(block) => request_keys(&w.model, None, &w.token_ids(i as u64), block),
             None => Vec::new(),
         };
+        let kept = self.kept[i];
         let arrival = Arrival {
             tenant,
             pool,
-            prompt_tokens: w.prompt_tokens,
-            max_tokens: w.max_tokens,
+            prompt_tokens: w.prompt_tokens + kept,
+            max_tokens: w.max_tokens.map(|m| m.saturating_sub(kept).max(1)),
             choices: 1,
             // A batch item may wait out its batch's window.
             deadline: w
@@ -58,10 +73,10 @@ impl Sim<'_> {
                 .then(|| Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS)),
             adapter: self.adapter_of[i].and_then(|_| self.scheds[r].adapter(&w.model)),
             prefix,
-            lane: if w.batch {
-                crate::core::scheduler::Lane::Batch
-            } else {
-                crate::core::scheduler::Lane::Live
+            lane: match (w.batch, self.resume) {
+                (true, true) => Lane::Resumable,
+                (true, false) => Lane::Batch,
+                (false, _) => Lane::Live,
             },
         };
         match self.scheds[r].on_arrival(now, arrival) {
@@ -96,10 +111,11 @@ impl Sim<'_> {
                         let block = b.engine.params().block_size;
                         request_keys(&w.model, None, &w.token_ids(i as u64), block)
                     };
+                    let kept = self.kept[i];
                     let seq = SeqRequest {
                         id: i as u64,
-                        prompt_tokens: w.prompt_tokens,
-                        output_tokens: w.output_tokens,
+                        prompt_tokens: w.prompt_tokens + kept,
+                        output_tokens: w.output_tokens.saturating_sub(kept).max(1),
                         adapter: self.adapter_of[i],
                         prefix,
                     };
@@ -123,11 +139,14 @@ impl Sim<'_> {
                             first: None,
                             service: 0.0,
                             cached: 0,
+                            tokens: 0,
                         },
                     );
-                    if w.stream {
+                    if w.stream || (w.batch && self.resume) {
                         // A streamed response starts at once (its headers),
-                        // and is never preempted after that, as live.
+                        // and is never preempted after that, as live; a
+                        // resumable batch item (streamed by the runner)
+                        // still may be.
                         self.scheds[r].on_response_started(id);
                     }
                 }
@@ -136,13 +155,27 @@ impl Sim<'_> {
                         continue;
                     };
                     self.backends[backend.0 as usize].engine.cancel(i as u64);
-                    if let Some(f) = self.flying.remove(&i) {
-                        let tenant = self.tenant_of[i].map_or(0, |t| t.0 as usize);
-                        if let Some(s) = self.service.get_mut(tenant) {
-                            *s -= f.service;
-                        }
-                    }
                     self.preempted += 1;
+                    let Some(f) = self.flying.remove(&i) else {
+                        continue;
+                    };
+                    let w = &workload[i];
+                    if w.batch && self.resume {
+                        // It left the scheduler: its continuation arrives
+                        // now with the tokens it had, as the runner sends it.
+                        self.by_req.remove(&(r, id));
+                        self.kept[i] += f.tokens;
+                        self.resumed += 1;
+                        if let (Some(t), Some(p)) = (self.tenant_of[i], self.pool_of[i]) {
+                            self.submit(now, i, w, (r, t, p));
+                        }
+                        continue;
+                    }
+                    self.lost_tokens += u64::from(f.tokens);
+                    let tenant = self.tenant_of[i].map_or(0, |t| t.0 as usize);
+                    if let Some(s) = self.service.get_mut(tenant) {
+                        *s -= f.service;
+                    }
                 }
                 Decision::Shed { id, .. } => {
                     if let Some(i) = self.by_req.remove(&(r, id)) {
@@ -192,6 +225,7 @@ impl Sim<'_> {
                         *s += tokens / w;
                     }
                     f.service += tokens / w;
+                    f.tokens += 1;
                     self.output_tokens += 1;
                 }
                 EngineEvent::Finished {
