@@ -216,7 +216,7 @@ impl Batches {
         let now = crate::clock::unix_seconds();
         let b = StoredBatch {
             owner: owner.to_owned(),
-            batch: Batch::new(new_id("batch_"), c, now),
+            batch: Batch::new(new_id("batch_"), c, now, self.limits.window.as_secs()),
         };
         let out = b.batch.clone();
         blocking(&self.store, move |s| s.put_batch(&b)).await?;
@@ -233,14 +233,29 @@ impl Batches {
     }
 
     pub async fn batch(&self, scope: &Scope, id: &str) -> Result<Batch, BatchError> {
-        Ok(self.stored_batch(scope, id).await?.batch)
+        let mut b = self.stored_batch(scope, id).await?.batch;
+        self.project(std::slice::from_mut(&mut b));
+        Ok(b)
     }
 
     /// The caller's batches, newest first.
     pub async fn batches(&self, scope: &Scope) -> Result<Vec<Batch>, BatchError> {
         let owner = scope.owner().map(str::to_owned);
         let bs = blocking(&self.store, move |s| s.batches(owner.as_deref())).await?;
-        Ok(bs.into_iter().map(|b| b.batch).collect())
+        let mut bs: Vec<Batch> = bs.into_iter().map(|b| b.batch).collect();
+        self.project(&mut bs);
+        Ok(bs)
+    }
+
+    /// Fills in the running batches' projections.
+    fn project(&self, batches: &mut [Batch]) {
+        let p = self.runner.projections();
+        for b in batches {
+            if let Some(&at) = p.get(&b.id) {
+                b.projected_completion_at = Some(at);
+                b.deadline_at_risk = Some(b.expires_at.is_some_and(|e| at > e));
+            }
+        }
     }
 
     /// Starts cancelling a batch: no item starts any more, items in flight
@@ -332,6 +347,24 @@ impl Batches {
                 "fairway_batch_items{{tenant=\"{}\",state=\"{s}\"}} {n}",
                 prom::escape(t)
             );
+        }
+        let projections = self.runner.projections();
+        prom::family(
+            out,
+            "fairway_batch_deadline_slack_seconds",
+            Kind::Gauge,
+            "Per running batch: its expiry less its projected completion at the rate its items finish (negative: it will not make its window; its items are then promoted).",
+        );
+        for sb in all.iter().filter(|b| !b.batch.status.is_final()) {
+            if let (Some(&at), Some(e)) = (projections.get(&sb.batch.id), sb.batch.expires_at) {
+                let slack = e as f64 - at as f64;
+                let _ = writeln!(
+                    out,
+                    "fairway_batch_deadline_slack_seconds{{tenant=\"{}\",batch=\"{}\"}} {slack}",
+                    prom::escape(&sb.owner),
+                    prom::escape(&sb.batch.id)
+                );
+            }
         }
         let resumes = self.runner.resumes();
         type Field = fn(&attempt::Resumes) -> u64;

@@ -269,6 +269,57 @@ async fn items_preempted_mid_answer_resume_and_their_answers_are_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_too_short_for_the_load_is_reported_before_it_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, b1) = (sim("m", 1).await, sim("m", 1).await);
+    // One slot a backend, 0.2 s an item: 120 items need 12 s of a 6 s window.
+    let toml = policy(dir.path(), "window = \"6s\"").replace("}\" }", "}\", max_inflight = 1 }");
+    let gw = gateway(&toml, &[&b0, &b1]).await;
+    let addr = gw.addr();
+    let (n, max_tokens) = (120, 100);
+    let id = start(addr, n, max_tokens).await;
+    let start = tokio::time::Instant::now();
+    let b = loop {
+        let b = batch(addr, "ke", &id).await;
+        if b["deadline_at_risk"] == true {
+            break b;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "no warning: {b}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Said while it runs, well before it expires.
+    assert_eq!(b["status"], "in_progress", "{b}");
+    let now = fairway::clock::unix_seconds();
+    let expires = b["expires_at"].as_u64().unwrap();
+    assert!(now + 2 <= expires, "{b}");
+    assert!(
+        b["projected_completion_at"].as_u64().unwrap() > expires,
+        "{b}"
+    );
+    let m = scrape(&gw).await;
+    promtool_check(&m);
+    let slack = metric(
+        &m,
+        &format!("fairway_batch_deadline_slack_seconds{{tenant=\"evals\",batch=\"{id}\"}}"),
+    )
+    .unwrap();
+    assert!(slack < 0.0, "{slack}");
+    // It then expires with what finished, every item once.
+    let b = ended(addr, "ke", &id, Duration::from_secs(30)).await;
+    assert_eq!(b["status"], "expired", "{b}");
+    let c = &b["request_counts"];
+    assert!(c["completed"].as_u64().unwrap() > 0, "{b}");
+    assert_eq!(
+        c["completed"].as_u64().unwrap() + c["failed"].as_u64().unwrap(),
+        n as u64
+    );
+    assert!(
+        b.get("deadline_at_risk").is_none(),
+        "only while it runs: {b}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_files_and_bad_calls_get_clear_errors_and_nothing_runs() {
     let dir = tempfile::tempdir().unwrap();
     let b0 = sim("m", 8).await;

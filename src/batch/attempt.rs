@@ -44,6 +44,9 @@ pub(super) struct Target<'a> {
     pub endpoint: &'a str,
     pub rid: &'a str,
     pub deadline: Duration,
+    /// Its batch cannot meet its window at the rate it runs: the item
+    /// goes in its owner's live lane.
+    pub promoted: bool,
 }
 
 /// Preemptions of items and what became of them, per tenant.
@@ -217,6 +220,7 @@ async fn send(
         tenant: t.owner.to_owned(),
         deadline: t.deadline,
         resumable,
+        promoted: t.promoted,
     });
     let resp = crate::gateway::request::handle(b.gw.clone(), req, call_of(path)).await;
     let status = resp.status();

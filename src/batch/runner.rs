@@ -66,6 +66,16 @@ impl Runner {
             .collect()
     }
 
+    /// Each running batch's projected completion (Unix seconds), once one
+    /// of its items has finished.
+    pub fn projections(&self) -> HashMap<String, u64> {
+        self.runs
+            .lock()
+            .iter()
+            .filter_map(|(id, r)| Some((id.clone(), r.projected?)))
+            .collect()
+    }
+
     /// Preemptions of items and what became of them since start, by
     /// tenant.
     pub fn resumes(&self) -> BTreeMap<String, Resumes> {
@@ -92,6 +102,25 @@ struct Run {
     /// Lines waiting to be tried again, and when.
     retry_at: HashMap<u32, tokio::time::Instant>,
     tries: HashMap<u32, u32>,
+    /// When the runner picked it up, and how many items had results then.
+    started: tokio::time::Instant,
+    done_at_start: usize,
+    /// When its last item is projected to have a result (Unix seconds).
+    projected: Option<u64>,
+}
+
+impl Run {
+    /// When its last item will have a result at the rate its items have
+    /// had one since the runner picked it up; `None` until one has.
+    fn projection(&self, total: usize, now: u64) -> Option<u64> {
+        let done = self.done.len().saturating_sub(self.done_at_start);
+        let elapsed = self.started.elapsed().as_secs_f64();
+        if done == 0 || elapsed <= 0.0 {
+            return None;
+        }
+        let left = total.saturating_sub(self.done.len()) as f64;
+        Some(now + (left * elapsed / done as f64).ceil() as u64)
+    }
 }
 
 pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
@@ -252,18 +281,29 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
             .collect();
         b.runner.runs.lock().entry(id.clone()).or_insert(Run {
             items: Arc::new(items),
+            done_at_start: done.len(),
             done,
             in_flight: HashMap::new(),
             retry_at: HashMap::new(),
             tries: HashMap::new(),
+            started: tokio::time::Instant::now(),
+            projected: None,
         });
     }
     let mut start = Vec::new();
-    let finished = {
+    let total = usize::try_from(sb.batch.request_counts.total).unwrap_or(usize::MAX);
+    let (finished, promoted) = {
         let mut runs = b.runner.runs.lock();
         let Some(run) = runs.get_mut(&id) else {
             return Ok(());
         };
+        run.projected = run.projection(total, crate::clock::unix_seconds());
+        // Its window cannot be met at this rate: its items go in their
+        // owner's live lane, by its weight, rather than in the batch lane.
+        let promoted = run
+            .projected
+            .zip(sb.batch.expires_at)
+            .is_some_and(|(p, e)| p > e);
         let now = tokio::time::Instant::now();
         for item in run.items.iter() {
             if run.done.contains(&item.line)
@@ -277,8 +317,10 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
             }
             start.push(item.clone());
         }
-        run.done.len() >= usize::try_from(sb.batch.request_counts.total).unwrap_or(usize::MAX)
-            && run.in_flight.is_empty()
+        (
+            run.done.len() >= total && run.in_flight.is_empty(),
+            promoted,
+        )
     };
     if finished {
         let key = id.clone();
@@ -311,7 +353,7 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
             b.clone(),
             (id.clone(), sb.owner.clone(), sb.batch.endpoint.clone()),
             item,
-            deadline,
+            (deadline, promoted),
         ));
         if let Some(run) = b.runner.runs.lock().get_mut(&id) {
             run.in_flight.insert(line, task.abort_handle());
@@ -325,7 +367,7 @@ async fn item_task(
     b: Arc<Batches>,
     (id, owner, endpoint): (String, String, String),
     item: Item,
-    deadline: Duration,
+    (deadline, promoted): (Duration, bool),
 ) {
     let tries = b
         .runner
@@ -341,6 +383,7 @@ async fn item_task(
         endpoint: &endpoint,
         rid: &rid,
         deadline,
+        promoted,
     };
     let tried = try_item(&b, &target, &item, tries).await;
     let line = item.line;

@@ -402,7 +402,7 @@ mod tests {
             br#"{"input_file_id":"file-x","endpoint":"/v1/chat/completions","completion_window":"24h"}"#,
         )
         .unwrap();
-        let mut b = Batch::new(id.into(), c, 1);
+        let mut b = Batch::new(id.into(), c, 1, crate::protocol::batch::WINDOW_SECONDS);
         b.status = Status::InProgress;
         StoredBatch {
             owner: "t".into(),

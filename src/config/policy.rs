@@ -142,6 +142,9 @@ pub struct BatchPolicy {
     pub resume: bool,
     /// The share of each pool's slots batch items leave to live work.
     pub live_reserve: f64,
+    /// How long after its creation a batch expires (whole seconds; the
+    /// API's `completion_window` names OpenAI's 24 h).
+    pub window: std::time::Duration,
 }
 
 /// `[cluster]`: several gateway replicas sharing one policy through a

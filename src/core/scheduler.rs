@@ -142,6 +142,18 @@ pub enum Lane {
     /// leaves the scheduler (its slot and GPU-seconds settled as a cancel)
     /// and its continuation arrives as a new request.
     Resumable,
+    /// An item of a batch that cannot meet its window at the rate it runs:
+    /// in its owner's fair queue as live work is (by the owner's weight),
+    /// but waiting out the window and never refused for a predicted SLO
+    /// miss; preemptible only as its tenant's live work is.
+    Promoted,
+}
+
+impl Lane {
+    /// In the pool's batch lane (below live work).
+    fn is_batch(self) -> bool {
+        matches!(self, Lane::Batch | Lane::Resumable)
+    }
 }
 
 /// What the scheduler measured for a request that ended after dispatch.
@@ -247,16 +259,17 @@ impl Scheduler {
         let qcost = self.queue_cost(a.pool, a.prompt_tokens, output_estimate);
         let gpu_reserved = self.admit(now, &a, output_estimate, verdict, qcost)?;
 
-        let batch = a.lane != Lane::Live;
+        let item = a.lane != Lane::Live;
+        let batch = a.lane.is_batch();
         let wait = match a.deadline {
             // A batch item waits as long as its batch's window allows.
-            Some(d) if batch => d,
+            Some(d) if item => d,
             Some(d) => d.min(self.max_wait),
             None => self.max_wait,
         };
         let mut deadline = now + wait;
         let on_late = self.tenants[a.tenant.0 as usize].on_late;
-        let give_up = if batch { None } else { verdict.give_up() };
+        let give_up = if item { None } else { verdict.give_up() };
         if let (Some(g), OnLate::Refuse | OnLate::Shed) = (give_up, on_late) {
             // It cannot make its SLO once still queued then: shed it.
             deadline = deadline.min(g);

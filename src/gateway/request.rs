@@ -91,6 +91,10 @@ pub struct BatchItem {
     /// (`protocol::resume`): it may be preempted mid-answer
     /// (`Lane::Resumable`).
     pub resumable: bool,
+    /// Its batch cannot meet its window at the rate it runs: it waits in
+    /// its owner's fair queue as live work (by the owner's weight, never
+    /// refused for a predicted SLO miss) rather than in the batch lane.
+    pub promoted: bool,
 }
 
 /// Serves one inference request.
@@ -348,6 +352,7 @@ fn admit(
         adapter: None,
         prefix,
         lane: match item {
+            Some(i) if i.promoted => Lane::Promoted,
             Some(i) if i.resumable => Lane::Resumable,
             Some(_) => Lane::Batch,
             None => Lane::Live,

@@ -153,12 +153,20 @@ pub struct Batch {
     pub request_counts: RequestCounts,
     pub metadata: Option<serde_json::Map<String, Value>>,
     pub usage: BatchUsage,
+    /// Fairway's own, while the batch runs (never stored): when its last
+    /// item is projected to have a result at the rate its items have had
+    /// one, and whether that is past `expires_at` (its items are then
+    /// promoted to their owner's live lane).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projected_completion_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_at_risk: Option<bool>,
 }
 
 impl Batch {
-    /// A batch just created: `validating`, due `WINDOW_SECONDS` after
-    /// `created_at`.
-    pub fn new(id: String, c: CreateBatch, created_at: u64) -> Batch {
+    /// A batch just created: `validating`, due `window` seconds after
+    /// `created_at` (the policy's window, `WINDOW_SECONDS` by default).
+    pub fn new(id: String, c: CreateBatch, created_at: u64, window: u64) -> Batch {
         Batch {
             id,
             object: "batch".into(),
@@ -172,7 +180,7 @@ impl Batch {
             errors: None,
             created_at,
             in_progress_at: None,
-            expires_at: Some(created_at + WINDOW_SECONDS),
+            expires_at: Some(created_at + window),
             finalizing_at: None,
             completed_at: None,
             failed_at: None,
@@ -182,6 +190,8 @@ impl Batch {
             request_counts: RequestCounts::default(),
             metadata: c.metadata,
             usage: BatchUsage::default(),
+            projected_completion_at: None,
+            deadline_at_risk: None,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! `[batch]`: the Files and Batch APIs' store and limits.
 
-use super::reader::{Reader, Table};
+use std::time::Duration;
+
+use super::reader::{Reader, Table, Zero};
 use crate::config::policy::BatchPolicy;
 
 pub(super) const BATCH_KEYS: &[&str] = &[
@@ -11,6 +13,7 @@ pub(super) const BATCH_KEYS: &[&str] = &[
     "max_bytes_per_tenant",
     "resume",
     "live_reserve",
+    "window",
 ];
 
 /// OpenAI's limits: 200 MB and 50,000 requests an input file.
@@ -18,6 +21,8 @@ const MAX_FILE_BYTES: u64 = 200_000_000;
 const MAX_LINES: usize = 50_000;
 const MAX_FILES_PER_TENANT: usize = 1_000;
 const MAX_BYTES_PER_TENANT: u64 = 10_000_000_000;
+/// The completion window (OpenAI's, the one `completion_window` names).
+const WINDOW: Duration = Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS);
 /// Slots of each pool batch items leave to live work.
 const LIVE_RESERVE: f64 = 0.0;
 
@@ -51,5 +56,8 @@ pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<Bat
         live_reserve: r
             .opt(&t, "live_reserve", Reader::share)
             .unwrap_or(LIVE_RESERVE),
+        window: r
+            .opt(&t, "window", |r, v, p| r.duration(v, p, Zero::Refused))
+            .map_or(WINDOW, |d| d.max(Duration::from_secs(1))),
     })
 }

@@ -20,7 +20,7 @@ impl Scheduler {
     /// flight: a batch tenant's, or any batch item, with preemption on.
     pub fn may_preempt_in(&self, tenant: TenantId, lane: Lane) -> bool {
         self.preemption.enabled
-            && (lane != Lane::Live
+            && (lane.is_batch()
                 || self
                     .tenants
                     .get(tenant.0 as usize)

@@ -705,6 +705,31 @@ fn a_resumable_item_already_answering_is_preempted_and_leaves_the_scheduler() {
 }
 
 #[test]
+fn a_promoted_item_waits_in_the_fair_queue_ahead_of_the_batch_lane() {
+    let mut p = spec(1, 1, vec![tenant("owner", 1.0), tenant("app", 1.0)]);
+    p.queue.max_wait = Duration::from_millis(100);
+    let mut s = Scheduler::new(&p, t(0), 1);
+    let item = |s: &Scheduler, lane| Arrival {
+        lane,
+        deadline: Some(Duration::from_secs(3600)),
+        ..arrival(s, "owner")
+    };
+    let (app, ds) = s.on_arrival(t(0), arrival(&s, "app")).unwrap();
+    assert_eq!(dispatched(&ds).len(), 1);
+    let (_, ds) = s.on_arrival(t(1), item(&s, Lane::Batch)).unwrap();
+    assert!(ds.is_empty());
+    let (promoted, ds) = s.on_arrival(t(2), item(&s, Lane::Promoted)).unwrap();
+    assert!(ds.is_empty());
+    // It waits out its window, not `max_wait`.
+    assert!(s.on_tick(t(500)).is_empty());
+    let (_, ds) = s.on_completion(t(600), app, None).unwrap();
+    assert_eq!(
+        dispatched(&ds).iter().map(|d| d.0).collect::<Vec<_>>(),
+        [promoted]
+    );
+}
+
+#[test]
 fn batch_items_leave_the_live_reserve_free() {
     let mut p = spec(1, 4, vec![tenant("owner", 1.0), tenant("app", 1.0)]);
     p.queue.batch_reserve = 0.5;

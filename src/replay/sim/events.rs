@@ -68,9 +68,12 @@ impl Sim<'_> {
             max_tokens: w.max_tokens.map(|m| m.saturating_sub(kept).max(1)),
             choices: 1,
             // A batch item may wait out its batch's window.
-            deadline: w
-                .batch
-                .then(|| Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS)),
+            deadline: w.batch.then(|| {
+                self.policy.batch.as_ref().map_or(
+                    Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS),
+                    |b| b.window,
+                )
+            }),
             adapter: self.adapter_of[i].and_then(|_| self.scheds[r].adapter(&w.model)),
             prefix,
             lane: match (w.batch, self.resume) {
