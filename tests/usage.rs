@@ -14,6 +14,7 @@ use serde_json::Value;
 use support::*;
 
 const ADMIN: &str = "operator-token-for-tests";
+static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Three tenants: `alpha` (no limits), `beta` (a burst of one request),
 /// `gamma` (a GPU-seconds budget a single request spends); the admin token
@@ -25,6 +26,9 @@ async fn start() -> (SimHandle, Server) {
     std::fs::write(&token, ADMIN).unwrap();
     let policy = format!(
         r#"{SERVER}admin_token_file = "{}"
+
+[batch]
+data_dir = "{}"
 
 [[pools]]
 model = "m"
@@ -46,7 +50,13 @@ name = "gamma"
 api_keys = ["kc"]
 gpu_seconds_per_hour = 0.0001
 "#,
-        token.display()
+        token.display(),
+        // One store a gateway: the tests of this file run at once.
+        dir.join(format!(
+            "batches-{}",
+            STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ))
+        .display()
     );
     let b = sim("m", 8).await;
     let gw = gateway(&policy, &[&b]).await;
@@ -246,6 +256,16 @@ async fn the_page_in_a_real_browser() {
     }
     let (_b, gw) = start().await;
     traffic(&gw).await;
+    // A batch of beta's: its rate holds it in progress.
+    let item = r#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}}"#;
+    let f = support::batch::upload(gw.addr(), "kb", "batch", &format!("{item}\n")).await;
+    let c = support::batch::create(gw.addr(), "kb", f.json()["id"].as_str().unwrap()).await;
+    let batch = c.json()["id"].as_str().unwrap().to_owned();
+    // In beta's usage, not in alpha's.
+    let (_, beta) = usage(&gw, "/fairway/usage", Some("kb")).await;
+    assert_eq!(beta["batches"][0]["id"], batch.as_str(), "{beta}");
+    let (_, alpha) = usage(&gw, "/fairway/usage", Some("ka")).await;
+    assert_eq!(alpha["batches"], serde_json::json!([]), "{alpha}");
     let base = format!("http://{}", gw.addr());
     let script = root.join("tests/browser/usage_page.py");
     let out_dir = root.join("target/artifacts");
@@ -255,6 +275,7 @@ async fn the_page_in_a_real_browser() {
         "kb".into(),
         ADMIN.into(),
         out_dir.into(),
+        batch.into(),
     ];
     let (ok, text) = run_python(python, script, args).await;
     assert!(ok && text.contains("ok"), "{text}");

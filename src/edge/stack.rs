@@ -116,7 +116,7 @@ async fn route(
             crate::edge::batch_api::route(&gw, batches.as_ref(), req).await
         }
         (_, path) if crate::edge::usage_page::owns(path) => {
-            crate::edge::usage_page::route(&gw, &req)
+            crate::edge::usage_page::route(&gw, batches.as_ref(), &req).await
         }
         (&Method::GET, "/v2/health/live") => triton_status(true),
         (&Method::GET, "/v2/models") => {

@@ -20,6 +20,8 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use serde_json::{Value, json};
 
+use crate::batch::{Batches, Scope};
+
 use crate::core::admission::LimitKind;
 use crate::core::ids::TenantId;
 use crate::edge::admin::bears_token;
@@ -42,7 +44,11 @@ pub fn owns(path: &str) -> bool {
 }
 
 /// Answers a request for one of this module's paths.
-pub fn route<B>(gw: &Arc<Gateway>, req: &Request<B>) -> Response<BoxBody> {
+pub async fn route<B>(
+    gw: &Arc<Gateway>,
+    batches: Option<&Arc<Batches>>,
+    req: &Request<B>,
+) -> Response<BoxBody> {
     let path = req.uri().path();
     if req.method() != Method::GET {
         let mut resp = ApiError::InvalidRequest(format!("{path} takes GET")).into_response();
@@ -53,10 +59,10 @@ pub fn route<B>(gw: &Arc<Gateway>, req: &Request<B>) -> Response<BoxBody> {
     }
     match path {
         "/fairway" | "/fairway/" => page(),
-        "/fairway/usage" => usage(gw, req.headers(), None),
+        "/fairway/usage" => usage(gw, batches, req.headers(), None).await,
         _ => match path.strip_prefix("/fairway/usage/") {
             Some(name) if !name.is_empty() && !name.contains('/') => {
-                usage(gw, req.headers(), Some(name))
+                usage(gw, batches, req.headers(), Some(name)).await
             }
             _ => ApiError::NotFound.into_response(),
         },
@@ -131,7 +137,12 @@ fn subject_named(gw: &Gateway, live: &Live, name: &str) -> Option<Subject> {
     }
 }
 
-fn usage(gw: &Arc<Gateway>, headers: &HeaderMap, name: Option<&str>) -> Response<BoxBody> {
+async fn usage(
+    gw: &Arc<Gateway>,
+    batches: Option<&Arc<Batches>>,
+    headers: &HeaderMap,
+    name: Option<&str>,
+) -> Response<BoxBody> {
     let live = gw.live();
     let caller = match caller(&live, headers) {
         Ok(c) => c,
@@ -150,7 +161,7 @@ fn usage(gw: &Arc<Gateway>, headers: &HeaderMap, name: Option<&str>) -> Response
             .collect()
     };
     let shares = Shares::of(&live, &everyone, now);
-    let body = match (caller, name) {
+    let mut body = match (caller, name) {
         (Caller::Operator, None) => {
             let mut tenants: Vec<Value> = everyone
                 .iter()
@@ -186,6 +197,16 @@ fn usage(gw: &Arc<Gateway>, headers: &HeaderMap, name: Option<&str>) -> Response
             }
         }
     };
+    if let Some(b) = batches {
+        match body.get_mut("tenants").and_then(Value::as_array_mut) {
+            Some(all) => {
+                for t in all {
+                    attach_batches(b, t).await;
+                }
+            }
+            None => attach_batches(b, &mut body).await,
+        }
+    }
     let mut resp = Response::new(body::full(body.to_string()));
     let h = resp.headers_mut();
     h.insert(
@@ -194,6 +215,36 @@ fn usage(gw: &Arc<Gateway>, headers: &HeaderMap, name: Option<&str>) -> Response
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
+}
+
+/// The batches shown a tenant: its newest, each with its progress and
+/// whether it will make its window.
+const BATCHES_SHOWN: usize = 10;
+
+/// Adds a tenant report's `batches` (with the Batch API on): the
+/// tenant's [`BATCHES_SHOWN`] newest; empty when its store cannot be read.
+async fn attach_batches(b: &Arc<Batches>, report: &mut Value) {
+    let Some(name) = report["tenant"].as_str().map(str::to_owned) else {
+        return;
+    };
+    let list = b.batches(&Scope::Tenant(name)).await.unwrap_or_default();
+    let shown: Vec<Value> = list
+        .into_iter()
+        .take(BATCHES_SHOWN)
+        .map(|x| {
+            json!({
+                "id": x.id,
+                "status": x.status,
+                "endpoint": x.endpoint,
+                "request_counts": x.request_counts,
+                "created_at": x.created_at,
+                "expires_at": x.expires_at,
+                "projected_completion_at": x.projected_completion_at,
+                "deadline_at_risk": x.deadline_at_risk,
+            })
+        })
+        .collect();
+    report["batches"] = Value::Array(shown);
 }
 
 /// Each tenant's weight and GPU-seconds over the last hour, for shares.

@@ -2,7 +2,7 @@
 and chromium-driver), against a gateway the Rust test started and made
 refuse a request.
 
-    usage_page.py BASE_URL TENANT KEY ADMIN_TOKEN OUT_DIR
+    usage_page.py BASE_URL TENANT KEY ADMIN_TOKEN OUT_DIR BATCH_ID
 
 Prints "ok" and exits 0 when every check passed; raises otherwise.
 """
@@ -17,7 +17,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-base, tenant, key, admin, out_dir = sys.argv[1:6]
+base, tenant, key, admin, out_dir, batch = sys.argv[1:7]
 os.makedirs(out_dir, exist_ok=True)
 
 MARKUP = '<img src=x onerror="window.pwned=1"><b>evil</b>'
@@ -77,6 +77,10 @@ try:
     sentences = [li.text for li in driver.find_elements(By.CSS_SELECTOR, "ul.sentences li")]
     assert any("You went over your request rate" in s for s in sentences), sentences
     assert len(driver.find_elements(By.CSS_SELECTOR, ".charts svg")) == 4
+    # The tenant's batch, with its progress.
+    row = driver.find_element(By.CSS_SELECTOR, f'table.batches tr[data-batch="{batch}"]')
+    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[0] == batch and cells[2].endswith("of 1"), cells
     driver.save_screenshot(os.path.join(out_dir, "usage-page.png"))
 
     # On a phone: nothing wider than the screen.
