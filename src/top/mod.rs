@@ -23,7 +23,9 @@
 //!   `{backend,model}`, and `fairway_backend_cached_prompt_tokens_total`
 //!   over `fairway_backend_reported_prompt_tokens_total` (counters) for the
 //!   share of prompt tokens each engine found in its prefix cache;
-//! - `fairway_jain_fairness_index` and `fairway_overhead_seconds_bucket{le}`.
+//! - `fairway_jain_fairness_index` and `fairway_overhead_seconds_bucket{le}`;
+//! - the batch lane (`batches.rs`): `fairway_batch_items{tenant,state}`,
+//!   the resume counters and `fairway_batch_deadline_slack_seconds`.
 //!
 //! A counter that went down between two scrapes (the gateway restarted) is
 //! read as having started again from zero, so a rate is never negative; a
@@ -56,6 +58,7 @@
 //! - `render.rs`: [`render`], the view as text; `table.rs` lays out its
 //!   tables, `format.rs` its cells.
 
+mod batches;
 mod format;
 mod rates;
 mod render;

@@ -178,6 +178,7 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
         );
     }
     out.push('\n');
+    super::batches::render(base.map(|p| &p.batches), &cur.batches, dt, &mut out, width);
 
     let mut rows = Vec::new();
     for (key, b) in &cur.backends {

@@ -75,6 +75,8 @@ pub struct Snapshot {
     pub(super) overhead: Vec<HistogramBucket>,
     /// The replica's view of its `[cluster]`, when it has one.
     pub(super) cluster: Option<ClusterFigures>,
+    /// The batch lane's figures, by tenant.
+    pub(super) batches: BTreeMap<String, super::batches::BatchFigures>,
 }
 
 /// `fairway_cluster_*`: this replica's view of its cluster.
@@ -206,6 +208,10 @@ impl Snapshot {
             name => {
                 if let Some(field) = name.strip_prefix("fairway_backend_") {
                     self.add_backend(field, s);
+                } else if name.starts_with("fairway_batch")
+                    && let Some(tenant) = s.label("tenant")
+                {
+                    super::batches::add(&mut self.batches, tenant, s);
                 }
             }
         }
