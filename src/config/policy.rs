@@ -145,6 +145,9 @@ pub struct BatchPolicy {
     /// How long after its creation a batch expires (whole seconds; the
     /// API's `completion_window` names OpenAI's 24 h).
     pub window: std::time::Duration,
+    /// The share of a batch item's GPU-seconds its owner's budget is not
+    /// charged: batch work on spare capacity may cost less.
+    pub gpu_seconds_discount: f64,
 }
 
 /// `[cluster]`: several gateway replicas sharing one policy through a
@@ -538,6 +541,7 @@ impl Policy {
                 prefill_charge: self.queue.prefill_charge,
                 locality: self.queue.locality,
                 batch_reserve: self.batch.as_ref().map_or(0.0, |b| b.live_reserve),
+                batch_gpu_discount: self.batch.as_ref().map_or(0.0, |b| b.gpu_seconds_discount),
             },
             preemption: PreemptionSpec {
                 enabled: self.preemption.enabled,

@@ -194,6 +194,8 @@ pub struct Scheduler {
     locality: f64,
     /// `QueueSpec::batch_reserve`.
     batch_reserve: f64,
+    /// `QueueSpec::batch_gpu_discount`.
+    batch_gpu_discount: f64,
     stale_after: Duration,
     preemption: PreemptionSpec,
     /// When a queued interactive request that found no slot reaches
@@ -229,6 +231,7 @@ impl Scheduler {
             prefill_charge: spec.queue.prefill_charge,
             locality: spec.queue.locality,
             batch_reserve: spec.queue.batch_reserve,
+            batch_gpu_discount: spec.queue.batch_gpu_discount,
             stale_after: spec.stale_after,
             preemption: spec.preemption.clone(),
             preempt_check: None,
@@ -295,6 +298,7 @@ impl Scheduler {
             batch,
             resumable: a.lane == Lane::Resumable,
             started: false,
+            gpu_factor: self.gpu_factor(a.lane),
         });
         self.deadlines.insert((deadline, id));
         let ps = &mut self.pools[a.pool.0 as usize];
@@ -403,7 +407,7 @@ impl Scheduler {
         t.gpu_open = (t.gpu_open - req.gpu_reserved).max(0.0);
         t.gpu_seconds_total += gpu_seconds;
         if let Some(g) = &mut t.gpu {
-            g.settle(now, req.gpu_reserved, gpu_seconds);
+            g.settle(now, req.gpu_reserved, gpu_seconds * req.gpu_factor);
         }
         let ended = Ended {
             tenant: req.tenant,

@@ -290,6 +290,9 @@ pub struct QueueSpec {
     /// to live work (`[batch] live_reserve`, 0 to 1): an item is dispatched
     /// only while more than this share is free.
     pub batch_reserve: f64,
+    /// The share of a batch item's GPU-seconds its owner's budget is not
+    /// charged (`[batch] gpu_seconds_discount`, 0 to 1).
+    pub batch_gpu_discount: f64,
 }
 
 /// When queued interactive work may take the slot of in-flight batch work.
@@ -459,6 +462,7 @@ mod tests {
                 prefill_charge: PrefillCharge::Uncached,
                 locality: 0.0,
                 batch_reserve: 0.0,
+                batch_gpu_discount: 0.0,
             },
             preemption: PreemptionSpec {
                 enabled: false,

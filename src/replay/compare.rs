@@ -162,6 +162,7 @@ pub fn run_variant(
                 resume: false,
                 live_reserve: 0.0,
                 window: std::time::Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS),
+                gpu_seconds_discount: 0.0,
             })
             .resume = false;
     }

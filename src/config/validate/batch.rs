@@ -14,6 +14,7 @@ pub(super) const BATCH_KEYS: &[&str] = &[
     "resume",
     "live_reserve",
     "window",
+    "gpu_seconds_discount",
 ];
 
 /// OpenAI's limits: 200 MB and 50,000 requests an input file.
@@ -59,5 +60,8 @@ pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<Bat
         window: r
             .opt(&t, "window", |r, v, p| r.duration(v, p, Zero::Refused))
             .map_or(WINDOW, |d| d.max(Duration::from_secs(1))),
+        gpu_seconds_discount: r
+            .opt(&t, "gpu_seconds_discount", Reader::share)
+            .unwrap_or(0.0),
     })
 }

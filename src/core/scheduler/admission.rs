@@ -10,6 +10,16 @@ use super::state::TenantState;
 use super::{Arrival, Lane, SHED_RETRY_AFTER, Scheduler};
 
 impl Scheduler {
+    /// What of a request's GPU-seconds in `lane` its tenant's budget is
+    /// charged: a batch item's less the discount.
+    pub(super) fn gpu_factor(&self, lane: Lane) -> f64 {
+        if lane == Lane::Live {
+            1.0
+        } else {
+            1.0 - self.batch_gpu_discount
+        }
+    }
+
     /// The checks on arrival, in order: the tenant's concurrency cap, its
     /// request-rate bucket, its GPU-seconds bucket (for the request's
     /// estimated GPU-seconds), its queue in the pool, and `verdict` (the
@@ -26,8 +36,9 @@ impl Scheduler {
         qcost: f64,
     ) -> Result<f64, Refusal> {
         let pool = &self.pools[a.pool.0 as usize];
-        let est_gpu =
-            pool.gpu_seconds_per_token * f64::from(a.prompt_tokens.saturating_add(output_estimate));
+        let est_gpu = pool.gpu_seconds_per_token
+            * f64::from(a.prompt_tokens.saturating_add(output_estimate))
+            * self.gpu_factor(a.lane);
         let queued_here = pool.queue.tenant_len(a.tenant) + pool.late.tenant_len(a.tenant);
         let max_queued = self.max_queued_per_tenant;
         let t = &mut self.tenants[a.tenant.0 as usize];

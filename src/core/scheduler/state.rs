@@ -346,6 +346,9 @@ pub(super) struct Req {
     pub(super) resumable: bool,
     /// Its response has started to reach the client.
     pub(super) started: bool,
+    /// What of its GPU-seconds its tenant's budget is charged (less than
+    /// 1 for a batch item under a discount).
+    pub(super) gpu_factor: f64,
 }
 
 #[derive(Debug, Default)]

@@ -36,6 +36,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             prefill_charge: crate::core::spec::PrefillCharge::Uncached,
             locality: 0.0,
             batch_reserve: 0.0,
+            batch_gpu_discount: 0.0,
         },
         preemption: PreemptionSpec {
             enabled: true,
@@ -200,6 +201,34 @@ fn rate_limit_refuses_with_retry_after_that_works() {
     assert_eq!((left.limit, left.remaining), (2.0, 0.0));
     assert!(s.on_arrival(t(499), arrival(&s, "a")).is_err());
     assert!(s.on_arrival(t(500), arrival(&s, "a")).is_ok());
+}
+
+#[test]
+fn a_batch_item_is_charged_its_gpu_seconds_less_the_discount() {
+    let run = |discount: f64, lane| {
+        let mut p = tenant("a", 1.0);
+        p.gpu_seconds_per_hour = Some(36.0);
+        let mut spec = spec(1, 100, vec![p]);
+        spec.queue.batch_gpu_discount = discount;
+        let mut s = Scheduler::new(&spec, t(0), 1);
+        let a = Arrival {
+            lane,
+            deadline: Some(Duration::from_secs(3600)),
+            ..arrival(&s, "a")
+        };
+        let (id, _) = s.on_arrival(t(0), a).unwrap();
+        // Alone on one GPU for 10 s: 10 GPU-seconds.
+        let (ended, _) = s.on_completion(t(10_000), id, None).unwrap();
+        assert!((ended.gpu_seconds - 10.0).abs() < 1e-6);
+        let level = s.tenant_view(t(10_000), s.tenant("a").unwrap());
+        36.0 - level.gpu_seconds_level.unwrap()
+    };
+    let charged = |d, lane| (run(d, lane) * 1000.0).round() / 1000.0;
+    // Less what the bucket refilled meanwhile.
+    let full = charged(0.0, Lane::Batch);
+    assert!((9.8..10.0).contains(&full), "{full}");
+    assert_eq!(charged(0.75, Lane::Resumable), full * 0.25);
+    assert_eq!(charged(0.75, Lane::Live), full, "live work pays in full");
 }
 
 #[test]
