@@ -71,7 +71,15 @@ pub struct Batches {
     limits: BatchPolicy,
     gw: Arc<Gateway>,
     runner: runner::Runner,
+    /// Ended batches by (tenant, status), and when they were counted: a
+    /// scrape reads the whole store at most every [`ENDED_COUNTED_FOR`].
+    ended: parking_lot::Mutex<Option<(tokio::time::Instant, EndedCounts)>>,
 }
+
+type EndedCounts = std::collections::BTreeMap<(String, String), u64>;
+
+/// How long a count of the ended batches serves the scrapes.
+const ENDED_COUNTED_FOR: std::time::Duration = std::time::Duration::from_secs(15);
 
 impl std::fmt::Debug for Batches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -79,6 +87,14 @@ impl std::fmt::Debug for Batches {
             .field("store", &self.store)
             .finish()
     }
+}
+
+/// A status as the API names it.
+fn status_name(s: crate::protocol::batch::Status) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 /// A fresh id: `prefix` and 24 hex digits.
@@ -107,6 +123,7 @@ impl Batches {
             limits: policy.clone(),
             gw,
             runner: runner::Runner::default(),
+            ended: parking_lot::Mutex::new(None),
         }))
     }
 
@@ -295,21 +312,16 @@ impl Batches {
         use std::fmt::Write as _;
 
         use crate::prom::{self, Kind};
-        let Ok(all) = self.store.batches(None) else {
+        let (Ok(all), Some(mut batches)) = (self.store.active_batches(), self.ended_counts())
+        else {
             return;
         };
         let running = self.runner.in_flight();
-        let mut batches: BTreeMap<(String, String), u64> = BTreeMap::new();
         let mut items: BTreeMap<(String, &str), u64> = BTreeMap::new();
         for sb in &all {
-            let status = serde_json::to_value(sb.batch.status)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            *batches.entry((sb.owner.clone(), status)).or_default() += 1;
-            if sb.batch.status.is_final() {
-                continue;
-            }
+            *batches
+                .entry((sb.owner.clone(), status_name(sb.batch.status)))
+                .or_default() += 1;
             let c = sb.batch.request_counts;
             let run = u64::from(running.get(&sb.batch.id).copied().unwrap_or(0));
             let left = u64::from(c.total.saturating_sub(c.completed + c.failed));
@@ -326,7 +338,7 @@ impl Batches {
             out,
             "fairway_batches",
             Kind::Gauge,
-            "Batches kept, by tenant and status.",
+            "Batches kept, by tenant and status (ended ones counted at most every 15 s).",
         );
         for ((t, s), n) in &batches {
             let _ = writeln!(
@@ -396,6 +408,27 @@ impl Batches {
                 let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", prom::escape(t), field(r));
             }
         }
+    }
+
+    /// The ended batches by (tenant, status), counted at most every
+    /// [`ENDED_COUNTED_FOR`]; `None` when the store cannot be read.
+    fn ended_counts(&self) -> Option<EndedCounts> {
+        let mut cache = self.ended.lock();
+        if let Some((at, counts)) = cache.as_ref()
+            && at.elapsed() < ENDED_COUNTED_FOR
+        {
+            return Some(counts.clone());
+        }
+        let mut counts = EndedCounts::new();
+        for sb in self.store.batches(None).ok()? {
+            if sb.batch.status.is_final() {
+                *counts
+                    .entry((sb.owner, status_name(sb.batch.status)))
+                    .or_default() += 1;
+            }
+        }
+        *cache = Some((tokio::time::Instant::now(), counts.clone()));
+        Some(counts)
     }
 
     /// Runs the batches until `shutdown`: those unfinished at start first.

@@ -320,6 +320,40 @@ async fn a_window_too_short_for_the_load_is_reported_before_it_expires() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_batch_and_its_outputs_go_after_their_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let b0 = sim("m", 8).await;
+    let toml = policy(dir.path(), "retention = \"1s\"")
+        .replace(", { name = \"b1\", url = \"http://{b1}\" }", "");
+    let gw = gateway(&toml, &[&b0]).await;
+    let addr = gw.addr();
+    let f = upload(addr, "ke", "batch", &input(4, "m", 4)).await;
+    let input_id = f.json()["id"].as_str().unwrap().to_owned();
+    let c = create(addr, "ke", &input_id).await;
+    let id = c.json()["id"].as_str().unwrap().to_owned();
+    let b = ended(addr, "ke", &id, Duration::from_secs(20)).await;
+    assert_eq!(b["status"], "completed", "{b}");
+    let output = b["output_file_id"].as_str().unwrap().to_owned();
+    let start = tokio::time::Instant::now();
+    while call(Method::GET, addr, &format!("/v1/batches/{id}"), "ke")
+        .await
+        .status
+        == StatusCode::OK
+    {
+        assert!(start.elapsed() < Duration::from_secs(10), "still kept");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = call(Method::GET, addr, &format!("/v1/files/{output}"), "ke").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "its output goes with it");
+    let r = call(Method::GET, addr, &format!("/v1/files/{input_id}"), "ke").await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "its input is its owner's to delete"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_files_and_bad_calls_get_clear_errors_and_nothing_runs() {
     let dir = tempfile::tempdir().unwrap();
     let b0 = sim("m", 8).await;

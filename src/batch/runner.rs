@@ -41,6 +41,8 @@ use crate::protocol::batch::{Errors, FileObject, Item, Limits, Status, error_lin
 
 /// How often the runner looks at the batches when nothing wakes it.
 const TICK: Duration = Duration::from_millis(250);
+/// How often ended batches past their retention are removed (at most).
+const PURGE_EVERY: Duration = Duration::from_secs(60);
 
 /// The runner's state: what each running batch has in flight.
 #[derive(Default)]
@@ -126,11 +128,23 @@ impl Run {
 pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let retention = b.limits.retention;
+    let mut purge = tokio::time::interval(retention.min(PURGE_EVERY));
+    purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             () = b.runner.wake.notified() => {}
             _ = tick.tick() => {}
+            _ = purge.tick() => {
+                let before = crate::clock::unix_seconds().saturating_sub(retention.as_secs());
+                match blocking(&b.store, move |s| s.purge(before)).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(batches = n, "batches past their retention removed"),
+                    Err(e) => tracing::warn!(error = %e, "batch runner: purge failed; retrying"),
+                }
+                continue;
+            }
         }
         if let Err(e) = step(&b).await {
             tracing::warn!(error = %e, "batch runner: the store failed; retrying");

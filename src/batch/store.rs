@@ -385,6 +385,54 @@ impl Store {
         Ok(out)
     }
 
+    /// Removes every batch that ended before `before` (Unix seconds): its
+    /// record, its items' results and its output and error files, in one
+    /// transaction, then those files' bytes. Input files stay (their
+    /// owners delete them). Returns how many batches went.
+    pub fn purge(&self, before: u64) -> Result<usize, StoreError> {
+        let w = self.db.begin_write().map_err(failed)?;
+        let mut gone = Vec::new();
+        let n = {
+            let mut batches = w.open_table(BATCHES).map_err(failed)?;
+            let mut ended = Vec::new();
+            for e in batches.iter().map_err(failed)? {
+                let (k, v) = e.map_err(failed)?;
+                let b: StoredBatch = decode(v.value())?;
+                if b.batch.ended_at().is_some_and(|t| t < before) {
+                    ended.push((k.value().to_owned(), b));
+                }
+            }
+            let mut results = w.open_table(RESULTS).map_err(failed)?;
+            let mut files = w.open_table(FILES).map_err(failed)?;
+            for (id, b) in &ended {
+                batches.remove(id.as_str()).map_err(failed)?;
+                let lines: Vec<u32> = results
+                    .range((id.as_str(), 0)..=(id.as_str(), u32::MAX))
+                    .map_err(failed)?
+                    .map(|e| e.map(|(k, _)| k.value().1))
+                    .collect::<Result<_, _>>()
+                    .map_err(failed)?;
+                for line in lines {
+                    results.remove((id.as_str(), line)).map_err(failed)?;
+                }
+                for f in [&b.batch.output_file_id, &b.batch.error_file_id]
+                    .into_iter()
+                    .flatten()
+                {
+                    if files.remove(f.as_str()).map_err(failed)?.is_some() {
+                        gone.push(f.clone());
+                    }
+                }
+            }
+            ended.len()
+        };
+        w.commit().map_err(failed)?;
+        for f in gone {
+            let _ = std::fs::remove_file(self.blob(&f));
+        }
+        Ok(n)
+    }
+
     /// The files `owner` keeps, and their bytes.
     pub fn held_by(&self, owner: &str) -> Result<(usize, u64), StoreError> {
         let files = self.files(Some(owner))?;

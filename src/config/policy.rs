@@ -148,6 +148,9 @@ pub struct BatchPolicy {
     /// The share of a batch item's GPU-seconds its owner's budget is not
     /// charged: batch work on spare capacity may cost less.
     pub gpu_seconds_discount: f64,
+    /// How long an ended batch, its items' results and its output and
+    /// error files are kept (whole seconds).
+    pub retention: std::time::Duration,
 }
 
 /// `[cluster]`: several gateway replicas sharing one policy through a

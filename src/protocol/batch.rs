@@ -164,6 +164,18 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// When it ended (completed, failed, expired or cancelled); `None`
+    /// while it runs.
+    pub fn ended_at(&self) -> Option<u64> {
+        if !self.status.is_final() {
+            return None;
+        }
+        self.completed_at
+            .or(self.failed_at)
+            .or(self.expired_at)
+            .or(self.cancelled_at)
+    }
+
     /// A batch just created: `validating`, due `window` seconds after
     /// `created_at` (the policy's window, `WINDOW_SECONDS` by default).
     pub fn new(id: String, c: CreateBatch, created_at: u64, window: u64) -> Batch {

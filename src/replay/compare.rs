@@ -163,6 +163,7 @@ pub fn run_variant(
                 live_reserve: 0.0,
                 window: std::time::Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS),
                 gpu_seconds_discount: 0.0,
+                retention: std::time::Duration::ZERO,
             })
             .resume = false;
     }

@@ -15,6 +15,7 @@ pub(super) const BATCH_KEYS: &[&str] = &[
     "live_reserve",
     "window",
     "gpu_seconds_discount",
+    "retention",
 ];
 
 /// OpenAI's limits: 200 MB and 50,000 requests an input file.
@@ -24,6 +25,8 @@ const MAX_FILES_PER_TENANT: usize = 1_000;
 const MAX_BYTES_PER_TENANT: u64 = 10_000_000_000;
 /// The completion window (OpenAI's, the one `completion_window` names).
 const WINDOW: Duration = Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS);
+/// How long an ended batch, its results and its output files are kept.
+const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Slots of each pool batch items leave to live work.
 const LIVE_RESERVE: f64 = 0.0;
 
@@ -63,5 +66,8 @@ pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<Bat
         gpu_seconds_discount: r
             .opt(&t, "gpu_seconds_discount", Reader::share)
             .unwrap_or(0.0),
+        retention: r
+            .opt(&t, "retention", |r, v, p| r.duration(v, p, Zero::Refused))
+            .map_or(RETENTION, |d| d.max(Duration::from_secs(1))),
     })
 }
