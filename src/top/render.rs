@@ -491,4 +491,42 @@ mod tests {
         let snap = Snapshot::from_text(mixed, 0.0).unwrap();
         assert!(render(None, &snap, 80).contains("(no backends)"));
     }
+
+    const BATCH_BODY: &str = "\
+fairway_batch_items{tenant=\"evals\",state=\"pending\"} 80
+fairway_batch_items{tenant=\"evals\",state=\"running\"} 8
+fairway_batch_items{tenant=\"evals\",state=\"completed\"} 12
+fairway_batch_items{tenant=\"evals\",state=\"failed\"} 0
+fairway_batch_items_preempted_total{tenant=\"evals\"} PRE
+fairway_batch_items_resumed_total{tenant=\"evals\"} PRE
+fairway_batch_resume_tokens_saved_total{tenant=\"evals\"} TOK
+fairway_batch_deadline_slack_seconds{tenant=\"evals\",batch=\"batch_a\"} 3600
+fairway_batch_deadline_slack_seconds{tenant=\"evals\",batch=\"batch_b\"} -90
+";
+
+    fn batch_row(text: &str) -> Vec<String> {
+        let line = text.lines().find(|l| l.starts_with("evals ")).unwrap();
+        line.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn the_batch_lane_shows_items_resume_rates_and_late_batches() {
+        let at = |t: f64, pre: &str, tok: &str| {
+            let body = BATCH_BODY.replace("PRE", pre).replace("TOK", tok);
+            Snapshot::from_text(&body, t).unwrap()
+        };
+        let (a, b) = (at(0.0, "10", "1000"), at(10.0, "30", "5000"));
+        let text = render(Some(&a), &b, 200);
+        assert!(text.contains("batch lane"), "{text}");
+        assert_eq!(
+            batch_row(&text),
+            [
+                "evals", "80", "8", "12", "0", "2.0", "2.0", "400", "1", "of", "2", "-90.00s"
+            ],
+            "{text}"
+        );
+        // Without batch figures there is no such table.
+        let plain = Snapshot::from_text("fairway_jain_fairness_index 1\n", 0.0).unwrap();
+        assert!(!render(None, &plain, 200).contains("batch lane"));
+    }
 }

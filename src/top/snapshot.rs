@@ -76,7 +76,7 @@ pub struct Snapshot {
     /// The replica's view of its `[cluster]`, when it has one.
     pub(super) cluster: Option<ClusterFigures>,
     /// The batch lane's figures, by tenant.
-    pub(super) batches: BTreeMap<String, super::batches::BatchFigures>,
+    pub(super) batches: BTreeMap<String, BatchFigures>,
 }
 
 /// `fairway_cluster_*`: this replica's view of its cluster.
@@ -211,7 +211,7 @@ impl Snapshot {
                 } else if name.starts_with("fairway_batch")
                     && let Some(tenant) = s.label("tenant")
                 {
-                    super::batches::add(&mut self.batches, tenant, s);
+                    add_batch(&mut self.batches, tenant, s);
                 }
             }
         }
@@ -250,6 +250,45 @@ impl Snapshot {
 }
 
 /// A label's value, or "" when absent.
+/// One tenant's batch figures in one scrape.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct BatchFigures {
+    /// Items of unfinished batches by state.
+    pub(super) items: BTreeMap<String, f64>,
+    pub(super) preempted: Option<f64>,
+    pub(super) resumed: Option<f64>,
+    pub(super) tokens_saved: Option<f64>,
+    /// Each running batch's slack (expiry less projected completion).
+    pub(super) slack: Vec<f64>,
+}
+
+/// Folds in a `fairway_batch*` sample of `tenant`; other families are
+/// ignored.
+fn add_batch(all: &mut BTreeMap<String, BatchFigures>, tenant: &str, s: &Sample) {
+    let f = || BatchFigures::default();
+    let v = s.value;
+    match s.name.as_str() {
+        "fairway_batch_items" => {
+            let state = s.label("state").unwrap_or("").to_owned();
+            let t = all.entry(tenant.to_owned()).or_insert_with(f);
+            *t.items.entry(state).or_insert(0.0) += v;
+        }
+        "fairway_batch_items_preempted_total" => {
+            all.entry(tenant.to_owned()).or_insert_with(f).preempted = Some(v);
+        }
+        "fairway_batch_items_resumed_total" => {
+            all.entry(tenant.to_owned()).or_insert_with(f).resumed = Some(v);
+        }
+        "fairway_batch_resume_tokens_saved_total" => {
+            all.entry(tenant.to_owned()).or_insert_with(f).tokens_saved = Some(v);
+        }
+        "fairway_batch_deadline_slack_seconds" if v.is_finite() => {
+            all.entry(tenant.to_owned()).or_insert_with(f).slack.push(v);
+        }
+        _ => {}
+    }
+}
+
 fn label(s: &Sample, name: &str) -> String {
     s.label(name).unwrap_or("").to_owned()
 }

@@ -23,8 +23,9 @@ const MAX_FILE_BYTES: u64 = 200_000_000;
 const MAX_LINES: usize = 50_000;
 const MAX_FILES_PER_TENANT: usize = 1_000;
 const MAX_BYTES_PER_TENANT: u64 = 10_000_000_000;
-/// The completion window (OpenAI's, the one `completion_window` names).
-const WINDOW: Duration = Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS);
+/// The completion window: OpenAI's 24 h, the one `completion_window`
+/// names (`protocol::batch::WINDOW_SECONDS`).
+const WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// How long an ended batch, its results and its output files are kept.
 const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Slots of each pool batch items leave to live work.
