@@ -23,6 +23,11 @@
 //! file (the rest, each item once: an HTTP answer, or `batch_cancelled`
 //! / `batch_expired` for items that never got one), in input order.
 //!
+//! While a batch runs its completion is projected from its items' rate;
+//! projected past `expires_at`, its items go in their owner's live lane
+//! (`Lane::Promoted`). Ended batches past `[batch] retention` are removed
+//! every minute ([`super::store::Store::purge`]).
+//!
 //! After a restart the runner picks up every unfinished batch: an item
 //! that was in flight has no result and runs again; one with a result is
 //! not run again ([`super::store::Store::record`] writes a result once).

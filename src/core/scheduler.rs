@@ -15,7 +15,9 @@
 //! would after dispatch is aborted ([`Decision::Preempt`]) and queued again
 //! at the front of its tenant's queue, and its slot goes to the head. Only
 //! work that has run less than the migration threshold, and whose response
-//! has not started (see [`Scheduler::on_response_started`]), is preempted.
+//! has not started (see [`Scheduler::on_response_started`]), is preempted;
+//! a resumable batch item ([`Lane::Resumable`]) may be preempted after its
+//! response started too, and then leaves instead of being queued again.
 //!
 //! Entities are matched by name across reloads and never renumbered, so
 //! state of unchanged tenants and backends (buckets, counters, health,

@@ -164,13 +164,16 @@ impl Scheduler {
             // The baselines stay what they are.
             return false;
         }
-        let free: u32 = self
-            .scratch
+        let reserve = (f64::from(self.pool_window(pool)) * RESERVE).floor();
+        reserve >= 1.0 && f64::from(self.free_slots()) <= reserve
+    }
+
+    /// Free slots on the candidates just collected.
+    fn free_slots(&self) -> u32 {
+        self.scratch
             .iter()
             .map(|c| c.window.saturating_sub(c.in_flight))
-            .sum();
-        let reserve = (f64::from(self.pool_window(pool)) * RESERVE).floor();
-        reserve >= 1.0 && f64::from(free) <= reserve
+            .sum()
     }
 
     /// Whether request `id` is a batch item and no more than the
@@ -180,12 +183,7 @@ impl Scheduler {
         if self.batch_reserve <= 0.0 || !self.requests.get(id).is_some_and(|r| r.batch) {
             return false;
         }
-        let free: u32 = self
-            .scratch
-            .iter()
-            .map(|c| c.window.saturating_sub(c.in_flight))
-            .sum();
-        f64::from(free) <= f64::from(self.pool_window(pool)) * self.batch_reserve
+        f64::from(self.free_slots()) <= f64::from(self.pool_window(pool)) * self.batch_reserve
     }
 
     /// By tenant index: whether the tenant holds fewer of `pool`'s slots

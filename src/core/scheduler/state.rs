@@ -339,7 +339,8 @@ pub(super) struct Req {
     pub(super) adapter: Option<AdapterId>,
     /// Its prompt's block keys at the pool's `prefix_block_tokens`.
     pub(super) prefix: Box<[u64]>,
-    /// An item of a batch (`Lane::Batch`): in the late lane, preemptible.
+    /// An item of a batch in the batch lane (`Lane::Batch`,
+    /// `Lane::Resumable`): in the late lane, preemptible.
     pub(super) batch: bool,
     /// A batch item that can resume (`Lane::Resumable`): preemptible after
     /// its response started too.
