@@ -11,6 +11,7 @@
 //! a commit waits for the disk.
 
 pub mod attempt;
+mod metrics;
 pub mod runner;
 pub mod store;
 
@@ -87,14 +88,6 @@ impl std::fmt::Debug for Batches {
             .field("store", &self.store)
             .finish()
     }
-}
-
-/// A status as the API names it.
-fn status_name(s: crate::protocol::batch::Status) -> String {
-    serde_json::to_value(s)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 /// A fresh id: `prefix` and 24 hex digits.
@@ -301,134 +294,6 @@ impl Batches {
         self.runner.wake();
         out.map(|b| b.batch)
             .ok_or_else(|| BatchError::NotFound("batch", id.to_owned()))
-    }
-
-    /// The batch families of `/metrics`: batches by tenant and status, and
-    /// the items of unfinished batches by tenant and state (`pending`,
-    /// `running`, `completed`, `failed`). Label values are tenant names
-    /// from the policy and the fixed statuses.
-    pub fn encode_metrics(&self, out: &mut String) {
-        use std::collections::BTreeMap;
-        use std::fmt::Write as _;
-
-        use crate::prom::{self, Kind};
-        let (Ok(all), Some(mut batches)) = (self.store.active_batches(), self.ended_counts())
-        else {
-            return;
-        };
-        let running = self.runner.in_flight();
-        let mut items: BTreeMap<(String, &str), u64> = BTreeMap::new();
-        for sb in &all {
-            *batches
-                .entry((sb.owner.clone(), status_name(sb.batch.status)))
-                .or_default() += 1;
-            let c = sb.batch.request_counts;
-            let run = u64::from(running.get(&sb.batch.id).copied().unwrap_or(0));
-            let left = u64::from(c.total.saturating_sub(c.completed + c.failed));
-            for (state, n) in [
-                ("pending", left.saturating_sub(run)),
-                ("running", run),
-                ("completed", u64::from(c.completed)),
-                ("failed", u64::from(c.failed)),
-            ] {
-                *items.entry((sb.owner.clone(), state)).or_default() += n;
-            }
-        }
-        prom::family(
-            out,
-            "fairway_batches",
-            Kind::Gauge,
-            "Batches kept, by tenant and status (ended ones counted at most every 15 s).",
-        );
-        for ((t, s), n) in &batches {
-            let _ = writeln!(
-                out,
-                "fairway_batches{{tenant=\"{}\",status=\"{s}\"}} {n}",
-                prom::escape(t)
-            );
-        }
-        prom::family(
-            out,
-            "fairway_batch_items",
-            Kind::Gauge,
-            "Items of unfinished batches, by tenant and state (pending, running: sent to the request path, completed, failed).",
-        );
-        for ((t, s), n) in &items {
-            let _ = writeln!(
-                out,
-                "fairway_batch_items{{tenant=\"{}\",state=\"{s}\"}} {n}",
-                prom::escape(t)
-            );
-        }
-        let projections = self.runner.projections();
-        prom::family(
-            out,
-            "fairway_batch_deadline_slack_seconds",
-            Kind::Gauge,
-            "Per running batch: its expiry less its projected completion at the rate its items finish (negative: it will not make its window; its items are then promoted).",
-        );
-        for sb in all.iter().filter(|b| !b.batch.status.is_final()) {
-            if let (Some(&at), Some(e)) = (projections.get(&sb.batch.id), sb.batch.expires_at) {
-                let slack = e as f64 - at as f64;
-                let _ = writeln!(
-                    out,
-                    "fairway_batch_deadline_slack_seconds{{tenant=\"{}\",batch=\"{}\"}} {slack}",
-                    prom::escape(&sb.owner),
-                    prom::escape(&sb.batch.id)
-                );
-            }
-        }
-        let resumes = self.runner.resumes();
-        type Field = fn(&attempt::Resumes) -> u64;
-        let families: [(&str, &str, Field); 4] = [
-            (
-                "fairway_batch_items_preempted_total",
-                "Resumable batch items cut mid-answer by a preemption, by tenant.",
-                |r| r.preempted,
-            ),
-            (
-                "fairway_batch_items_resumed_total",
-                "Continuations of preempted batch items sent from the tokens they had, by tenant.",
-                |r| r.resumed,
-            ),
-            (
-                "fairway_batch_items_restarted_total",
-                "Preempted batch items that could not resume and started again from zero, by tenant.",
-                |r| r.restarted,
-            ),
-            (
-                "fairway_batch_resume_tokens_saved_total",
-                "Generated tokens that resumed batch items kept rather than generated again, by tenant.",
-                |r| r.tokens_saved,
-            ),
-        ];
-        for (name, help, field) in families {
-            prom::family(out, name, Kind::Counter, help);
-            for (t, r) in &resumes {
-                let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", prom::escape(t), field(r));
-            }
-        }
-    }
-
-    /// The ended batches by (tenant, status), counted at most every
-    /// [`ENDED_COUNTED_FOR`]; `None` when the store cannot be read.
-    fn ended_counts(&self) -> Option<EndedCounts> {
-        let mut cache = self.ended.lock();
-        if let Some((at, counts)) = cache.as_ref()
-            && at.elapsed() < ENDED_COUNTED_FOR
-        {
-            return Some(counts.clone());
-        }
-        let mut counts = EndedCounts::new();
-        for sb in self.store.batches(None).ok()? {
-            if sb.batch.status.is_final() {
-                *counts
-                    .entry((sb.owner, status_name(sb.batch.status)))
-                    .or_default() += 1;
-            }
-        }
-        *cache = Some((tokio::time::Instant::now(), counts.clone()));
-        Some(counts)
     }
 
     /// Runs the batches until `shutdown`: those unfinished at start first.

@@ -221,6 +221,18 @@ async fn items_preempted_mid_answer_resume_and_their_answers_are_whole() {
         }
         statuses
     });
+    // While it runs, its own counts are in the batch's gauges.
+    let resumed = format!(
+        "fairway_batch_running_preemptions{{tenant=\"evals\",batch=\"{id}\",what=\"resumed\"}}"
+    );
+    let mut seen = 0.0;
+    let running =
+        |b: &Value| ["validating", "in_progress"].contains(&b["status"].as_str().unwrap());
+    while seen < 1.0 && running(&batch(addr, "ke", &id).await) {
+        seen = metric(&scrape(&gw).await, &resumed).unwrap_or(0.0);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen >= 1.0, "no resume counted for the batch while it ran");
     let b = ended(addr, "ke", &id, Duration::from_secs(90)).await;
     assert!(live.await.unwrap().iter().all(|s| *s == StatusCode::OK));
     assert_eq!(b["status"], "completed", "{b}");

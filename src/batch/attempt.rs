@@ -40,6 +40,7 @@ pub(super) enum Tried {
 
 /// Whose item, where, under which id, until when.
 pub(super) struct Target<'a> {
+    pub batch: &'a str,
     pub owner: &'a str,
     pub endpoint: &'a str,
     pub rid: &'a str,
@@ -132,7 +133,7 @@ async fn resumable(
         if !a.status.is_success() {
             if continuing {
                 // The backend takes no token-id prompt: start again.
-                b.runner.note(t.owner, |r| r.restarted += 1);
+                b.runner.note(t, |r| r.restarted += 1);
                 p.restart();
                 next = (t.endpoint, first.clone());
                 continue;
@@ -164,21 +165,21 @@ async fn resumable(
                 );
             }
             Ended::Preempted => {
-                b.runner.note(t.owner, |r| r.preempted += 1);
+                b.runner.note(t, |r| r.preempted += 1);
                 if p.at_limit(body) {
                     return done(t, item, StatusCode::OK, &p.answer(kind, body));
                 }
                 match p.continuation(body) {
                     Some(c) => {
                         let k = p.generated();
-                        b.runner.note(t.owner, |r| {
+                        b.runner.note(t, |r| {
                             r.resumed += 1;
                             r.tokens_saved += k;
                         });
                         next = ("/v1/completions", Bytes::from(c));
                     }
                     None => {
-                        b.runner.note(t.owner, |r| r.restarted += 1);
+                        b.runner.note(t, |r| r.restarted += 1);
                         p.restart();
                         next = (t.endpoint, first.clone());
                     }

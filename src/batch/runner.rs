@@ -89,8 +89,23 @@ impl Runner {
         self.resumes.lock().clone()
     }
 
-    pub(super) fn note(&self, tenant: &str, f: impl FnOnce(&mut Resumes)) {
-        f(self.resumes.lock().entry(tenant.to_owned()).or_default());
+    /// Each running batch's preemptions and what became of them, since
+    /// the runner picked it up.
+    pub fn batch_resumes(&self) -> HashMap<String, Resumes> {
+        self.runs
+            .lock()
+            .iter()
+            .map(|(id, r)| (id.clone(), r.resumes))
+            .collect()
+    }
+
+    /// Counts a preemption (or what became of it) of an item of `t`'s, for
+    /// its tenant and its batch.
+    pub(super) fn note(&self, t: &Target<'_>, f: impl Fn(&mut Resumes)) {
+        f(self.resumes.lock().entry(t.owner.to_owned()).or_default());
+        if let Some(run) = self.runs.lock().get_mut(t.batch) {
+            f(&mut run.resumes);
+        }
     }
 
     /// Looks at the batches now (a batch was created or cancelled, an item
@@ -114,6 +129,8 @@ struct Run {
     done_at_start: usize,
     /// When its last item is projected to have a result (Unix seconds).
     projected: Option<u64>,
+    /// Its items' preemptions since the runner picked it up.
+    resumes: Resumes,
 }
 
 impl Run {
@@ -307,6 +324,7 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
             tries: HashMap::new(),
             started: tokio::time::Instant::now(),
             projected: None,
+            resumes: Resumes::default(),
         });
     }
     let mut start = Vec::new();
@@ -398,6 +416,7 @@ async fn item_task(
         + 1;
     let rid = item_id(&id, item.line);
     let target = Target {
+        batch: &id,
         owner: &owner,
         endpoint: &endpoint,
         rid: &rid,
