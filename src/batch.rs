@@ -259,9 +259,9 @@ impl Batches {
 
     /// Fills in the running batches' projections.
     fn project(&self, batches: &mut [Batch]) {
-        let p = self.runner.projections();
+        let runs = self.runner.runs();
         for b in batches {
-            if let Some(&at) = p.get(&b.id) {
+            if let Some(at) = runs.get(&b.id).and_then(|r| r.projected) {
                 b.projected_completion_at = Some(at);
                 b.deadline_at_risk = Some(b.expires_at.is_some_and(|e| at > e));
             }

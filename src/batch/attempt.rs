@@ -153,16 +153,8 @@ async fn resumable(
                 if tries < TRIES {
                     return Tried::Again(Duration::from_secs(u64::from(tries)));
                 }
-                let body = serde_json::json!({"error": {
-                    "message": format!("The backend's stream broke before it ended: {cause}"),
-                    "type": "upstream_error", "param": null, "code": "upstream_stream_broken",
-                }});
-                return done(
-                    t,
-                    item,
-                    StatusCode::BAD_GATEWAY,
-                    body.to_string().as_bytes(),
-                );
+                let body = crate::protocol::openai::stream_broken(&cause).to_string();
+                return done(t, item, StatusCode::BAD_GATEWAY, body.as_bytes());
             }
             Ended::Preempted => {
                 b.runner.note(t, |r| r.preempted += 1);

@@ -1,5 +1,6 @@
 //! The batch families of `/metrics` (docs/batch.md lists them).
 
+use super::runner::RunView;
 use super::store::StoredBatch;
 use super::{Batches, ENDED_COUNTED_FOR, EndedCounts, attempt};
 
@@ -17,14 +18,20 @@ impl Batches {
         else {
             return;
         };
-        let running = self.runner.in_flight();
+        // The running batches among the unfinished (the runner has not
+        // picked up one just created).
+        let runs = self.runner.runs();
+        let running: Vec<(&StoredBatch, &RunView)> = all
+            .iter()
+            .filter_map(|sb| Some((sb, runs.get(&sb.batch.id)?)))
+            .collect();
         let mut items: BTreeMap<(String, &str), u64> = BTreeMap::new();
         for sb in &all {
             *batches
                 .entry((sb.owner.clone(), status_name(sb.batch.status)))
                 .or_default() += 1;
             let c = sb.batch.request_counts;
-            let run = u64::from(running.get(&sb.batch.id).copied().unwrap_or(0));
+            let run = u64::from(runs.get(&sb.batch.id).map_or(0, |r| r.in_flight));
             let left = u64::from(c.total.saturating_sub(c.completed + c.failed));
             for (state, n) in [
                 ("pending", left.saturating_sub(run)),
@@ -61,15 +68,14 @@ impl Batches {
                 prom::escape(t)
             );
         }
-        let projections = self.runner.projections();
         prom::family(
             out,
             "fairway_batch_deadline_slack_seconds",
             Kind::Gauge,
             "Per running batch: its expiry less its projected completion at the rate its items finish (negative: it will not make its window; its items are then promoted).",
         );
-        for sb in all.iter().filter(|b| !b.batch.status.is_final()) {
-            if let (Some(&at), Some(e)) = (projections.get(&sb.batch.id), sb.batch.expires_at) {
+        for (sb, r) in &running {
+            if let (Some(at), Some(e)) = (r.projected, sb.batch.expires_at) {
                 let slack = e as f64 - at as f64;
                 let _ = writeln!(
                     out,
@@ -110,11 +116,6 @@ impl Batches {
             }
         }
         // The same, per running batch, since the runner picked it up.
-        let per_batch = self.runner.batch_resumes();
-        let running: Vec<(&StoredBatch, attempt::Resumes)> = all
-            .iter()
-            .filter_map(|sb| Some((sb, *per_batch.get(&sb.batch.id)?)))
-            .collect();
         prom::family(
             out,
             "fairway_batch_running_preemptions",
@@ -122,6 +123,7 @@ impl Batches {
             "Per running batch, since the runner picked it up: its items cut mid-answer (preempted), continued from their tokens (resumed) or started again (restarted).",
         );
         for (sb, r) in &running {
+            let r = &r.resumes;
             for (what, n) in [
                 ("preempted", r.preempted),
                 ("resumed", r.resumed),
@@ -147,7 +149,7 @@ impl Batches {
                 "fairway_batch_running_tokens_kept{{tenant=\"{}\",batch=\"{}\"}} {}",
                 prom::escape(&sb.owner),
                 prom::escape(&sb.batch.id),
-                r.tokens_saved
+                r.resumes.tokens_saved
             );
         }
     }

@@ -58,28 +58,32 @@ pub struct Runner {
     resumes: Mutex<BTreeMap<String, Resumes>>,
 }
 
+/// What the runner knows of a running batch now.
+#[derive(Clone, Copy, Debug)]
+pub struct RunView {
+    /// Items sent to the request path now.
+    pub in_flight: u32,
+    /// When its last item is projected to have a result (Unix seconds),
+    /// once one of its items has finished.
+    pub projected: Option<u64>,
+    /// Its items' preemptions since the runner picked it up.
+    pub resumes: Resumes,
+}
+
 impl Runner {
-    /// Items sent to the request path now, by batch.
-    pub fn in_flight(&self) -> HashMap<String, u32> {
+    /// Each running batch's view, by id.
+    pub fn runs(&self) -> HashMap<String, RunView> {
         self.runs
             .lock()
             .iter()
             .map(|(id, r)| {
-                (
-                    id.clone(),
-                    u32::try_from(r.in_flight.len()).unwrap_or(u32::MAX),
-                )
+                let view = RunView {
+                    in_flight: u32::try_from(r.in_flight.len()).unwrap_or(u32::MAX),
+                    projected: r.projected,
+                    resumes: r.resumes,
+                };
+                (id.clone(), view)
             })
-            .collect()
-    }
-
-    /// Each running batch's projected completion (Unix seconds), once one
-    /// of its items has finished.
-    pub fn projections(&self) -> HashMap<String, u64> {
-        self.runs
-            .lock()
-            .iter()
-            .filter_map(|(id, r)| Some((id.clone(), r.projected?)))
             .collect()
     }
 
@@ -87,16 +91,6 @@ impl Runner {
     /// tenant.
     pub fn resumes(&self) -> BTreeMap<String, Resumes> {
         self.resumes.lock().clone()
-    }
-
-    /// Each running batch's preemptions and what became of them, since
-    /// the runner picked it up.
-    pub fn batch_resumes(&self) -> HashMap<String, Resumes> {
-        self.runs
-            .lock()
-            .iter()
-            .map(|(id, r)| (id.clone(), r.resumes))
-            .collect()
     }
 
     /// Counts a preemption (or what became of it) of an item of `t`'s, for

@@ -256,12 +256,5 @@ async fn await_dispatch(
 
 /// Resolves when the scheduler preempts the in-flight request.
 async fn preempted(pending: &mut Pending) {
-    loop {
-        match pending.next().await {
-            Some(Decision::Preempt { .. }) => return,
-            // Nothing else comes while a request is in flight.
-            Some(_) => {}
-            None => std::future::pending().await,
-        }
-    }
+    std::future::poll_fn(|cx| pending.poll_preempted(cx)).await;
 }

@@ -412,7 +412,8 @@ impl Pending {
     }
 
     /// Ready once a `Preempt` arrives (other decisions are dropped: none
-    /// but a `Preempt` comes to a request whose response has started).
+    /// but a `Preempt` comes to a request in flight); never when its
+    /// channel closed or cannot carry one.
     pub fn poll_preempted(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         if matches!(self.ready.take(), Some(Decision::Preempt { .. })) {
             return std::task::Poll::Ready(());

@@ -378,15 +378,20 @@ pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// (the `openai` SDKs raise an `APIError` with this message; vLLM reports
 /// its own errors mid-stream the same way).
 pub fn error_event(cause: &str) -> Bytes {
-    let body = serde_json::json!({
+    Bytes::from(format!("data: {}\n\n", stream_broken(cause)))
+}
+
+/// The error of a stream the backend cut, as [`error_event`] carries it
+/// (and a batch item's error line, whose answer broke off).
+pub fn stream_broken(cause: &str) -> serde_json::Value {
+    serde_json::json!({
         "error": {
             "message": format!("The backend's stream broke before it ended: {cause}"),
             "type": "upstream_error",
             "param": null,
             "code": "upstream_stream_broken",
         }
-    });
-    Bytes::from(format!("data: {body}\n\n"))
+    })
 }
 
 /// The event that ends a resumable batch item's stream cut by a

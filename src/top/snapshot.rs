@@ -265,25 +265,24 @@ pub(super) struct BatchFigures {
 /// Folds in a `fairway_batch*` sample of `tenant`; other families are
 /// ignored.
 fn add_batch(all: &mut BTreeMap<String, BatchFigures>, tenant: &str, s: &Sample) {
-    let f = || BatchFigures::default();
     let v = s.value;
     match s.name.as_str() {
         "fairway_batch_items" => {
             let state = s.label("state").unwrap_or("").to_owned();
-            let t = all.entry(tenant.to_owned()).or_insert_with(f);
+            let t = all.entry(tenant.to_owned()).or_default();
             *t.items.entry(state).or_insert(0.0) += v;
         }
         "fairway_batch_items_preempted_total" => {
-            all.entry(tenant.to_owned()).or_insert_with(f).preempted = Some(v);
+            all.entry(tenant.to_owned()).or_default().preempted = Some(v);
         }
         "fairway_batch_items_resumed_total" => {
-            all.entry(tenant.to_owned()).or_insert_with(f).resumed = Some(v);
+            all.entry(tenant.to_owned()).or_default().resumed = Some(v);
         }
         "fairway_batch_resume_tokens_saved_total" => {
-            all.entry(tenant.to_owned()).or_insert_with(f).tokens_saved = Some(v);
+            all.entry(tenant.to_owned()).or_default().tokens_saved = Some(v);
         }
         "fairway_batch_deadline_slack_seconds" if v.is_finite() => {
-            all.entry(tenant.to_owned()).or_insert_with(f).slack.push(v);
+            all.entry(tenant.to_owned()).or_default().slack.push(v);
         }
         _ => {}
     }
