@@ -7,8 +7,9 @@
 //!
 //! The HTTP routes are the edge's (`edge::batch_api`); this module is what
 //! they call: [`Batches`] checks ownership and limits and keeps the
-//! records. Every call that touches the store runs on the blocking pool:
-//! a commit waits for the disk.
+//! records, in the embedded store (a data directory) or the shared one
+//! (the cluster's Redis and an S3-compatible object store), whose leases
+//! let another replica take over a batch whose replica died.
 
 pub mod attempt;
 mod metrics;
@@ -68,7 +69,7 @@ pub enum BatchError {
 
 /// The batch service: the store, its limits, and the runner's state.
 pub struct Batches {
-    store: Arc<Store>,
+    store: Store,
     limits: BatchPolicy,
     gw: Arc<Gateway>,
     runner: runner::Runner,
@@ -95,22 +96,28 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}{:024x}", rand::random::<u128>() >> 32)
 }
 
-/// Runs `f` on the blocking pool (store calls wait for the disk).
-async fn blocking<R: Send + 'static>(
-    store: &Arc<Store>,
-    f: impl FnOnce(&Store) -> R + Send + 'static,
-) -> R {
-    let s = store.clone();
-    match tokio::task::spawn_blocking(move || f(&s)).await {
-        Ok(r) => r,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
-}
-
 impl Batches {
-    /// Opens the store in the policy's `data_dir` (creating it).
-    pub fn open(policy: &BatchPolicy, gw: Arc<Gateway>) -> Result<Arc<Batches>, StoreError> {
-        let store = Arc::new(Store::open(&policy.data_dir)?);
+    /// Opens the store: the embedded one in the policy's `data_dir`
+    /// (creating it), or the shared one (`[batch] object_store` with
+    /// `[cluster]`'s store; `replica` names this replica in its leases).
+    pub fn open(
+        policy: &BatchPolicy,
+        cluster: Option<&crate::config::ClusterPolicy>,
+        replica: &str,
+        gw: Arc<Gateway>,
+    ) -> Result<Arc<Batches>, StoreError> {
+        let store = match (&policy.object_store, cluster) {
+            (Some(objects), Some(cluster)) => {
+                Store::Shared(Box::new(store::Shared::connect(&store::SharedConfig {
+                    cluster,
+                    replica,
+                    object_store: objects,
+                    endpoint: policy.object_store_endpoint.as_deref(),
+                    data_dir: &policy.data_dir,
+                })?))
+            }
+            _ => Store::Embedded(Arc::new(store::Embedded::open(&policy.data_dir)?)),
+        };
         Ok(Arc::new(Batches {
             store,
             limits: policy.clone(),
@@ -129,8 +136,7 @@ impl Batches {
         &self,
     ) -> Result<(String, std::path::PathBuf, std::fs::File), BatchError> {
         let id = new_id("file-");
-        let tmp_id = id.clone();
-        let (path, f) = blocking(&self.store, move |s| s.temp_file(&tmp_id)).await?;
+        let (path, f) = self.store.temp_file(&id).await?;
         Ok((id, path, f))
     }
 
@@ -148,29 +154,25 @@ impl Batches {
             self.limits.max_files_per_tenant,
             self.limits.max_bytes_per_tenant,
         );
-        let owner = owner.to_owned();
-        blocking(&self.store, move |s| {
-            let (files, held) = s.held_by(&owner)?;
-            if files >= max_files || held.saturating_add(bytes) > max_bytes {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(BatchError::TooLarge(format!(
-                    "tenant '{owner}' keeps {files} files of {held} bytes; the limits are \
-                     {max_files} files and {max_bytes} bytes: delete some first"
-                )));
-            }
-            let f = StoredFile {
-                owner,
-                file: FileObject::new(id, bytes, crate::clock::unix_seconds(), filename, &purpose),
-            };
-            s.put_file(&tmp, &f)?;
-            Ok(f.file)
-        })
-        .await
+        let (files, held) = self.store.held_by(owner).await?;
+        if files >= max_files || held.saturating_add(bytes) > max_bytes {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(BatchError::TooLarge(format!(
+                "tenant '{owner}' keeps {files} files of {held} bytes; the limits are \
+                 {max_files} files and {max_bytes} bytes: delete some first"
+            )));
+        }
+        let f = StoredFile {
+            owner: owner.to_owned(),
+            file: FileObject::new(id, bytes, crate::clock::unix_seconds(), filename, &purpose),
+        };
+        let out = f.file.clone();
+        self.store.put_file(tmp, f).await?;
+        Ok(out)
     }
 
     async fn stored_file(&self, scope: &Scope, id: &str) -> Result<StoredFile, BatchError> {
-        let key = id.to_owned();
-        match blocking(&self.store, move |s| s.file(&key)).await? {
+        match self.store.file(id).await? {
             Some(f) if scope.sees(&f.owner) => Ok(f),
             _ => Err(BatchError::NotFound("file", id.to_owned())),
         }
@@ -181,33 +183,30 @@ impl Batches {
     }
 
     pub async fn files(&self, scope: &Scope) -> Result<Vec<FileObject>, BatchError> {
-        let owner = scope.owner().map(str::to_owned);
-        let files = blocking(&self.store, move |s| s.files(owner.as_deref())).await?;
+        let files = self.store.files(scope.owner()).await?;
         Ok(files.into_iter().map(|f| f.file).collect())
     }
 
     pub async fn content(&self, scope: &Scope, id: &str) -> Result<Vec<u8>, BatchError> {
         self.stored_file(scope, id).await?;
-        let key = id.to_owned();
-        Ok(blocking(&self.store, move |s| s.content(&key)).await?)
+        Ok(self.store.content(id).await?)
     }
 
     /// Deletes a file; one a batch still running reads is kept (409).
     pub async fn delete_file(&self, scope: &Scope, id: &str) -> Result<(), BatchError> {
         self.stored_file(scope, id).await?;
-        let key = id.to_owned();
-        let busy = blocking(&self.store, move |s| {
-            s.active_batches()
-                .map(|bs| bs.iter().any(|b| b.batch.input_file_id == key))
-        })
-        .await?;
+        let busy = self
+            .store
+            .active_batches()
+            .await?
+            .iter()
+            .any(|b| b.batch.input_file_id == id);
         if busy {
             return Err(BatchError::Conflict(format!(
                 "file '{id}' is the input of a batch still running"
             )));
         }
-        let key = id.to_owned();
-        blocking(&self.store, move |s| s.delete_file(&key)).await?;
+        self.store.delete_file(id).await?;
         Ok(())
     }
 
@@ -229,14 +228,13 @@ impl Batches {
             batch: Batch::new(new_id("batch_"), c, now, self.limits.window.as_secs()),
         };
         let out = b.batch.clone();
-        blocking(&self.store, move |s| s.put_batch(&b)).await?;
+        self.store.put_batch(b).await?;
         self.runner.wake();
         Ok(out)
     }
 
     async fn stored_batch(&self, scope: &Scope, id: &str) -> Result<StoredBatch, BatchError> {
-        let key = id.to_owned();
-        match blocking(&self.store, move |s| s.batch(&key)).await? {
+        match self.store.batch(id).await? {
             Some(b) if scope.sees(&b.owner) => Ok(b),
             _ => Err(BatchError::NotFound("batch", id.to_owned())),
         }
@@ -250,8 +248,7 @@ impl Batches {
 
     /// The caller's batches, newest first.
     pub async fn batches(&self, scope: &Scope) -> Result<Vec<Batch>, BatchError> {
-        let owner = scope.owner().map(str::to_owned);
-        let bs = blocking(&self.store, move |s| s.batches(owner.as_deref())).await?;
+        let bs = self.store.batches(scope.owner()).await?;
         let mut bs: Vec<Batch> = bs.into_iter().map(|b| b.batch).collect();
         self.project(&mut bs);
         Ok(bs)
@@ -280,17 +277,16 @@ impl Batches {
                 "batch '{id}' has ended and cannot be cancelled"
             )));
         }
-        let key = id.to_owned();
         let now = crate::clock::unix_seconds();
-        let out = blocking(&self.store, move |s| {
-            s.update(&key, |b| {
+        let out = self
+            .store
+            .update(id, move |b| {
                 if matches!(b.status, Status::Validating | Status::InProgress) {
                     b.status = Status::Cancelling;
                     b.cancelling_at = Some(now);
                 }
             })
-        })
-        .await?;
+            .await?;
         self.runner.wake();
         out.map(|b| b.batch)
             .ok_or_else(|| BatchError::NotFound("batch", id.to_owned()))

@@ -62,6 +62,15 @@ if ! "$bvenv/bin/python" -c "import selenium" >/dev/null 2>&1; then
   "$bvenv/bin/pip" install -q -r tests/browser/requirements.txt
 fi
 
+# An S3-compatible server (moto's) for the shared batch store's tests
+# (tests/batch_cluster.rs).
+svenv=target/s3-venv
+if ! "$svenv/bin/python" -c "import moto.server, flask_cors" >/dev/null 2>&1; then
+  echo "installing an S3-compatible server into $svenv"
+  python3 -m venv "$svenv"
+  "$svenv/bin/pip" install -q -r tests/s3/requirements.txt
+fi
+
 CI=true cargo test "$@"
 if [ $# -eq 0 ]; then
   fuzz/run.sh --seconds "${FAIRWAY_FUZZ_SECONDS:-10}"

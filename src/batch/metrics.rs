@@ -14,10 +14,13 @@ impl Batches {
         use std::fmt::Write as _;
 
         use crate::prom::{self, Kind};
-        let (Ok(all), Some(mut batches)) = (self.store.active_batches(), self.ended_counts())
-        else {
-            return;
-        };
+        let all = self.runner.seen();
+        let mut batches = self
+            .ended
+            .lock()
+            .as_ref()
+            .map(|(_, c)| c.clone())
+            .unwrap_or_default();
         // The running batches among the unfinished (the runner has not
         // picked up one just created).
         let runs = self.runner.runs();
@@ -154,25 +157,40 @@ impl Batches {
         }
     }
 
-    /// The ended batches by (tenant, status), counted at most every
-    /// [`ENDED_COUNTED_FOR`]; `None` when the store cannot be read.
-    fn ended_counts(&self) -> Option<EndedCounts> {
-        let mut cache = self.ended.lock();
-        if let Some((at, counts)) = cache.as_ref()
-            && at.elapsed() < ENDED_COUNTED_FOR
-        {
-            return Some(counts.clone());
+    /// Counts a batch of `owner`'s that this replica just ended as
+    /// `status` at once (the next recount includes it anyway).
+    pub(super) fn ended_now(&self, owner: &str, status: crate::protocol::batch::Status) {
+        if let Some((_, counts)) = self.ended.lock().as_mut() {
+            *counts
+                .entry((owner.to_owned(), status_name(status)))
+                .or_default() += 1;
         }
+    }
+
+    /// Counts the ended batches by (tenant, status) again when the count
+    /// is older than [`ENDED_COUNTED_FOR`] (the runner calls it; a store
+    /// that cannot be read keeps the last count).
+    pub(super) async fn refresh_ended(&self) {
+        let fresh = self
+            .ended
+            .lock()
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < ENDED_COUNTED_FOR);
+        if fresh {
+            return;
+        }
+        let Ok(all) = self.store.batches(None).await else {
+            return;
+        };
         let mut counts = EndedCounts::new();
-        for sb in self.store.batches(None).ok()? {
+        for sb in all {
             if sb.batch.status.is_final() {
                 *counts
                     .entry((sb.owner, status_name(sb.batch.status)))
                     .or_default() += 1;
             }
         }
-        *cache = Some((tokio::time::Instant::now(), counts.clone()));
-        Some(counts)
+        *self.ended.lock() = Some((tokio::time::Instant::now(), counts));
     }
 }
 

@@ -39,9 +39,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use super::Batches;
 use super::attempt::{Resumes, Target, Tried, try_item};
-use super::store::{ItemResult, Store, StoreError, StoredBatch, StoredFile};
-use super::{Batches, blocking};
+use super::store::{ItemResult, StoreError, StoredBatch, StoredFile};
 use crate::protocol::batch::{Errors, FileObject, Item, Limits, Status, error_line, read_input};
 
 /// How often the runner looks at the batches when nothing wakes it.
@@ -56,6 +56,9 @@ pub struct Runner {
     runs: Mutex<HashMap<String, Run>>,
     /// Since start, by tenant.
     resumes: Mutex<BTreeMap<String, Resumes>>,
+    /// The unfinished batches as the last step read them (every replica's,
+    /// with the shared store), for the scrapes.
+    seen: Mutex<Vec<StoredBatch>>,
 }
 
 /// What the runner knows of a running batch now.
@@ -85,6 +88,11 @@ impl Runner {
                 (id.clone(), view)
             })
             .collect()
+    }
+
+    /// The unfinished batches as the last look read them.
+    pub fn seen(&self) -> Vec<StoredBatch> {
+        self.seen.lock().clone()
     }
 
     /// Preemptions of items and what became of them since start, by
@@ -154,7 +162,7 @@ pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
             _ = tick.tick() => {}
             _ = purge.tick() => {
                 let before = crate::clock::unix_seconds().saturating_sub(retention.as_secs());
-                match blocking(&b.store, move |s| s.purge(before)).await {
+                match b.store.purge(before).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(batches = n, "batches past their retention removed"),
                     Err(e) => tracing::warn!(error = %e, "batch runner: purge failed; retrying"),
@@ -166,23 +174,42 @@ pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
             tracing::warn!(error = %e, "batch runner: the store failed; retrying");
         }
     }
-    // Items in flight run again at the next start: they have no result.
-    for run in b.runner.runs.lock().values() {
-        for h in run.in_flight.values() {
-            h.abort();
+    // Items in flight run again at the next start (or at the replica that
+    // takes the batch over): they have no result.
+    let held: Vec<String> = {
+        let runs = b.runner.runs.lock();
+        for run in runs.values() {
+            for h in run.in_flight.values() {
+                h.abort();
+            }
         }
-    }
+        runs.keys().cloned().collect()
+    };
+    b.store.release(&held).await;
 }
 
 /// One look at every unfinished batch, earliest deadline first.
 async fn step(b: &Arc<Batches>) -> Result<(), StoreError> {
-    let mut active = blocking(&b.store, Store::active_batches).await?;
+    let mut active = b.store.active_batches().await?;
     active.sort_by_key(|s| s.batch.expires_at);
-    let ids: HashSet<String> = active.iter().map(|s| s.batch.id.clone()).collect();
-    b.runner.runs.lock().retain(|id, _| ids.contains(id));
+    b.runner.seen.lock().clone_from(&active);
+    b.refresh_ended().await;
+    let ids: Vec<String> = active.iter().map(|s| s.batch.id.clone()).collect();
+    let mine = b.store.claim(&ids).await?;
+    // A batch that ended, or that another replica took over (this one
+    // missed renewing its lease): its items here stop.
+    b.runner.runs.lock().retain(|id, run| {
+        let keep = mine.contains(id);
+        if !keep {
+            for h in run.in_flight.values() {
+                h.abort();
+            }
+        }
+        keep
+    });
     let now = crate::clock::unix_seconds();
     let mut room = Room::default();
-    for sb in active {
+    for sb in active.into_iter().filter(|sb| mine.contains(&sb.batch.id)) {
         let expired = sb.batch.expires_at.is_some_and(|e| now >= e);
         match sb.batch.status {
             Status::Validating if expired => finalize(b, sb, Status::Expired).await?,
@@ -205,8 +232,7 @@ async fn read_items(
     sb: &StoredBatch,
     models: bool,
 ) -> Result<Vec<Item>, Vec<crate::protocol::batch::LineError>> {
-    let id = sb.batch.input_file_id.clone();
-    let text = match blocking(&b.store, move |s| s.content(&id)).await {
+    let text = match b.store.content(&sb.batch.input_file_id).await {
         Ok(t) => t,
         Err(e) => {
             return Err(vec![crate::protocol::batch::LineError {
@@ -238,13 +264,12 @@ async fn read_items(
 async fn validate(b: &Arc<Batches>, sb: StoredBatch) -> Result<(), StoreError> {
     let now = crate::clock::unix_seconds();
     let read = read_items(b, &sb, true).await;
-    let id = sb.batch.id.clone();
-    blocking(&b.store, move |s| {
-        s.update(&id, |batch| {
+    b.store
+        .update(&sb.batch.id, move |batch| {
             if batch.status != Status::Validating {
                 return;
             }
-            match read {
+            match &read {
                 Ok(items) => {
                     batch.status = Status::InProgress;
                     batch.in_progress_at = Some(now);
@@ -259,13 +284,12 @@ async fn validate(b: &Arc<Batches>, sb: StoredBatch) -> Result<(), StoreError> {
                     batch.failed_at = Some(now);
                     batch.errors = Some(Errors {
                         object: "list".into(),
-                        data: errors,
+                        data: errors.clone(),
                     });
                 }
             }
         })
-    })
-    .await?;
+        .await?;
     b.runner.wake();
     Ok(())
 }
@@ -304,11 +328,7 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
         // It read when the batch started; only a file removed from under
         // the store fails here, and then the batch ends when it expires.
         let items = read_items(b, &sb, false).await.unwrap_or_default();
-        let key = id.clone();
-        let done: HashSet<u32> = blocking(&b.store, move |s| s.results(&key))
-            .await?
-            .into_keys()
-            .collect();
+        let done: HashSet<u32> = b.store.results(&id).await?.into_keys().collect();
         b.runner.runs.lock().entry(id.clone()).or_insert(Run {
             items: Arc::new(items),
             done_at_start: done.len(),
@@ -354,17 +374,16 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
         )
     };
     if finished {
-        let key = id.clone();
         let now = crate::clock::unix_seconds();
-        let moved = blocking(&b.store, move |s| {
-            s.update(&key, |batch| {
+        let moved = b
+            .store
+            .update(&id, move |batch| {
                 if batch.status == Status::InProgress {
                     batch.status = Status::Finalizing;
                     batch.finalizing_at = Some(now);
                 }
             })
-        })
-        .await?;
+            .await?;
         return match moved {
             Some(sb) if sb.batch.status == Status::Finalizing => {
                 finalize(b, sb, Status::Completed).await
@@ -420,12 +439,11 @@ async fn item_task(
     let tried = try_item(&b, &target, &item, tries).await;
     let line = item.line;
     let recorded = match &tried {
-        Tried::Done(result) => {
-            let (key, result) = (id.clone(), result.clone());
-            blocking(&b.store, move |s| s.record(&key, line, &result))
-                .await
-                .map(|_| true)
-        }
+        Tried::Done(result) => b
+            .store
+            .record(&id, line, result.clone())
+            .await
+            .map(|_| true),
         Tried::Again(_) => Ok(false),
     };
     let mut runs = b.runner.runs.lock();
@@ -485,27 +503,21 @@ async fn finalize(b: &Arc<Batches>, sb: StoredBatch, target: Status) -> Result<(
         // here.
         total = Some(u32::try_from(items.len()).unwrap_or(u32::MAX));
         // Every item without a result gets its line, in one transaction.
-        let key = id.clone();
-        blocking(&b.store, move |s| {
-            let lines: Vec<(u32, ItemResult)> = items
-                .iter()
-                .map(|item| {
-                    let line =
-                        error_line(&item_id(&key, item.line), &item.custom_id, code, message);
-                    let result = ItemResult {
-                        ok: false,
-                        line,
-                        usage: (0, 0, 0, 0),
-                    };
-                    (item.line, result)
-                })
-                .collect();
-            s.record_all(&key, lines.iter().map(|(l, r)| (*l, r)))
-        })
-        .await?;
+        let lines: Vec<(u32, ItemResult)> = items
+            .iter()
+            .map(|item| {
+                let line = error_line(&item_id(&id, item.line), &item.custom_id, code, message);
+                let result = ItemResult {
+                    ok: false,
+                    line,
+                    usage: (0, 0, 0, 0),
+                };
+                (item.line, result)
+            })
+            .collect();
+        b.store.record_all(&id, lines).await?;
     }
-    let key = id.clone();
-    let results = blocking(&b.store, move |s| s.results(&key)).await?;
+    let results = b.store.results(&id).await?;
     let now = crate::clock::unix_seconds();
     let (mut output, mut errors) = (None, None);
     for (ok, suffix) in [(true, "output"), (false, "errors")] {
@@ -529,20 +541,16 @@ async fn finalize(b: &Arc<Batches>, sb: StoredBatch, target: Status) -> Result<(
                 "batch_output",
             ),
         };
-        let written = blocking(&b.store, move |s| {
-            let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-            s.write_file(file, &refs)
-        })
-        .await?;
+        let written = b.store.write_file(file, lines).await?;
         *if ok { &mut output } else { &mut errors } = Some(written.file.id);
     }
-    blocking(&b.store, move |s| {
-        s.update(&id, |batch| {
+    b.store
+        .update(&id, move |batch| {
             if let Some(t) = total.filter(|_| batch.request_counts.total == 0) {
                 batch.request_counts.total = t;
             }
-            batch.output_file_id = output;
-            batch.error_file_id = errors;
+            batch.output_file_id.clone_from(&output);
+            batch.error_file_id.clone_from(&errors);
             batch.status = target;
             match target {
                 Status::Completed => batch.completed_at = Some(now),
@@ -551,7 +559,8 @@ async fn finalize(b: &Arc<Batches>, sb: StoredBatch, target: Status) -> Result<(
                 _ => {}
             }
         })
-    })
-    .await
-    .map(drop)
+        .await?;
+    b.ended_now(&sb.owner, target);
+    b.store.release(std::slice::from_ref(&id)).await;
+    Ok(())
 }

@@ -1,33 +1,30 @@
-//! The embedded store: files, batches and each item's result in a data
-//! directory, no server to run. Metadata and results live in one `redb`
-//! database (`batches.redb`, each write a transaction committed to disk
-//! before it is answered); a file's bytes live beside it
-//! (`files/<id>`), written to a temporary name, synced and renamed, so a
-//! file is whole or absent.
+//! Where files, batches and every item's result are kept: the embedded
+//! store (a data directory, the default) or the shared one (the cluster's
+//! Redis for the records, an S3-compatible object store for the files'
+//! bytes), so that any replica can take over another's batch.
 //!
-//! An item's result is written once: [`Store::record`] inserts it and adds
-//! it to its batch's counts and usage in the same transaction, and does
-//! nothing for an item already recorded. An item run again after a crash
-//! (it was in flight, with no result yet) therefore counts once and is in
-//! the output once.
+//! Both keep the same promises: an item's result is written once (a
+//! second [`Store::record`] of it does nothing), a file is whole or
+//! absent, and a batch's counts move with its results, never from an
+//! older copy. The runner runs a batch only while it holds it
+//! ([`Store::claim`]): always with the embedded store, under a lease that
+//! expires with its replica with the shared one.
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+mod embedded;
+mod shared;
 
-use redb::{Database, ReadableTable, TableDefinition};
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::batch::{Batch, FileObject};
+pub use embedded::Embedded;
+pub use shared::{Shared, SharedConfig};
 
-const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
-const BATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("batches");
-const RESULTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("results");
-/// The ids of the batches not yet ended: what the runner reads every
-/// step, whatever the number of ended batches kept.
-const ACTIVE: TableDefinition<&str, ()> = TableDefinition::new("active");
-
-/// A store failure, as the API answers it (500, the message says what).
+/// A store failure, as the API answers it (500, or 507 for a full disk;
+/// the message says what).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("batch store: {0}")]
@@ -39,26 +36,9 @@ pub enum StoreError {
     },
     #[error("batch store: a stored record does not read back: {0}")]
     Corrupt(String),
-}
-
-fn failed<E: std::fmt::Display>(e: E) -> StoreError {
-    StoreError::Db(e.to_string())
-}
-
-/// Writes batch `b` and keeps the index of batches not yet ended with it.
-fn write_batch(w: &redb::WriteTransaction, b: &StoredBatch) -> Result<(), StoreError> {
-    let id = b.batch.id.as_str();
-    w.open_table(BATCHES)
-        .map_err(failed)?
-        .insert(id, encode(b).as_slice())
-        .map_err(failed)?;
-    let mut active = w.open_table(ACTIVE).map_err(failed)?;
-    if b.batch.status.is_final() {
-        active.remove(id).map_err(failed)?;
-    } else {
-        active.insert(id, ()).map_err(failed)?;
-    }
-    Ok(())
+    /// The shared store's Redis or object store failed.
+    #[error("batch store ({0}): {1}")]
+    Remote(&'static str, String),
 }
 
 /// A file and the tenant it belongs to.
@@ -84,17 +64,6 @@ pub struct ItemResult {
     pub usage: (u64, u64, u64, u64),
 }
 
-pub struct Store {
-    dir: PathBuf,
-    db: Database,
-}
-
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("dir", &self.dir).finish()
-    }
-}
-
 fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
@@ -103,210 +72,149 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
+/// The store the batch service uses.
+#[derive(Debug)]
+pub enum Store {
+    Embedded(Arc<Embedded>),
+    Shared(Box<Shared>),
+}
+
+/// Runs `f` on the blocking pool: the embedded store's calls wait for
+/// the disk.
+async fn blocking<R: Send + 'static>(
+    store: &Arc<Embedded>,
+    f: impl FnOnce(&Embedded) -> R + Send + 'static,
+) -> R {
+    let s = store.clone();
+    match tokio::task::spawn_blocking(move || f(&s)).await {
+        Ok(r) => r,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 impl Store {
-    /// Opens (or creates) the store in `dir`. Temporary files a crash left
-    /// behind are removed.
-    pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| StoreError::Io { path, source }
-        };
-        let files = dir.join("files");
-        std::fs::create_dir_all(&files).map_err(io(&files))?;
-        let tmp = dir.join("tmp");
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-        let db = Database::create(dir.join("batches.redb")).map_err(failed)?;
-        let w = db.begin_write().map_err(failed)?;
-        w.open_table(FILES).map_err(failed)?;
-        w.open_table(BATCHES).map_err(failed)?;
-        w.open_table(RESULTS).map_err(failed)?;
-        w.open_table(ACTIVE).map_err(failed)?;
-        w.commit().map_err(failed)?;
-        Ok(Store {
-            dir: dir.to_path_buf(),
-            db,
-        })
-    }
-
-    /// A fresh temporary file for an upload to be written into.
-    pub fn temp_file(&self, id: &str) -> Result<(PathBuf, std::fs::File), StoreError> {
-        let path = self.dir.join("tmp").join(id);
-        let f = std::fs::File::create(&path).map_err(|source| StoreError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        Ok((path, f))
-    }
-
-    fn blob(&self, id: &str) -> PathBuf {
-        self.dir.join("files").join(id)
-    }
-
-    /// Keeps the temporary file `tmp` (synced here) as file `f`'s bytes,
-    /// then its record: a crash between the two leaves an orphan blob,
-    /// never a record without its bytes.
-    pub fn put_file(&self, tmp: &Path, f: &StoredFile) -> Result<(), StoreError> {
-        let path = self.blob(&f.file.id);
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            source,
-        };
-        std::fs::File::open(tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(io)?;
-        std::fs::rename(tmp, &path).map_err(io)?;
-        if let Ok(d) = std::fs::File::open(self.dir.join("files")) {
-            let _ = d.sync_all();
+    /// A fresh local temporary file for an upload to be written into
+    /// (both stores take uploads through the data directory).
+    pub async fn temp_file(&self, id: &str) -> Result<(PathBuf, std::fs::File), StoreError> {
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.temp_file(&id)).await,
+            Store::Shared(s) => s.temp_file(&id),
         }
-        let w = self.db.begin_write().map_err(failed)?;
-        w.open_table(FILES)
-            .map_err(failed)?
-            .insert(f.file.id.as_str(), encode(f).as_slice())
-            .map_err(failed)?;
-        w.commit().map_err(failed)
+    }
+
+    /// Keeps the temporary file `tmp` as file `f`'s bytes, then its record:
+    /// a crash between the two leaves orphan bytes, never a record without
+    /// its bytes.
+    pub async fn put_file(&self, tmp: PathBuf, f: StoredFile) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.put_file(&tmp, &f)).await,
+            Store::Shared(s) => s.put_file(&tmp, &f).await,
+        }
     }
 
     /// Writes `lines` as a new file of `f`'s (its `bytes` set here).
-    pub fn write_file(&self, mut f: StoredFile, lines: &[&str]) -> Result<StoredFile, StoreError> {
-        let (tmp, mut out) = self.temp_file(&f.file.id)?;
-        let io = |source| StoreError::Io {
-            path: tmp.clone(),
-            source,
-        };
-        let mut n = 0u64;
-        let mut w = std::io::BufWriter::new(&mut out);
-        for l in lines {
-            w.write_all(l.as_bytes()).map_err(io)?;
-            w.write_all(b"\n").map_err(io)?;
-            n += l.len() as u64 + 1;
+    pub async fn write_file(
+        &self,
+        f: StoredFile,
+        lines: Vec<String>,
+    ) -> Result<StoredFile, StoreError> {
+        match self {
+            Store::Embedded(e) => {
+                blocking(e, move |s| {
+                    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+                    s.write_file(f, &refs)
+                })
+                .await
+            }
+            Store::Shared(s) => s.write_file(f, &lines).await,
         }
-        w.flush().map_err(io)?;
-        drop(w);
-        drop(out);
-        f.file.bytes = n;
-        self.put_file(&tmp, &f)?;
-        Ok(f)
     }
 
-    pub fn file(&self, id: &str) -> Result<Option<StoredFile>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(FILES).map_err(failed)?;
-        t.get(id)
-            .map_err(failed)?
-            .map(|v| decode(v.value()))
-            .transpose()
+    pub async fn file(&self, id: &str) -> Result<Option<StoredFile>, StoreError> {
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.file(&id)).await,
+            Store::Shared(s) => s.file(&id).await,
+        }
     }
 
     /// Every file, or `owner`'s, oldest first.
-    pub fn files(&self, owner: Option<&str>) -> Result<Vec<StoredFile>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(FILES).map_err(failed)?;
-        let mut out = Vec::new();
-        for e in t.iter().map_err(failed)? {
-            let (_, v) = e.map_err(failed)?;
-            let f: StoredFile = decode(v.value())?;
-            if owner.is_none_or(|o| o == f.owner) {
-                out.push(f);
-            }
-        }
-        out.sort_by(|a, b| (a.file.created_at, &a.file.id).cmp(&(b.file.created_at, &b.file.id)));
-        Ok(out)
+    pub async fn files(&self, owner: Option<&str>) -> Result<Vec<StoredFile>, StoreError> {
+        let owner = owner.map(str::to_owned);
+        let mut files = match self {
+            Store::Embedded(e) => blocking(e, move |s| s.files(owner.as_deref())).await?,
+            Store::Shared(s) => s.files(owner.as_deref()).await?,
+        };
+        files.sort_by(|a, b| (a.file.created_at, &a.file.id).cmp(&(b.file.created_at, &b.file.id)));
+        Ok(files)
     }
 
     /// A file's bytes.
-    pub fn content(&self, id: &str) -> Result<Vec<u8>, StoreError> {
-        let path = self.blob(id);
-        std::fs::read(&path).map_err(|source| StoreError::Io { path, source })
+    pub async fn content(&self, id: &str) -> Result<Vec<u8>, StoreError> {
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.content(&id)).await,
+            Store::Shared(s) => s.content(&id).await,
+        }
     }
 
     /// Removes a file's record, then its bytes.
-    pub fn delete_file(&self, id: &str) -> Result<bool, StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        let removed = w
-            .open_table(FILES)
-            .map_err(failed)?
-            .remove(id)
-            .map_err(failed)?
-            .is_some();
-        w.commit().map_err(failed)?;
-        if removed {
-            let _ = std::fs::remove_file(self.blob(id));
+    pub async fn delete_file(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.delete_file(&id)).await,
+            Store::Shared(s) => s.delete_file(&id).await,
         }
-        Ok(removed)
     }
 
     /// Writes a new batch (changes go through [`Store::update`]).
-    pub fn put_batch(&self, b: &StoredBatch) -> Result<(), StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        write_batch(&w, b)?;
-        w.commit().map_err(failed)
+    pub async fn put_batch(&self, b: StoredBatch) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.put_batch(&b)).await,
+            Store::Shared(s) => s.put_batch(&b).await,
+        }
     }
 
-    /// Changes batch `id` in one transaction (its counts and usage, which
-    /// [`Store::record`] moves, are read inside it, never from an older
-    /// copy); the batch as written, `None` if there is none.
-    pub fn update(
+    /// Changes batch `id` atomically (its counts and usage, which
+    /// [`Store::record`] moves, as they are then; the shared store may call
+    /// `f` again on a fresher copy when another replica wrote between); the
+    /// batch as written, `None` if there is none.
+    pub async fn update(
         &self,
         id: &str,
-        f: impl FnOnce(&mut Batch),
+        f: impl FnMut(&mut Batch) + Send + 'static,
     ) -> Result<Option<StoredBatch>, StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        let out = {
-            let t = w.open_table(BATCHES).map_err(failed)?;
-            let Some(mut b) = t
-                .get(id)
-                .map_err(failed)?
-                .map(|v| decode::<StoredBatch>(v.value()))
-                .transpose()?
-            else {
-                return Ok(None);
-            };
-            drop(t);
-            f(&mut b.batch);
-            write_batch(&w, &b)?;
-            b
-        };
-        w.commit().map_err(failed)?;
-        Ok(Some(out))
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.update(&id, f)).await,
+            Store::Shared(s) => s.update(&id, f).await,
+        }
     }
 
     /// The batches not yet ended.
-    pub fn active_batches(&self) -> Result<Vec<StoredBatch>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let active = r.open_table(ACTIVE).map_err(failed)?;
-        let batches = r.open_table(BATCHES).map_err(failed)?;
-        let mut out = Vec::new();
-        for e in active.iter().map_err(failed)? {
-            let (id, _) = e.map_err(failed)?;
-            if let Some(v) = batches.get(id.value()).map_err(failed)? {
-                out.push(decode(v.value())?);
-            }
+    pub async fn active_batches(&self) -> Result<Vec<StoredBatch>, StoreError> {
+        match self {
+            Store::Embedded(e) => blocking(e, Embedded::active_batches).await,
+            Store::Shared(s) => s.active_batches().await,
         }
-        Ok(out)
     }
 
-    pub fn batch(&self, id: &str) -> Result<Option<StoredBatch>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(BATCHES).map_err(failed)?;
-        t.get(id)
-            .map_err(failed)?
-            .map(|v| decode(v.value()))
-            .transpose()
+    pub async fn batch(&self, id: &str) -> Result<Option<StoredBatch>, StoreError> {
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.batch(&id)).await,
+            Store::Shared(s) => s.batch(&id).await,
+        }
     }
 
     /// Every batch, or `owner`'s, newest first.
-    pub fn batches(&self, owner: Option<&str>) -> Result<Vec<StoredBatch>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(BATCHES).map_err(failed)?;
-        let mut out = Vec::new();
-        for e in t.iter().map_err(failed)? {
-            let (_, v) = e.map_err(failed)?;
-            let b: StoredBatch = decode(v.value())?;
-            if owner.is_none_or(|o| o == b.owner) {
-                out.push(b);
-            }
-        }
+    pub async fn batches(&self, owner: Option<&str>) -> Result<Vec<StoredBatch>, StoreError> {
+        let owner = owner.map(str::to_owned);
+        let mut out = match self {
+            Store::Embedded(e) => blocking(e, move |s| s.batches(owner.as_deref())).await?,
+            Store::Shared(s) => s.batches(owner.as_deref()).await?,
+        };
         out.sort_by(|a, b| {
             (b.batch.created_at, &b.batch.id).cmp(&(a.batch.created_at, &a.batch.id))
         });
@@ -314,207 +222,83 @@ impl Store {
     }
 
     /// Records item `line` of batch `id`, once: its result, and its batch's
-    /// counts and usage, in one transaction. `false` (and nothing written)
-    /// when the item already has a result or the batch is gone.
-    pub fn record(&self, id: &str, line: u32, result: &ItemResult) -> Result<bool, StoreError> {
-        self.record_all(id, std::iter::once((line, result)))
+    /// counts and usage, together. `false` (and nothing written) when the
+    /// item already has a result or the batch is gone.
+    pub async fn record(
+        &self,
+        id: &str,
+        line: u32,
+        result: ItemResult,
+    ) -> Result<bool, StoreError> {
+        self.record_all(id, vec![(line, result)])
+            .await
             .map(|n| n == 1)
     }
 
     /// Records each `(line, result)` of batch `id` that has no result yet,
-    /// with its batch's counts and usage, in one transaction (one commit to
-    /// disk for a whole cancelled batch); how many were new.
-    pub fn record_all<'r>(
+    /// with its batch's counts and usage, together; how many were new.
+    pub async fn record_all(
         &self,
         id: &str,
-        results: impl IntoIterator<Item = (u32, &'r ItemResult)>,
+        results: Vec<(u32, ItemResult)>,
     ) -> Result<usize, StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        let mut new = 0;
-        {
-            let mut batches = w.open_table(BATCHES).map_err(failed)?;
-            let Some(mut b) = batches
-                .get(id)
-                .map_err(failed)?
-                .map(|v| decode::<StoredBatch>(v.value()))
-                .transpose()?
-            else {
-                return Ok(0);
-            };
-            let mut table = w.open_table(RESULTS).map_err(failed)?;
-            for (line, result) in results {
-                if table.get((id, line)).map_err(failed)?.is_some() {
-                    continue;
-                }
-                let c = &mut b.batch.request_counts;
-                if result.ok {
-                    c.completed += 1;
-                } else {
-                    c.failed += 1;
-                }
-                let (prompt, cached, completion, reasoning) = result.usage;
-                let u = &mut b.batch.usage;
-                u.input_tokens += prompt;
-                u.input_tokens_details.cached_tokens += cached;
-                u.output_tokens += completion;
-                u.output_tokens_details.reasoning_tokens += reasoning;
-                u.total_tokens += prompt + completion;
-                table
-                    .insert((id, line), encode(result).as_slice())
-                    .map_err(failed)?;
-                new += 1;
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => {
+                blocking(e, move |s| {
+                    s.record_all(&id, results.iter().map(|(l, r)| (*l, r)))
+                })
+                .await
             }
-            if new == 0 {
-                return Ok(0);
-            }
-            batches.insert(id, encode(&b).as_slice()).map_err(failed)?;
+            Store::Shared(s) => s.record_all(&id, &results).await,
         }
-        w.commit().map_err(failed)?;
-        Ok(new)
     }
 
     /// The results of batch `id`, by line.
-    pub fn results(&self, id: &str) -> Result<BTreeMap<u32, ItemResult>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(RESULTS).map_err(failed)?;
-        let mut out = BTreeMap::new();
-        for e in t.range((id, 0)..=(id, u32::MAX)).map_err(failed)? {
-            let (k, v) = e.map_err(failed)?;
-            out.insert(k.value().1, decode(v.value())?);
+    pub async fn results(&self, id: &str) -> Result<BTreeMap<u32, ItemResult>, StoreError> {
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.results(&id)).await,
+            Store::Shared(s) => s.results(&id).await,
         }
-        Ok(out)
     }
 
     /// Removes every batch that ended before `before` (Unix seconds): its
-    /// record, its items' results and its output and error files, in one
-    /// transaction, then those files' bytes. Input files stay (their
-    /// owners delete them). Returns how many batches went.
-    pub fn purge(&self, before: u64) -> Result<usize, StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        let mut gone = Vec::new();
-        let n = {
-            let mut batches = w.open_table(BATCHES).map_err(failed)?;
-            let mut ended = Vec::new();
-            for e in batches.iter().map_err(failed)? {
-                let (k, v) = e.map_err(failed)?;
-                let b: StoredBatch = decode(v.value())?;
-                if b.batch.ended_at().is_some_and(|t| t < before) {
-                    ended.push((k.value().to_owned(), b));
-                }
-            }
-            let mut results = w.open_table(RESULTS).map_err(failed)?;
-            let mut files = w.open_table(FILES).map_err(failed)?;
-            for (id, b) in &ended {
-                batches.remove(id.as_str()).map_err(failed)?;
-                let lines: Vec<u32> = results
-                    .range((id.as_str(), 0)..=(id.as_str(), u32::MAX))
-                    .map_err(failed)?
-                    .map(|e| e.map(|(k, _)| k.value().1))
-                    .collect::<Result<_, _>>()
-                    .map_err(failed)?;
-                for line in lines {
-                    results.remove((id.as_str(), line)).map_err(failed)?;
-                }
-                for f in [&b.batch.output_file_id, &b.batch.error_file_id]
-                    .into_iter()
-                    .flatten()
-                {
-                    if files.remove(f.as_str()).map_err(failed)?.is_some() {
-                        gone.push(f.clone());
-                    }
-                }
-            }
-            ended.len()
-        };
-        w.commit().map_err(failed)?;
-        for f in gone {
-            let _ = std::fs::remove_file(self.blob(&f));
+    /// record, its items' results and its output and error files. Input
+    /// files stay (their owners delete them). Returns how many went.
+    pub async fn purge(&self, before: u64) -> Result<usize, StoreError> {
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.purge(before)).await,
+            Store::Shared(s) => s.purge(before).await,
         }
-        Ok(n)
     }
 
     /// The files `owner` keeps, and their bytes.
-    pub fn held_by(&self, owner: &str) -> Result<(usize, u64), StoreError> {
-        let files = self.files(Some(owner))?;
+    pub async fn held_by(&self, owner: &str) -> Result<(usize, u64), StoreError> {
+        let files = self.files(Some(owner)).await?;
         Ok((files.len(), files.iter().map(|f| f.file.bytes).sum()))
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::protocol::batch::{CreateBatch, Status};
-
-    fn batch(id: &str) -> StoredBatch {
-        let c = CreateBatch::parse(
-            br#"{"input_file_id":"file-x","endpoint":"/v1/chat/completions","completion_window":"24h"}"#,
-        )
-        .unwrap();
-        let mut b = Batch::new(id.into(), c, 1, crate::protocol::batch::WINDOW_SECONDS);
-        b.status = Status::InProgress;
-        StoredBatch {
-            owner: "t".into(),
-            batch: b,
+    /// Which of the batches `ids` this replica runs now: all of them with
+    /// the embedded store; with the shared one, those whose lease it takes
+    /// (nobody held it, or its holder stopped renewing it) or renews.
+    pub async fn claim(&self, ids: &[String]) -> Result<HashSet<String>, StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(ids.iter().cloned().collect()),
+            Store::Shared(s) => s.claim(ids).await,
         }
     }
 
-    #[test]
-    fn an_item_is_recorded_once_and_survives_a_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let s = Store::open(dir.path()).unwrap();
-            s.put_batch(&batch("b1")).unwrap();
-            let r = ItemResult {
-                ok: true,
-                line: "{}".into(),
-                usage: (3, 1, 4, 0),
-            };
-            assert!(s.record("b1", 2, &r).unwrap());
-            assert!(!s.record("b1", 2, &r).unwrap());
-            assert!(!s.record("gone", 2, &r).unwrap());
-            let f = StoredFile {
-                owner: "t".into(),
-                file: FileObject::new("file-1".into(), 0, 5, "out.jsonl".into(), "batch_output"),
-            };
-            s.write_file(f, &["a", "bc"]).unwrap();
+    /// Gives up the leases of the batches this replica runs (at shutdown),
+    /// so that another replica takes them over at once.
+    pub async fn release(&self, ids: &[String]) {
+        if let Store::Shared(s) = self {
+            s.release(ids).await;
         }
-        let s = Store::open(dir.path()).unwrap();
-        let b = s.batch("b1").unwrap().unwrap();
-        assert_eq!(b.batch.request_counts.completed, 1);
-        assert_eq!(b.batch.usage.total_tokens, 7);
-        assert_eq!(s.results("b1").unwrap().len(), 1);
-        assert_eq!(s.content("file-1").unwrap(), b"a\nbc\n");
-        assert_eq!(s.file("file-1").unwrap().unwrap().file.bytes, 5);
-        assert_eq!(s.held_by("t").unwrap(), (1, 5));
-        // The index of batches not yet ended follows their status.
-        assert_eq!(s.active_batches().unwrap().len(), 1);
-        s.update("b1", |b| b.status = Status::Completed).unwrap();
-        assert!(s.active_batches().unwrap().is_empty());
-        assert_eq!(
-            s.batch("b1")
-                .unwrap()
-                .unwrap()
-                .batch
-                .request_counts
-                .completed,
-            1
-        );
-        // Many results in one transaction, each once.
-        let mut b2 = batch("b2");
-        b2.batch.request_counts.total = 3;
-        s.put_batch(&b2).unwrap();
-        let r = ItemResult {
-            ok: false,
-            line: "{}".into(),
-            usage: (0, 0, 0, 0),
-        };
-        assert!(s.record("b2", 1, &r).unwrap());
-        assert_eq!(s.record_all("b2", [(1, &r), (2, &r), (3, &r)]).unwrap(), 2);
-        assert_eq!(
-            s.batch("b2").unwrap().unwrap().batch.request_counts.failed,
-            3
-        );
-        assert!(s.delete_file("file-1").unwrap());
-        assert!(s.content("file-1").is_err());
+    }
+
+    /// Whether the store's records are shared between replicas.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Store::Shared(_))
     }
 }

@@ -101,6 +101,21 @@ end
 return out
 ";
 
+/// A client of the policy's store, with its password (nothing is sent
+/// yet).
+pub fn client(policy: &ClusterPolicy) -> Result<redis::Client, String> {
+    let mut info = policy
+        .store
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| format!("cluster store {}: {e}", policy.store))?;
+    if let Some(pw) = &policy.password {
+        let redis = info.redis_settings().clone().set_password(&pw.0);
+        info = info.set_redis_settings(redis);
+    }
+    redis::Client::open(info).map_err(|e| format!("cluster store: {e}"))
+}
+
 /// Every live replica's demand: by replica name, tenant → requests per
 /// second arriving there.
 pub type Demands = Vec<(String, Vec<(String, f64)>)>;
@@ -129,16 +144,7 @@ impl Store {
     /// A lazy connection: nothing is sent until the first call, so a store
     /// that is down at start does not stop the gateway.
     pub fn connect(policy: &ClusterPolicy, replica: &str) -> Result<Store, String> {
-        let mut info = policy
-            .store
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| format!("cluster store {}: {e}", policy.store))?;
-        if let Some(pw) = &policy.password {
-            let redis = info.redis_settings().clone().set_password(&pw.0);
-            info = info.set_redis_settings(redis);
-        }
-        let client = redis::Client::open(info).map_err(|e| format!("cluster store: {e}"))?;
+        let client = client(policy)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(policy.sync_interval))
             .set_response_timeout(Some(policy.sync_interval))

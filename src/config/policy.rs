@@ -151,6 +151,14 @@ pub struct BatchPolicy {
     /// How long an ended batch, its items' results and its output and
     /// error files are kept (whole seconds).
     pub retention: std::time::Duration,
+    /// `s3://bucket[/prefix]`: the shared store (docs/batch.md, "Several
+    /// replicas"): files' bytes in this S3-compatible object store,
+    /// batches and items' results in `[cluster]`'s store, so that any
+    /// replica can take over another's batch. `None`: the embedded store.
+    pub object_store: Option<String>,
+    /// The object store's endpoint, when it is not AWS's (`http://` is
+    /// allowed); credentials and region come from the `AWS_*` variables.
+    pub object_store_endpoint: Option<String>,
 }
 
 /// `[cluster]`: several gateway replicas sharing one policy through a

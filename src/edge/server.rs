@@ -168,10 +168,21 @@ impl Server {
             traces,
             cluster: cluster.clone(),
         }));
-        let batches = match &gateway.live().policy.batch {
-            Some(b) => Some(
-                crate::batch::Batches::open(b, gateway.clone()).map_err(std::io::Error::other)?,
-            ),
+        let policy = gateway.live().policy.clone();
+        let batches = match &policy.batch {
+            Some(b) => {
+                let replica = gateway
+                    .cluster()
+                    .map(|m| m.replica.clone())
+                    .unwrap_or_default();
+                let opened = crate::batch::Batches::open(
+                    b,
+                    policy.cluster.as_ref(),
+                    &replica,
+                    gateway.clone(),
+                );
+                Some(opened.map_err(std::io::Error::other)?)
+            }
             None => None,
         };
         let services = Arc::new(Services {

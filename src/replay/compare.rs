@@ -164,6 +164,8 @@ pub fn run_variant(
                 window: std::time::Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS),
                 gpu_seconds_discount: 0.0,
                 retention: std::time::Duration::ZERO,
+                object_store: None,
+                object_store_endpoint: None,
             })
             .resume = false;
     }

@@ -503,3 +503,73 @@ pub fn write_test_tokenizer(dir: &std::path::Path, words: &[&str]) {
     let config = serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>"});
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
 }
+
+/// A real S3-compatible server (moto's, from the venv `tests/run.sh`
+/// makes in `target/s3-venv`) on a free port, stopped when dropped.
+/// `None` (the test skips) where it is not installed, except in CI.
+pub struct S3Server {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl S3Server {
+    pub fn start() -> Option<S3Server> {
+        let bin =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/s3-venv/bin/moto_server");
+        if !bin.exists() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must install the S3 server (tests/run.sh makes target/s3-venv)"
+            );
+            eprintln!("skipped: no {} (run tests/run.sh)", bin.display());
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto_server starts");
+        let start = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the S3 server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(S3Server { child, port })
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Creates bucket `name` (S3's `PUT /name`).
+    pub fn bucket(&self, name: &str) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

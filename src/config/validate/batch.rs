@@ -16,6 +16,8 @@ pub(super) const BATCH_KEYS: &[&str] = &[
     "window",
     "gpu_seconds_discount",
     "retention",
+    "object_store",
+    "object_store_endpoint",
 ];
 
 /// OpenAI's limits: 200 MB and 50,000 requests an input file.
@@ -43,7 +45,45 @@ pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<Bat
         Some(base) if dir.is_relative() => base.join(dir),
         _ => dir.to_path_buf(),
     };
+    let object_store = r.opt(&t, "object_store", |r, v, p| {
+        let s = r.non_empty(v, p)?;
+        let bucket = s
+            .strip_prefix("s3://")
+            .map(|b| b.split('/').next().unwrap_or(""));
+        if bucket.is_none_or(str::is_empty) {
+            r.error(
+                v.span(),
+                p,
+                format!("\"{s}\" is not an object store; expected s3://bucket[/prefix]"),
+            );
+            return None;
+        }
+        if !root.has("cluster") {
+            r.error(
+                v.span(),
+                p,
+                "the shared batch store keeps batches in [cluster]'s store: add a [cluster] \
+                 section, or remove object_store to keep batches in data_dir",
+            );
+            return None;
+        }
+        Some(s)
+    });
+    let object_store_endpoint = r.opt(&t, "object_store_endpoint", |r, v, p| {
+        let s = r.non_empty(v, p)?;
+        if !(s.starts_with("http://") || s.starts_with("https://")) {
+            r.error(
+                v.span(),
+                p,
+                format!("\"{s}\" is not an http:// or https:// URL"),
+            );
+            return None;
+        }
+        Some(s)
+    });
     Some(BatchPolicy {
+        object_store,
+        object_store_endpoint,
         data_dir,
         max_file_bytes: r
             .opt(&t, "max_file_bytes", Reader::positive_int)

@@ -1750,3 +1750,39 @@ fn the_readme_lists_every_key() {
     }
     assert!(row("[[tenants]]").contains("`tenant_resources"));
 }
+
+#[test]
+fn the_shared_batch_store_needs_an_s3_url_and_the_cluster_store() {
+    let shared = "[batch]\nobject_store = \"s3://bucket/batches\"\nobject_store_endpoint = \"http://minio:9000\"\n";
+    let p = parse(&format!(
+        "{POOL}[cluster]\nstore = \"redis://r:6379\"\n{shared}"
+    ))
+    .unwrap();
+    let b = p.batch.unwrap();
+    assert_eq!(b.object_store.as_deref(), Some("s3://bucket/batches"));
+    assert_eq!(
+        b.object_store_endpoint.as_deref(),
+        Some("http://minio:9000")
+    );
+    let errs = errors(&format!("{POOL}{shared}"));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].message.contains("add a [cluster] section"),
+        "{}",
+        errs[0]
+    );
+    let errs = errors(&format!(
+        "{POOL}[cluster]\nstore = \"redis://r:6379\"\n[batch]\nobject_store = \"/var/b\"\nobject_store_endpoint = \"minio:9000\"\n"
+    ));
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+    assert!(
+        errs[0].message.contains("expected s3://bucket[/prefix]"),
+        "{}",
+        errs[0]
+    );
+    assert!(
+        errs[1].message.contains("not an http:// or https:// URL"),
+        "{}",
+        errs[1]
+    );
+}

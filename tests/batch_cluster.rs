@@ -1,0 +1,260 @@
+//! Batches with the shared store (docs/batch.md, "Several replicas"): two
+//! real `fairway serve` replicas sharing a real `redis-server` and a real
+//! S3-compatible server (moto's). A file uploaded at one replica and a
+//! batch created there are seen at the other; a cancel at the replica
+//! that does not run a batch cancels it; the replica running a batch is
+//! killed with SIGKILL mid-batch and the other finishes it, every item in
+//! the output exactly once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde_json::json;
+use support::batch::*;
+use support::*;
+
+const BUCKET: &str = "fairway-batches";
+
+fn policy(
+    redis: &str,
+    s3: &str,
+    replica: &str,
+    dir: &std::path::Path,
+    backends: [String; 2],
+) -> String {
+    format!(
+        r#"{SERVER}
+[cluster]
+store = "{redis}"
+replica = "{replica}"
+sync_interval = "100ms"
+replica_ttl = "1s"
+
+[batch]
+data_dir = "{}"
+object_store = "s3://{BUCKET}/shared"
+object_store_endpoint = "{s3}"
+
+[[pools]]
+model = "m"
+backends = [{{ name = "b0", url = "http://{}" }}, {{ name = "b1", url = "http://{}" }}]
+
+[[tenants]]
+name = "api"
+api_keys = ["ka"]
+
+[[tenants]]
+name = "evals"
+api_keys = ["ke"]
+"#,
+        dir.join(replica).display(),
+        backends[0],
+        backends[1],
+    )
+}
+
+fn input(n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            json!({
+                "custom_id": format!("q{i}"),
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": [{"role": "user", "content": format!("question {i}")}], "max_tokens": 24},
+            })
+            .to_string()
+                + "\n"
+        })
+        .collect()
+}
+
+/// The replica holding batch `id`'s lease, read from the store.
+async fn runner_of(redis: &str, id: &str) -> Option<String> {
+    let mut con = redis::Client::open(redis)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("GET")
+        .arg(format!("{{fairway:batch}}:lease:{id}"))
+        .query_async(&mut con)
+        .await
+        .unwrap()
+}
+
+#[test]
+fn a_replica_dies_mid_batch_and_the_other_finishes_it() {
+    let Some(s3) = S3Server::start() else {
+        return;
+    };
+    s3.bucket(BUCKET);
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (b0, b1) = rt.block_on(async {
+        let slow = || {
+            fairway::sim::backend::SimBackend::builder("m")
+                .max_num_seqs(8)
+                .decode_step(Duration::from_millis(5), Duration::from_micros(10))
+                .start()
+        };
+        (slow().await.unwrap(), slow().await.unwrap())
+    });
+    let backends = || [b0.addr().to_string(), b1.addr().to_string()];
+    // The object store's credentials and region, as an operator sets them.
+    let env = [
+        "env",
+        "AWS_ACCESS_KEY_ID=test",
+        "AWS_SECRET_ACCESS_KEY=test",
+        "AWS_REGION=us-east-1",
+    ];
+    let serve = |replica: &str| {
+        let path = dir.path().join(format!("{replica}.toml"));
+        std::fs::write(
+            &path,
+            policy(&redis.url(), &s3.url(), replica, dir.path(), backends()),
+        )
+        .unwrap();
+        ServeProcess::start(&env, &[], &path, "warn", std::process::Stdio::null())
+    };
+    let mut replicas = vec![Some(serve("r1")), Some(serve("r2"))];
+    let addrs: Vec<std::net::SocketAddr> =
+        replicas.iter().map(|r| r.as_ref().unwrap().addr).collect();
+    let admins: Vec<std::net::SocketAddr> =
+        replicas.iter().map(|r| r.as_ref().unwrap().admin).collect();
+    let served = async |admin: std::net::SocketAddr| {
+        let m = get(&client(), format!("http://{admin}/metrics"))
+            .await
+            .text();
+        metric_sum(
+            &m,
+            "fairway_requests_total{tenant=\"evals\",model=\"m\",outcome=\"served\"",
+        )
+    };
+
+    let (id, doomed, before) = rt.block_on(async {
+        // Uploaded at r1, seen and read back at r2.
+        let f = upload(addrs[0], "ke", "batch", &input(200)).await;
+        assert_eq!(f.status, StatusCode::OK, "{}", f.text());
+        let file = f.json()["id"].as_str().unwrap().to_owned();
+        let got = call(
+            Method::GET,
+            addrs[1],
+            &format!("/v1/files/{file}/content"),
+            "ke",
+        )
+        .await;
+        assert_eq!(got.status, StatusCode::OK, "{}", got.text());
+        assert_eq!(got.text(), input(200));
+        // Another tenant sees nothing of it at either replica.
+        for a in &addrs {
+            let r = call(Method::GET, *a, &format!("/v1/files/{file}"), "ka").await;
+            assert_eq!(r.status, StatusCode::NOT_FOUND);
+        }
+
+        // A batch cancelled at the replica that does not run it.
+        let c = create(addrs[0], "ke", &file).await;
+        assert_eq!(c.status, StatusCode::OK, "{}", c.text());
+        let cancelled = c.json()["id"].as_str().unwrap().to_owned();
+        let mut runner = None;
+        assert!(
+            eventually(Duration::from_secs(10), async || {
+                runner = runner_of(&redis.url(), &cancelled).await;
+                runner.is_some()
+            })
+            .await
+        );
+        let other = if runner.as_deref() == Some("r1") {
+            1
+        } else {
+            0
+        };
+        let r = call(
+            Method::POST,
+            addrs[other],
+            &format!("/v1/batches/{cancelled}/cancel"),
+            "ke",
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let b = ended(addrs[other], "ke", &cancelled, Duration::from_secs(20)).await;
+        assert_eq!(b["status"], "cancelled", "{b}");
+        let c = &b["request_counts"];
+        assert_eq!(c["total"], 200);
+        assert_eq!(
+            c["completed"].as_u64().unwrap() + c["failed"].as_u64().unwrap(),
+            200,
+            "{b}"
+        );
+
+        // The batch whose replica dies.
+        let c = create(addrs[1], "ke", &file).await;
+        assert_eq!(c.status, StatusCode::OK, "{}", c.text());
+        let id = c.json()["id"].as_str().unwrap().to_owned();
+        let start = tokio::time::Instant::now();
+        while batch(addrs[0], "ke", &id).await["request_counts"]["completed"]
+            .as_u64()
+            .unwrap()
+            < 30
+        {
+            assert!(start.elapsed() < Duration::from_secs(30), "no progress");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let runner = runner_of(&redis.url(), &id).await.unwrap();
+        let doomed = usize::from(runner == "r2");
+        (id, doomed, served(admins[1 - doomed]).await)
+    });
+    replicas[doomed] = None; // SIGKILL
+    let survivor = addrs[1 - doomed];
+    rt.block_on(async {
+        let b = batch(survivor, "ke", &id).await;
+        assert_eq!(b["status"], "in_progress", "killed after it ended: {b}");
+        let done_at_kill = b["request_counts"]["completed"].as_f64().unwrap();
+        let b = ended(survivor, "ke", &id, Duration::from_secs(90)).await;
+        assert_eq!(b["status"], "completed", "{b}");
+        assert_eq!(
+            b["request_counts"],
+            json!({"total": 200, "completed": 200, "failed": 0})
+        );
+        let out = lines(survivor, "ke", b["output_file_id"].as_str().unwrap()).await;
+        assert_eq!(out.len(), 200);
+        assert!((0..200).all(|i| out.contains_key(&format!("q{i}"))));
+        // The survivor ran what the dead replica had not finished.
+        assert!(
+            served(admins[1 - doomed]).await - before >= 200.0 - done_at_kill,
+            "the survivor served {} items of the batch",
+            served(admins[1 - doomed]).await - before
+        );
+        assert_eq!(
+            runner_of(&redis.url(), &id).await,
+            None,
+            "an ended batch keeps no lease"
+        );
+    });
+    // The dead replica, started again, reads the same output.
+    let back = serve(if doomed == 0 { "r1" } else { "r2" });
+    rt.block_on(async {
+        let b = batch(back.addr, "ke", &id).await;
+        let out = lines(back.addr, "ke", b["output_file_id"].as_str().unwrap()).await;
+        assert_eq!(out.len(), 200);
+    });
+    // The object store down: an upload is refused with the reason, and no
+    // record names bytes that were never stored.
+    drop(s3);
+    rt.block_on(async {
+        let files = || async {
+            call(Method::GET, back.addr, "/v1/files", "ke").await.json()["data"]
+                .as_array()
+                .unwrap()
+                .len()
+        };
+        let kept = files().await;
+        let r = upload(back.addr, "ke", "batch", &input(3)).await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+        assert!(r.text().contains("object store"), "{}", r.text());
+        assert_eq!(files().await, kept);
+    });
+}
