@@ -120,7 +120,7 @@ fn a_replica_dies_mid_batch_and_the_other_finishes_it() {
         .unwrap();
         ServeProcess::start(&env, &[], &path, "warn", std::process::Stdio::null())
     };
-    let mut replicas = vec![Some(serve("r1")), Some(serve("r2"))];
+    let mut replicas = [Some(serve("r1")), Some(serve("r2"))];
     let addrs: Vec<std::net::SocketAddr> =
         replicas.iter().map(|r| r.as_ref().unwrap().addr).collect();
     let admins: Vec<std::net::SocketAddr> =
