@@ -169,6 +169,7 @@ async fn live_p50_and_p99_are_within_25_percent_of_the_replay() {
             authority: gw.addr().to_string(),
             keys: keys.clone(),
             timeout: std::time::Duration::from_secs(20),
+            batch_as: fairway::replay::handover::BatchAs::Live,
         };
         let mut live = summarise(Variant::of(&policy), &play(&policy, &work, &target).await);
         let metrics = get(&client(), format!("http://{}/metrics", gw.admin_addr())).await;

@@ -134,6 +134,13 @@ pub struct LoadArgs {
     /// Write the report as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// How the requests of `batch_api` tenants are played: `live` (each
+    /// at its time, as a live request), `concurrency=N` (live, N at a time;
+    /// those not started when the rest has ended are left unsent) or
+    /// `lane` (one batch per tenant through the Batch API, polled until
+    /// it ends; the gateway needs a `[batch]` section).
+    #[arg(long, default_value = "live")]
+    batch_as: crate::replay::handover::BatchAs,
 }
 
 /// Plays the workload against a running gateway and reports it.
@@ -144,6 +151,7 @@ pub async fn load(a: LoadArgs) -> anyhow::Result<()> {
         authority: a.target.clone(),
         keys: a.keys.into_iter().collect(),
         timeout: a.timeout,
+        batch_as: a.batch_as,
     };
     eprintln!("playing {} requests against {}", work.len(), a.target);
     let trace = live::play(&policy, &work, &target).await;

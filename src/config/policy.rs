@@ -142,6 +142,11 @@ pub struct BatchPolicy {
     pub resume: bool,
     /// The share of each pool's slots batch items leave to live work.
     pub live_reserve: f64,
+    /// Prompt tokens of resumable items a backend may have waiting for
+    /// their first token (0: no limit): items are fed to each engine no
+    /// faster than it prefills them, so live prefills never queue behind
+    /// a wave of them.
+    pub prefill_ahead: u64,
     /// How long after its creation a batch expires (whole seconds; the
     /// API's `completion_window` names OpenAI's 24 h).
     pub window: std::time::Duration,
@@ -159,6 +164,13 @@ pub struct BatchPolicy {
     /// The object store's endpoint, when it is not AWS's (`http://` is
     /// allowed); credentials and region come from the `AWS_*` variables.
     pub object_store_endpoint: Option<String>,
+}
+
+impl BatchPolicy {
+    /// `prefill_ahead` by default (and in a replay without the section):
+    /// one engine step's worth at vLLM's default chunked-prefill budget
+    /// (`max_num_batched_tokens`).
+    pub const PREFILL_AHEAD: u64 = 2048;
 }
 
 /// `[cluster]`: several gateway replicas sharing one policy through a
@@ -552,6 +564,10 @@ impl Policy {
                 prefill_charge: self.queue.prefill_charge,
                 locality: self.queue.locality,
                 batch_reserve: self.batch.as_ref().map_or(0.0, |b| b.live_reserve),
+                batch_prefill_ahead: self
+                    .batch
+                    .as_ref()
+                    .map_or(BatchPolicy::PREFILL_AHEAD, |b| b.prefill_ahead),
                 batch_gpu_discount: self.batch.as_ref().map_or(0.0, |b| b.gpu_seconds_discount),
             },
             preemption: PreemptionSpec {

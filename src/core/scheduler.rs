@@ -196,6 +196,8 @@ pub struct Scheduler {
     locality: f64,
     /// `QueueSpec::batch_reserve`.
     batch_reserve: f64,
+    /// `QueueSpec::batch_prefill_ahead`.
+    batch_prefill_ahead: u64,
     /// `QueueSpec::batch_gpu_discount`.
     batch_gpu_discount: f64,
     stale_after: Duration,
@@ -233,6 +235,7 @@ impl Scheduler {
             prefill_charge: spec.queue.prefill_charge,
             locality: spec.queue.locality,
             batch_reserve: spec.queue.batch_reserve,
+            batch_prefill_ahead: spec.queue.batch_prefill_ahead,
             batch_gpu_discount: spec.queue.batch_gpu_discount,
             stale_after: spec.stale_after,
             preemption: spec.preemption.clone(),
@@ -565,13 +568,34 @@ impl Scheduler {
             return false;
         };
         req.started = true;
-        if !req.resumable {
-            self.pools[req.pool.0 as usize]
-                .preemptible
-                .remove(&(dispatched, id));
+        if req.resumable {
+            // Its headers come at once: its prefill is done at its first
+            // token (`on_first_token`).
+            return true;
         }
+        self.pools[req.pool.0 as usize]
+            .preemptible
+            .remove(&(dispatched, id));
         self.prefill_done(id);
         true
+    }
+
+    /// The first token of in-flight request `id` came (the gateway calls
+    /// it for resumable batch items, which stream): its prefill is done,
+    /// and the batch items its backend's prefill limit held back
+    /// (`QueueSpec::batch_prefill_ahead`) may go.
+    pub fn on_first_token(&mut self, now: Instant, id: RequestId) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let Some(req) = self.requests.get(id) else {
+            return out;
+        };
+        let pool = req.pool;
+        if !matches!(req.phase, Phase::InFlight { prefill: 1.., .. }) {
+            return out;
+        }
+        self.prefill_done(id);
+        self.try_dispatch(now, pool, &mut out);
+        out
     }
 }
 

@@ -290,6 +290,11 @@ pub struct QueueSpec {
     /// to live work (`[batch] live_reserve`, 0 to 1): an item is dispatched
     /// only while more than this share is free.
     pub batch_reserve: f64,
+    /// Prompt tokens of resumable batch items a backend may have waiting
+    /// for their first token (`[batch] prefill_ahead`; 0: no limit): an
+    /// item goes to a backend only while that leaves room, so that a live
+    /// request never queues in the engine behind a wave of batch prefills.
+    pub batch_prefill_ahead: u64,
     /// The share of a batch item's GPU-seconds its owner's budget is not
     /// charged (`[batch] gpu_seconds_discount`, 0 to 1).
     pub batch_gpu_discount: f64,
@@ -462,6 +467,7 @@ mod tests {
                 prefill_charge: PrefillCharge::Uncached,
                 locality: 0.0,
                 batch_reserve: 0.0,
+                batch_prefill_ahead: 0,
                 batch_gpu_discount: 0.0,
             },
             preemption: PreemptionSpec {

@@ -198,7 +198,7 @@ impl Body for RelayBody {
                 continue;
             }
             if let Some(t) = this.ticket.as_mut() {
-                t.first_byte();
+                t.first_byte(this.preempt.is_some());
             }
             let out = scan(*this.mode, this.carry, this.passing, this.seen, data);
             if let Some(id) = this.seen.response_id.take()

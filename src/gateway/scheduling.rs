@@ -242,6 +242,14 @@ impl Scheduling {
         out
     }
 
+    /// A resumable batch item's first token came: its prefill is done, and
+    /// batch items held back by their backends' prefill limit may go.
+    pub fn first_token(&self, now: Instant, id: RequestId) {
+        let mut core = self.inner.lock();
+        let decisions = core.sched.on_first_token(now, id);
+        core.deliver(decisions, None);
+    }
+
     /// When the deadline task must next run [`on_tick`](Self::on_tick).
     pub fn next_wakeup(&self) -> Option<Instant> {
         self.inner.lock().sched.next_wakeup()

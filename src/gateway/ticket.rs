@@ -260,11 +260,16 @@ impl Ticket {
         self.prompt_estimate
     }
 
-    /// Notes the first body byte from the backend (TTFT).
-    pub fn first_byte(&mut self) {
+    /// Notes the first body byte from the backend (TTFT); `resumable`: a
+    /// resumable batch item's, whose prefill the scheduler counts until
+    /// then.
+    pub fn first_byte(&mut self, resumable: bool) {
         if self.first_byte.is_none() {
             self.first_byte = Some(self.gw.now());
             self.spans.next(&self.gw, SpanPhase::Stream);
+            if resumable && let Some(id) = self.id {
+                self.gw.sched().first_token(self.gw.now(), id);
+            }
         }
     }
 

@@ -161,6 +161,7 @@ pub fn run_variant(
                 max_bytes_per_tenant: 0,
                 resume: false,
                 live_reserve: 0.0,
+                prefill_ahead: crate::config::policy::BatchPolicy::PREFILL_AHEAD,
                 window: std::time::Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS),
                 gpu_seconds_discount: 0.0,
                 retention: std::time::Duration::ZERO,

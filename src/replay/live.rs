@@ -13,7 +13,7 @@
 //! become a [`Trace`], so the live run is summarised by the same code as a
 //! replay and the two compare line by line.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,8 +23,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::handover::{self, BatchAs, HttpClient};
 use crate::clock::Clock;
 use crate::config::Policy;
+use crate::core::time::Instant;
 use crate::replay::sim::{Outcome, RequestResult, Trace};
 use crate::replay::workload::WorkRequest;
 
@@ -38,64 +40,142 @@ pub struct Target {
     /// Longest a request may take, headers to end of body; past it, it
     /// counts as failed.
     pub timeout: Duration,
+    /// How the batch requests are played.
+    pub batch_as: BatchAs,
 }
 
-/// Sends every request of `workload` at its time and waits for all of
-/// them; `policy` gives the tenants (order and SLOs) for the trace.
+/// One request as the client saw it: sent, first body frame, end of body,
+/// status (0: no answer).
+type Exchange = (Instant, Option<Instant>, Option<Instant>, u16);
+
+/// Status of a batch request never sent (`concurrency=N` ran out of time):
+/// shed, as the gateway's 503 is.
+const NOT_SENT: u16 = 503;
+
+/// Sends one request and times it.
+async fn exchange(
+    client: &HttpClient,
+    clock: &Clock,
+    target: &Target,
+    key: Option<&str>,
+    body: String,
+    stream: bool,
+) -> (Option<Instant>, Option<Instant>, u16) {
+    let uri = format!("http://{}/v1/completions", target.authority);
+    let exchange = async {
+        let mut req = Request::post(uri).header(header::CONTENT_TYPE, "application/json");
+        if let Some(k) = key {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
+        }
+        let Ok(req) = req.body(Full::new(Bytes::from(body))) else {
+            return (None, None, 0u16);
+        };
+        let Ok(resp) = client.request(req).await else {
+            return (None, None, 0);
+        };
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        let mut first = None;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(f) if f.is_data() && first.is_none() => first = Some(clock.now()),
+                Ok(_) => {}
+                Err(_) => return (first, None, status),
+            }
+        }
+        (first.filter(|_| stream), Some(clock.now()), status)
+    };
+    tokio::time::timeout(target.timeout, exchange)
+        .await
+        .unwrap_or((None, None, 0))
+}
+
+/// Sends every request of `workload` at its time (its batch requests as
+/// `target.batch_as` says) and waits for all of them; `policy` gives the
+/// tenants (order and SLOs) for the trace.
 pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) -> Trace {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+    let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(1024)
         .build_http();
     let clock = Arc::new(Clock::new());
     let start = clock.now();
-    let mut tasks = Vec::with_capacity(workload.len());
+    let at = |w: &WorkRequest| start + Duration::from_secs_f64(w.t);
+    let gate = match target.batch_as {
+        BatchAs::Concurrency(n) => Some(Arc::new(tokio::sync::Semaphore::new(n))),
+        _ => None,
+    };
+    let live_done = tokio_util::sync::CancellationToken::new();
+    let (mut live, mut batch) = (Vec::new(), Vec::new());
+    let mut lane: BTreeMap<&str, Vec<(usize, &WorkRequest)>> = BTreeMap::new();
     for (i, w) in workload.iter().enumerate() {
-        let at = start + Duration::from_secs_f64(w.t);
-        let client = client.clone();
-        let clock = clock.clone();
+        if w.batch && target.batch_as == BatchAs::Lane {
+            lane.entry(w.tenant.as_str()).or_default().push((i, w));
+            continue;
+        }
+        let (client, clock, target) = (client.clone(), clock.clone(), target.clone());
+        let gate = gate.clone().filter(|_| w.batch);
+        let live_done = live_done.clone();
         let key = target.keys.get(&w.tenant).cloned();
-        let uri = format!("http://{}/v1/completions", target.authority);
-        let body = serde_json::json!({
-            "model": w.model,
-            "prompt": w.prompt_text(i as u64),
-            "max_tokens": w.max_tokens.unwrap_or(w.output_tokens).max(w.output_tokens),
-            "sim_output_tokens": w.output_tokens,
-            "stream": w.stream,
-        })
-        .to_string();
-        let stream = w.stream;
-        let timeout = target.timeout;
-        tasks.push(tokio::spawn(async move {
+        let (at, stream) = (at(w), w.stream);
+        let body = handover::body(w, i, stream).to_string();
+        let task = tokio::spawn(async move {
             tokio::time::sleep_until(clock.to_std(at).into()).await;
-            let sent = clock.now();
-            let exchange = async {
-                let mut req = Request::post(uri).header(header::CONTENT_TYPE, "application/json");
-                if let Some(k) = key {
-                    req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
-                }
-                let Ok(req) = req.body(Full::new(Bytes::from(body))) else {
-                    return (None, None, 0u16);
-                };
-                let Ok(resp) = client.request(req).await else {
-                    return (None, None, 0);
-                };
-                let status = resp.status().as_u16();
-                let mut body = resp.into_body();
-                let mut first = None;
-                while let Some(frame) = body.frame().await {
-                    match frame {
-                        Ok(f) if f.is_data() && first.is_none() => first = Some(clock.now()),
-                        Ok(_) => {}
-                        Err(_) => return (first, None, status),
-                    }
-                }
-                (first.filter(|_| stream), Some(clock.now()), status)
+            // Gated: the client's wait for a free place counts in its time.
+            let (sent, _permit) = match gate {
+                Some(g) => tokio::select! {
+                    p = g.acquire_owned() => (at, p.ok()),
+                    () = live_done.cancelled() => return (at, None, None, NOT_SENT),
+                },
+                None => (clock.now(), None),
             };
-            match tokio::time::timeout(timeout, exchange).await {
-                Ok((first, end, status)) => (sent, first, end, status),
-                Err(_) => (sent, None, None, 0),
+            let (first, end, status) =
+                exchange(&client, &clock, &target, key.as_deref(), body, stream).await;
+            (sent, first, end, status)
+        });
+        if w.batch { &mut batch } else { &mut live }.push((i, task));
+    }
+    let mut handed = Vec::new();
+    for (tenant, items) in lane {
+        let (client, clock, target) = (client.clone(), clock.clone(), target.clone());
+        let key = target.keys.get(tenant).cloned();
+        let first = items.iter().map(|(_, w)| at(w)).min().unwrap_or(start);
+        let owned: Vec<(usize, WorkRequest)> =
+            items.iter().map(|(i, w)| (*i, (*w).clone())).collect();
+        handed.push(tokio::spawn(async move {
+            tokio::time::sleep_until(clock.to_std(first).into()).await;
+            let refs: Vec<(usize, &WorkRequest)> = owned.iter().map(|(i, w)| (*i, w)).collect();
+            let answered = handover::hand_over(&client, &target, key.as_deref(), &refs).await;
+            let end = clock.now();
+            if let Err(e) = &answered {
+                eprintln!("batch handover failed: {e}");
             }
+            let answered = answered.unwrap_or_default();
+            owned
+                .iter()
+                .map(|(i, w)| {
+                    let sent = start + Duration::from_secs_f64(w.t);
+                    let ex: Exchange = match answered.get(i) {
+                        Some(true) => (sent, None, Some(end), 200),
+                        Some(false) => (sent, None, Some(end), 500),
+                        None => (sent, None, None, 0),
+                    };
+                    (*i, ex)
+                })
+                .collect::<Vec<_>>()
         }));
+    }
+    let mut done: Vec<Exchange> = vec![(start, None, None, 0); workload.len()];
+    for (i, task) in live {
+        done[i] = task.await.unwrap_or((start, None, None, 0));
+    }
+    live_done.cancel();
+    for (i, task) in batch {
+        done[i] = task.await.unwrap_or((start, None, None, 0));
+    }
+    for task in handed {
+        for (i, ex) in task.await.unwrap_or_default() {
+            done[i] = ex;
+        }
     }
     let slo: HashMap<&str, _> = policy
         .tenants
@@ -105,8 +185,7 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
     let tenants: Vec<String> = policy.tenants.iter().map(|t| t.name.clone()).collect();
     let mut requests = Vec::with_capacity(workload.len());
     let mut last = start;
-    for (w, task) in workload.iter().zip(tasks) {
-        let (sent, first, end, status) = task.await.unwrap_or((start, None, None, 0));
+    for (w, (sent, first, end, status)) in workload.iter().zip(done) {
         let arrived = (sent - start).as_secs_f64();
         let served = status == 200 && end.is_some();
         let e2e = end.filter(|_| served).map(|e| (e - sent).as_secs_f64());

@@ -10,6 +10,7 @@
 
 pub mod capacity;
 mod compare;
+pub mod handover;
 pub mod live;
 pub mod report;
 pub mod scenario;

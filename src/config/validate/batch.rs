@@ -13,6 +13,7 @@ pub(super) const BATCH_KEYS: &[&str] = &[
     "max_bytes_per_tenant",
     "resume",
     "live_reserve",
+    "prefill_ahead",
     "window",
     "gpu_seconds_discount",
     "retention",
@@ -101,6 +102,9 @@ pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<Bat
         live_reserve: r
             .opt(&t, "live_reserve", Reader::share)
             .unwrap_or(LIVE_RESERVE),
+        prefill_ahead: r
+            .opt(&t, "prefill_ahead", Reader::non_negative_int)
+            .unwrap_or(BatchPolicy::PREFILL_AHEAD),
         window: r
             .opt(&t, "window", |r, v, p| r.duration(v, p, Zero::Refused))
             .map_or(WINDOW, |d| d.max(Duration::from_secs(1))),

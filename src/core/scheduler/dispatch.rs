@@ -66,6 +66,23 @@ impl Scheduler {
                 self.pools[p].late.push_front(tenant, id);
                 break;
             }
+            // A resumable item goes only where batch prefills leave room;
+            // where none does, it waits at the head of its lane until a
+            // first token frees some.
+            let paced = self
+                .requests
+                .get(id)
+                .filter(|r| r.resumable)
+                .map(|r| r.prompt_tokens);
+            if let Some(prompt) = paced {
+                let mut scratch = std::mem::take(&mut self.scratch);
+                scratch.retain(|c| self.prefill_room(c.id, prompt));
+                self.scratch = scratch;
+                if self.scratch.is_empty() {
+                    self.pools[p].late.push_front(tenant, id);
+                    break;
+                }
+            }
             // The request is chosen first, so that its adapter can choose
             // among the backends.
             let adapter = self.requests.get(id).and_then(|r| r.adapter);
@@ -291,6 +308,10 @@ impl Scheduler {
         }
         let prefill = req.prompt_tokens.saturating_sub(cached);
         b.pending_prefill += u64::from(prefill);
+        let paced = req.resumable;
+        if paced {
+            b.batch_prefill += u64::from(prefill);
+        }
         b.predicted_cached_tokens += u64::from(cached);
         let mark = b.clock.start(now);
         self.deadlines.remove(&(req.deadline, id));
@@ -301,6 +322,7 @@ impl Scheduler {
             charged,
             class,
             prefill,
+            paced,
             cached,
         };
         // The backend will hold the prompt once it has prefilled it: for
@@ -377,6 +399,7 @@ impl Scheduler {
             mark,
             dispatched,
             prefill,
+            paced,
             ..
         } = phase
         else {
@@ -385,7 +408,7 @@ impl Scheduler {
         let b = &mut self.backends[backend.0 as usize];
         let gpu_seconds = b.clock.finish(now, mark);
         b.in_flight = b.in_flight.saturating_sub(1);
-        b.pending_prefill = b.pending_prefill.saturating_sub(u64::from(prefill));
+        b.prefill_started(prefill, paced);
         let t = &mut self.tenants[tenant.0 as usize];
         t.in_flight = t.in_flight.saturating_sub(1);
         let p = &mut self.pools[pool.0 as usize];
@@ -405,8 +428,9 @@ impl Scheduler {
         }
     }
 
-    /// Request `id`'s response started: its prefill is no longer queued
-    /// at its backend.
+    /// Request `id`'s prefill is done (its response started, or a
+    /// resumable item's first token came): it is no longer queued at its
+    /// backend.
     pub(super) fn prefill_done(&mut self, id: RequestId) {
         let Some(req) = self.requests.get_mut(id) else {
             return;
@@ -414,13 +438,24 @@ impl Scheduler {
         if let Phase::InFlight {
             backend,
             ref mut prefill,
+            paced,
             ..
         } = req.phase
         {
-            let b = &mut self.backends[backend.0 as usize];
-            b.pending_prefill = b.pending_prefill.saturating_sub(u64::from(*prefill));
+            self.backends[backend.0 as usize].prefill_started(*prefill, paced);
             *prefill = 0;
         }
+    }
+
+    /// Whether a resumable batch item of `prompt` tokens may go to backend
+    /// `b` now: its resumable items' prefills waiting there leave room
+    /// under `batch_prefill_ahead` (one may always go to a backend with
+    /// none).
+    fn prefill_room(&self, b: BackendId, prompt: u32) -> bool {
+        let waiting = self.backends[b.0 as usize].batch_prefill;
+        self.batch_prefill_ahead == 0
+            || waiting == 0
+            || waiting + u64::from(prompt) <= self.batch_prefill_ahead
     }
 
     pub(super) fn remove_queued(&mut self, now: Instant, id: RequestId) -> Option<Req> {

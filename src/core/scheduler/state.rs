@@ -245,6 +245,9 @@ pub(super) struct BackendState {
     /// Uncached prompt tokens of the requests Fairway sent it that have not
     /// started answering (the prefix strategy's queued prefill).
     pub(super) pending_prefill: u64,
+    /// Of those, the resumable batch items' (`QueueSpec::batch_prefill_ahead`
+    /// paces them), counted until their first token.
+    pub(super) batch_prefill: u64,
     /// Prompt tokens the prefix index predicted it held, over the
     /// requests sent to it.
     pub(super) predicted_cached_tokens: u64,
@@ -285,10 +288,20 @@ impl BackendState {
             gpu_cost: Default::default(),
             lora: Default::default(),
             pending_prefill: 0,
+            batch_prefill: 0,
             predicted_cached_tokens: 0,
             reported_cached_tokens: 0,
             reported_prompt_tokens: 0,
             prefix_events: false,
+        }
+    }
+
+    /// A request's `prefill` tokens (`paced`: a resumable batch item's)
+    /// are no longer waiting for the engine.
+    pub(super) fn prefill_started(&mut self, prefill: u32, paced: bool) {
+        self.pending_prefill = self.pending_prefill.saturating_sub(u64::from(prefill));
+        if paced {
+            self.batch_prefill = self.batch_prefill.saturating_sub(u64::from(prefill));
         }
     }
 
@@ -309,8 +322,11 @@ pub(super) enum Phase {
         /// Its backend's concurrency class at dispatch (`cost_model`).
         class: u8,
         /// Its uncached prompt tokens, counted in its backend's
-        /// `pending_prefill` until its response starts (then 0).
+        /// `pending_prefill` until its response starts (a resumable batch
+        /// item's until its first token, and in `batch_prefill` too), then 0.
         prefill: u32,
+        /// A resumable batch item: `prefill` counts in `batch_prefill` too.
+        paced: bool,
         /// Its prompt tokens the prefix index predicted its backend held.
         cached: u32,
     },

@@ -36,6 +36,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             prefill_charge: crate::core::spec::PrefillCharge::Uncached,
             locality: 0.0,
             batch_reserve: 0.0,
+            batch_prefill_ahead: 0,
             batch_gpu_discount: 0.0,
         },
         preemption: PreemptionSpec {
@@ -1566,5 +1567,48 @@ fn locality_serves_a_cached_prefix_first_within_the_fairness_bound() {
     assert_eq!(
         next, y,
         "b's request finds its 100 tokens cached: it goes first"
+    );
+}
+
+#[test]
+fn resumable_items_go_to_a_backend_no_faster_than_it_prefills_them() {
+    let mut p = spec(1, 8, vec![tenant("owner", 1.0), tenant("app", 1.0)]);
+    p.queue.batch_prefill_ahead = 250;
+    let mut s = Scheduler::new(&p, t(0), 1);
+    let item = |s: &Scheduler, lane| Arrival {
+        lane,
+        deadline: Some(Duration::from_secs(3600)),
+        ..arrival(s, "owner")
+    };
+    // 100 prompt tokens each: two fit under 250, the third waits although
+    // the window has room.
+    let mut ids = Vec::new();
+    let mut sent = 0;
+    for i in 0..4 {
+        let (id, ds) = s.on_arrival(t(i), item(&s, Lane::Resumable)).unwrap();
+        ids.push(id);
+        sent += dispatched(&ds).len();
+    }
+    assert_eq!(sent, 2);
+    // Live work is not held back; nor are items that are not paced.
+    let (_, ds) = s.on_arrival(t(5), arrival(&s, "app")).unwrap();
+    assert_eq!(dispatched(&ds).len(), 1);
+    let (_, ds) = s.on_arrival(t(6), item(&s, Lane::Promoted)).unwrap();
+    assert_eq!(dispatched(&ds).len(), 1);
+    // The headers of a streamed item come at once: not its prefill's end.
+    assert!(s.on_response_started(ids[0]));
+    assert!(s.on_first_token(t(7), ids[2]).is_empty(), "not in flight");
+    // Its first token is: the next item goes.
+    let ds = s.on_first_token(t(8), ids[0]);
+    assert_eq!(
+        dispatched(&ds).iter().map(|d| d.0).collect::<Vec<_>>(),
+        [ids[2]]
+    );
+    assert!(s.on_first_token(t(9), ids[0]).is_empty(), "counted once");
+    // A completion before any token frees its prefill too.
+    let (_, ds) = s.on_completion(t(10), ids[1], None).unwrap();
+    assert_eq!(
+        dispatched(&ds).iter().map(|d| d.0).collect::<Vec<_>>(),
+        [ids[3]]
     );
 }

@@ -214,6 +214,12 @@ impl Sim<'_> {
                         let b = &mut self.backends[bi];
                         let first = to_gateway(at, b.scale);
                         f.first = Some(first);
+                        if workload[i].batch && self.resume {
+                            // A resumable item: its prefill is done.
+                            let r = f.replica;
+                            let d = self.scheds[r].on_first_token(now, f.req);
+                            self.pending.extend(d.into_iter().map(|d| (r, d)));
+                        }
                         // The engine's histogram observes it now, in wall
                         // seconds as the simulated backend exports it.
                         b.ttft_window.push((first - f.dispatched).as_secs_f64());
