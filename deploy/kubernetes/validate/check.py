@@ -490,12 +490,42 @@ def check_consistency(docs, cfg_sched):
              and "apiKeyEnv" in d["spec"] and d.get("_source", "").startswith("config/")}
     if "admin_token_env" in srv:
         names.add(srv["admin_token_env"])
+    clu = pol.get("cluster")
+    if clu and "password_env" in clu:
+        names.add(clu["password_env"])
     have = set((secret or {}).get("stringData", {})) | set((secret or {}).get("data", {}))
-    R.check(names <= have, "secret-api-keys.example.yaml has every apiKeyEnv and admin_token_env variable",
+    R.check(names <= have,
+            "secret-api-keys.example.yaml has every apiKeyEnv, admin_token_env and password_env variable",
             f"missing {sorted(names - have)}")
     env_from = [e["secretRef"]["name"] for e in gc.get("envFrom", []) if "secretRef" in e]
     R.check(env_from == ["fairway-api-keys"], "gateway takes its environment from Secret fairway-api-keys",
             f"envFrom {env_from}")
+
+    # The shared store: [cluster] names the store's Service and port; the
+    # store serves that Service and requires the password the gateways send.
+    R.check(clu is not None, "config/fairway.toml has a [cluster] store: the replicas share the policy",
+            "no [cluster] section: each replica would enforce the whole policy by itself")
+    if clu:
+        m = re.fullmatch(r"redis://([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:([0-9]+)", clu.get("store", ""))
+        ssvc = m and find(docs, "Service", m[1], m[2])
+        ssts = m and find(docs, "StatefulSet", m[1], m[2])
+        labels = ssts and ssts["spec"]["template"]["metadata"]["labels"]
+        R.check(bool(ssvc and ssts) and any(p["port"] == int(m[3]) for p in ssvc["spec"]["ports"])
+                and all(labels.get(k) == v for k, v in ssvc["spec"]["selector"].items()),
+                f"[cluster] store {clu.get('store')}: a Service with that port in front of the store's StatefulSet",
+                "no such Service and StatefulSet in the manifests")
+        if ssts:
+            vc = ssts["spec"]["template"]["spec"]["containers"][0]
+            env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}) for e in vc.get("env", [])}
+            args = vc.get("args", [])
+            ref = env.get("VALKEY_PASSWORD", {})
+            R.check("--requirepass" in args and args[args.index("--requirepass") + 1] == "$(VALKEY_PASSWORD)"
+                    and (ref.get("name"), ref.get("key")) == ("fairway-api-keys", clu.get("password_env")),
+                    "the store requires the password the gateways send ([cluster] password_env in fairway-api-keys)",
+                    f"args {args}, VALKEY_PASSWORD from {ref}")
+            R.check(find(docs, "PodDisruptionBudget", ssts["metadata"]["name"], m[2]) is not None
+                    and vc.get("readinessProbe") is not None,
+                    "the store has its PodDisruptionBudget and a readiness probe", "missing")
 
     # The webhook calls the placement Service; its CA comes from the Certificate.
     vwc = find(docs, "ValidatingWebhookConfiguration", "fairway-placement")
