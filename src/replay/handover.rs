@@ -21,7 +21,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::live::Target;
 use super::workload::WorkRequest;
 
 /// How the batch requests are played.
@@ -53,6 +52,20 @@ impl std::str::FromStr for BatchAs {
 }
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Where and as whom to send.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// `host:port` of the gateway's client listener.
+    pub authority: String,
+    /// API key per tenant name; a tenant without one is sent without a key.
+    pub keys: HashMap<String, String>,
+    /// Longest a request may take, headers to end of body; past it, it
+    /// counts as failed.
+    pub timeout: Duration,
+    /// How the batch requests are played.
+    pub batch_as: BatchAs,
+}
 
 /// The body of request `i` of the workload, as `fairway load` sends it.
 pub fn body(w: &WorkRequest, i: usize, stream: bool) -> serde_json::Value {

@@ -23,26 +23,13 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+pub use super::handover::Target;
 use super::handover::{self, BatchAs, HttpClient};
 use crate::clock::Clock;
 use crate::config::Policy;
 use crate::core::time::Instant;
 use crate::replay::sim::{Outcome, RequestResult, Trace};
 use crate::replay::workload::WorkRequest;
-
-/// Where and as whom to send.
-#[derive(Clone, Debug)]
-pub struct Target {
-    /// `host:port` of the gateway's client listener.
-    pub authority: String,
-    /// API key per tenant name; a tenant without one is sent without a key.
-    pub keys: HashMap<String, String>,
-    /// Longest a request may take, headers to end of body; past it, it
-    /// counts as failed.
-    pub timeout: Duration,
-    /// How the batch requests are played.
-    pub batch_as: BatchAs,
-}
 
 /// One request as the client saw it: sent, first body frame, end of body,
 /// status (0: no answer).
