@@ -47,21 +47,6 @@ api_keys = ["ke"]
     )
 }
 
-fn input(n: usize, model: &str, max_tokens: u32) -> String {
-    (0..n)
-        .map(|i| {
-            json!({
-                "custom_id": format!("q{i}"),
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {"model": model, "messages": [{"role": "user", "content": format!("question {i}")}], "max_tokens": max_tokens},
-            })
-            .to_string()
-                + "\n"
-        })
-        .collect()
-}
-
 /// Uploads `n` items and creates their batch; its id.
 async fn start(addr: std::net::SocketAddr, n: usize, max_tokens: u32) -> String {
     let f = upload(addr, "ke", "batch", &input(n, "m", max_tokens)).await;
@@ -509,15 +494,7 @@ async fn a_cancel_keeps_what_finished_and_every_item_has_one_line() {
 fn a_kill_mid_batch_loses_and_doubles_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let (b0, b1) = rt.block_on(async {
-        let slow = || {
-            fairway::sim::backend::SimBackend::builder("m")
-                .max_num_seqs(8)
-                .decode_step(Duration::from_millis(5), Duration::from_micros(10))
-                .start()
-        };
-        (slow().await.unwrap(), slow().await.unwrap())
-    });
+    let (b0, b1) = rt.block_on(slow_pair());
     let text = policy(dir.path(), "")
         .replace("{b0}", &b0.addr().to_string())
         .replace("{b1}", &b1.addr().to_string());

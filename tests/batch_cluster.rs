@@ -56,21 +56,6 @@ api_keys = ["ke"]
     )
 }
 
-fn input(n: usize) -> String {
-    (0..n)
-        .map(|i| {
-            json!({
-                "custom_id": format!("q{i}"),
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {"model": "m", "messages": [{"role": "user", "content": format!("question {i}")}], "max_tokens": 24},
-            })
-            .to_string()
-                + "\n"
-        })
-        .collect()
-}
-
 /// The replica holding batch `id`'s lease, read from the store.
 async fn runner_of(redis: &str, id: &str) -> Option<String> {
     let mut con = redis::Client::open(redis)
@@ -94,15 +79,7 @@ fn a_replica_dies_mid_batch_and_the_other_finishes_it() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let (b0, b1) = rt.block_on(async {
-        let slow = || {
-            fairway::sim::backend::SimBackend::builder("m")
-                .max_num_seqs(8)
-                .decode_step(Duration::from_millis(5), Duration::from_micros(10))
-                .start()
-        };
-        (slow().await.unwrap(), slow().await.unwrap())
-    });
+    let (b0, b1) = rt.block_on(slow_pair());
     let backends = || [b0.addr().to_string(), b1.addr().to_string()];
     // The object store's credentials and region, as an operator sets them.
     let env = [
@@ -137,7 +114,7 @@ fn a_replica_dies_mid_batch_and_the_other_finishes_it() {
 
     let (id, doomed, before) = rt.block_on(async {
         // Uploaded at r1, seen and read back at r2.
-        let f = upload(addrs[0], "ke", "batch", &input(200)).await;
+        let f = upload(addrs[0], "ke", "batch", &input(200, "m", 24)).await;
         assert_eq!(f.status, StatusCode::OK, "{}", f.text());
         let file = f.json()["id"].as_str().unwrap().to_owned();
         let got = call(
@@ -148,7 +125,7 @@ fn a_replica_dies_mid_batch_and_the_other_finishes_it() {
         )
         .await;
         assert_eq!(got.status, StatusCode::OK, "{}", got.text());
-        assert_eq!(got.text(), input(200));
+        assert_eq!(got.text(), input(200, "m", 24));
         // Another tenant sees nothing of it at either replica.
         for a in &addrs {
             let r = call(Method::GET, *a, &format!("/v1/files/{file}"), "ka").await;
@@ -252,7 +229,7 @@ fn a_replica_dies_mid_batch_and_the_other_finishes_it() {
                 .len()
         };
         let kept = files().await;
-        let r = upload(back.addr, "ke", "batch", &input(3)).await;
+        let r = upload(back.addr, "ke", "batch", &input(3, "m", 24)).await;
         assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
         assert!(r.text().contains("object store"), "{}", r.text());
         assert_eq!(files().await, kept);

@@ -91,3 +91,35 @@ pub async fn lines(addr: std::net::SocketAddr, key: &str, id: &str) -> HashMap<S
     }
     out
 }
+
+/// `n` chat items for model `model`, `custom_id` `q0`, `q1`, ..., as an
+/// input file's text.
+pub fn input(n: usize, model: &str, max_tokens: u32) -> String {
+    (0..n)
+        .map(|i| {
+            json!({
+                "custom_id": format!("q{i}"),
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": model, "messages": [{"role": "user", "content": format!("question {i}")}], "max_tokens": max_tokens},
+            })
+            .to_string()
+                + "\n"
+        })
+        .collect()
+}
+
+/// Two simulated backends serving `m` with steps slow enough (5 ms) that
+/// a batch of a few hundred items is still running when a test acts.
+pub async fn slow_pair() -> (
+    fairway::sim::backend::SimHandle,
+    fairway::sim::backend::SimHandle,
+) {
+    let slow = || {
+        fairway::sim::backend::SimBackend::builder("m")
+            .max_num_seqs(8)
+            .decode_step(Duration::from_millis(5), Duration::from_micros(10))
+            .start()
+    };
+    (slow().await.unwrap(), slow().await.unwrap())
+}
