@@ -656,3 +656,64 @@ async fn the_store_script_answers_as_the_core_model_does() {
         );
     }
 }
+
+/// A stored Responses API response is found at any replica: created at
+/// one, read and deleted at another (the backends keep it; the cluster's
+/// store says which backend), never by another tenant.
+#[tokio::test]
+async fn a_stored_response_is_found_at_every_replica() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut backends = Vec::new();
+    for _ in 0..2 {
+        backends.push(
+            fairway::sim::backend::SimBackend::builder(M)
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    let text = |replica: &str| {
+        format!(
+            "{SERVER}\n[cluster]\nstore = \"{}\"\nreplica = \"{replica}\"\nsync_interval = \"100ms\"\nreplica_ttl = \"600ms\"\n\
+             [[pools]]\nmodel = \"{M}\"\n[[pools.backends]]\nurl = \"http://{}\"\n[[pools.backends]]\nurl = \"http://{}\"\n\
+             [[tenants]]\nname = \"a\"\napi_keys = [\"{KEY}\"]\n[[tenants]]\nname = \"b\"\napi_keys = [\"sk-b\"]\n",
+            redis.url(),
+            backends[0].addr(),
+            backends[1].addr()
+        )
+    };
+    let r1 = gateway(&text("r1"), &[]).await;
+    let r2 = gateway(&text("r2"), &[]).await;
+    let c = client();
+    let body = format!(r#"{{"model":"{M}","input":"Hello","max_output_tokens":3}}"#);
+    let r = send(&c, post(r1.addr(), "/v1/responses", Some(KEY), body)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let call = |method: http::Method, gw: &Server, key: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(format!("http://{}/v1/responses/{id}", gw.addr()))
+            .header("authorization", format!("Bearer {key}"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    // The other replica learns of it through the store (in the background).
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            send(&c, call(http::Method::GET, &r2, KEY)).await.status == 200
+        })
+        .await,
+        "replica 2 never found {id}"
+    );
+    let r = send(&c, call(http::Method::GET, &r2, KEY)).await;
+    assert_eq!(r.json()["id"], id.as_str());
+    let r = send(&c, call(http::Method::GET, &r2, "sk-b")).await;
+    assert_eq!(r.status, 404, "another tenant's: {}", r.text());
+    let r = send(&c, call(http::Method::DELETE, &r2, KEY)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["deleted"], true);
+    // Deleted on its backend: gone at the first replica too.
+    let r = send(&c, call(http::Method::GET, &r1, KEY)).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+}

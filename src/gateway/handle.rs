@@ -19,7 +19,7 @@ use crate::core::spec::{Api, SchedulerSpec};
 use crate::core::time::Instant;
 use crate::gateway::adapters::Discovered;
 use crate::gateway::live::Live;
-use crate::gateway::origins::ResponseOrigins;
+use crate::gateway::origins::{ResponseOrigins, SharedOrigins};
 use crate::gateway::scheduling::Scheduling;
 use crate::net::client::Client;
 use crate::protocol::error::ApiError;
@@ -44,6 +44,8 @@ pub struct Gateway {
     cluster: Option<Arc<Member>>,
     /// Which backend created each recent Responses API response.
     responses: ResponseOrigins,
+    /// The cluster's copy of it, with a `[cluster]` store.
+    shared_responses: Option<SharedOrigins>,
     /// The LoRA adapters the backends list.
     adapters: Discovered,
 }
@@ -63,6 +65,11 @@ impl Gateway {
     /// A gateway of `parts`, not draining, with no responses or adapters
     /// seen yet.
     pub fn new(parts: Parts) -> Self {
+        let shared_responses = parts.live.policy.cluster.as_ref().and_then(|c| {
+            SharedOrigins::connect(c)
+                .inspect_err(|e| tracing::warn!(error = %e, "responses are not shared"))
+                .ok()
+        });
         Gateway {
             clock: parts.clock,
             live: ArcSwap::from_pointee(parts.live),
@@ -74,6 +81,7 @@ impl Gateway {
             traces: parts.traces,
             cluster: parts.cluster,
             responses: ResponseOrigins::default(),
+            shared_responses,
             adapters: Discovered::default(),
         }
     }
@@ -127,6 +135,35 @@ impl Gateway {
     /// Which backend created each recent Responses API response.
     pub fn responses(&self) -> &ResponseOrigins {
         &self.responses
+    }
+
+    /// Notes that `backend` created Responses API response `id` for
+    /// `tenant`: here, and in the cluster's store when there is one.
+    pub fn response_created(&self, id: &str, backend: BackendId, tenant: TenantId) {
+        self.responses.remember(self.now(), id, backend, tenant);
+        if let Some(shared) = &self.shared_responses {
+            let (b, t) = self.sched.with(|s| {
+                (
+                    s.backend_name(backend).to_owned(),
+                    s.tenant_name(tenant).to_owned(),
+                )
+            });
+            shared.remember(id, &b, &t);
+        }
+    }
+
+    /// The backend that created response `id` for `tenant`: as this
+    /// replica remembers it, else as the cluster's store does.
+    pub async fn response_origin(&self, id: &str, tenant: TenantId) -> Option<BackendId> {
+        if let Some(b) = self.responses.find(self.now(), id, tenant) {
+            return Some(b);
+        }
+        let (backend, owner) = self.shared_responses.as_ref()?.find(id).await?;
+        self.sched.with(|s| {
+            (s.tenant(&owner) == Some(tenant))
+                .then(|| s.backend(&backend))
+                .flatten()
+        })
     }
 
     /// The LoRA adapters the backends list.

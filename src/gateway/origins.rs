@@ -1,6 +1,8 @@
 //! Which backend created each recent Responses API response, so that a
 //! later call naming the response (`previous_response_id`, a retrieval)
-//! goes to the backend that stored it. Bounded in age and count.
+//! goes to the backend that stored it. Bounded in age and count. With a
+//! `[cluster]` store the record is also kept there ([`SharedOrigins`]), so
+//! that a call at another replica finds it too.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -69,6 +71,76 @@ impl ResponseOrigins {
     /// Whether none is remembered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The cluster's copy of the origins, in `[cluster]`'s store: response id
+/// → the backend and tenant, by name (ids are each replica's own), kept
+/// [`RESPONSE_MEMORY`].
+pub struct SharedOrigins {
+    con: redis::aio::ConnectionManager,
+    /// `<key_prefix>:response:`
+    prefix: String,
+}
+
+impl std::fmt::Debug for SharedOrigins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedOrigins")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedOrigins {
+    /// A lazy connection to the policy's store (nothing is sent yet).
+    pub fn connect(policy: &crate::config::ClusterPolicy) -> Result<SharedOrigins, String> {
+        let client = crate::cluster::client(policy)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(policy.sync_interval))
+            .set_response_timeout(Some(policy.sync_interval))
+            .set_number_of_retries(1);
+        let con = redis::aio::ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| format!("cluster store: {e}"))?;
+        Ok(SharedOrigins {
+            con,
+            prefix: format!("{}:response:", policy.key_prefix),
+        })
+    }
+
+    /// Records that `backend` created response `id` for `tenant`, in the
+    /// background: a store that is slow or down costs the response
+    /// nothing (the other replicas then answer 404 for it, as before).
+    pub fn remember(&self, id: &str, backend: &str, tenant: &str) {
+        let mut con = self.con.clone();
+        let key = format!("{}{id}", self.prefix);
+        let value = format!("{backend}\u{1f}{tenant}");
+        tokio::spawn(async move {
+            let set: redis::RedisResult<()> = redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("EX")
+                .arg(RESPONSE_MEMORY.as_secs())
+                .query_async(&mut con)
+                .await;
+            if let Err(e) = set {
+                tracing::debug!(error = %e, "a response's origin was not shared with the cluster");
+            }
+        });
+    }
+
+    /// The backend and tenant, by name, that response `id` was created
+    /// by and for; `None` when the store has none (or does not answer).
+    pub async fn find(&self, id: &str) -> Option<(String, String)> {
+        let mut con = self.con.clone();
+        let v: Option<String> = redis::cmd("GET")
+            .arg(format!("{}{id}", self.prefix))
+            .query_async(&mut con)
+            .await
+            .ok()?;
+        let (backend, tenant) = v?
+            .split_once('\u{1f}')
+            .map(|(b, t)| (b.to_owned(), t.to_owned()))?;
+        Some((backend, tenant))
     }
 }
 

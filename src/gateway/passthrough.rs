@@ -43,12 +43,16 @@ pub fn response_id(path: &str) -> Option<&str> {
 /// Forwards a call on a stored response to the backend that created it.
 pub async fn stored_response(gw: Arc<Gateway>, req: Request<RequestBody>) -> Response<BoxBody> {
     let live = gw.live();
-    let origin = authenticate(&live, req.headers()).and_then(|tenant| {
-        let id = response_id(req.uri().path()).ok_or(ApiError::NotFound)?;
-        gw.responses()
-            .find(gw.now(), id, tenant)
-            .ok_or_else(|| ApiError::UnknownResponse(id.to_owned()))
-    });
+    let origin = match authenticate(&live, req.headers()) {
+        Err(e) => Err(e),
+        Ok(tenant) => match response_id(req.uri().path()) {
+            None => Err(ApiError::NotFound),
+            Some(id) => gw
+                .response_origin(id, tenant)
+                .await
+                .ok_or_else(|| ApiError::UnknownResponse(id.to_owned())),
+        },
+    };
     match origin {
         Ok(backend) => forward(&live, req, false, |_| Ok(backend)).await,
         Err(e) => answer(e, false, &req),

@@ -277,9 +277,7 @@ impl Ticket {
     /// calls on it go to the same backend, for the same tenant.
     pub fn response_created(&self, id: String) {
         if let (Some(backend), Some(tenant)) = (self.backend, self.tenant) {
-            self.gw
-                .responses()
-                .remember(self.gw.now(), &id, backend, tenant);
+            self.gw.response_created(&id, backend, tenant);
         }
     }
 
