@@ -132,11 +132,6 @@ impl Gateway {
         self.cluster.as_ref()
     }
 
-    /// Which backend created each recent Responses API response.
-    pub fn responses(&self) -> &ResponseOrigins {
-        &self.responses
-    }
-
     /// Notes that `backend` created Responses API response `id` for
     /// `tenant`: here, and in the cluster's store when there is one.
     pub fn response_created(&self, id: &str, backend: BackendId, tenant: TenantId) {
