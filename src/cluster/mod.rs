@@ -21,5 +21,5 @@ mod sync;
 
 pub use member::*;
 pub use shares::{DemandMeter, Shape, shares, water_fill};
-pub use store::{Demands, Store, client};
+pub use store::{Demands, Store, client, connection};
 pub use sync::{Replica, Syncer, join};

@@ -116,6 +116,20 @@ pub fn client(policy: &ClusterPolicy) -> Result<redis::Client, String> {
     redis::Client::open(info).map_err(|e| format!("cluster store: {e}"))
 }
 
+/// A lazy connection to the policy's store (nothing is sent until the
+/// first call, so a store that is down at start stops nothing), each call
+/// and reconnection bounded by one `sync_interval`.
+pub fn connection(policy: &ClusterPolicy) -> Result<ConnectionManager, String> {
+    let client = client(policy)?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(policy.sync_interval))
+        .set_response_timeout(Some(policy.sync_interval))
+        .set_number_of_retries(1)
+        .set_max_delay(policy.sync_interval);
+    ConnectionManager::new_lazy_with_config(client, config)
+        .map_err(|e| format!("cluster store: {e}"))
+}
+
 /// Every live replica's demand: by replica name, tenant → requests per
 /// second arriving there.
 pub type Demands = Vec<(String, Vec<(String, f64)>)>;
@@ -144,14 +158,7 @@ impl Store {
     /// A lazy connection: nothing is sent until the first call, so a store
     /// that is down at start does not stop the gateway.
     pub fn connect(policy: &ClusterPolicy, replica: &str) -> Result<Store, String> {
-        let client = client(policy)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(policy.sync_interval))
-            .set_response_timeout(Some(policy.sync_interval))
-            .set_number_of_retries(1)
-            .set_max_delay(policy.sync_interval);
-        let con = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| format!("cluster store: {e}"))?;
+        let con = connection(policy)?;
         Ok(Store {
             con,
             replicas_key: format!("{}:replicas", policy.key_prefix),

@@ -94,13 +94,7 @@ impl std::fmt::Debug for SharedOrigins {
 impl SharedOrigins {
     /// A lazy connection to the policy's store (nothing is sent yet).
     pub fn connect(policy: &crate::config::ClusterPolicy) -> Result<SharedOrigins, String> {
-        let client = crate::cluster::client(policy)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(policy.sync_interval))
-            .set_response_timeout(Some(policy.sync_interval))
-            .set_number_of_retries(1);
-        let con = redis::aio::ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| format!("cluster store: {e}"))?;
+        let con = crate::cluster::connection(policy)?;
         Ok(SharedOrigins {
             con,
             prefix: format!("{}:response:", policy.key_prefix),
