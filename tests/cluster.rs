@@ -299,6 +299,81 @@ async fn weights_hold_across_replicas_when_each_tenant_arrives_at_its_own() {
     );
 }
 
+/// Small windows: three replicas, two backends of `max_inflight = 2` (4
+/// slots), weights 3:1 with each tenant at its own replica and the third
+/// replica idle. Each replica rounding its own share of every window up
+/// held 4 and 2 slots (served 1.99:1); apportioned whole slots are 3 and 1.
+#[tokio::test]
+async fn a_small_window_is_shared_three_to_one_across_three_replicas() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let backend = async || {
+        fairway::sim::backend::SimBackend::builder(M)
+            .max_num_seqs(16)
+            .decode_step(Duration::from_millis(4), Duration::ZERO)
+            .start()
+            .await
+            .unwrap()
+    };
+    let (b0, b1) = (backend().await, backend().await);
+    let text = |replica: &str| {
+        format!(
+            "{SERVER}\n[cluster]\nstore = \"{}\"\nreplica = \"{replica}\"\nsync_interval = \"100ms\"\n\
+             [[pools]]\nmodel = \"{M}\"\n\
+             [[pools.backends]]\nurl = \"http://{{b0}}\"\nmax_inflight = 2\n\
+             [[pools.backends]]\nurl = \"http://{{b1}}\"\nmax_inflight = 2\n\
+             [[tenants]]\nname = \"a\"\napi_keys = [\"sk-a\"]\nweight = 3\n\
+             [[tenants]]\nname = \"b\"\napi_keys = [\"sk-b\"]\nweight = 1\n",
+            redis.url(),
+        )
+    };
+    let r1 = gateway(&text("r1"), &[&b0, &b1]).await;
+    let r2 = gateway(&text("r2"), &[&b0, &b1]).await;
+    let r3 = gateway(&text("r3"), &[&b0, &b1]).await;
+    assert!(all_see(&[&r1, &r2, &r3], 3.0).await);
+    let stop = tokio::time::Instant::now() + Duration::from_secs(6);
+    let measure_from = tokio::time::Instant::now() + Duration::from_secs(1);
+    let load = |addr: std::net::SocketAddr, key: &'static str| {
+        tokio::spawn(async move {
+            let c = client();
+            let mut served = 0u32;
+            while tokio::time::Instant::now() < stop {
+                let r = send(
+                    &c,
+                    post(addr, "/v1/chat/completions", Some(key), chat(M, 10, false)),
+                )
+                .await;
+                assert_eq!(r.status, 200, "{}", r.text());
+                served += u32::from(tokio::time::Instant::now() >= measure_from);
+            }
+            served
+        })
+    };
+    let tasks: Vec<_> = (0..8)
+        .flat_map(|_| [load(r1.addr(), "sk-a"), load(r2.addr(), "sk-b")])
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let slots = async |gw: &Server, replica: &str| {
+        let m = get(&client(), format!("http://{}/metrics", gw.admin_addr()))
+            .await
+            .text();
+        metric(
+            &m,
+            &format!("fairway_cluster_pool_slots{{replica=\"{replica}\",model=\"m\"}}"),
+        )
+    };
+    assert_eq!(slots(&r1, "r1").await, Some(3.0));
+    assert_eq!(slots(&r2, "r2").await, Some(1.0));
+    let (mut a, mut b) = (0, 0);
+    for (i, t) in tasks.into_iter().enumerate() {
+        let n = t.await.unwrap();
+        if i % 2 == 0 { a += n } else { b += n }
+    }
+    let ratio = f64::from(a) / f64::from(b.max(1));
+    eprintln!("small window, 3:1 over three replicas: a {a}, b {b}, ratio {ratio:.2}");
+    assert!((2.7..=3.3).contains(&ratio), "a {a}, b {b}: {ratio:.2}");
+}
+
 #[tokio::test]
 async fn closed_mode_refuses_limited_tenants_while_the_store_is_down() {
     let _serial = SERIAL.lock().await;
@@ -644,10 +719,11 @@ async fn the_store_script_answers_as_the_core_model_does() {
             .entry(kind)
             .or_default()
             .sync(0.0, &format!("r{r}"), &ask);
-        let (answers, _) = stores[r]
+        let answers = stores[r]
             .sync(&[], std::slice::from_ref(&ask))
             .await
-            .unwrap();
+            .unwrap()
+            .leases;
         assert_eq!(answers.len(), 1);
         let got = answers[0];
         assert!(

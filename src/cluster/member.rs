@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::core::spec::PoolPart;
+
 /// This replica's view of the cluster, read by the metrics and admin views.
 #[derive(Debug)]
 pub struct Member {
@@ -34,6 +36,9 @@ pub struct Member {
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct PoolShare {
     pub share: f64,
+    /// The whole slots over the pool's backends apportioned to this
+    /// replica in the last sync's round ([`super::shares::apportion`]).
+    pub slots: Option<u32>,
     /// Requests queued or in flight here, and at all replicas.
     pub backlog_here: f64,
     pub backlog_cluster: f64,
@@ -98,13 +103,18 @@ impl Member {
         }
     }
 
-    /// This replica's share of the windows of a scheduler pool's backends,
-    /// by its [`pool_key`] (the model, or `triton:` and the model).
-    pub fn pool_share(&self, key: &str) -> f64 {
-        self.pools
-            .lock()
-            .get(key)
-            .map_or(1.0 / f64::from(self.replicas()), |p| p.share)
+    /// This replica's part of a scheduler pool's backends, by its
+    /// [`pool_key`] (the model, or `triton:` and the model): its share of
+    /// their windows and its apportioned whole slots; an even share of the
+    /// windows while no replica has a backlog there.
+    pub fn pool_share(&self, key: &str) -> PoolPart {
+        self.pools.lock().get(key).map_or_else(
+            || PoolPart::share(1.0 / f64::from(self.replicas())),
+            |p| PoolPart {
+                share: p.share,
+                slots: p.slots,
+            },
+        )
     }
 
     /// This replica's share of `tenant`'s limits: its part of the

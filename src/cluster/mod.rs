@@ -20,6 +20,6 @@ mod store;
 mod sync;
 
 pub use member::*;
-pub use shares::{DemandMeter, Shape, shares, water_fill};
-pub use store::{Demands, Store, client, connection};
+pub use shares::{DemandMeter, Shape, apportion, shares, water_fill};
+pub use store::{Answer, Demands, Store, client, connection};
 pub use sync::{Replica, Syncer, join};

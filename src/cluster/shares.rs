@@ -98,23 +98,33 @@ pub fn water_fill(claims: &[(f64, f64)], capacity: f64) -> Vec<f64> {
     alloc
 }
 
-/// The shares of replica `me`, from every live replica's demand.
+/// The shares of replica `me`, from every live replica's demand, in the
+/// cluster's sync `round` (the store's clock over the sync interval, so
+/// the same at every replica within an interval).
 ///
 /// A tenant's limits: its part of the cluster's arrivals of that tenant.
 /// A pool's windows: the cluster's window capacity is split among the
 /// tenants with a backlog (queued or in flight) by weight, capped at each
-/// one's backlog (water-filling); this replica's share is its part of what
+/// one's backlog (water-filling); a replica's share is its part of what
 /// its tenants' backlogs were given. So with tenant A (weight 3) arriving
 /// only at one replica and B (weight 1) only at another, both saturating,
-/// the first gets 3/4 of every window and the second 1/4.
-pub fn shares(me: &str, demands: &Demands, shape: &Shape) -> Shares {
+/// the first gets 3/4 of every window and the second 1/4. The pool's whole
+/// slots are then apportioned among the replicas ([`apportion`]), so that
+/// in small windows the shares hold over time rather than each replica
+/// rounding its own up.
+pub fn shares(me: &str, demands: &Demands, shape: &Shape, round: u64) -> Shares {
     let n = demands.len().max(1) as f64;
+    // The replicas in one order at every replica: the apportionment's.
+    let mut names: Vec<&str> = demands.iter().map(|(r, _)| r.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
     // tenant → (here, all)
     let mut tenants: HashMap<&str, (f64, f64)> = HashMap::new();
-    // model → tenant → (here, all)
-    let mut backlog: HashMap<&str, HashMap<&str, (f64, f64)>> = HashMap::new();
+    // model → tenant → backlog by replica (as in `names`)
+    let mut backlog: HashMap<&str, HashMap<&str, Vec<f64>>> = HashMap::new();
     for (replica, fields) in demands {
         let mine = replica == me;
+        let at = names.binary_search(&replica.as_str()).unwrap_or(0);
         for (field, v) in fields {
             let v = v.max(0.0);
             if let Some(t) = field.strip_prefix(TENANT_FIELD) {
@@ -127,11 +137,12 @@ pub fn shares(me: &str, demands: &Demands, shape: &Shape) -> Shares {
                 .strip_prefix(BACKLOG_FIELD)
                 .and_then(|rest| rest.split_once('\u{1f}'))
             {
-                let e = backlog.entry(model).or_default().entry(t).or_default();
-                e.1 += v;
-                if mine {
-                    e.0 += v;
-                }
+                let by_replica = backlog
+                    .entry(model)
+                    .or_default()
+                    .entry(t)
+                    .or_insert_with(|| vec![0.0; names.len()]);
+                by_replica[at] += v;
             }
         }
     }
@@ -146,12 +157,13 @@ pub fn shares(me: &str, demands: &Demands, shape: &Shape) -> Shares {
             (t.to_owned(), s)
         })
         .collect();
+    let me_at = names.binary_search(&me);
     let pools = backlog
         .into_iter()
         .map(|(model, by_tenant)| {
-            let rows: Vec<(&str, f64, f64)> = by_tenant
+            let rows: Vec<(&str, &Vec<f64>, f64)> = by_tenant
                 .iter()
-                .map(|(t, (here, all))| (*t, *here, *all))
+                .map(|(t, by_replica)| (*t, by_replica, by_replica.iter().sum()))
                 .collect();
             let claims: Vec<(f64, f64)> = rows
                 .iter()
@@ -160,20 +172,68 @@ pub fn shares(me: &str, demands: &Demands, shape: &Shape) -> Shares {
             let capacity = shape.capacity.get(model).copied().unwrap_or(f64::INFINITY);
             let alloc = water_fill(&claims, capacity);
             let given: f64 = alloc.iter().sum();
-            let mine: f64 = rows
-                .iter()
-                .zip(&alloc)
-                .map(|((_, here, all), a)| if *all > 0.0 { a * here / all } else { 0.0 })
-                .sum();
+            // Each replica's share: its part of what its backlogs were given.
+            let parts: Vec<f64> = (0..names.len())
+                .map(|r| {
+                    let mine: f64 = rows
+                        .iter()
+                        .zip(&alloc)
+                        .map(|((_, b, all), a)| if *all > 0.0 { a * b[r] / all } else { 0.0 })
+                        .sum();
+                    part(mine, given, n)
+                })
+                .collect();
+            let (share, slots) = match me_at {
+                Ok(r) => {
+                    let slots = capacity
+                        .is_finite()
+                        .then(|| apportion(&parts, capacity, round)[r]);
+                    (parts[r], slots)
+                }
+                // Not among the live replicas read (its membership
+                // lapsed): an idle replica's part, no apportioned slots.
+                Err(_) => (part(0.0, given, n), None),
+            };
             let s = PoolShare {
-                share: part(mine, given, n),
-                backlog_here: rows.iter().map(|r| r.1).sum(),
+                share,
+                slots,
+                backlog_here: me_at.map_or(0.0, |r| rows.iter().map(|row| row.1[r]).sum()),
                 backlog_cluster: rows.iter().map(|r| r.2).sum(),
             };
             (model.to_owned(), s)
         })
         .collect();
     Shares { tenants, pools }
+}
+
+/// The golden ratio's fractional part: successive rounds' offsets
+/// `round × φ mod 1` spread evenly over [0, 1) (a low-discrepancy
+/// sequence), so that each replica's slots average its share within a
+/// few rounds.
+const PHI: f64 = 0.618_033_988_749_895;
+
+/// Whole slots per replica from their `parts` of a pool's `capacity`
+/// slots, in `round`: systematic rounding with the round's offset `u`,
+/// each replica taking the whole numbers that fall in its stretch of
+/// `[u, u + Σ parts × capacity)`. So each gets the floor or the ceiling
+/// of its part of the slots, they add up to the whole (when the parts add
+/// up to 1), and over rounds each replica's average is its exact part:
+/// a replica entitled to 1.5 slots holds 1 and 2 in turn. Every replica
+/// keeps at least one slot, so that its first request finds one (one per
+/// replica beyond the capacity at most, and only at replicas whose part
+/// rounds to nothing).
+pub fn apportion(parts: &[f64], capacity: f64, round: u64) -> Vec<u32> {
+    let u = (round as f64 * PHI).fract();
+    let mut at = u;
+    parts
+        .iter()
+        .map(|p| {
+            let next = at + p.max(0.0) * capacity;
+            let whole = (next + 1e-9).floor() - (at + 1e-9).floor();
+            at = next;
+            (whole.max(0.0) as u32).max(1)
+        })
+        .collect()
 }
 
 /// What a replica publishes: each tenant's arrivals per second and each
@@ -243,6 +303,7 @@ impl DemandMeter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::spec::PoolPart;
 
     fn demands(rows: &[(&str, &[(&str, f64)])]) -> Demands {
         rows.iter()
@@ -266,7 +327,7 @@ mod tests {
         let shape = Shape::default();
         let all: Vec<_> = ["r1", "r2", "r3"]
             .iter()
-            .map(|r| shares(r, &d, &shape).tenants)
+            .map(|r| shares(r, &d, &shape, 0).tenants)
             .collect();
         let a: Vec<f64> = all.iter().map(|s| s["a"].share).collect();
         let sum = a.iter().sum::<f64>();
@@ -308,9 +369,9 @@ mod tests {
         let shape = Shape::of(&policy);
         assert_eq!(shape.capacity["m"], 8.0);
         assert_eq!(shape.capacity["triton:m"], 4.0);
-        let spec = policy
-            .scheduler_spec()
-            .leased(2, |key| if key == "triton:m" { 0.25 } else { 0.5 });
+        let spec = policy.scheduler_spec().leased(2, |key| {
+            PoolPart::share(if key == "triton:m" { 0.25 } else { 0.5 })
+        });
         let windows: Vec<u32> = spec
             .pools
             .iter()
@@ -331,11 +392,58 @@ mod tests {
             weights: [("a".to_owned(), 3.0), ("b".to_owned(), 1.0)].into(),
             capacity: [("m".to_owned(), 8.0)].into(),
         };
-        let r1 = shares("r1", &d, &shape).pools["m"].share;
-        let r2 = shares("r2", &d, &shape).pools["m"].share;
+        let r1 = shares("r1", &d, &shape, 0).pools["m"].share;
+        let r2 = shares("r2", &d, &shape, 0).pools["m"].share;
         assert!(
             (r1 - 0.75).abs() < 1e-9 && (r2 - 0.25).abs() < 1e-9,
             "{r1} {r2}"
         );
+    }
+
+    #[test]
+    fn whole_slots_add_up_and_average_each_replicas_part() {
+        // Parts of 3/8, 3/8, 1/4 of 4 slots: 1.5, 1.5 and 1 each.
+        let parts = [0.375, 0.375, 0.25];
+        let mut sum = [0u32; 3];
+        for round in 0..1000 {
+            let s = apportion(&parts, 4.0, round);
+            assert_eq!(s.iter().sum::<u32>(), 4, "{s:?}");
+            for (i, x) in s.iter().enumerate() {
+                assert!((1..=2).contains(x), "{s:?}");
+                sum[i] += x;
+            }
+        }
+        let avg: Vec<f64> = sum.iter().map(|s| f64::from(*s) / 1000.0).collect();
+        assert!(
+            (avg[0] - 1.5).abs() < 0.01 && (avg[1] - 1.5).abs() < 0.01,
+            "{avg:?}"
+        );
+        assert!((avg[2] - 1.0).abs() < 1e-9, "{avg:?}");
+        // A replica whose part rounds to nothing keeps one slot.
+        assert_eq!(apportion(&[0.75, 0.25, 0.0], 4.0, 7), vec![3, 1, 1]);
+    }
+
+    #[test]
+    fn a_small_window_is_split_three_to_one_in_whole_slots() {
+        // Three replicas, a pool of 4 slots (two backends of 2), A (weight
+        // 3) backlogged only at r1, B (weight 1) only at r2, r3 idle: r1
+        // holds 3 and r2 1 (each rounding its own up held 4 and 2: 2:1).
+        let field = |m: &str, t: &str| format!("{BACKLOG_FIELD}{m}\u{1f}{t}");
+        let d: Demands = vec![
+            ("r2".into(), vec![(field("m", "b"), 20.0)]),
+            ("r1".into(), vec![(field("m", "a"), 20.0)]),
+            ("r3".into(), vec![]),
+        ];
+        let shape = Shape {
+            weights: [("a".to_owned(), 3.0), ("b".to_owned(), 1.0)].into(),
+            capacity: [("m".to_owned(), 4.0)].into(),
+        };
+        for round in 0..50 {
+            let slots = |r| shares(r, &d, &shape, round).pools["m"].slots;
+            assert_eq!(slots("r1"), Some(3), "round {round}");
+            assert_eq!(slots("r2"), Some(1), "round {round}");
+        }
+        // r3, idle, keeps one slot for its first request.
+        assert_eq!(shares("r3", &d, &shape, 0).pools["m"].slots, Some(1));
     }
 }

@@ -15,9 +15,9 @@ use crate::core::admission::{LeaseAnswer, LeaseAsk};
 /// settles its leases (8 values each: tenant, limit, capacity, rate, level,
 /// open, returned, want) in the hashes `ARGV[4]` + tenant + `:` + limit,
 /// the steps of [`SharedLimit::sync`](crate::core::admission::SharedLimit::sync),
-/// dropping what expired replicas held. Returns the number of leases and
-/// for each what it gives and how short the others are, then every live
-/// replica's name, number of demand pairs and pairs.
+/// dropping what expired replicas held. Returns the store's time (ms), the
+/// number of leases and for each what it gives and how short the others
+/// are, then every live replica's name, number of demand pairs and pairs.
 const SYNC: &str = r"
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -80,7 +80,7 @@ local function lease(key, kind, cap, rate, level, open, ret, want)
   return give, short
 end
 
-local out = {}
+local out = {tostring(now_ms)}
 local first = 6 + 2 * pairs_n
 local n = math.floor((#ARGV - first + 1) / 8)
 table.insert(out, tostring(n))
@@ -134,6 +134,17 @@ pub fn connection(policy: &ClusterPolicy) -> Result<ConnectionManager, String> {
 /// second arriving there.
 pub type Demands = Vec<(String, Vec<(String, f64)>)>;
 
+/// The store's answer to one sync.
+#[derive(Debug, Default, PartialEq)]
+pub struct Answer {
+    /// To each lease asked for, in order.
+    pub leases: Vec<LeaseAnswer>,
+    /// Every live replica's demand (the asking one's included).
+    pub demands: Demands,
+    /// The store's clock, milliseconds.
+    pub now_ms: u64,
+}
+
 /// A connection to the cluster's store (reconnecting on its own).
 pub struct Store {
     con: ConnectionManager,
@@ -171,13 +182,12 @@ impl Store {
     }
 
     /// Renews this replica's membership, publishes its `demand` and
-    /// settles its `leases`: the store's answer to each (in order), and
-    /// every live replica's demand (this one's included).
+    /// settles its `leases`.
     pub async fn sync(
         &mut self,
         demand: &[(String, f64)],
         leases: &[LeaseAsk],
-    ) -> redis::RedisResult<(Vec<LeaseAnswer>, Demands)> {
+    ) -> redis::RedisResult<Answer> {
         let mut call = self.sync.key(&self.replicas_key);
         call.arg(&self.replica)
             .arg(self.ttl_ms)
@@ -211,10 +221,11 @@ impl Store {
     }
 }
 
-/// Reads the sync's answer: the number of leases, give and short for
-/// each, then name, n, n pairs, name, …
-fn parse_answer(flat: &[String]) -> (Vec<LeaseAnswer>, Demands) {
+/// Reads the sync's answer: the store's time, the number of leases, give
+/// and short for each, then name, n, n pairs, name, …
+fn parse_answer(flat: &[String]) -> Answer {
     let mut it = flat.iter();
+    let now_ms = it.next().and_then(|t| t.parse().ok()).unwrap_or(0);
     let n: usize = it.next().and_then(|n| n.parse().ok()).unwrap_or(0);
     let mut num = || it.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
     let answers = (0..n)
@@ -235,7 +246,11 @@ fn parse_answer(flat: &[String]) -> (Vec<LeaseAnswer>, Demands) {
         }
         out.push((name.clone(), pairs));
     }
-    (answers, out)
+    Answer {
+        leases: answers,
+        demands: out,
+        now_ms,
+    }
 }
 
 #[cfg(test)]
@@ -245,14 +260,32 @@ mod tests {
     #[test]
     fn demands_are_read_back() {
         let flat: Vec<String> = [
-            "2", "3", "0", "0.5", "1", "r1", "2", "a", "1.5", "b", "0", "r2", "0",
+            "1700000000123",
+            "2",
+            "3",
+            "0",
+            "0.5",
+            "1",
+            "r1",
+            "2",
+            "a",
+            "1.5",
+            "b",
+            "0",
+            "r2",
+            "0",
         ]
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-        let (answers, demands) = parse_answer(&flat);
+        let Answer {
+            leases,
+            demands,
+            now_ms,
+        } = parse_answer(&flat);
+        assert_eq!(now_ms, 1_700_000_000_123);
         assert_eq!(
-            answers,
+            leases,
             vec![
                 LeaseAnswer {
                     give: 3.0,

@@ -13,7 +13,7 @@ use crate::core::admission::{LeaseAnswer, LeaseAsk};
 
 use super::member::{Member, default_replica_name};
 use super::shares::{DemandMeter, Shape, shares};
-use super::store::Store;
+use super::store::{Answer, Store};
 
 /// Connects (lazily) and makes the first contact, so that the replica
 /// starts with the cluster's count and the demand it has seen. A store
@@ -104,7 +104,11 @@ impl Syncer {
         let result = tokio::time::timeout(timeout, self.store.sync(demand, asks)).await;
         let was_up = member.store_up.load(Ordering::Relaxed);
         match result {
-            Ok(Ok((answers, demands))) => {
+            Ok(Ok(Answer {
+                leases: answers,
+                demands,
+                now_ms,
+            })) => {
                 let rtt = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
                 member.rtt_micros.store(rtt, Ordering::Relaxed);
                 member.syncs.fetch_add(1, Ordering::Relaxed);
@@ -117,7 +121,8 @@ impl Syncer {
                     );
                 }
                 let old_n = member.replicas.swap(n, Ordering::Relaxed);
-                let new = shares(&member.replica, &demands, shape);
+                let round = now_ms / u64::try_from(self.interval.as_millis()).unwrap_or(1).max(1);
+                let new = shares(&member.replica, &demands, shape, round);
                 let moved = |old: f64, new: f64| (old - new).abs() > 0.01 * old.max(new);
                 let mut tenants = member.tenants.lock();
                 let mut pools = member.pools.lock();
@@ -127,10 +132,11 @@ impl Syncer {
                         .tenants
                         .iter()
                         .any(|(t, s)| tenants.get(t).is_none_or(|old| moved(old.share, s.share)))
-                    || new
-                        .pools
-                        .iter()
-                        .any(|(m, s)| pools.get(m).is_none_or(|old| moved(old.share, s.share)));
+                    || new.pools.iter().any(|(m, s)| {
+                        pools
+                            .get(m)
+                            .is_none_or(|old| moved(old.share, s.share) || old.slots != s.slots)
+                    });
                 *tenants = new.tenants;
                 *pools = new.pools;
                 let answers = if answers.len() == asks.len() {

@@ -642,6 +642,7 @@ impl PoolPolicy {
                     kv_tokens: b.kv_tokens,
                 })
                 .collect(),
+            slots: None,
         }
     }
 }

@@ -212,7 +212,7 @@ impl SchedulerSpec {
         mut self,
         replicas: u32,
         share: impl Fn(&str) -> f64,
-        pool_share: impl Fn(&str) -> f64,
+        pool_share: impl Fn(&str) -> PoolPart,
     ) -> Self {
         if replicas <= 1 {
             return self;
@@ -236,7 +236,7 @@ impl SchedulerSpec {
     /// [`crate::core::admission::shared_limit`]); each backend's window is
     /// multiplied by its pool's share here, as in [`Self::shared_by`].
     #[must_use]
-    pub fn leased(mut self, replicas: u32, pool_share: impl Fn(&str) -> f64) -> Self {
+    pub fn leased(mut self, replicas: u32, pool_share: impl Fn(&str) -> PoolPart) -> Self {
         for t in &mut self.tenants {
             t.leased = true;
         }
@@ -246,15 +246,36 @@ impl SchedulerSpec {
         self.share_windows(pool_share)
     }
 
-    fn share_windows(mut self, pool_share: impl Fn(&str) -> f64) -> Self {
+    fn share_windows(mut self, pool_share: impl Fn(&str) -> PoolPart) -> Self {
         for p in &mut self.pools {
-            let s = fraction(pool_share(&pool_key(&p.model, p.api)));
+            let part = pool_share(&pool_key(&p.model, p.api));
+            let s = fraction(part.share);
+            p.slots = part.slots;
             for b in &mut p.backends {
                 b.max_inflight = ((f64::from(b.max_inflight) * s - 1e-9).ceil() as u32).max(1);
                 b.window_share = s;
             }
         }
         self
+    }
+}
+
+/// A replica's part of a scheduler pool in a cluster: its share of each
+/// backend's window (in (0, 1]), and the whole slots it may hold over all
+/// of the pool's backends at once, when the cluster apportions them
+/// (`cluster::shares`: each replica holds the floor or the ceiling of its
+/// share of the pool's slots in turn, so that fractional shares are
+/// honoured over time and the whole slots add up to the pool's).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PoolPart {
+    pub share: f64,
+    pub slots: Option<u32>,
+}
+
+impl PoolPart {
+    /// A share of every window, with no apportioned slots.
+    pub fn share(share: f64) -> PoolPart {
+        PoolPart { share, slots: None }
     }
 }
 
@@ -392,6 +413,9 @@ pub struct PoolSpec {
     /// The prefix index (used by `Strategy::PrefixAware`).
     pub prefix: PrefixSpec,
     pub backends: Vec<BackendSpec>,
+    /// In a cluster, the whole slots this replica may hold over all the
+    /// pool's backends at once ([`PoolPart`]); `None`: the windows'.
+    pub slots: Option<u32>,
 }
 
 /// A pool's prefix index: its canonical block, its cap, and how long a
@@ -513,6 +537,7 @@ mod tests {
                     window_share: 1.0,
                     kv_tokens: 1000,
                 }],
+                slots: None,
             }],
         }
     }
@@ -520,7 +545,7 @@ mod tests {
     /// `spec()` for one of `n` replicas with even shares.
     fn even(n: u32) -> SchedulerSpec {
         let share = 1.0 / f64::from(n);
-        spec().shared_by(n, |_| share, |_| share)
+        spec().shared_by(n, |_| share, |_| PoolPart::share(share))
     }
 
     #[test]

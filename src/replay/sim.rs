@@ -35,6 +35,7 @@ use crate::core::admission::{LeaseKind, SharedLimit};
 use crate::core::fairness::BackloggedService;
 use crate::core::ids::{BackendId, RequestId, TenantId};
 use crate::core::scheduler::{Decision, Scheduler};
+use crate::core::spec::PoolPart;
 use crate::core::time::Instant;
 use crate::replay::workload::WorkRequest;
 use crate::sim::engine::{Engine, EngineEvent};
@@ -297,7 +298,9 @@ impl<'p> Sim<'p> {
     fn new(policy: &'p Policy, workload: &[WorkRequest], opts: &RunOptions) -> Self {
         let n = opts.replicas.max(1);
         let spec = if n > 1 {
-            policy.scheduler_spec().leased(n, |_| 1.0 / f64::from(n))
+            policy
+                .scheduler_spec()
+                .leased(n, |_| PoolPart::share(1.0 / f64::from(n)))
         } else {
             policy.scheduler_spec()
         };

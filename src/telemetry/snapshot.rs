@@ -421,6 +421,21 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     }
     prom::family(
         w,
+        "fairway_cluster_pool_slots",
+        Kind::Gauge,
+        "The whole slots over a pool's backends apportioned to this replica in the last sync (its share of the pool's slots, floor or ceiling in turn).",
+    );
+    for (model, s) in &c.pools {
+        if let Some(slots) = s.slots {
+            let _ = writeln!(
+                w,
+                "fairway_cluster_pool_slots{{replica=\"{replica}\",model=\"{}\"}} {slots}",
+                prom::escape(model),
+            );
+        }
+    }
+    prom::family(
+        w,
         "fairway_cluster_tenant_demand",
         Kind::Gauge,
         "A tenant's requests per second arriving at this replica and at the whole cluster (smoothed).",

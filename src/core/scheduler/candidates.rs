@@ -11,7 +11,8 @@ use super::state::{BackendState, PoolState};
 
 impl Scheduler {
     /// Fills `scratch` with the pool's backends that may take a request now:
-    /// healthy and not ejected, window not full, and with headroom. Headroom comes from a
+    /// healthy and not ejected, window not full, and with headroom (none
+    /// while the pool holds its apportioned slots in a cluster). Headroom comes from a
     /// fresh reading (KV usage below the watermark, TTFT p99 within the
     /// threshold); without one, from the gateway's own observed TTFT, and a
     /// backend with nothing of ours in flight then always has headroom, so
@@ -24,6 +25,9 @@ impl Scheduler {
     pub(super) fn collect_candidates(&mut self, now: Instant, pool: PoolId) {
         self.scratch.clear();
         let ps = &self.pools[pool.0 as usize];
+        if ps.slots_left() == 0 {
+            return;
+        }
         let mut slow = 0;
         for &bid in &ps.backends {
             let b = &self.backends[bid.0 as usize];

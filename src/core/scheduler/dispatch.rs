@@ -182,15 +182,18 @@ impl Scheduler {
             return false;
         }
         let reserve = (f64::from(self.pool_window(pool)) * RESERVE).floor();
-        reserve >= 1.0 && f64::from(self.free_slots()) <= reserve
+        reserve >= 1.0 && f64::from(self.free_slots(pool)) <= reserve
     }
 
-    /// Free slots on the candidates just collected.
-    fn free_slots(&self) -> u32 {
-        self.scratch
+    /// Free slots on the candidates just collected (at most what `pool`
+    /// has left of its apportioned slots).
+    fn free_slots(&self, pool: PoolId) -> u32 {
+        let free: u32 = self
+            .scratch
             .iter()
             .map(|c| c.window.saturating_sub(c.in_flight))
-            .sum()
+            .sum();
+        free.min(self.pools[pool.0 as usize].slots_left())
     }
 
     /// Whether request `id` is a batch item and no more than the
@@ -200,7 +203,7 @@ impl Scheduler {
         if self.batch_reserve <= 0.0 || !self.requests.get(id).is_some_and(|r| r.batch) {
             return false;
         }
-        f64::from(self.free_slots()) <= f64::from(self.pool_window(pool)) * self.batch_reserve
+        f64::from(self.free_slots(pool)) <= f64::from(self.pool_window(pool)) * self.batch_reserve
     }
 
     /// By tenant index: whether the tenant holds fewer of `pool`'s slots
@@ -222,13 +225,16 @@ impl Scheduler {
             .collect()
     }
 
-    /// The sum of `pool`'s backends' dispatch windows: its slots.
+    /// The sum of `pool`'s backends' dispatch windows (at most its
+    /// apportioned slots in a cluster): its slots.
     pub(super) fn pool_window(&self, pool: PoolId) -> u32 {
-        self.pools[pool.0 as usize]
+        let ps = &self.pools[pool.0 as usize];
+        let windows: u32 = ps
             .backends
             .iter()
             .map(|b| self.backends[b.0 as usize].window)
-            .sum()
+            .sum();
+        ps.slots.map_or(windows, |s| windows.min(s))
     }
 
     /// Fills the first `n` candidates' `cached_tokens` for request `id`

@@ -132,6 +132,7 @@ impl Scheduler {
             p.outlier = pp.outlier.clone();
             p.adapter_affinity = pp.adapter_affinity;
             p.backends = members;
+            p.slots = pp.slots;
             for a in &pp.adapters {
                 self.adapters.intern(a);
             }

@@ -112,6 +112,9 @@ pub(super) struct PoolState {
     /// Moving average of dispatch to first token, as the gateway saw it.
     pub(super) service_ttft: Option<Duration>,
     pub(super) backends: Vec<BackendId>,
+    /// In a cluster, the whole slots this replica may hold over the
+    /// pool's backends at once ([`PoolSpec::slots`]).
+    pub(super) slots: Option<u32>,
     pub(super) rr_cursor: usize,
     /// Running average of measured GPU-seconds per token (prompt + output),
     /// over all loads: admission's reservations, and the prior of
@@ -156,6 +159,7 @@ impl PoolState {
             drain: Default::default(),
             service_ttft: None,
             backends: Vec::new(),
+            slots: pp.slots,
             rr_cursor: 0,
             gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
             gpu_cost: Default::default(),
@@ -198,6 +202,14 @@ impl PoolState {
 
     pub(super) fn in_flight(&self, t: TenantId) -> u32 {
         self.in_flight.get(t.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// Slots the pool may still take here under its apportioned whole
+    /// slots in a cluster ([`PoolSpec::slots`]); `u32::MAX` without.
+    pub(super) fn slots_left(&self) -> u32 {
+        self.slots.map_or(u32::MAX, |s| {
+            s.saturating_sub(self.in_flight.iter().sum::<u32>())
+        })
     }
 
     pub(super) fn add_in_flight(&mut self, t: TenantId) {

@@ -1,7 +1,7 @@
 use super::*;
 use crate::core::admission::LimitKind;
 use crate::core::spec::{
-    BackendSpec, Discipline, OutlierSpec, PoolSpec, PreemptionSpec, Priority, QueueSpec,
+    BackendSpec, Discipline, OutlierSpec, PoolPart, PoolSpec, PreemptionSpec, Priority, QueueSpec,
     SchedulerSpec, Strategy, TenantSpec,
 };
 use proptest::prelude::{Strategy as PropStrategy, *};
@@ -74,6 +74,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
                     kv_tokens: 65_536,
                 })
                 .collect(),
+            slots: None,
         }],
     }
 }
@@ -613,7 +614,8 @@ fn the_window_halves_on_an_engine_backlog_not_on_a_step_boundary() {
     // A replica holding 3/4 of a cluster's window of 16 (12 here): the
     // engine running 14, some of them the other replica's, with one at the
     // step boundary, is no backlog; running all 16 and queueing is.
-    let shared = spec(1, 16, vec![tenant("a", 1.0)]).shared_by(2, |_| 0.5, |_| 0.75);
+    let shared =
+        spec(1, 16, vec![tenant("a", 1.0)]).shared_by(2, |_| 0.5, |_| PoolPart::share(0.75));
     let mut s = Scheduler::new(&shared, t(0), 1);
     assert_eq!(window(&mut s, 0), 12);
     s.on_reading(t(1), b0, reading(1, 14, 1));
@@ -943,7 +945,8 @@ struct Leased {
 
 impl Leased {
     fn new(n: usize, limits: TenantSpec, window: u32) -> Self {
-        let spec = spec(1, window, vec![limits]).leased(n as u32, |_| 1.0 / n as f64);
+        let spec =
+            spec(1, window, vec![limits]).leased(n as u32, |_| PoolPart::share(1.0 / n as f64));
         let mut c = Leased {
             replicas: (0..n)
                 .map(|r| Scheduler::new(&spec, t(0), r as u64))

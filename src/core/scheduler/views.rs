@@ -76,8 +76,9 @@ impl Scheduler {
     }
 
     /// Requests the pool's healthy backends take at once (the sum of their
-    /// dispatch windows), and the requests it holds now (queued in either
-    /// lane, and in flight): what a batch runner sizes its items by.
+    /// dispatch windows, at most its apportioned slots in a cluster), and
+    /// the requests it holds now (queued in either lane, and in flight):
+    /// what a batch runner sizes its items by.
     pub fn pool_load(&self, pool: PoolId) -> (u32, u32) {
         let ps = &self.pools[pool.0 as usize];
         let mut capacity = 0;
@@ -89,6 +90,7 @@ impl Scheduler {
             }
             in_flight += b.in_flight;
         }
+        let capacity = ps.slots.map_or(capacity, |s| capacity.min(s));
         let queued = u32::try_from(ps.queue.len() + ps.late.len()).unwrap_or(u32::MAX);
         (capacity, queued.saturating_add(in_flight))
     }

@@ -8,6 +8,7 @@ use super::{QueueSample, Sim};
 use crate::cluster::Shape;
 use crate::core::ids::{BackendId, TenantId};
 use crate::core::reading::{LoraReading, Reading};
+use crate::core::spec::PoolPart;
 use crate::core::time::Instant;
 use crate::poller::{HistogramBucket, quantile};
 use crate::sim::backend::metrics::{LATENCY_BUCKETS, TTFT_BUCKETS};
@@ -26,6 +27,8 @@ impl Sim<'_> {
             .collect();
         let shape = Shape::of(self.policy);
         let n = u32::try_from(self.scheds.len()).unwrap_or(u32::MAX);
+        // The store's clock over the interval, as the live sync's round.
+        let round = (secs / self.sync_every.as_secs_f64().max(1e-3)) as u64;
         for (r, name) in names.iter().enumerate() {
             let asks = self.scheds[r].lease_asks(now, self.lease_ahead, n);
             let answers: Vec<_> = asks
@@ -38,12 +41,14 @@ impl Sim<'_> {
                 })
                 .collect();
             self.scheds[r].lease_granted(&asks, &answers);
-            let shares = crate::cluster::shares(name, &demands, &shape);
-            let even = 1.0 / f64::from(n);
-            let spec = self
-                .policy
-                .scheduler_spec()
-                .leased(n, |p| shares.pools.get(p).map_or(even, |s| s.share));
+            let shares = crate::cluster::shares(name, &demands, &shape, round);
+            let even = PoolPart::share(1.0 / f64::from(n));
+            let spec = self.policy.scheduler_spec().leased(n, |p| {
+                shares.pools.get(p).map_or(even, |s| PoolPart {
+                    share: s.share,
+                    slots: s.slots,
+                })
+            });
             let d = self.scheds[r].apply_policy(&spec, now);
             self.pending.extend(d.into_iter().map(|d| (r, d)));
         }
