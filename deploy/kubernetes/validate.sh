@@ -9,10 +9,16 @@
 #      projects' API types (@kubernetes-models: JSON schema, then TypeScript
 #      for unknown fields);
 #   4. the TokenBucketAdmission CRD and every TokenBucketAdmission against
-#      its schema, broken ones refused, the acme-corp twin of
+#      its schema and CEL rules, broken ones refused, the acme-corp twin of
 #      config/acme-corp.toml;
-#   5. the Grafana dashboard copy is byte-for-byte ../grafana's;
-#   6. the kube-scheduler configuration's fields;
+#   5. components/kueue's ResourceFlavor, ClusterQueue and LocalQueue against
+#      Kueue's CRDs (v1beta2, vendored from Kueue v0.19.2 in validate/kueue/:
+#      schema with its defaults, unknown fields refused, CEL rules), broken
+#      ones refused; that the queued model server's queues, quota and flavor
+#      admit it and Fairway's placement still sees it, and that it is the
+#      example model server plus the queue label;
+#   6. the Grafana dashboard copy is byte-for-byte ../grafana's;
+#   7. the kube-scheduler configuration's fields;
 #   and that the policy, manifests and examples agree (ports, paths,
 #   Services, Secret keys, models, backends).
 # Installs what it needs on first use: Python packages into target/k8s-venv
@@ -39,7 +45,8 @@ apt_install() {
   $sudo apt-get install -y -qq "$@" >/dev/null
 }
 
-# Python: kubernetes-validate, jsonschema, PyYAML, kubectl (with kustomize).
+# Python: kubernetes-validate, jsonschema, PyYAML, cel-python, kubectl (with
+# kustomize).
 stamp=$(sha256sum "$vdir/requirements.txt" | cut -c1-16)
 if [ "$(cat "$venv/.fairway-stamp" 2>/dev/null)" != "$stamp" ]; then
   echo "installing $vdir/requirements.txt into $venv"

@@ -11,24 +11,35 @@ base with every component. Checks:
                strict: unknown fields are errors), for each of K8S_VERSIONS
   crd          the TokenBucketAdmission CRD is a structural schema; every
                TokenBucketAdmission against it (unknown fields are errors, as
-               with kubectl's strict field validation); broken ones rejected;
-               the acme-corp example equals config/acme-corp.toml's tenant
+               with kubectl's strict field validation; its CEL rules);
+               broken ones rejected; the acme-corp example equals
+               config/acme-corp.toml's tenant
+  kueue        components/kueue's ResourceFlavor, ClusterQueue and LocalQueue
+               against Kueue's CRDs (validate/kueue/, v1beta2: schema with
+               defaults, unknown fields refused, CEL rules), broken ones
+               rejected; the queued model server's LocalQueue, ClusterQueue,
+               quota and flavor admit it, and Fairway's placement still sees
+               it; it is the example model server plus the queue label
   scheduler    the KubeSchedulerConfiguration's fields, by the kube-scheduler
                v1 Go types' names
   consistency  the policy, the manifests and the examples name the same
                ports, paths, Services, Secrets keys, models and backends;
                every Fairway container is non-root, read-only, unprivileged
 Third-party custom resources (cert-manager, Prometheus Operator, KEDA) are
-written to THIRD_PARTY_OUT for crs.mjs.
+written to THIRD_PARTY_OUT for crs.mjs; Kueue's are checked here, against
+the CRDs vendored in validate/kueue/ (no @kubernetes-models package has them).
 """
 
 import copy
+import hashlib
 import json
 import re
 import sys
 import tomllib
+from fractions import Fraction
 from pathlib import Path
 
+import celpy
 import jsonschema
 import kubernetes_validate
 import yaml
@@ -225,28 +236,117 @@ def strict_schema(schema):
     return s
 
 
-TENANT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+def apply_defaults(schema, value):
+    """Fills in the schema's defaults where a field is absent, as the API
+    server does before it validates a custom resource: top down, so that a
+    defaulted object gets its own fields' defaults too."""
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        for name, sub in props.items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+        for name, sub in props.items():
+            if name in value:
+                apply_defaults(sub, value[name])
+        if isinstance(schema.get("additionalProperties"), dict):
+            for name, v in value.items():
+                if name not in props:
+                    apply_defaults(schema["additionalProperties"], v)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for v in value:
+            apply_defaults(schema["items"], v)
 
 
-class TbaValidator:
-    def __init__(self, crd):
+_cel_env = celpy.Environment()
+_cel_programs = {}
+
+
+def cel_problems(schema, value, path=""):
+    """The schema's x-kubernetes-validations (CEL) rules on the value, each
+    where it is declared, as the API server evaluates them on a create.
+    Transition rules (those reading oldSelf) apply to updates only and are
+    left out."""
+    out = []
+    for r in schema.get("x-kubernetes-validations") or []:
+        rule = r["rule"]
+        if re.search(r"\boldSelf\b", rule):
+            continue
+        try:
+            if rule not in _cel_programs:
+                _cel_programs[rule] = _cel_env.program(_cel_env.compile(rule))
+            result = _cel_programs[rule].evaluate({"self": celpy.json_to_cel(value)})
+        except Exception as e:          # celpy's own parse and evaluation errors
+            result = e
+        where = path or "(top)"
+        if isinstance(result, Exception):
+            out.append(f"{where}: rule {rule!r} failed to evaluate: {result}")
+        elif not bool(result):
+            out.append(f"{where}: {r.get('message') or 'rule ' + repr(rule)}")
+    props = schema.get("properties") or {}
+    if isinstance(value, dict):
+        for name, v in value.items():
+            sub = props.get(name)
+            if sub is None and isinstance(schema.get("additionalProperties"), dict):
+                sub = schema["additionalProperties"]
+            if sub is not None:
+                out += cel_problems(sub, v, f"{path}.{name}" if path else name)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, v in enumerate(value):
+            out += cel_problems(schema["items"], v, f"{path}[{i}]")
+    return out
+
+
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class CrdValidator:
+    """A custom resource against one version of its CRD, as the API server
+    and kubectl's strict field validation take it: apiVersion and kind; the
+    name; metadata.namespace as the CRD's scope wants it; then, on a copy with
+    the schema's defaults filled in, the schema with unknown fields refused
+    and the CEL rules."""
+
+    def __init__(self, crd, version=None):
         spec = crd["spec"]
-        self.api_version = f"{spec['group']}/{spec['versions'][0]['name']}"
+        v = next(v for v in spec["versions"] if version in (None, v["name"]))
+        self.api_version = f"{spec['group']}/{v['name']}"
         self.kind = spec["names"]["kind"]
-        schema = spec["versions"][0]["schema"]["openAPIV3Schema"]
+        self.namespaced = spec["scope"] == "Namespaced"
+        self.schema = v["schema"]["openAPIV3Schema"]
         # OpenAPI 3.0 schemas are draft-4 style (boolean exclusiveMinimum).
-        self.validator = jsonschema.Draft4Validator(strict_schema(schema))
+        self.validator = jsonschema.Draft4Validator(strict_schema(self.schema))
+
+    def name_errors(self, name):
+        if len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+            return [f"metadata.name {name!r}: not a DNS subdomain (lowercase letters, digits, '-' and '.')"]
+        return []
 
     def errors(self, doc):
         errs = []
         if kind_key(doc) != (self.api_version, self.kind):
             errs.append(f"apiVersion/kind {kind_key(doc)}, expected {(self.api_version, self.kind)}")
-        name = (doc.get("metadata") or {}).get("name", "")
-        if not TENANT_NAME.match(name or ""):
-            errs.append(f"metadata.name {name!r}: lowercase letters, digits and '-'")
-        for e in sorted(self.validator.iter_errors(doc), key=lambda e: list(e.path)):
+        meta = doc.get("metadata") or {}
+        errs += self.name_errors(meta.get("name") or "")
+        if self.namespaced and not meta.get("namespace"):
+            errs.append(f"metadata.namespace: a {self.kind} is namespaced; name its namespace")
+        if not self.namespaced and "namespace" in meta:
+            errs.append(f"metadata.namespace: a {self.kind} is cluster-scoped")
+        d = copy.deepcopy(doc)
+        apply_defaults(self.schema, d)
+        for e in sorted(self.validator.iter_errors(d), key=lambda e: list(e.path)):
             errs.append(f"{'.'.join(str(x) for x in e.path) or '(top)'}: {e.message}")
+        errs += cel_problems(self.schema, d)
         return errs
+
+
+TENANT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class TbaValidator(CrdValidator):
+    def name_errors(self, name):
+        if not TENANT_NAME.match(name):
+            return [f"metadata.name {name!r}: lowercase letters, digits and '-'"]
+        return []
 
 
 def check_crd(crd_doc, tba_docs):
@@ -320,6 +420,325 @@ def check_crd(crd_doc, tba_docs):
         as_policy["api_key_sha256"] = keys[0] if len(keys) == 1 else keys
     R.check(as_policy == tenant, "examples/tokenbucketadmission-acme-corp.yaml equals config/acme-corp.toml's tenant",
             f"CR as policy {as_policy} != toml {tenant}")
+
+
+# ---------------------------------------------------------------- kueue
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v0.19.2"           # validate/kueue/README.md: where the CRDs come from
+KUEUE_API = "v1beta2"
+KUEUE_CRDS = {                      # file: SHA-256, as released
+    "kueue.x-k8s.io_resourceflavors.yaml": "19e339c47e9ca3fa2c9eeddd27715a512f765c4794ed859733408a9715720173",
+    "kueue.x-k8s.io_clusterqueues.yaml": "e0a5fc9b370c70f3d993d4f599865817338ecf94187b30b15b12ff33c579bd55",
+    "kueue.x-k8s.io_localqueues.yaml": "dd10ef8d3578e7212fa52763549e7b6be0949793a5b924495fcd293330109fed",
+}
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+
+QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
+QUANTITY_SUFFIX = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+                   "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+                   "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity(v):
+    """A Kubernetes resource quantity ("4", "20m", "24Gi", 2) as a Fraction."""
+    m = QUANTITY.match(str(v).strip())
+    if not m:
+        raise ValueError(f"not a quantity: {v!r}")
+    suffix = m[2] or ""
+    if suffix[:1] in ("e", "E"):
+        return Fraction(m[1]) * Fraction(10) ** int(suffix[1:])
+    return Fraction(m[1]) * QUANTITY_SUFFIX[suffix]
+
+
+def pod_requests(template):
+    """What one pod of a template requests, as Kueue counts it: each
+    container's requests (a limit without a request counts as the request,
+    as the API server defaults it), summed; an init container's count where
+    it is larger; the pod overhead."""
+    def of(c):
+        res = c.get("resources") or {}
+        req = {k: quantity(v) for k, v in (res.get("limits") or {}).items()}
+        req.update({k: quantity(v) for k, v in (res.get("requests") or {}).items()})
+        return req
+    spec = template["spec"]
+    total = {}
+    for c in spec.get("containers", []):
+        for k, v in of(c).items():
+            total[k] = total.get(k, 0) + v
+    for c in spec.get("initContainers", []):
+        for k, v in of(c).items():
+            total[k] = max(total.get(k, 0), v)
+    for k, v in (spec.get("overhead") or {}).items():
+        total[k] = total.get(k, 0) + quantity(v)
+    return total
+
+
+def selector_matches(sel, labels):
+    """A metav1.LabelSelector against a set of labels (null matches nothing,
+    {} everything: Kueue's reading of a ClusterQueue's namespaceSelector)."""
+    if sel is None:
+        return False
+    if any(labels.get(k) != v for k, v in (sel.get("matchLabels") or {}).items()):
+        return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e["key"], e["operator"], e.get("values") or []
+        ok = {"In": k in labels and labels[k] in vals, "NotIn": labels.get(k) not in vals,
+              "Exists": k in labels, "DoesNotExist": k not in labels}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def cluster_queue_problems(cq):
+    """A ClusterQueue's rules that Kueue's own webhook checks beyond the
+    CRD's schema and CEL, as its API documents them: each flavor lists the
+    group's covered resources by name in the same order; a resource is
+    covered by one group and a flavor is in one group only."""
+    out = []
+    seen_res, seen_flv = set(), set()
+    for i, rg in enumerate((cq.get("spec") or {}).get("resourceGroups") or []):
+        covered = rg.get("coveredResources") or []
+        for r in covered:
+            if r in seen_res:
+                out.append(f"spec.resourceGroups[{i}]: resource {r} is covered twice")
+            seen_res.add(r)
+        for j, f in enumerate(rg.get("flavors") or []):
+            names = [r.get("name") for r in f.get("resources") or []]
+            if names[:len(covered)] != covered[:len(names)]:
+                out.append(f"spec.resourceGroups[{i}].flavors[{j}] ({f.get('name')}): resources {names} "
+                           f"not the coveredResources {covered} in their order")
+            if f.get("name") in seen_flv:
+                out.append(f"spec.resourceGroups[{i}].flavors[{j}]: flavor {f.get('name')} is listed twice")
+            seen_flv.add(f.get("name"))
+    return out
+
+
+def queued_workload_problems(wl, kdocs, docs):
+    """Whether a workload labelled with a Kueue queue composes with the
+    queues and with Fairway's placement:
+      - its LocalQueue exists in its namespace, and that LocalQueue's
+        ClusterQueue, whose namespaceSelector admits the namespace, and
+        whose flavors are ResourceFlavors here;
+      - the ClusterQueue covers every resource a pod requests, and one of
+        its flavors holds every pod of the workload (else it is never
+        admitted);
+      - every node a flavor sends the pods to runs a Fairway node agent
+        (the agent DaemonSet's nodeSelector is within the flavor's
+        nodeLabels), and the pod's own nodeSelector does not contradict the
+        flavor's (Kueue refuses to merge them);
+      - the pods still go through Fairway's pod webhook (its objectSelector
+        and namespaceSelector) with their size annotation, and carry no
+        scheduling gate of Kueue's before Kueue adds it."""
+    out = []
+    meta = wl["metadata"]
+    ns, qname = meta.get("namespace"), meta["labels"][QUEUE_LABEL]
+    tmpl = wl["spec"]["template"]
+    lq = find(kdocs, "LocalQueue", qname, ns)
+    if lq is None:
+        return [f"no LocalQueue {ns}/{qname}"]
+    cq = find(kdocs, "ClusterQueue", lq["spec"].get("clusterQueue"))
+    if cq is None:
+        return [f"LocalQueue {ns}/{qname}: no ClusterQueue {lq['spec'].get('clusterQueue')}"]
+    ns_doc = find(docs, "Namespace", ns)
+    ns_labels = {**((ns_doc or {}).get("metadata", {}).get("labels") or {}), "kubernetes.io/metadata.name": ns}
+    if not selector_matches(cq["spec"].get("namespaceSelector"), ns_labels):
+        out.append(f"ClusterQueue {cq['metadata']['name']}: its namespaceSelector does not admit namespace {ns}")
+    flavors = {}
+    for rg in cq["spec"].get("resourceGroups") or []:
+        for f in rg["flavors"]:
+            rf = find(kdocs, "ResourceFlavor", f["name"])
+            if rf is None:
+                out.append(f"ClusterQueue {cq['metadata']['name']}: no ResourceFlavor {f['name']}")
+            else:
+                flavors[f["name"]] = rf
+    replicas = wl["spec"].get("replicas", 1)
+    need = {k: v * replicas for k, v in pod_requests(tmpl).items()}
+    groups = cq["spec"].get("resourceGroups") or []
+    for res in sorted(set(need) - {r for g in groups for r in g["coveredResources"]}):
+        out.append(f"the pods request {res}, which ClusterQueue {cq['metadata']['name']} does not cover")
+    for g in groups:
+        group_need = {r: need.get(r, 0) for r in g["coveredResources"]}
+        if not any(group_need.values()):
+            continue
+        quotas = {f["name"]: {q["name"]: quantity(q["nominalQuota"]) for q in f["resources"]} for f in g["flavors"]}
+        if not any(all(q.get(r, 0) >= n for r, n in group_need.items()) for q in quotas.values()):
+            amounts = ", ".join(f"{r} {float(n) / 2**30:.1f}Gi" if r == "memory" or r.endswith("storage")
+                                else f"{r} {float(n):g}" for r, n in group_need.items())
+            out.append(f"{replicas} pods need {amounts}: "
+                       f"more than any flavor's nominalQuota in ClusterQueue {cq['metadata']['name']}")
+    agent = find(docs, "DaemonSet", "fairway-agent", "fairway")
+    agent_sel = agent["spec"]["template"]["spec"].get("nodeSelector") or {}
+    pod_sel = tmpl["spec"].get("nodeSelector") or {}
+    for name, rf in flavors.items():
+        labels = rf["spec"].get("nodeLabels") or {}
+        if any(labels.get(k) != v for k, v in agent_sel.items()):
+            out.append(f"ResourceFlavor {name}: nodeLabels {labels} may admit nodes without a Fairway node agent "
+                       f"(the DaemonSet selects {agent_sel})")
+        clash = {k for k in labels if k in pod_sel and pod_sel[k] != labels[k]}
+        if clash:
+            out.append(f"ResourceFlavor {name}: nodeLabels {sorted(clash)} contradict the pod's nodeSelector")
+    vwc = find(docs, "ValidatingWebhookConfiguration", "fairway-placement")
+    pod_hook = next(w for w in vwc["webhooks"] if w["name"] == "pods.placement.fairway.dev")
+    t_labels = tmpl["metadata"].get("labels") or {}
+    t_notes = tmpl["metadata"].get("annotations") or {}
+    if not selector_matches(pod_hook.get("objectSelector", {}), t_labels):
+        out.append(f"the pods' labels do not match Fairway's pod webhook objectSelector "
+                   f"{pod_hook.get('objectSelector')}")
+    if not selector_matches(pod_hook.get("namespaceSelector", {}), ns_labels):
+        out.append(f"Fairway's pod webhook does not see namespace {ns}")
+    if "fairway.dev/model-size-gb" not in t_notes:
+        out.append("the pods have no fairway.dev/model-size-gb annotation: placement would not judge them")
+    if any(g.get("name") == KUEUE_GATE for g in tmpl["spec"].get("schedulingGates") or []):
+        out.append(f"the template carries {KUEUE_GATE} itself; Kueue's webhook adds it")
+    return out
+
+
+def check_kueue(kueue_docs, docs):
+    """kueue_docs: (source, doc) of the kueue.x-k8s.io resources; docs: every
+    document, with its _source."""
+    print(f"kueue (CRDs of Kueue {KUEUE_VERSION}, {KUEUE_API}; CEL with cel-python)")
+    vdir = HERE / "kueue"
+    validators = {}
+    for fname, digest in KUEUE_CRDS.items():
+        path = vdir / fname
+        got = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "missing"
+        R.check(got == digest, f"validate/kueue/{fname}: Kueue {KUEUE_VERSION}'s file, unmodified",
+                f"sha256 {got}, expected {digest} (validate/kueue/README.md)")
+        if not path.exists():
+            continue
+        crd = yaml.safe_load(path.read_text())
+        v = CrdValidator(crd, KUEUE_API)
+        try:
+            jsonschema.Draft4Validator.check_schema(v.schema)
+        except jsonschema.SchemaError as e:
+            R.fail(f"{v.kind} {KUEUE_API}: openAPIV3Schema is a valid JSON schema", e.message)
+        validators[(v.api_version, v.kind)] = v
+
+    def errors(doc):
+        v = validators.get(kind_key(doc))
+        if v is None:
+            return [f"no Kueue {KUEUE_API} CRD for {kind_key(doc)}"]
+        errs = v.errors(doc)
+        if doc.get("kind") == "ClusterQueue":
+            errs += cluster_queue_problems(doc)
+        return errs
+
+    for (_, kind) in validators:
+        R.check(any(d.get("kind") == kind for _, d in kueue_docs), f"the manifests have a {kind}",
+                "none found; is components/kueue rendered?")
+    for source, doc in kueue_docs:
+        errs = errors(doc)
+        R.check(not errs, f"{source}: {name_of(doc)} against Kueue's CRD [{KUEUE_API} strict, CEL]", "; ".join(errs))
+
+    # Broken resources must be refused.
+    first = {}
+    for _, d in kueue_docs:
+        first.setdefault(d["kind"], d)
+
+    def res0(d):
+        return d["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+
+    broken = [
+        ("ClusterQueue", "a flavor missing a covered resource", lambda d: res0(d).pop()),
+        ("ClusterQueue", "flavor resources out of coveredResources' order",
+         lambda d: res0(d).insert(0, res0(d).pop())),
+        ("ClusterQueue", "nominalQuota: four", lambda d: res0(d)[0].update(nominalQuota="four")),
+        ("ClusterQueue", "nominalQuota: 0.5 (a number, not a quantity string)",
+         lambda d: res0(d)[0].update(nominalQuota=0.5)),
+        ("ClusterQueue", "borrowingLimit without a cohort", lambda d: res0(d)[0].update(borrowingLimit=1)),
+        ("ClusterQueue", "v1beta1's spec.cohort", lambda d: d["spec"].update(cohort="gpus")),
+        ("ClusterQueue", "queueingStrategy: FIFO", lambda d: d["spec"].update(queueingStrategy="FIFO")),
+        ("ClusterQueue", "preemption.withinClusterQueue: Always",
+         lambda d: d["spec"]["preemption"].update(withinClusterQueue="Always")),
+        ("ClusterQueue", "borrowWithinCohort preempting while reclaimWithinCohort is Never",
+         lambda d: d["spec"]["preemption"].update(borrowWithinCohort={"policy": "LowerPriority"})),
+        ("ClusterQueue", "a namespace (cluster-scoped)", lambda d: d["metadata"].update(namespace="models")),
+        ("ClusterQueue", "apiVersion kueue.x-k8s.io/v1alpha1",
+         lambda d: d.update(apiVersion="kueue.x-k8s.io/v1alpha1")),
+        ("LocalQueue", "clusterQueue: Model_Servers", lambda d: d["spec"].update(clusterQueue="Model_Servers")),
+        ("LocalQueue", "no namespace", lambda d: d["metadata"].pop("namespace")),
+        ("LocalQueue", "stopPolicy: Pause", lambda d: d["spec"].update(stopPolicy="Pause")),
+        ("ResourceFlavor", "a nodeLabels value that is a boolean",
+         lambda d: d["spec"]["nodeLabels"].update({"nvidia.com/gpu.present": True})),
+        ("ResourceFlavor", "a toleration with operator Equal and no key",
+         lambda d: d["spec"].update(tolerations=[{"operator": "Equal", "value": "x", "effect": "NoSchedule"}])),
+        ("ResourceFlavor", "a topologyName and no nodeLabels",
+         lambda d: d.update(spec={"topologyName": "default", "nodeLabels": {}})),
+        ("ResourceFlavor", "spec.nodeSelector (for nodeLabels)", lambda d: d["spec"].update(nodeSelector={})),
+    ]
+    for kind, label, fn in broken:
+        if kind not in first:
+            continue
+        d = copy.deepcopy(first[kind])
+        fn(d)
+        R.check(bool(errors(d)), f"negative: {kind} with {label} is refused", "accepted")
+
+    # The composition: every workload labelled with a queue.
+    kdocs = [d for _, d in kueue_docs]
+    queued = [d for d in docs if d.get("kind") in ("StatefulSet", "Deployment")
+              and QUEUE_LABEL in ((d.get("metadata") or {}).get("labels") or {})]
+    R.check(bool(queued), f"the manifests have a workload labelled {QUEUE_LABEL}", "none")
+    for wl in queued:
+        problems = queued_workload_problems(wl, kdocs, docs)
+        R.check(not problems, f"{wl['_source']}: {name_of(wl)}: its LocalQueue, ClusterQueue and flavor exist and "
+                "admit it, the quota holds all its pods, every flavor node runs a node agent, "
+                "Fairway's pod webhook sees it", "; ".join(problems))
+    if queued:
+        wl = queued[0]
+        cq_name = find(kdocs, "LocalQueue", wl["metadata"]["labels"][QUEUE_LABEL],
+                       wl["metadata"].get("namespace"))["spec"]["clusterQueue"]
+
+        def on_cq(fn):
+            def apply(w, k):
+                fn(find(k, "ClusterQueue", cq_name))
+            return apply
+
+        def flavor_of(k):
+            name = find(k, "ClusterQueue", cq_name)["spec"]["resourceGroups"][0]["flavors"][0]["name"]
+            return find(k, "ResourceFlavor", name)
+
+        for label, fn in {
+            "a queue-name without a LocalQueue": lambda w, k: w["metadata"]["labels"].update({QUEUE_LABEL: "nowhere"}),
+            "a GPU quota smaller than its pods": on_cq(lambda cq: res0(cq)[0].update(nominalQuota=1)),
+            "a resource the ClusterQueue does not cover": lambda w, k: w["spec"]["template"]["spec"]["containers"][0]
+                ["resources"]["requests"].update({"ephemeral-storage": "10Gi"}),
+            "a ClusterQueue closed to its namespace": on_cq(lambda cq: cq["spec"].pop("namespaceSelector")),
+            "a flavor with no ResourceFlavor": on_cq(lambda cq: cq["spec"]["resourceGroups"][0]["flavors"][0]
+                                                     .update(name="h100")),
+            "a flavor wider than the node agents' nodes": lambda w, k: flavor_of(k)["spec"].update(
+                nodeLabels={"kubernetes.io/os": "linux"}),
+            "a nodeSelector contradicting the flavor": lambda w, k: w["spec"]["template"]["spec"].update(
+                nodeSelector={"nvidia.com/gpu.present": "false"}),
+            "no fairway.dev/placement label": lambda w, k: w["spec"]["template"]["metadata"]["labels"]
+                .pop("fairway.dev/placement"),
+        }.items():
+            w, k = copy.deepcopy(wl), copy.deepcopy(kdocs)
+            fn(w, k)
+            R.check(bool(queued_workload_problems(w, k, docs)),
+                    f"negative: a queued model server with {label} is refused", "accepted")
+
+
+def check_kueue_twin():
+    """components/kueue/model-server.yaml is examples/vllm-model-server.yaml
+    plus the queue label and a fixed size: nothing else differs."""
+    comp = load_docs(KDIR / "components/kueue/model-server.yaml")
+    example = load_docs(KDIR / "examples/vllm-model-server.yaml")
+
+    def strip(d):
+        d = copy.deepcopy(d)
+        if d.get("kind") == "StatefulSet":
+            d["metadata"].get("labels", {}).pop(QUEUE_LABEL, None)
+            d["spec"].pop("replicas", None)
+        return d
+    same = [strip(d) for d in comp] == [strip(d) for d in example]
+    sts = find(comp, "StatefulSet", "vllm-llama-3-1-8b", "models")
+    R.check(same and sts is not None and QUEUE_LABEL in sts["metadata"].get("labels", {})
+            and isinstance(sts["spec"].get("replicas"), int),
+            "components/kueue/model-server.yaml is examples/vllm-model-server.yaml with a queue label and a fixed size",
+            "they differ elsewhere: make the same change to both files")
+    return sts
 
 
 # ---------------------------------------------------------------- scheduler
@@ -577,8 +996,10 @@ def check_consistency(docs, cfg_sched):
             and not any(d.get("kind") in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding") for d in docs),
             "ServiceAccounts mount no token and no RBAC rule is granted", str([name_of(d) for d in sa_docs]))
 
-    # The example model server, the pool, the agent sidecar and the ScaledObject.
-    sts = find(docs, "StatefulSet", "vllm-llama-3-1-8b", "models")
+    # The example model server, the pool, the agent sidecar and the ScaledObject
+    # (components/kueue has a twin of the example: check_kueue_twin).
+    example = [d for d in docs if d.get("_source") == "examples/vllm-model-server.yaml"]
+    sts = find(example, "StatefulSet", "vllm-llama-3-1-8b", "models")
     so = find(docs, "ScaledObject", "vllm-llama-3-1-8b", "models")
     pools = pol.get("pools", [])
     model = pools[0]["model"]
@@ -601,9 +1022,13 @@ def check_consistency(docs, cfg_sched):
     expected = [f"http://{sts['metadata']['name']}-{i}.{gov}.models.svc.cluster.local:8000"
                 for i in range(so["spec"]["maxReplicaCount"])]
     urls = [b["url"] for b in pools[0]["backends"]]
-    R.check(urls == expected and find(docs, "Service", gov, "models") is not None,
+    R.check(urls == expected and find(example, "Service", gov, "models") is not None,
             "pool backends: one per StatefulSet pod up to maxReplicaCount, by the governing Service's DNS",
             f"{urls} vs {expected}")
+    twin = check_kueue_twin()
+    R.check(twin is not None and twin["spec"]["replicas"] <= len(urls),
+            f"components/kueue's model server: its {twin and twin['spec'].get('replicas')} pods are all pool backends",
+            f"more replicas than the {len(urls)} backends")
 
 
 # ---------------------------------------------------------------- main
@@ -628,10 +1053,12 @@ def main():
     check_files()
 
     print("k8s (kubernetes-validate %s; Kubernetes %s)" % (kubernetes_validate.__version__, ", ".join(K8S_VERSIONS)))
-    third_party, tba = [], []
+    third_party, tba, kueue = [], [], []
     for source, d in docs:
         if d.get("kind") == "TokenBucketAdmission":
             tba.append((source, d))
+        elif group_of(d) == KUEUE_GROUP:
+            kueue.append((source, d))
         elif group_of(d) in THIRD_PARTY_GROUPS:
             third_party.append({"source": source, "doc": d})
         else:
@@ -653,6 +1080,7 @@ def main():
         d = dict(d)
         d["_source"] = source
         flat.append(d)
+    check_kueue(kueue, flat)
     check_consistency(flat, cfg_sched)
 
     with open(third_party_out, "w") as f:
