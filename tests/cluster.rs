@@ -143,7 +143,7 @@ async fn three_replicas_hold_one_rate_limit_and_follow_membership() {
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
     let expires = secs * 1000 + micros / 1000 + 400;
     let _: () = redis::cmd("ZADD")
-        .arg("fairway:replicas")
+        .arg("{fairway}:replicas")
         .arg(expires)
         .arg("ghost")
         .query_async(&mut con)
@@ -200,7 +200,7 @@ async fn three_replicas_hold_one_rate_limit_and_follow_membership() {
             return Vec::new();
         };
         redis::cmd("ZRANGE")
-            .arg("fairway:replicas")
+            .arg("{fairway}:replicas")
             .arg(0)
             .arg(-1)
             .query_async(&mut con)

@@ -14,12 +14,14 @@
 //! `fairway_cluster_store_up`; when the store returns it registers again
 //! and resyncs. `docs/cluster.md` has the design and the bounds.
 
+mod connection;
 mod member;
 mod shares;
 mod store;
 mod sync;
 
+pub use connection::{Connection, client, connection};
 pub use member::*;
 pub use shares::{DemandMeter, Shape, apportion, shares, water_fill};
-pub use store::{Answer, Demands, Store, client, connection};
+pub use store::{Answer, Demands, Store};
 pub use sync::{Replica, Syncer, join};

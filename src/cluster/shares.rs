@@ -236,19 +236,46 @@ pub fn apportion(parts: &[f64], capacity: f64, round: u64) -> Vec<u32> {
         .collect()
 }
 
-/// What a replica publishes: each tenant's arrivals per second and each
-/// pool's backlog by tenant, smoothed over sync intervals (half the weight
-/// on the last one). Sans-IO: the caller reads the scheduler and the clock
-/// (the live sync task, and the replay's simulated replicas).
-#[derive(Debug, Default)]
+/// How long the tenants' arrival rates are averaged over (the time
+/// constant of their moving average). The local shares that a replica
+/// enforces while the store is unreachable are its part of these rates as
+/// last read, and every replica read them at a different moment: averaged
+/// over much longer than a sync interval, the parts read up to an interval
+/// apart still add up to about 1. Averaged per sync instead (half the
+/// weight on the last one), the syncs a refusal brings forward (every
+/// eighth of an interval) measured a few arrivals each, and the parts
+/// added up to 1.2: a stalled store let a rate-20 tenant through at 24/s.
+const ARRIVALS_TAU_SECS: f64 = 1.0;
+
+/// What a replica publishes: each tenant's arrivals per second (a moving
+/// average over [`ARRIVALS_TAU_SECS`]) and each pool's backlog by tenant
+/// (half the weight on the last sync interval), whenever it syncs: the
+/// averages weigh each sample by the time it covers, so syncs brought
+/// forward do not make them noisier. Sans-IO: the caller reads the
+/// scheduler and the clock (the live sync task, and the replay's simulated
+/// replicas).
+#[derive(Debug)]
 pub struct DemandMeter {
     last: HashMap<String, u64>,
     rate: HashMap<String, f64>,
     backlog: HashMap<String, f64>,
     at: Option<f64>,
+    /// The backlogs' time constant: half the weight on the last interval.
+    backlog_tau: f64,
 }
 
 impl DemandMeter {
+    /// A meter for syncs every `interval`.
+    pub fn new(interval: std::time::Duration) -> DemandMeter {
+        DemandMeter {
+            last: HashMap::new(),
+            rate: HashMap::new(),
+            backlog: HashMap::new(),
+            at: None,
+            backlog_tau: interval.as_secs_f64().max(1e-3) / std::f64::consts::LN_2,
+        }
+    }
+
     /// The fields to publish, from the scheduler's state at `now_secs`.
     pub fn fields(
         &mut self,
@@ -256,22 +283,24 @@ impl DemandMeter {
         sched: &crate::core::scheduler::Scheduler,
     ) -> Vec<(String, f64)> {
         let arrivals = sched.arrivals().map(|(t, n)| (t.to_owned(), n)).collect();
+        let secs = self.at.map_or(0.0, |t| (now_secs - t).max(0.0));
+        self.at = Some(now_secs);
         let backlogs = sched
             .backlogs()
             .map(|(m, t, n)| (format!("{BACKLOG_FIELD}{m}\u{1f}{t}"), f64::from(n)))
             .collect();
         let mut out: Vec<(String, f64)> = self
-            .sample(now_secs, arrivals)
+            .sample(secs, arrivals)
             .into_iter()
             .map(|(t, d)| (format!("{TENANT_FIELD}{t}"), d))
             .collect();
-        out.extend(self.smooth_backlogs(backlogs));
+        out.extend(self.smooth_backlogs(secs, backlogs));
         out
     }
 
-    fn sample(&mut self, now: f64, arrivals: Vec<(String, u64)>) -> Vec<(String, f64)> {
-        let secs = self.at.map_or(0.0, |t| now - t);
-        self.at = Some(now);
+    /// Each tenant's arrivals per second over the last `secs`, averaged.
+    fn sample(&mut self, secs: f64, arrivals: Vec<(String, u64)>) -> Vec<(String, f64)> {
+        let weight = 1.0 - (-secs / ARRIVALS_TAU_SECS).exp();
         let mut out = Vec::with_capacity(arrivals.len());
         for (t, total) in arrivals {
             let before = self.last.insert(t.clone(), total);
@@ -280,17 +309,18 @@ impl DemandMeter {
                 _ => 0.0,
             };
             let r = self.rate.entry(t.clone()).or_insert(rate);
-            *r = 0.5 * *r + 0.5 * rate;
+            *r += weight * (rate - *r);
             out.push((t, *r));
         }
         out
     }
 
-    /// Backlogs, smoothed the same way; a backlog that ended decays.
-    fn smooth_backlogs(&mut self, now: Vec<(String, f64)>) -> Vec<(String, f64)> {
+    /// Backlogs, averaged over `backlog_tau`; a backlog that ended decays.
+    fn smooth_backlogs(&mut self, secs: f64, now: Vec<(String, f64)>) -> Vec<(String, f64)> {
+        let weight = 1.0 - (-secs / self.backlog_tau).exp();
         let mut seen: HashMap<String, f64> = now.into_iter().collect();
         self.backlog.retain(|k, v| {
-            *v = 0.5 * *v + 0.5 * seen.remove(k).unwrap_or(0.0);
+            *v += weight * (seen.remove(k).unwrap_or(0.0) - *v);
             *v > 0.01
         });
         for (k, v) in seen {

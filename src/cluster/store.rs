@@ -3,11 +3,12 @@
 //! not matter), renewed and read in one script, which also settles the
 //! replica's leases.
 
-use redis::aio::ConnectionManager;
-use redis::{IntoConnectionInfo, Script};
+use redis::Script;
 
 use crate::config::ClusterPolicy;
 use crate::core::admission::{LeaseAnswer, LeaseAsk};
+
+use super::connection::{Connection, connection};
 
 /// One sync of replica `ARGV[1]`, on the store's clock (`TIME`): renews
 /// its membership until now + `ARGV[2]` ms and drops the expired; stores
@@ -101,35 +102,6 @@ end
 return out
 ";
 
-/// A client of the policy's store, with its password (nothing is sent
-/// yet).
-pub fn client(policy: &ClusterPolicy) -> Result<redis::Client, String> {
-    let mut info = policy
-        .store
-        .as_str()
-        .into_connection_info()
-        .map_err(|e| format!("cluster store {}: {e}", policy.store))?;
-    if let Some(pw) = &policy.password {
-        let redis = info.redis_settings().clone().set_password(&pw.0);
-        info = info.set_redis_settings(redis);
-    }
-    redis::Client::open(info).map_err(|e| format!("cluster store: {e}"))
-}
-
-/// A lazy connection to the policy's store (nothing is sent until the
-/// first call, so a store that is down at start stops nothing), each call
-/// and reconnection bounded by one `sync_interval`.
-pub fn connection(policy: &ClusterPolicy) -> Result<ConnectionManager, String> {
-    let client = client(policy)?;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(policy.sync_interval))
-        .set_response_timeout(Some(policy.sync_interval))
-        .set_number_of_retries(1)
-        .set_max_delay(policy.sync_interval);
-    ConnectionManager::new_lazy_with_config(client, config)
-        .map_err(|e| format!("cluster store: {e}"))
-}
-
 /// Every live replica's demand: by replica name, tenant → requests per
 /// second arriving there.
 pub type Demands = Vec<(String, Vec<(String, f64)>)>;
@@ -147,7 +119,7 @@ pub struct Answer {
 
 /// A connection to the cluster's store (reconnecting on its own).
 pub struct Store {
-    con: ConnectionManager,
+    con: Connection,
     replicas_key: String,
     demand_prefix: String,
     lease_prefix: String,
@@ -169,12 +141,17 @@ impl Store {
     /// A lazy connection: nothing is sent until the first call, so a store
     /// that is down at start does not stop the gateway.
     pub fn connect(policy: &ClusterPolicy, replica: &str) -> Result<Store, String> {
-        let con = connection(policy)?;
+        let con = connection(policy, policy.sync_interval)?;
+        // One hash tag, `{key_prefix}`, over every key the script touches
+        // (including those it is not passed: the live replicas' demand and
+        // the leases), so that they are one slot, as Redis Cluster requires
+        // of a script.
+        let tag = format!("{{{}}}", policy.key_prefix);
         Ok(Store {
             con,
-            replicas_key: format!("{}:replicas", policy.key_prefix),
-            demand_prefix: format!("{}:demand:", policy.key_prefix),
-            lease_prefix: format!("{}:lease:", policy.key_prefix),
+            replicas_key: format!("{tag}:replicas"),
+            demand_prefix: format!("{tag}:demand:"),
+            lease_prefix: format!("{tag}:lease:"),
             replica: replica.to_owned(),
             ttl_ms: u64::try_from(policy.replica_ttl.as_millis()).unwrap_or(u64::MAX),
             sync: Script::new(SYNC),

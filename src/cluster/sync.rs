@@ -27,7 +27,7 @@ pub async fn join(policy: &ClusterPolicy) -> Result<(Syncer, Member), String> {
         store,
         interval: policy.sync_interval,
         lease_ahead: policy.lease_ahead,
-        meter: DemandMeter::default(),
+        meter: DemandMeter::new(policy.sync_interval),
     };
     syncer.exchange(&member, &[], &[], &Shape::default()).await;
     Ok((syncer, member))

@@ -199,6 +199,51 @@ pub struct ClusterPolicy {
     pub on_store_failure: StoreFailure,
 }
 
+impl ClusterPolicy {
+    /// The store's sentinels, when `store` names the primary that Redis
+    /// Sentinel knows ([`SentinelStore::parse`]).
+    pub fn sentinel(&self) -> Option<SentinelStore> {
+        SentinelStore::parse(&self.store)
+    }
+}
+
+/// A store reached through Redis Sentinel:
+/// `redis+sentinel://host:port,host:port/name` (or `rediss+sentinel://`
+/// for TLS to the sentinels and the primary).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelStore {
+    pub tls: bool,
+    /// The sentinels' `host:port`.
+    pub hosts: Vec<String>,
+    /// The name the sentinels know the primary by.
+    pub name: String,
+}
+
+impl SentinelStore {
+    /// `None` when `url` is not a well-formed Sentinel URL.
+    pub fn parse(url: &str) -> Option<SentinelStore> {
+        let (scheme, rest) = url.split_once("://")?;
+        let tls = match scheme {
+            "redis+sentinel" => false,
+            "rediss+sentinel" => true,
+            _ => return None,
+        };
+        let (hosts, name) = rest.split_once('/')?;
+        let name = name.trim_end_matches('/');
+        let hosts: Vec<String> = hosts
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(str::to_owned)
+            .collect();
+        (!hosts.is_empty() && !name.is_empty() && !name.contains('/')).then(|| SentinelStore {
+            tls,
+            hosts,
+            name: name.to_owned(),
+        })
+    }
+}
+
 /// What a replica does while the store is unreachable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

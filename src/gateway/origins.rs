@@ -78,7 +78,7 @@ impl ResponseOrigins {
 /// → the backend and tenant, by name (ids are each replica's own), kept
 /// [`RESPONSE_MEMORY`].
 pub struct SharedOrigins {
-    con: redis::aio::ConnectionManager,
+    con: crate::cluster::Connection,
     /// `<key_prefix>:response:`
     prefix: String,
 }
@@ -94,7 +94,7 @@ impl std::fmt::Debug for SharedOrigins {
 impl SharedOrigins {
     /// A lazy connection to the policy's store (nothing is sent yet).
     pub fn connect(policy: &crate::config::ClusterPolicy) -> Result<SharedOrigins, String> {
-        let con = crate::cluster::connection(policy)?;
+        let con = crate::cluster::connection(policy, policy.sync_interval)?;
         Ok(SharedOrigins {
             con,
             prefix: format!("{}:response:", policy.key_prefix),

@@ -403,13 +403,14 @@ impl<'p> Sim<'p> {
                 Some(id as u32)
             })
             .collect();
+        let sync_every = policy
+            .cluster
+            .as_ref()
+            .map_or(Duration::from_secs(1), |c| c.sync_interval);
         Sim {
             policy,
-            meters: (0..n).map(|_| DemandMeter::default()).collect(),
-            sync_every: policy
-                .cluster
-                .as_ref()
-                .map_or(Duration::from_secs(1), |c| c.sync_interval),
+            meters: (0..n).map(|_| DemandMeter::new(sync_every)).collect(),
+            sync_every,
             lease_ahead: policy
                 .cluster
                 .as_ref()

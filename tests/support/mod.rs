@@ -426,6 +426,7 @@ impl RedisServer {
         let child = std::process::Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(std::process::Stdio::null())

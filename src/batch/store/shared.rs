@@ -30,7 +30,6 @@ use std::time::Duration;
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 use super::{ItemResult, StoreError, StoredBatch, StoredFile, decode, encode};
 use crate::protocol::batch::Batch;
@@ -111,7 +110,7 @@ pub struct SharedConfig<'a> {
 }
 
 pub struct Shared {
-    con: ConnectionManager,
+    con: crate::cluster::Connection,
     /// `{<key_prefix>:batch}:`.
     keys: String,
     replica: String,
@@ -159,13 +158,8 @@ fn overlay(b: &mut Batch, counts: &HashMap<String, u64>) {
 impl Shared {
     /// Connects lazily (nothing is sent until the first call).
     pub fn connect(c: &SharedConfig<'_>) -> Result<Shared, StoreError> {
-        let client =
-            crate::cluster::client(c.cluster).map_err(|e| StoreError::Remote("redis", e))?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            .set_number_of_retries(2);
-        let con = ConnectionManager::new_lazy_with_config(client, config).map_err(redis_failed)?;
+        let con = crate::cluster::connection(c.cluster, Duration::from_secs(10))
+            .map_err(|e| StoreError::Remote("redis", e))?;
         // `s3://bucket/prefix`: the builder reads the bucket, the keys go
         // under the prefix.
         let prefix = c
@@ -210,7 +204,7 @@ impl Shared {
         self.prefix.child("files").child(id)
     }
 
-    fn con(&self) -> ConnectionManager {
+    fn con(&self) -> crate::cluster::Connection {
         self.con.clone()
     }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::EnvLookup;
 use super::reader::{Reader, Table, Zero};
-use crate::config::policy::{ClusterPolicy, Secret, StoreFailure};
+use crate::config::policy::{ClusterPolicy, Secret, SentinelStore, StoreFailure};
 
 pub(super) const CLUSTER_KEYS: &[&str] = &[
     "store",
@@ -32,7 +32,7 @@ pub(super) fn read_cluster(
     let store = r.req(
         &t,
         "store",
-        "the store's URL, redis://host:port or rediss://host:port",
+        "the store's URL: redis://host:port, rediss://host:port (TLS), or redis+sentinel://host:port,host:port/name (the primary Redis Sentinel names)",
         |r, v, p| {
             let url = r.non_empty(v, p)?;
             match check_store_url(&url) {
@@ -123,6 +123,17 @@ pub(super) fn read_cluster(
 /// `redis://host[:port][/db]` or `rediss://…`, with no password in it (it
 /// would show in `/admin/policy`; `password_env` holds it).
 fn check_store_url(url: &str) -> Result<(), String> {
+    if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
+        let Some(SentinelStore { hosts, .. }) = SentinelStore::parse(url) else {
+            return Err(format!(
+                "\"{url}\": expected redis+sentinel://host:port[,host:port…]/name (the sentinels, and the name they know the primary by)"
+            ));
+        };
+        for h in &hosts {
+            check_store_url(&format!("redis://{h}"))?;
+        }
+        return Ok(());
+    }
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!(
             "\"{url}\" is not a URL; expected redis://host:port"
@@ -130,7 +141,7 @@ fn check_store_url(url: &str) -> Result<(), String> {
     };
     if scheme != "redis" && scheme != "rediss" {
         return Err(format!(
-            "scheme `{scheme}` is not supported; use redis:// or rediss:// (TLS)"
+            "scheme `{scheme}` is not supported; use redis://, rediss:// (TLS) or redis+sentinel://"
         ));
     }
     let authority = rest.split('/').next().unwrap_or_default();
@@ -149,6 +160,7 @@ fn check_store_url(url: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::check_store_url;
+    use crate::config::policy::SentinelStore;
 
     #[test]
     fn store_urls() {
@@ -160,5 +172,22 @@ mod tests {
         assert!(check_store_url("http://h:1").is_err());
         assert!(check_store_url("h:1").is_err());
         assert!(check_store_url("redis://:6379").is_err());
+        assert!(check_store_url("redis+sentinel://s0:26379,s1:26379/fairway").is_ok());
+        assert!(check_store_url("rediss+sentinel://s0:26379/fairway").is_ok());
+        assert!(check_store_url("redis+sentinel://s0:26379").is_err());
+        assert!(check_store_url("redis+sentinel://:pw@s0:26379/m").is_err());
+        let s = SentinelStore::parse("redis+sentinel://s0:26379, s1:26379/fairway").unwrap();
+        assert_eq!(
+            (s.tls, s.hosts, s.name.as_str()),
+            (false, vec!["s0:26379".into(), "s1:26379".into()], "fairway")
+        );
+        assert!(
+            SentinelStore::parse("rediss+sentinel://s0:26379/m/")
+                .unwrap()
+                .tls
+        );
+        assert_eq!(SentinelStore::parse("redis://h:6379"), None);
+        assert_eq!(SentinelStore::parse("redis+sentinel://s0:26379/"), None);
+        assert_eq!(SentinelStore::parse("redis+sentinel:///m"), None);
     }
 }
