@@ -793,3 +793,98 @@ async fn a_stored_response_is_found_at_every_replica() {
     let r = send(&c, call(http::Method::GET, &r1, KEY)).await;
     assert_eq!(r.status, 404, "{}", r.text());
 }
+
+/// The tenant usage API answers the same at every replica: the cluster's
+/// windows (every replica's published buckets added to its own), with
+/// the replicas behind them; the operator can still ask one replica for
+/// its own (`?scope=replica`).
+#[tokio::test]
+async fn every_replica_answers_the_usage_api_for_the_cluster() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let b = sim(M, 64).await;
+    let dir = std::env::temp_dir().join(format!("fairway-cluster-usage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("admin-token");
+    std::fs::write(&token, "operator-token").unwrap();
+    let text = |replica: &str| {
+        policy(&redis.url(), replica, b.addr(), "").replace(
+            "drain_timeout = \"5s\"\n",
+            &format!(
+                "drain_timeout = \"5s\"\nadmin_token_file = \"{}\"\n",
+                token.display()
+            ),
+        )
+    };
+    let (r1, r2, r3) = (
+        gateway(&text("r1"), &[]).await,
+        gateway(&text("r2"), &[]).await,
+        gateway(&text("r3"), &[]).await,
+    );
+    assert!(all_see(&[&r1, &r2, &r3], 3.0).await);
+    let c = client();
+    for (gw, n) in [(&r1, 5), (&r2, 3), (&r3, 1)] {
+        for _ in 0..n {
+            let r = send(
+                &c,
+                post(
+                    gw.addr(),
+                    "/v1/chat/completions",
+                    Some(KEY),
+                    chat(M, 2, false),
+                ),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+    }
+    let usage = async |gw: &Server, path: &str, auth: &str| -> serde_json::Value {
+        let req = http::Request::get(format!("http://{}{path}", gw.addr()))
+            .header("authorization", format!("Bearer {auth}"))
+            .body(http_body_util::Full::default())
+            .unwrap();
+        send(&client(), req).await.json()
+    };
+    // Within a sync interval or two, every replica shows all 9.
+    let same = eventually(Duration::from_secs(5), async || {
+        for gw in [&r1, &r2, &r3] {
+            let u = usage(gw, "/fairway/usage", KEY).await;
+            if u["windows"]["1h"]["requests"] != 9
+                || u["windows"]["5m"]["ttft_seconds"]["samples"] != 9
+            {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    let u = usage(&r2, "/fairway/usage", KEY).await;
+    assert!(same, "{u}");
+    assert_eq!(u["scope"], "cluster", "{u}");
+    assert_eq!(u["replicas"], 3, "{u}");
+    assert_eq!(u["cluster_replicas"], 3, "{u}");
+    assert_eq!(
+        u["minutes"].as_array().map(|m| m
+            .iter()
+            .map(|p| p["requests"].as_u64().unwrap())
+            .sum::<u64>()),
+        Some(9),
+        "{u}"
+    );
+    // The operator's view is the cluster's too; one replica's on request.
+    let all = usage(&r3, "/fairway/usage", "operator-token").await;
+    assert_eq!(all["tenants"][0]["windows"]["1h"]["requests"], 9, "{all}");
+    assert_eq!(all["scope"], "cluster", "{all}");
+    let own = usage(&r1, "/fairway/usage/a?scope=replica", "operator-token").await;
+    assert_eq!(own["windows"]["1h"]["requests"], 5, "{own}");
+    assert_eq!(own["scope"], "replica", "{own}");
+    // A tenant's key cannot narrow it: the query is ignored.
+    let t = usage(&r1, "/fairway/usage?scope=replica", KEY).await;
+    assert_eq!(t["windows"]["1h"]["requests"], 9, "{t}");
+    // The store gone, a replica answers with its own numbers and says so.
+    drop(redis);
+    let alone = usage(&r1, "/fairway/usage", KEY).await;
+    assert_eq!(alone["scope"], "replica", "{alone}");
+    assert_eq!(alone["windows"]["1h"]["requests"], 5, "{alone}");
+    assert!(alone["cluster_error"].is_string(), "{alone}");
+}

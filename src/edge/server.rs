@@ -215,6 +215,9 @@ impl Server {
             let replica: Arc<dyn crate::cluster::Replica> = gateway.clone();
             tasks.spawn(syncer.run(member, replica, shutdown.clone()));
         }
+        if let Some(usage) = gateway.shared_usage() {
+            tasks.spawn(usage.clone().run(gateway.clone(), shutdown.clone()));
+        }
         if let Some(signal) = reload_signal {
             tasks.spawn(reload_on_signal(services.clone(), signal, shutdown.clone()));
         }

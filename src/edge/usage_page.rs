@@ -13,9 +13,14 @@
 //!
 //! The numbers come from memory: each tenant's usage windows
 //! (`telemetry::usage`), its limits from the policy and its buckets from
-//! the scheduler. Field names are stable; docs/usage.md lists them.
+//! the scheduler; in a `[cluster]`, with every other replica's published
+//! windows and live numbers added (`gateway::usage_share`), so that every
+//! replica answers the same. Field names are stable; docs/usage.md lists
+//! them.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use serde_json::{Value, json};
@@ -28,9 +33,11 @@ use crate::edge::admin::bears_token;
 use crate::gateway::handle::Gateway;
 use crate::gateway::live::Live;
 use crate::gateway::tenant::authenticate;
+use crate::gateway::usage_share::{LiveNumbers, SharedUsage};
 use crate::net::body::{self, BoxBody};
 use crate::outcome::Outcome;
 use crate::protocol::error::ApiError;
+use crate::telemetry::usage::TenantWindows;
 
 /// The page.
 const PAGE: &str = include_str!("usage_page.html");
@@ -59,10 +66,10 @@ pub async fn route<B>(
     }
     match path {
         "/fairway" | "/fairway/" => page(),
-        "/fairway/usage" => usage(gw, batches, req.headers(), None).await,
+        "/fairway/usage" => usage(gw, batches, req, None).await,
         _ => match path.strip_prefix("/fairway/usage/") {
             Some(name) if !name.is_empty() && !name.contains('/') => {
-                usage(gw, batches, req.headers(), Some(name)).await
+                usage(gw, batches, req, Some(name)).await
             }
             _ => ApiError::NotFound.into_response(),
         },
@@ -113,36 +120,106 @@ pub(crate) fn caller(live: &Live, headers: &HeaderMap) -> Result<Caller, ApiErro
 }
 
 /// A tenant the report covers: its index in `live.usage` (the policy's
-/// tenants, then "default") and its scheduler id.
+/// tenants, then "default").
 #[derive(Clone, Copy)]
 struct Subject {
     index: usize,
-    id: Option<TenantId>,
 }
 
-fn subject_named(gw: &Gateway, live: &Live, name: &str) -> Option<Subject> {
+fn subject_named(live: &Live, name: &str) -> Option<Subject> {
     let index = live.policy.tenants.iter().position(|t| t.name == name);
     match index {
-        Some(index) => Some(Subject {
-            index,
-            id: live.tenant_names.get(name).copied(),
-        }),
-        None if name == "default" && live.policy.tenants.is_empty() => Some(Subject {
-            index: 0,
-            id: live
-                .default_tenant
-                .or_else(|| gw.sched().with(|s| s.tenant("default"))),
-        }),
+        Some(index) => Some(Subject { index }),
+        None if name == "default" && live.policy.tenants.is_empty() => Some(Subject { index: 0 }),
         None => None,
     }
 }
 
-async fn usage(
+/// Whether the query asks for this replica's own numbers
+/// (`scope=replica`; the operator's only).
+fn replica_scope(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|kv| kv == "scope=replica"))
+}
+
+/// The windows and live numbers a report is made of: this replica's, or
+/// the cluster's (every replica's published, added).
+struct Source {
+    /// By usage index, for the tenants reported.
+    windows: HashMap<usize, (TenantWindows, usize)>,
+    /// By usage index, every tenant: each replica's live numbers.
+    numbers: Vec<Vec<LiveNumbers>>,
+    /// `cluster` or `replica`.
+    scope: &'static str,
+    /// Why the cluster's numbers could not be read, if they could not.
+    error: Option<String>,
+}
+
+impl Source {
+    async fn read(
+        gw: &Gateway,
+        live: &Live,
+        reported: &[usize],
+        cluster: bool,
+        now: f64,
+    ) -> Source {
+        let own = |index| SharedUsage::numbers(gw, live, index, now);
+        let mut error = None;
+        if let Some(shared) = gw.shared_usage().filter(|_| cluster) {
+            let read = tokio::time::timeout(READ_TIMEOUT, shared.read(live, reported, now, own));
+            match read.await {
+                Ok(Ok((windows, numbers))) => {
+                    let fresh = shared.fresh();
+                    return Source {
+                        windows: reported
+                            .iter()
+                            .zip(windows)
+                            .map(|(i, w)| (*i, (w.windows, w.replicas)))
+                            .collect(),
+                        numbers: numbers
+                            .into_iter()
+                            .map(|n| {
+                                // The first is this replica's own, now.
+                                let (mine, others) = n.split_at(1.min(n.len()));
+                                let mut kept = mine.to_vec();
+                                kept.extend(
+                                    others
+                                        .iter()
+                                        .filter(|o| now - o.at <= fresh || o.requests_1h > 0),
+                                );
+                                kept
+                            })
+                            .collect(),
+                        scope: "cluster",
+                        error: None,
+                    };
+                }
+                Ok(Err(e)) => error = Some(format!("cluster store: {e}")),
+                Err(_) => error = Some("cluster store: no answer in time".to_owned()),
+            }
+        }
+        Source {
+            windows: reported
+                .iter()
+                .map(|&i| (i, (live.usage[i].lock().clone(), 1)))
+                .collect(),
+            numbers: (0..live.usage.len()).map(|i| vec![own(i)]).collect(),
+            scope: "replica",
+            error,
+        }
+    }
+}
+
+/// How long a report waits for the cluster's numbers before it answers
+/// with this replica's.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn usage<B>(
     gw: &Arc<Gateway>,
     batches: Option<&Arc<Batches>>,
-    headers: &HeaderMap,
+    req: &Request<B>,
     name: Option<&str>,
 ) -> Response<BoxBody> {
+    let headers = req.headers();
     let live = gw.live();
     let caller = match caller(&live, headers) {
         Ok(c) => c,
@@ -150,40 +227,22 @@ async fn usage(
     };
     let now = crate::clock::unix_seconds_f64();
     let everyone: Vec<Subject> = if live.policy.tenants.is_empty() {
-        subject_named(gw, &live, "default").into_iter().collect()
+        subject_named(&live, "default").into_iter().collect()
     } else {
         let tenants = live.policy.tenants.iter().enumerate();
-        tenants
-            .map(|(index, t)| Subject {
-                index,
-                id: live.tenant_names.get(&t.name).copied(),
-            })
-            .collect()
+        tenants.map(|(index, _)| Subject { index }).collect()
     };
-    let shares = Shares::of(&live, &everyone, now);
-    let mut body = match (caller, name) {
-        (Caller::Operator, None) => {
-            let mut tenants: Vec<Value> = everyone
-                .iter()
-                .map(|s| report(gw, &live, *s, &shares, now))
-                .collect();
-            // Worst attainment first; tenants with nothing served last.
-            let key = |v: &Value| {
-                v["windows"]["1h"]["slo_attainment"]
-                    .as_f64()
-                    .unwrap_or(f64::INFINITY)
-            };
-            tenants.sort_by(|a, b| key(a).total_cmp(&key(b)));
-            json!({"generated_unix": now, "tenants": tenants})
-        }
-        (Caller::Operator, Some(name)) => match subject_named(gw, &live, name) {
-            Some(s) => report(gw, &live, s, &shares, now),
+    // Who is reported: every tenant (the operator), or one.
+    let reported: Vec<Subject> = match (&caller, name) {
+        (Caller::Operator, None) => everyone.clone(),
+        (Caller::Operator, Some(name)) => match subject_named(&live, name) {
+            Some(s) => vec![s],
             None => return ApiError::NotFound.into_response(),
         },
         (Caller::Tenant(id), name) => {
             let own = live
                 .tenant_policy
-                .get(&id)
+                .get(id)
                 .map(|&i| live.policy.tenants[i].name.as_str())
                 .unwrap_or("default");
             // Another tenant's name, real or not, is not found: a key
@@ -191,11 +250,36 @@ async fn usage(
             if name.is_some_and(|n| n != own) {
                 return ApiError::NotFound.into_response();
             }
-            match subject_named(gw, &live, own) {
-                Some(s) => report(gw, &live, s, &shares, now),
+            match subject_named(&live, own) {
+                Some(s) => vec![s],
                 None => return ApiError::NotFound.into_response(),
             }
         }
+    };
+    let operator = matches!(caller, Caller::Operator);
+    let cluster = !(operator && replica_scope(req.uri().query()));
+    let indexes: Vec<usize> = reported.iter().map(|s| s.index).collect();
+    let source = Source::read(gw, &live, &indexes, cluster, now).await;
+    let shares = Shares::of(&live, &everyone, &source);
+    let mut reports: Vec<Value> = reported
+        .iter()
+        .map(|s| report(&live, *s, &shares, &source, now))
+        .collect();
+    let mut body = if operator && name.is_none() {
+        // Worst attainment first; tenants with nothing served last.
+        let key = |v: &Value| {
+            v["windows"]["1h"]["slo_attainment"]
+                .as_f64()
+                .unwrap_or(f64::INFINITY)
+        };
+        reports.sort_by(|a, b| key(a).total_cmp(&key(b)));
+        let mut body = json!({"generated_unix": now, "tenants": reports});
+        scope_fields(gw, &source, &mut body);
+        body
+    } else {
+        let mut body = reports.pop().unwrap_or(Value::Null);
+        scope_fields(gw, &source, &mut body);
+        body
     };
     if let Some(b) = batches {
         match body.get_mut("tenants").and_then(Value::as_array_mut) {
@@ -254,12 +338,16 @@ struct Shares {
 }
 
 impl Shares {
-    fn of(live: &Live, everyone: &[Subject], now: f64) -> Self {
+    /// From every replica's last hour of each tenant (as published; this
+    /// replica's own now).
+    fn of(live: &Live, everyone: &[Subject], source: &Source) -> Self {
         let mut by_index = vec![(0.0, 0.0, false); live.usage.len()];
         for s in everyone {
-            let hour = live.usage[s.index].lock().window(now, 3600);
+            let numbers = source.numbers.get(s.index).map_or(&[][..], Vec::as_slice);
+            let gpu: f64 = numbers.iter().map(|n| n.gpu_seconds_1h).sum();
+            let requests: u64 = numbers.iter().map(|n| n.requests_1h).sum();
             let weight = live.policy.tenants.get(s.index).map_or(1.0, |t| t.weight);
-            by_index[s.index] = (weight, hour.gpu_seconds, hour.requests > 0);
+            by_index[s.index] = (weight, gpu, requests > 0);
         }
         Shares { by_index }
     }
@@ -285,15 +373,42 @@ fn refusals_in(windows: &crate::telemetry::usage::WindowStats, kind: LimitKind) 
     windows.refusals.get(kind.as_str()).copied().unwrap_or(0)
 }
 
+/// The report's `scope` (`cluster`: every replica's numbers added;
+/// `replica`: this one's), the replicas behind it, this replica's name,
+/// and why the cluster's could not be read.
+fn scope_fields(gw: &Gateway, source: &Source, body: &mut Value) {
+    let Some(obj) = body.as_object_mut() else {
+        return;
+    };
+    let reporting = source.windows.values().map(|(_, n)| *n).max().unwrap_or(1);
+    obj.insert("scope".into(), json!(source.scope));
+    obj.insert("replicas".into(), json!(reporting));
+    if let Some(m) = gw.cluster() {
+        obj.insert("replica".into(), json!(m.replica));
+        obj.insert("cluster_replicas".into(), json!(m.replicas()));
+    }
+    if let Some(e) = &source.error {
+        obj.insert("cluster_error".into(), json!(e));
+    }
+}
+
 /// One tenant's numbers.
-fn report(gw: &Gateway, live: &Live, s: Subject, shares: &Shares, now: f64) -> Value {
+fn report(live: &Live, s: Subject, shares: &Shares, source: &Source, now: f64) -> Value {
     let policy = live.policy.tenants.get(s.index);
     let name = policy.map_or("default", |t| t.name.as_str());
-    let view = s.id.map(|id| {
-        let clock_now = gw.now();
-        gw.sched().with(|s| s.tenant_view(clock_now, id))
-    });
-    let windows = live.usage[s.index].lock();
+    let empty = TenantWindows::default();
+    let windows = source.windows.get(&s.index).map_or(&empty, |(w, _)| w);
+    let numbers = source.numbers.get(s.index).map_or(&[][..], Vec::as_slice);
+    // Live numbers, over the replicas publishing them now: what is in
+    // flight and queued, and what their buckets hold.
+    let sum = |f: fn(&LiveNumbers) -> Option<f64>| -> Option<f64> {
+        numbers.iter().filter_map(f).reduce(|a, b| a + b)
+    };
+    let in_flight: u32 = numbers.iter().map(|n| n.in_flight).sum();
+    let queued: u32 = numbers.iter().map(|n| n.queued).sum();
+    let rate_level = sum(|n| n.rate_level);
+    let gpu_level = sum(|n| n.gpu_seconds_level);
+    let preempted_total: u64 = numbers.iter().map(|n| n.preempted_total).sum();
     let stats: Vec<(&str, crate::telemetry::usage::WindowStats)> = WINDOWS
         .iter()
         .map(|(label, secs)| (*label, windows.window(now, *secs)))
@@ -318,13 +433,10 @@ fn report(gw: &Gateway, live: &Live, s: Subject, shares: &Shares, now: f64) -> V
             Some(json!({"reason": reason, "last_unix": last, "count_1h": count_1h}))
         })
         .collect();
-    drop(windows);
 
-    let (in_flight, queued) = view.as_ref().map_or((0, 0), |v| (v.in_flight, v.queued));
     let rate = policy.and_then(|t| t.rate);
     let max_concurrency = policy.and_then(|t| t.max_concurrency);
     let gpu_per_hour = policy.and_then(|t| t.gpu_seconds_per_hour);
-    let gpu_level = view.as_ref().and_then(|v| v.gpu_seconds_level);
     // The GPU-seconds bucket holds an hour's budget and refills it evenly
     // over the hour.
     let (available_at, full_at) = match (gpu_per_hour, gpu_level) {
@@ -351,7 +463,7 @@ fn report(gw: &Gateway, live: &Live, s: Subject, shares: &Shares, now: f64) -> V
             "rate": {
                 "requests_per_second": rate,
                 "burst": policy.and_then(|t| t.burst),
-                "available": view.as_ref().and_then(|v| v.rate_level),
+                "available": rate_level,
                 "refused_1h": refusals_in(hour, LimitKind::Rate),
             },
             "concurrency": {
@@ -377,7 +489,7 @@ fn report(gw: &Gateway, live: &Live, s: Subject, shares: &Shares, now: f64) -> V
             "weight_share": weight_share,
             "gpu_seconds_share_1h": service_share,
         },
-        "preempted_total": view.as_ref().map_or(0, |v| v.preempted_total),
+        "preempted_total": preempted_total,
         "refusal_events": events,
         "minutes": minutes,
     })

@@ -21,6 +21,7 @@ use crate::gateway::adapters::Discovered;
 use crate::gateway::live::Live;
 use crate::gateway::origins::{ResponseOrigins, SharedOrigins};
 use crate::gateway::scheduling::Scheduling;
+use crate::gateway::usage_share::SharedUsage;
 use crate::net::client::Client;
 use crate::protocol::error::ApiError;
 use crate::telemetry::metrics::Metrics;
@@ -46,6 +47,8 @@ pub struct Gateway {
     responses: ResponseOrigins,
     /// The cluster's copy of it, with a `[cluster]` store.
     shared_responses: Option<SharedOrigins>,
+    /// The cluster's usage windows, with a `[cluster]` store.
+    shared_usage: Option<Arc<SharedUsage>>,
     /// The LoRA adapters the backends list.
     adapters: Discovered,
 }
@@ -70,6 +73,13 @@ impl Gateway {
                 .inspect_err(|e| tracing::warn!(error = %e, "responses are not shared"))
                 .ok()
         });
+        let shared_usage = match (&parts.live.policy.cluster, &parts.cluster) {
+            (Some(c), Some(m)) => SharedUsage::connect(c, &m.replica)
+                .inspect_err(|e| tracing::warn!(error = %e, "usage windows are not shared"))
+                .ok()
+                .map(Arc::new),
+            _ => None,
+        };
         Gateway {
             clock: parts.clock,
             live: ArcSwap::from_pointee(parts.live),
@@ -82,6 +92,7 @@ impl Gateway {
             cluster: parts.cluster,
             responses: ResponseOrigins::default(),
             shared_responses,
+            shared_usage,
             adapters: Discovered::default(),
         }
     }
@@ -130,6 +141,11 @@ impl Gateway {
     /// This replica's cluster membership, when in a `[cluster]`.
     pub fn cluster(&self) -> Option<&Arc<Member>> {
         self.cluster.as_ref()
+    }
+
+    /// The cluster's usage windows, when in a `[cluster]`.
+    pub fn shared_usage(&self) -> Option<&Arc<SharedUsage>> {
+        self.shared_usage.as_ref()
     }
 
     /// Notes that `backend` created Responses API response `id` for

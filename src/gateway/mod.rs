@@ -18,3 +18,4 @@ pub mod stop;
 pub mod tenant;
 pub mod ticket;
 pub mod upstream;
+pub mod usage_share;

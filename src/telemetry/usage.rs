@@ -15,7 +15,7 @@
 //!
 //! Sans-IO: every call takes the wall-clock time in unix seconds.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sketches_ddsketch::{Config, DDSketch};
 
 use crate::outcome::Outcome;
@@ -55,7 +55,7 @@ pub struct UsageRecord {
 /// A latency sketch (DDSketch, `sketches-ddsketch`), made on its first
 /// sample: an idle bucket costs a pointer. Sketches merge, so windows
 /// (and, across replicas, gateways) add up without losing accuracy.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, Serialize, Deserialize)]
 struct Sketch(Option<Box<DDSketch>>);
 
 impl std::fmt::Debug for Sketch {
@@ -129,7 +129,7 @@ impl Sketch {
     }
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Slot {
     /// Unix seconds of the bucket's start; 0 when never used.
     start: u64,
@@ -225,6 +225,9 @@ pub struct TenantWindows {
     /// When each outcome last happened (unix seconds), for the page's
     /// sentences ("you hit your GPU-seconds budget at 14:02").
     last: [u64; Outcome::COUNT],
+    /// Records counted so far: whether anything changed since a replica
+    /// last published its windows.
+    records: u64,
 }
 
 impl Default for TenantWindows {
@@ -233,7 +236,32 @@ impl Default for TenantWindows {
             minutes: Ring::new(MINUTE, MINUTES),
             hours: Ring::new(HOUR, HOURS),
             last: [0; Outcome::COUNT],
+            records: 0,
         }
+    }
+}
+
+/// Which ring a published bucket belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bucket {
+    Minute,
+    Hour,
+}
+
+/// The encoding of a published bucket or `last`: a version byte, then
+/// postcard. A replica of another version is skipped, not misread.
+const PUBLISHED_VERSION: u8 = 1;
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    let mut out = vec![PUBLISHED_VERSION];
+    out.extend(postcard::to_allocvec(v).unwrap_or_default());
+    out
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Option<T> {
+    match bytes.split_first() {
+        Some((&PUBLISHED_VERSION, rest)) => postcard::from_bytes(rest).ok(),
+        _ => None,
     }
 }
 
@@ -327,6 +355,66 @@ impl TenantWindows {
         }
         let last = &mut self.last[r.outcome.index()];
         *last = (*last).max(now);
+        self.records += 1;
+    }
+
+    /// Records counted so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// What a replica publishes of these windows for the cluster's view
+    /// (`gateway::usage_share`), encoded: the buckets that a record may
+    /// have changed since a publication up to a minute ago (the current
+    /// and the previous minute and hour), each with its ring and start.
+    pub fn recent(&self, now: f64) -> Vec<(Bucket, u64, Vec<u8>)> {
+        let now = now.max(1.0) as u64;
+        let mut out = Vec::new();
+        for (kind, ring) in [(Bucket::Minute, &self.minutes), (Bucket::Hour, &self.hours)] {
+            for b in ring.within(now, ring.width) {
+                out.push((kind, b.start, encode(b)));
+            }
+        }
+        out
+    }
+
+    /// When each outcome last happened, encoded for publication.
+    pub fn last_encoded(&self) -> Vec<u8> {
+        encode(&self.last.to_vec())
+    }
+
+    /// Adds another replica's published bucket (from [`Self::recent`]);
+    /// false when it cannot be read (another version) or is older than
+    /// the ring holds.
+    pub fn merge_bucket(&mut self, kind: Bucket, start: u64, bytes: &[u8]) -> bool {
+        let Some(other) = decode::<Slot>(bytes).filter(|o| o.start == start) else {
+            return false;
+        };
+        let ring = match kind {
+            Bucket::Minute => &mut self.minutes,
+            Bucket::Hour => &mut self.hours,
+        };
+        // A bucket of a period the ring has left, or not yet reached
+        // here, is read only when its slot holds that period or an older
+        // one (which it then replaces).
+        match ring.slot(start) {
+            Some(slot) => {
+                slot.merge(&other);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Adds another replica's `last` (from [`Self::last_encoded`]).
+    pub fn merge_last(&mut self, bytes: &[u8]) -> bool {
+        let Some(other) = decode::<Vec<u64>>(bytes).filter(|o| o.len() == Outcome::COUNT) else {
+            return false;
+        };
+        for (a, b) in self.last.iter_mut().zip(other) {
+            *a = (*a).max(b);
+        }
+        true
     }
 
     /// The last `seconds` before `now`: from the minute buckets up to an

@@ -1,0 +1,301 @@
+//! The tenant usage windows for the whole cluster: each replica publishes
+//! its tenants' recent window buckets (and its live numbers: in flight,
+//! queued, what its buckets hold) to `[cluster]`'s store every
+//! `sync_interval`, and a replica answering the usage API adds every other
+//! replica's buckets to its own, so that every replica shows the same
+//! numbers for the cluster within one interval (docs/usage.md, "Several
+//! replicas").
+//!
+//! Two hashes per tenant, fields by replica: `{key_prefix}:usage:{tenant}`
+//! holds `m␟{replica}␟{start}` and `h␟{replica}␟{start}`, a minute or hour
+//! bucket (sketches and counters, encoded by `telemetry::usage`), and
+//! `l␟{replica}`, when each outcome last happened;
+//! `{key_prefix}:usage-live:{tenant}` holds each replica's live numbers
+//! (small: what a report of another tenant needs of this one, its share).
+//! A replica replaces its own fields as its buckets fill and deletes the
+//! bucket a ring reuses; the hashes expire a day after their last write.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::Connection;
+use crate::config::ClusterPolicy;
+use crate::telemetry::usage::{Bucket, TenantWindows};
+
+use super::handle::Gateway;
+use super::live::Live;
+
+const SEP: char = '\u{1f}';
+/// The hash outlives the longest window (a day and the hour under way).
+const KEEP_SECS: u64 = 26 * 3600;
+
+/// A replica's live numbers for one tenant, as it published them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveNumbers {
+    /// Unix seconds of the publication.
+    pub at: f64,
+    pub in_flight: u32,
+    pub queued: u32,
+    pub preempted_total: u64,
+    pub rate_level: Option<f64>,
+    pub gpu_seconds_level: Option<f64>,
+    /// Over this replica's last hour: requests, and GPU-seconds served
+    /// (the tenants' shares of service).
+    pub requests_1h: u64,
+    pub gpu_seconds_1h: f64,
+}
+
+/// One tenant's windows over the replicas that published them.
+#[derive(Debug)]
+pub struct ClusterWindows {
+    pub windows: TenantWindows,
+    /// Replicas whose buckets were added (this one's included).
+    pub replicas: usize,
+}
+
+/// The cluster's copy of the usage windows (see the module's docs).
+pub struct SharedUsage {
+    con: Connection,
+    /// `{key_prefix}:usage:`
+    prefix: String,
+    replica: String,
+    interval: Duration,
+    /// By usage index: the records counted at the last publication.
+    published: Mutex<HashMap<usize, u64>>,
+}
+
+impl std::fmt::Debug for SharedUsage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedUsage")
+            .field("prefix", &self.prefix)
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tenant's name by usage index: the policy's tenants, then "default".
+fn tenant_name(live: &Live, index: usize) -> &str {
+    live.policy
+        .tenants
+        .get(index)
+        .map_or("default", |t| t.name.as_str())
+}
+
+impl SharedUsage {
+    /// A lazy connection to the policy's store (nothing is sent yet).
+    pub fn connect(policy: &ClusterPolicy, replica: &str) -> Result<SharedUsage, String> {
+        Ok(SharedUsage {
+            con: crate::cluster::connection(
+                policy,
+                policy.sync_interval.max(Duration::from_secs(1)),
+            )?,
+            prefix: format!("{{{}}}:usage:", policy.key_prefix),
+            replica: replica.to_owned(),
+            interval: policy.sync_interval,
+            published: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn key(&self, tenant: &str) -> String {
+        format!("{}{tenant}", self.prefix)
+    }
+
+    fn live_key(&self, tenant: &str) -> String {
+        format!("{}-live:{tenant}", self.prefix.trim_end_matches(':'))
+    }
+
+    /// This replica's live numbers for the tenant of usage index `index`.
+    pub fn numbers(gw: &Gateway, live: &Live, index: usize, now: f64) -> LiveNumbers {
+        let name = tenant_name(live, index);
+        let id = match live.tenant_names.get(name) {
+            Some(id) => Some(*id),
+            None if live.policy.tenants.is_empty() => live
+                .default_tenant
+                .or_else(|| gw.sched().with(|s| s.tenant("default"))),
+            None => None,
+        };
+        let view = id.map(|id| {
+            let clock_now = gw.now();
+            gw.sched().with(|s| s.tenant_view(clock_now, id))
+        });
+        let hour = live.usage[index].lock().window(now, 3600);
+        let mut n = view.map_or(LiveNumbers::default(), |v| LiveNumbers {
+            in_flight: v.in_flight,
+            queued: v.queued,
+            preempted_total: v.preempted_total,
+            rate_level: v.rate_level,
+            gpu_seconds_level: v.gpu_seconds_level,
+            ..LiveNumbers::default()
+        });
+        n.at = now;
+        n.requests_1h = hour.requests;
+        n.gpu_seconds_1h = hour.gpu_seconds;
+        n
+    }
+
+    /// Publishes the buckets of the tenants with new records since the
+    /// last call, and every tenant's live numbers.
+    pub async fn publish(&self, gw: &Gateway, now: f64) -> redis::RedisResult<()> {
+        let live = gw.live();
+        let mut pipe = redis::pipe();
+        let mut done = Vec::new();
+        for (index, windows) in live.usage.iter().enumerate() {
+            let name = tenant_name(&live, index);
+            let key = self.key(name);
+            let numbers = Self::numbers(gw, &live, index, now);
+            let live_key = self.live_key(name);
+            pipe.hset(
+                &live_key,
+                &self.replica,
+                serde_json::to_vec(&numbers).unwrap_or_default(),
+            )
+            .ignore()
+            .expire(&live_key, KEEP_SECS as i64)
+            .ignore();
+            let w = windows.lock();
+            let records = w.records();
+            if self.published.lock().get(&index) == Some(&records) {
+                continue;
+            }
+            let mut fields: Vec<(String, Vec<u8>)> = Vec::new();
+            let mut stale = Vec::new();
+            for (kind, start, bytes) in w.recent(now) {
+                let (tag, ring) = match kind {
+                    Bucket::Minute => ('m', 3600),
+                    Bucket::Hour => ('h', 25 * 3600),
+                };
+                fields.push((format!("{tag}{SEP}{}{SEP}{start}", self.replica), bytes));
+                // The bucket this one reuses in the ring.
+                stale.push(format!(
+                    "{tag}{SEP}{}{SEP}{}",
+                    self.replica,
+                    start.saturating_sub(ring)
+                ));
+            }
+            fields.push((format!("l{SEP}{}", self.replica), w.last_encoded()));
+            done.push((index, records));
+            drop(w);
+            pipe.hdel(&key, stale).ignore();
+            pipe.hset_multiple(&key, &fields).ignore();
+            pipe.expire(&key, KEEP_SECS as i64).ignore();
+        }
+        let mut con = self.con.clone();
+        pipe.query_async::<()>(&mut con).await?;
+        let mut published = self.published.lock();
+        published.extend(done);
+        Ok(())
+    }
+
+    /// Publishes every `sync_interval` until `stop`.
+    pub async fn run(self: Arc<Self>, gw: Arc<Gateway>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let now = crate::clock::unix_seconds_f64();
+            let bounded = tokio::time::timeout(
+                self.interval.max(Duration::from_secs(1)),
+                self.publish(&gw, now),
+            );
+            match bounded.await {
+                Ok(Ok(())) => failing = false,
+                failed => {
+                    if !failing {
+                        let cause = match failed {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => "no answer in time".to_owned(),
+                        };
+                        tracing::warn!(%cause, "usage windows not published to the cluster's store");
+                    }
+                    failing = true;
+                }
+            }
+        }
+    }
+
+    /// The cluster's windows of each tenant in `tenants` (by usage index):
+    /// its windows here with every other replica's published buckets
+    /// added; and, for every tenant of the policy, each replica's live
+    /// numbers published within the last hour, freshest first (this
+    /// replica's own now, from `own`).
+    pub async fn read(
+        &self,
+        live: &Live,
+        tenants: &[usize],
+        now: f64,
+        own: impl Fn(usize) -> LiveNumbers,
+    ) -> redis::RedisResult<(Vec<ClusterWindows>, Vec<Vec<LiveNumbers>>)> {
+        let everyone = live.usage.len();
+        let mut pipe = redis::pipe();
+        for &index in tenants {
+            pipe.hgetall(self.key(tenant_name(live, index)));
+        }
+        for index in 0..everyone {
+            pipe.hgetall(self.live_key(tenant_name(live, index)));
+        }
+        let mut con = self.con.clone();
+        let mut hashes: Vec<HashMap<String, Vec<u8>>> = pipe.query_async(&mut con).await?;
+        let lives = hashes.split_off(tenants.len());
+        let numbers = lives
+            .into_iter()
+            .enumerate()
+            .map(|(index, hash)| {
+                let mut all = vec![own(index)];
+                all.extend(
+                    hash.iter()
+                        .filter(|(replica, _)| **replica != self.replica)
+                        .filter_map(|(_, b)| serde_json::from_slice::<LiveNumbers>(b).ok())
+                        .filter(|n| now - n.at <= 3600.0),
+                );
+                all
+            })
+            .collect();
+        let windows = tenants
+            .iter()
+            .zip(hashes)
+            .map(|(&index, hash)| {
+                let mut windows = live.usage[index].lock().clone();
+                let mut replicas = std::collections::BTreeSet::from([self.replica.as_str()]);
+                for (field, bytes) in &hash {
+                    let mut parts = field.split(SEP);
+                    let (Some(tag), Some(replica)) = (parts.next(), parts.next()) else {
+                        continue;
+                    };
+                    if replica == self.replica {
+                        continue;
+                    }
+                    let start = parts.next().and_then(|s| s.parse::<u64>().ok());
+                    let added = match (tag, start) {
+                        ("m", Some(start)) => windows.merge_bucket(Bucket::Minute, start, bytes),
+                        ("h", Some(start)) => windows.merge_bucket(Bucket::Hour, start, bytes),
+                        ("l", None) => windows.merge_last(bytes),
+                        _ => false,
+                    };
+                    if added {
+                        replicas.insert(replica);
+                    }
+                }
+                ClusterWindows {
+                    windows,
+                    replicas: replicas.len(),
+                }
+            })
+            .collect();
+        Ok((windows, numbers))
+    }
+
+    /// How long a replica's live numbers count as current: three
+    /// publications.
+    pub fn fresh(&self) -> f64 {
+        3.0 * self.interval.as_secs_f64()
+    }
+}
