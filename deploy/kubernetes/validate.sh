@@ -19,6 +19,11 @@
 #      example model server plus the queue label;
 #   6. the Grafana dashboard copy is byte-for-byte ../grafana's;
 #   7. the kube-scheduler configuration's fields;
+#   8. the store each render runs is the one its policy names: the single
+#      Valkey, or components/store-sentinel's three pods and sentinels
+#      (hosts, port, primary name, quorum, password, anti-affinity,
+#      disruption budget; broken ones refused), whose fairway.toml is
+#      config/fairway.toml but for the store line;
 #   and that the policy, manifests and examples agree (ports, paths,
 #   Services, Secret keys, models, backends).
 # Installs what it needs on first use: Python packages into target/k8s-venv

@@ -25,6 +25,15 @@ base with every component. Checks:
   consistency  the policy, the manifests and the examples name the same
                ports, paths, Services, Secrets keys, models and backends;
                every Fairway container is non-root, read-only, unprivileged
+  store        each render's store is the one its policy names: the base's
+               one Valkey behind the Service in `redis://` (port, password,
+               budget, readiness); components/store-sentinel's pods behind
+               `redis+sentinel://` (every pod's sentinel by the headless
+               Service's names and port, the monitored name, a majority
+               quorum, store.sh starting both containers, the password,
+               one pod per node, a budget keeping a majority), broken ones
+               refused; the component's fairway.toml is config/fairway.toml
+               but for the store line
 Third-party custom resources (cert-manager, Prometheus Operator, KEDA) are
 written to THIRD_PARTY_OUT for crs.mjs; Kueue's are checked here, against
 the CRDs vendored in validate/kueue/ (no @kubernetes-models package has them).
@@ -34,6 +43,7 @@ import copy
 import hashlib
 import json
 import re
+import subprocess
 import sys
 import tomllib
 from fractions import Fraction
@@ -865,8 +875,7 @@ def check_consistency(docs, cfg_sched):
     R.check(cm and set(cm.get("data", {})) >= {"fairway.toml", *pol.get("tenant_resources", [])},
             "ConfigMap fairway-policy holds fairway.toml and every tenant_resources file",
             f"data keys {sorted((cm or {}).get('data', {}))}, tenant_resources {pol.get('tenant_resources')}")
-    R.check(cm and cm["data"].get("fairway.toml", "").encode() == policy_text,
-            "ConfigMap fairway-policy's fairway.toml is config/fairway.toml", "differs")
+    # (Which file the rendered ConfigMap holds, and the store it names: check_store.)
 
     gw = find(docs, "Deployment", "fairway-gateway", "fairway")
     pl = find(docs, "Deployment", "fairway-placement", "fairway")
@@ -920,31 +929,8 @@ def check_consistency(docs, cfg_sched):
     R.check(env_from == ["fairway-api-keys"], "gateway takes its environment from Secret fairway-api-keys",
             f"envFrom {env_from}")
 
-    # The shared store: [cluster] names the store's Service and port; the
-    # store serves that Service and requires the password the gateways send.
     R.check(clu is not None, "config/fairway.toml has a [cluster] store: the replicas share the policy",
             "no [cluster] section: each replica would enforce the whole policy by itself")
-    if clu:
-        m = re.fullmatch(r"redis://([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:([0-9]+)", clu.get("store", ""))
-        ssvc = m and find(docs, "Service", m[1], m[2])
-        ssts = m and find(docs, "StatefulSet", m[1], m[2])
-        labels = ssts and ssts["spec"]["template"]["metadata"]["labels"]
-        R.check(bool(ssvc and ssts) and any(p["port"] == int(m[3]) for p in ssvc["spec"]["ports"])
-                and all(labels.get(k) == v for k, v in ssvc["spec"]["selector"].items()),
-                f"[cluster] store {clu.get('store')}: a Service with that port in front of the store's StatefulSet",
-                "no such Service and StatefulSet in the manifests")
-        if ssts:
-            vc = ssts["spec"]["template"]["spec"]["containers"][0]
-            env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}) for e in vc.get("env", [])}
-            args = vc.get("args", [])
-            ref = env.get("VALKEY_PASSWORD", {})
-            R.check("--requirepass" in args and args[args.index("--requirepass") + 1] == "$(VALKEY_PASSWORD)"
-                    and (ref.get("name"), ref.get("key")) == ("fairway-api-keys", clu.get("password_env")),
-                    "the store requires the password the gateways send ([cluster] password_env in fairway-api-keys)",
-                    f"args {args}, VALKEY_PASSWORD from {ref}")
-            R.check(find(docs, "PodDisruptionBudget", ssts["metadata"]["name"], m[2]) is not None
-                    and vc.get("readinessProbe") is not None,
-                    "the store has its PodDisruptionBudget and a readiness probe", "missing")
 
     # The webhook calls the placement Service; its CA comes from the Certificate.
     vwc = find(docs, "ValidatingWebhookConfiguration", "fairway-placement")
@@ -1031,6 +1017,404 @@ def check_consistency(docs, cfg_sched):
             f"more replicas than the {len(urls)} backends")
 
 
+# ---------------------------------------------------------------- store
+
+SENTINEL_COMPONENT = "components/store-sentinel"
+SENTINEL_POLICY = SENTINEL_COMPONENT + "/fairway.toml"
+SENTINEL_SCRIPT = SENTINEL_COMPONENT + "/store.sh"
+PLAIN_STORE = re.compile(r"redis://([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:([0-9]+)")
+SENTINEL_STORE = re.compile(r"redis\+sentinel://([^/]+)/([A-Za-z0-9._-]+)")
+# A pod of a StatefulSet by its governing Service: SET-N.SERVICE.NAMESPACE.svc.cluster.local,
+# or SET-N.SERVICE in the gateways' namespace.
+POD_HOST = re.compile(r"([a-z0-9-]+)-([0-9]+)\.([a-z0-9-]+)(?:\.([a-z0-9-]+)\.svc\.cluster\.local)?:([0-9]+)")
+
+
+def policy_copy_problems(copy_text, original_text):
+    """components/store-sentinel/fairway.toml against config/fairway.toml:
+    line for line the same but the one `store = ` line of [cluster]."""
+    a, b = original_text.split("\n"), copy_text.split("\n")
+    if len(a) != len(b):
+        return [f"{len(b)} lines, config/fairway.toml {len(a)}: make the same change to both files"]
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    out = [f"line {i + 1} differs ({b[i]!r}, config/fairway.toml {a[i]!r}): make the same change to both files"
+           for i in diff if not (a[i].startswith("store = ") and b[i].startswith("store = "))]
+    stores = [i for i in diff if a[i].startswith("store = ")]
+    if len(stores) != 1:
+        out.append(f"{len(stores)} store lines differ, expected exactly the [cluster] store")
+    for i in stores:
+        section = next((x.strip() for x in reversed(a[:i]) if x.startswith("[")), None)
+        if section != "[cluster]":
+            out.append(f"line {i + 1}: a store line in {section}, not in [cluster]")
+    return out
+
+
+def store_pod_security(sts):
+    """The store pod against the restricted Pod Security Standard that the
+    namespace enforces, and read-only root filesystems."""
+    pod = sts["spec"]["template"]["spec"]
+    psc = pod.get("securityContext", {})
+    out = []
+    for c in pod["containers"] + pod.get("initContainers", []):
+        sc = {**psc, **c.get("securityContext", {})}
+        out += [f"container {c['name']}: {k}" for k, good in (
+            ("runAsNonRoot", sc.get("runAsNonRoot") is True),
+            ("readOnlyRootFilesystem", sc.get("readOnlyRootFilesystem") is True),
+            ("allowPrivilegeEscalation false", sc.get("allowPrivilegeEscalation") is False),
+            ("capabilities drop ALL", sc.get("capabilities", {}).get("drop") == ["ALL"]),
+            ("seccompProfile RuntimeDefault", sc.get("seccompProfile", {}).get("type") == "RuntimeDefault"),
+            ("not privileged", not sc.get("privileged")),
+        ) if not good]
+    if pod.get("automountServiceAccountToken") is not False:
+        out.append("a service-account token is mounted")
+    return out
+
+
+def secret_ref(c, var):
+    for e in (c or {}).get("env", []):
+        if e["name"] == var:
+            ref = e.get("valueFrom", {}).get("secretKeyRef", {})
+            return (ref.get("name"), ref.get("key"))
+    return None
+
+
+def plain_store_checks(docs, clu):
+    """[cluster] store = redis://SERVICE.NAMESPACE.svc.cluster.local:PORT:
+    one Valkey behind that Service. (what, problems) pairs."""
+    url = clu.get("store", "")
+    m = PLAIN_STORE.fullmatch(url)
+    if not m:
+        return [(f"[cluster] store {url}", ["not redis://SERVICE.NAMESPACE.svc.cluster.local:PORT"])]
+    svc, sts = find(docs, "Service", m[1], m[2]), find(docs, "StatefulSet", m[1], m[2])
+    if not (svc and sts):
+        return [(f"[cluster] store {url}", ["no such Service and StatefulSet in the manifests"])]
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    vc = container(sts, "valkey") or {}
+    args = vc.get("args", [])
+    checks = []
+    p = []
+    if not any(x["port"] == int(m[3]) for x in svc["spec"]["ports"]):
+        p.append(f"the Service has no port {m[3]}")
+    if not all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()):
+        p.append("the Service does not select the StatefulSet's pods")
+    if sts["spec"].get("replicas", 1) != 1:
+        p.append(f"{sts['spec'].get('replicas')} pods behind one name: a call may reach any of them "
+                 f"(with {SENTINEL_COMPONENT}, the policy names the sentinels)")
+    checks.append((f"[cluster] store {url}: a Service with that port in front of the store's one pod", p))
+    p = []
+    if not ("--requirepass" in args and args[args.index("--requirepass") + 1] == "$(VALKEY_PASSWORD)"):
+        p.append(f"args {args}")
+    if secret_ref(vc, "VALKEY_PASSWORD") != ("fairway-api-keys", clu.get("password_env")):
+        p.append(f"VALKEY_PASSWORD from {secret_ref(vc, 'VALKEY_PASSWORD')}")
+    checks.append(("the store requires the password the gateways send ([cluster] password_env in fairway-api-keys)", p))
+    p = []
+    if find(docs, "PodDisruptionBudget", sts["metadata"]["name"], m[2]) is None:
+        p.append("no PodDisruptionBudget")
+    if vc.get("readinessProbe") is None:
+        p.append("no readiness probe")
+    p += store_pod_security(sts)
+    checks.append(("the store has its PodDisruptionBudget and a readiness probe; its pod is restricted and read-only",
+                   p))
+    return checks
+
+
+def pods_kept(pdb, replicas):
+    """The pods a PodDisruptionBudget keeps out of replicas (percentages
+    rounded up, as the disruption controller does)."""
+    def scaled(v):
+        if isinstance(v, str) and v.endswith("%"):
+            return -(-replicas * int(v[:-1]) // 100)
+        return int(v)
+    spec = pdb["spec"]
+    if "minAvailable" in spec:
+        return scaled(spec["minAvailable"])
+    if "maxUnavailable" in spec:
+        return replicas - scaled(spec["maxUnavailable"])
+    return 0
+
+
+def sentinel_store_checks(docs, clu):
+    """[cluster] store = redis+sentinel://HOST:PORT,…/NAME against
+    components/store-sentinel's StatefulSet: (what, problems) pairs."""
+    url = clu.get("store", "")
+    m = SENTINEL_STORE.fullmatch(url)
+    if not m:
+        return [(f"[cluster] store {url}", ["not redis+sentinel://HOST:PORT[,HOST:PORT…]/NAME"])]
+    hosts, name = m[1].split(","), m[2]
+    parsed = [POD_HOST.fullmatch(h) for h in hosts]
+    if not all(parsed):
+        return [(f"[cluster] store {url}",
+                 [f"{h}: not a StatefulSet pod's name (SET-N.SERVICE[.NAMESPACE.svc.cluster.local]:PORT)"
+                  for h, x in zip(hosts, parsed) if not x])]
+    if len({(x[1], x[3], x[4], x[5]) for x in parsed}) != 1:
+        return [(f"[cluster] store {url}", ["the sentinels are not the pods of one StatefulSet on one port"])]
+    set_name, svc_name, ns, port = parsed[0][1], parsed[0][3], parsed[0][4] or "fairway", int(parsed[0][5])
+    sts, svc = find(docs, "StatefulSet", set_name, ns), find(docs, "Service", svc_name, ns)
+    if not sts:
+        return [(f"[cluster] store {url}", [f"no StatefulSet {ns}/{set_name}"])]
+    spec, pod = sts["spec"], sts["spec"]["template"]["spec"]
+    replicas = spec.get("replicas", 1)
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    vc, sc = container(sts, "valkey"), container(sts, "sentinel")
+    if not (vc and sc):
+        return [(f"StatefulSet {ns}/{set_name}", ["no containers valkey and sentinel"])]
+    checks = []
+
+    # The hosts: every pod's sentinel by its DNS name, through the headless
+    # governing Service.
+    p = []
+    if spec.get("serviceName") != svc_name:
+        p.append(f"the pods' names are under Service {spec.get('serviceName')}, not {svc_name}")
+    if [int(x[2]) for x in parsed] != list(range(replicas)):
+        p.append(f"sentinels of pods {[int(x[2]) for x in parsed]}, the StatefulSet has pods 0..{replicas - 1}")
+    if svc is None:
+        p.append(f"no Service {ns}/{svc_name}")
+    else:
+        s = svc["spec"]
+        if s.get("clusterIP") != "None":
+            p.append("the Service is not headless (clusterIP: None): the pods have no DNS names")
+        if s.get("publishNotReadyAddresses") is not True:
+            p.append("the Service publishes ready pods only: the pods need each other's names to become ready")
+        if not all(labels.get(k) == v for k, v in s.get("selector", {}).items()):
+            p.append("the Service does not select the StatefulSet's pods")
+        for cname, c in (("sentinel", sc), ("valkey", vc)):
+            cport = named_port(c, cname)
+            want = port if cname == "sentinel" else 6379
+            sp = next((x for x in s["ports"] if x["port"] == want), None)
+            if cport != want:
+                p.append(f"container {cname}'s port {cname} is {cport}, not {want}")
+            if sp is None or sp.get("targetPort") not in (cname, cport):
+                p.append(f"the Service has no port {want} to the {cname} container")
+    checks.append((f"[cluster] store: the sentinels of all {len(hosts)} pods of {set_name}, "
+                   f"by the headless Service's names, port {port}", p))
+
+    # The settings: the primary's name, a majority quorum, the pods
+    # store.sh asks.
+    p = []
+    refs = [[e["configMapRef"]["name"] for e in c.get("envFrom", []) if "configMapRef" in e] for c in (vc, sc)]
+    cm = find(docs, "ConfigMap", refs[0][0], ns) if refs[0] and refs[0] == refs[1] else None
+    env = (cm or {}).get("data", {})
+    if cm is None:
+        p.append(f"the containers do not take one ConfigMap of settings: envFrom {refs}")
+    if env.get("SENTINEL_PRIMARY_NAME") != name:
+        p.append(f"the sentinels monitor {env.get('SENTINEL_PRIMARY_NAME')!r}, the store URL names {name!r}")
+    if env.get("STORE_SERVICE") != spec.get("serviceName") or env.get("STORE_REPLICAS") != str(replicas):
+        p.append(f"store.sh asks {env.get('STORE_REPLICAS')} pods under {env.get('STORE_SERVICE')}, "
+                 f"the StatefulSet has {replicas} under {spec.get('serviceName')}")
+    if env.get("CLUSTER_DOMAIN") != "cluster.local":
+        p.append(f"CLUSTER_DOMAIN {env.get('CLUSTER_DOMAIN')}, the store URL's names end in cluster.local")
+    try:
+        quorum = int(env.get("SENTINEL_QUORUM", ""))
+    except ValueError:
+        quorum = 0
+    if replicas < 3 or replicas % 2 == 0:
+        p.append(f"{replicas} sentinels: needs an odd number, 3 or more, so that a majority outlives one")
+    if not replicas // 2 < quorum <= replicas:
+        p.append(f"quorum {env.get('SENTINEL_QUORUM')}: not a majority of {replicas}")
+    for k in ("SENTINEL_DOWN_AFTER_MS", "SENTINEL_FAILOVER_TIMEOUT_MS"):
+        if not str(env.get(k, "")).isdigit() or int(env[k]) == 0:
+            p.append(f"{k} {env.get(k)!r}: not a positive number of milliseconds")
+    for c in (vc, sc):
+        got = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c.get("env", [])}
+        if got.get("POD_NAME") != "metadata.name" or got.get("POD_NAMESPACE") != "metadata.namespace":
+            p.append(f"container {c['name']}: POD_NAME, POD_NAMESPACE not from the downward API")
+    checks.append((f"the sentinels monitor {name!r} (the store URL's), quorum a majority, the StatefulSet's pods", p))
+
+    # store.sh starts both, with a writable directory for their files.
+    p = []
+    script_text = (KDIR / SENTINEL_SCRIPT).read_text()
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    script_cms = {name: find(docs, "ConfigMap", v["configMap"]["name"], ns)
+                  for name, v in volumes.items() if "configMap" in v}
+    scripts = next((name for name, cm in script_cms.items() if "store.sh" in (cm or {}).get("data", {})), None)
+    conf_dir = re.search(r"^CONF_DIR=\$\{CONF_DIR:-(\S+)\}$", script_text, re.M)
+    consts = dict(re.findall(r"^(VALKEY_PORT|SENTINEL_PORT)=([0-9]+)$", script_text, re.M))
+    if scripts is None:
+        p.append("no ConfigMap with store.sh among the pod's volumes")
+    else:
+        text = script_cms[scripts]["data"]["store.sh"]
+        if text != script_text:
+            p.append(f"the ConfigMap's store.sh is not {SENTINEL_SCRIPT}")
+        sh = subprocess.run(["sh", "-n"], input=text, capture_output=True, text=True)
+        if sh.returncode != 0:
+            p.append(f"store.sh: sh -n: {sh.stderr.strip()}")
+    for c, args in ((vc, "valkey-server"), (sc, "valkey-sentinel")):
+        mounts = c.get("volumeMounts", [])
+        path = next((x["mountPath"] for x in mounts if x["name"] == scripts), None)
+        if c.get("command") != ["/bin/sh", f"{path}/store.sh"] or (c.get("args") or [None])[0] != args:
+            p.append(f"container {c['name']}: {c.get('command')} {c.get('args')}, not /bin/sh {path}/store.sh {args}")
+        if not any(conf_dir and x["mountPath"] == conf_dir[1] and not x.get("readOnly")
+                   and "emptyDir" in volumes.get(x["name"], {}) for x in mounts):
+            p.append(f"container {c['name']}: no writable emptyDir at store.sh's CONF_DIR "
+                     f"{conf_dir and conf_dir[1]} (the sentinel rewrites its file)")
+        if c.get("image") != vc.get("image"):
+            p.append(f"container {c['name']}: image {c.get('image')}, the server's is {vc.get('image')}")
+    if consts != {"VALKEY_PORT": "6379", "SENTINEL_PORT": str(port)}:
+        p.append(f"store.sh's ports {consts}, the containers' 6379 and {port}")
+    checks.append((f"both containers start through {SENTINEL_SCRIPT} (the ConfigMap's, valid sh), "
+                   "with a writable emptyDir for their files", p))
+
+    # The password the gateways send to the sentinels and to the primary.
+    p = []
+    for c in (vc, sc):
+        if secret_ref(c, "VALKEY_PASSWORD") != ("fairway-api-keys", clu.get("password_env")):
+            p.append(f"container {c['name']}: VALKEY_PASSWORD from {secret_ref(c, 'VALKEY_PASSWORD')}")
+    for needle in ('requirepass $(quoted "$VALKEY_PASSWORD")', 'masterauth $(quoted "$VALKEY_PASSWORD")',
+                   'sentinel auth-pass $SENTINEL_PRIMARY_NAME $(quoted "$VALKEY_PASSWORD")'):
+        if needle not in script_text:
+            p.append(f"store.sh does not write {needle!r}")
+    checks.append(("the servers and sentinels require, and use with each other, the password the gateways send "
+                   "([cluster] password_env in fairway-api-keys)", p))
+
+    # One node's loss leaves a majority and a replica: one pod per node, a
+    # budget keeping the majority, readiness.
+    p = []
+    aff = pod.get("affinity", {}).get("podAntiAffinity", {})
+    if not any(t.get("topologyKey") == "kubernetes.io/hostname"
+               and selector_matches(t.get("labelSelector"), labels)
+               for t in aff.get("requiredDuringSchedulingIgnoredDuringExecution", [])):
+        p.append("no required pod anti-affinity on kubernetes.io/hostname: two pods may share a node")
+    pdb = next((d for d in docs if d.get("kind") == "PodDisruptionBudget" and d["metadata"].get("namespace") == ns
+                and selector_matches(d["spec"].get("selector"), labels)), None)
+    if pdb is None:
+        p.append("no PodDisruptionBudget")
+    elif pods_kept(pdb, replicas) < replicas // 2 + 1:
+        p.append(f"the PodDisruptionBudget keeps {pods_kept(pdb, replicas)} of {replicas} pods, "
+                 f"not a majority ({replicas // 2 + 1})")
+    for c in (vc, sc):
+        if c.get("readinessProbe") is None:
+            p.append(f"container {c['name']}: no readiness probe")
+    p += store_pod_security(sts)
+    checks.append(("one store pod per node, a PodDisruptionBudget keeping a majority, readiness probes; "
+                   "the pod restricted and read-only", p))
+    return checks
+
+
+def store_checks(docs, clu):
+    if clu.get("store", "").startswith("redis+sentinel://"):
+        return sentinel_store_checks(docs, clu)
+    return plain_store_checks(docs, clu)
+
+
+def check_store(base_docs, all_docs):
+    """The store each render runs is the one its policy names: the base's
+    single Valkey (or, with components/store-sentinel listed in
+    kustomization.yaml, the sentinels), and the render with every component,
+    components/store-sentinel's."""
+    print("store")
+    original = (KDIR / "config/fairway.toml").read_text()
+    sentinel_copy = (KDIR / SENTINEL_POLICY).read_text()
+    problems = policy_copy_problems(sentinel_copy, original)
+    R.check(not problems, f"{SENTINEL_POLICY} is config/fairway.toml but for [cluster] store", "; ".join(problems))
+    for label, edit in {
+        "[server] drain_timeout changed too": lambda t: t.replace('drain_timeout = "60s"', 'drain_timeout = "30s"'),
+        "a line added": lambda t: t + "# more\n",
+        "the store line left as config/fairway.toml's": lambda t: original,
+    }.items():
+        R.check(bool(policy_copy_problems(edit(sentinel_copy), original)),
+                f"negative: a {SENTINEL_POLICY} with {label} is refused", "accepted")
+
+    listed = [c.rstrip("/") for c in yaml.safe_load(open(KDIR / "kustomization.yaml")).get("components") or []]
+    renders = (("the base", base_docs, SENTINEL_POLICY if SENTINEL_COMPONENT in listed else "config/fairway.toml"),
+               ("with every component", all_docs, SENTINEL_POLICY))
+    sentinel_render = None
+    for label, docs, expected in renders:
+        cm = find(docs, "ConfigMap", "fairway-policy", "fairway")
+        text = (cm or {}).get("data", {}).get("fairway.toml", "")
+        if not R.check(text == (KDIR / expected).read_text(),
+                       f"{label}: ConfigMap fairway-policy's fairway.toml is {expected}", "differs"):
+            continue
+        clu = tomllib.loads(text).get("cluster")
+        if not clu:
+            continue
+        for what, problems in store_checks(docs, clu):
+            R.check(not problems, f"{label}: {what}", "; ".join(problems))
+        if expected == SENTINEL_POLICY:
+            sentinel_render = (docs, clu)
+
+    # Broken variants of the sentinel store, each refused.
+    if sentinel_render is None:
+        R.fail("negative: broken sentinel stores are refused", f"no render with {SENTINEL_POLICY} to break")
+        return
+    docs, clu = sentinel_render
+    ns = "fairway"
+    fourth = "fairway-store-3.fairway-store.fairway.svc.cluster.local:26379"
+
+    def sts(d):
+        return find(d, "StatefulSet", "fairway-store", ns)
+
+    def pod(d):
+        return sts(d)["spec"]["template"]["spec"]
+
+    def sentinel(d):
+        return container(sts(d), "sentinel")
+
+    def by_name(items, name):
+        return next(x for x in items if x["name"] == name)
+
+    def settings(d):
+        return find(d, "ConfigMap", sentinel(d)["envFrom"][0]["configMapRef"]["name"], ns)["data"]
+
+    def svc_spec(d):
+        return find(d, "Service", "fairway-store", ns)["spec"]
+
+    def pdb_spec(d):
+        return find(d, "PodDisruptionBudget", "fairway-store", ns)["spec"]
+
+    def url(f):
+        def edit(d, c):
+            c["store"] = f(c["store"])
+        return edit
+
+    def on(fn):
+        def edit(d, c):
+            fn(d)
+        return edit
+
+    def four_pods(d, c):
+        sts(d)["spec"]["replicas"] = 4
+        settings(d)["STORE_REPLICAS"] = "4"
+        c["store"] = re.sub(r"/fairway$", f",{fourth}/fairway", c["store"])
+
+    def min_available_1(d):
+        pdb_spec(d).pop("maxUnavailable")
+        pdb_spec(d)["minAvailable"] = 1
+
+    for label, fn in {
+        "a store URL naming two sentinels of three pods": url(lambda u: re.sub(r",[^,]*(/[^/]+)$", r"\1", u)),
+        "a primary name the sentinels do not monitor": url(lambda u: u.rsplit("/", 1)[0] + "/mymaster"),
+        "the sentinels' port as 26380": url(lambda u: u.replace(":26379", ":26380")),
+        "the sentinels of another StatefulSet's pods": url(lambda u: u.replace("fairway-store-", "fairway-cache-")),
+        "five pods, the URL and STORE_REPLICAS left at three": on(lambda d: sts(d)["spec"].update(replicas=5)),
+        "four pods and sentinels": four_pods,
+        "a Service that is not headless": on(lambda d: svc_spec(d).pop("clusterIP")),
+        "a Service publishing ready pods only": on(lambda d: svc_spec(d).pop("publishNotReadyAddresses")),
+        "no Service port 26379": on(lambda d: svc_spec(d).update(
+            ports=[x for x in svc_spec(d)["ports"] if x["port"] != 26379])),
+        "the sentinel's password from another Secret key": on(lambda d: by_name(sentinel(d)["env"], "VALKEY_PASSWORD")
+                                                              ["valueFrom"]["secretKeyRef"].update(key="ACME_API_KEY")),
+        "quorum 1": on(lambda d: settings(d).update(SENTINEL_QUORUM="1")),
+        "a PodDisruptionBudget allowing two pods down": on(lambda d: pdb_spec(d).update(maxUnavailable=2)),
+        "a PodDisruptionBudget of minAvailable 1": on(min_available_1),
+        "a PodDisruptionBudget of maxUnavailable 50%": on(lambda d: pdb_spec(d).update(maxUnavailable="50%")),
+        "preferred anti-affinity only": on(lambda d: pod(d)["affinity"]["podAntiAffinity"]
+                                           .pop("requiredDuringSchedulingIgnoredDuringExecution")),
+        "no sentinel container": on(lambda d: pod(d).update(
+            containers=[x for x in pod(d)["containers"] if x["name"] != "sentinel"])),
+        "the sentinel's files on a read-only mount": on(lambda d: by_name(sentinel(d)["volumeMounts"], "conf")
+                                                        .update(readOnly=True)),
+        "a sentinel running as root": on(lambda d: sentinel(d)["securityContext"].update(runAsNonRoot=False,
+                                                                                          runAsUser=0)),
+    }.items():
+        d, c = copy.deepcopy(docs), copy.deepcopy(clu)
+        fn(d, c)
+        R.check(any(p for _, p in store_checks(d, c)), f"negative: a sentinel store with {label} is refused",
+                "accepted")
+    # The base's plain URL with the component's three pods: a call could reach a replica.
+    plain = tomllib.loads(original)["cluster"]
+    R.check(any(p for _, p in store_checks(docs, plain)),
+            "negative: config/fairway.toml's redis:// store with the component's three pods is refused", "accepted")
+
+
 # ---------------------------------------------------------------- main
 
 def main():
@@ -1082,6 +1466,7 @@ def main():
         flat.append(d)
     check_kueue(kueue, flat)
     check_consistency(flat, cfg_sched)
+    check_store(base_docs, all_docs)
 
     with open(third_party_out, "w") as f:
         json.dump(third_party, f, indent=1)
