@@ -374,6 +374,26 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
         )
     };
     if finished {
+        // Finalized from the store's results, not from what this runner
+        // counted: a store whose primary failed over may have lost the
+        // last results written to it (replication is asynchronous). What
+        // it lacks runs again rather than going missing from the output.
+        let stored: HashSet<u32> = b.store.results(&id).await?.into_keys().collect();
+        if stored.len() < total {
+            let mut runs = b.runner.runs.lock();
+            if let Some(run) = runs.get_mut(&id) {
+                let before = run.done.len();
+                run.done.retain(|line| stored.contains(line));
+                tracing::warn!(
+                    batch = %id,
+                    lost = before - run.done.len(),
+                    "batch items' results missing from the store; they run again"
+                );
+            }
+            drop(runs);
+            b.runner.wake();
+            return Ok(());
+        }
         let now = crate::clock::unix_seconds();
         let moved = b
             .store
