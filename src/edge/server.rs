@@ -216,7 +216,8 @@ impl Server {
             tasks.spawn(syncer.run(member, replica, shutdown.clone()));
         }
         if let Some(usage) = gateway.shared_usage() {
-            tasks.spawn(usage.clone().run(gateway.clone(), shutdown.clone()));
+            let source: Arc<dyn crate::gateway::usage_share::UsageSource> = gateway.clone();
+            tasks.spawn(usage.clone().run(source, shutdown.clone()));
         }
         if let Some(signal) = reload_signal {
             tasks.spawn(reload_on_signal(services.clone(), signal, shutdown.clone()));

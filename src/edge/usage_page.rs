@@ -33,7 +33,7 @@ use crate::edge::admin::bears_token;
 use crate::gateway::handle::Gateway;
 use crate::gateway::live::Live;
 use crate::gateway::tenant::authenticate;
-use crate::gateway::usage_share::{LiveNumbers, SharedUsage};
+use crate::gateway::usage_share::{LiveNumbers, UsageSource};
 use crate::net::body::{self, BoxBody};
 use crate::outcome::Outcome;
 use crate::protocol::error::ApiError;
@@ -162,7 +162,7 @@ impl Source {
         cluster: bool,
         now: f64,
     ) -> Source {
-        let own = |index| SharedUsage::numbers(gw, live, index, now);
+        let own = |index| UsageSource::numbers(gw, live, index, now);
         let mut error = None;
         if let Some(shared) = gw.shared_usage().filter(|_| cluster) {
             let read = tokio::time::timeout(READ_TIMEOUT, shared.read(live, reported, now, own));

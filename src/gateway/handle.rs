@@ -332,6 +332,48 @@ pub fn cluster_spec(policy: &Policy, cluster: Option<&Member>) -> SchedulerSpec 
     }
 }
 
+impl crate::gateway::usage_share::UsageSource for Gateway {
+    fn live(&self) -> Arc<Live> {
+        Gateway::live(self)
+    }
+
+    fn numbers(
+        &self,
+        live: &Live,
+        index: usize,
+        now: f64,
+    ) -> crate::gateway::usage_share::LiveNumbers {
+        let gw = self;
+        let name = crate::gateway::usage_share::tenant_name(live, index);
+        let id = match live.tenant_names.get(name) {
+            Some(id) => Some(*id),
+            None if live.policy.tenants.is_empty() => live
+                .default_tenant
+                .or_else(|| gw.sched().with(|s| s.tenant("default"))),
+            None => None,
+        };
+        let view = id.map(|id| {
+            let clock_now = gw.now();
+            gw.sched().with(|s| s.tenant_view(clock_now, id))
+        });
+        let hour = live.usage[index].lock().window(now, 3600);
+        let mut n = view.map_or(crate::gateway::usage_share::LiveNumbers::default(), |v| {
+            crate::gateway::usage_share::LiveNumbers {
+                in_flight: v.in_flight,
+                queued: v.queued,
+                preempted_total: v.preempted_total,
+                rate_level: v.rate_level,
+                gpu_seconds_level: v.gpu_seconds_level,
+                ..crate::gateway::usage_share::LiveNumbers::default()
+            }
+        });
+        n.at = now;
+        n.requests_1h = hour.requests;
+        n.gpu_seconds_1h = hour.gpu_seconds;
+        n
+    }
+}
+
 impl crate::poller::Sink for Gateway {
     fn on_poll(&self, name: &str, up: bool, reading: Option<Reading>) -> Option<bool> {
         self.sched.on_poll(self.clock.now(), name, up, reading)

@@ -27,8 +27,15 @@ use crate::cluster::Connection;
 use crate::config::ClusterPolicy;
 use crate::telemetry::usage::{Bucket, TenantWindows};
 
-use super::handle::Gateway;
 use super::live::Live;
+
+/// What the publication reads of the gateway: the live policy and, per
+/// tenant, this replica's live numbers (implemented by `Gateway`).
+pub trait UsageSource: Send + Sync {
+    fn live(&self) -> Arc<Live>;
+    /// This replica's live numbers for the tenant of usage index `index`.
+    fn numbers(&self, live: &Live, index: usize, now: f64) -> LiveNumbers;
+}
 
 const SEP: char = '\u{1f}';
 /// The hash outlives the longest window (a day and the hour under way).
@@ -79,7 +86,7 @@ impl std::fmt::Debug for SharedUsage {
 }
 
 /// A tenant's name by usage index: the policy's tenants, then "default".
-fn tenant_name(live: &Live, index: usize) -> &str {
+pub fn tenant_name(live: &Live, index: usize) -> &str {
     live.policy
         .tenants
         .get(index)
@@ -109,45 +116,16 @@ impl SharedUsage {
         format!("{}-live:{tenant}", self.prefix.trim_end_matches(':'))
     }
 
-    /// This replica's live numbers for the tenant of usage index `index`.
-    pub fn numbers(gw: &Gateway, live: &Live, index: usize, now: f64) -> LiveNumbers {
-        let name = tenant_name(live, index);
-        let id = match live.tenant_names.get(name) {
-            Some(id) => Some(*id),
-            None if live.policy.tenants.is_empty() => live
-                .default_tenant
-                .or_else(|| gw.sched().with(|s| s.tenant("default"))),
-            None => None,
-        };
-        let view = id.map(|id| {
-            let clock_now = gw.now();
-            gw.sched().with(|s| s.tenant_view(clock_now, id))
-        });
-        let hour = live.usage[index].lock().window(now, 3600);
-        let mut n = view.map_or(LiveNumbers::default(), |v| LiveNumbers {
-            in_flight: v.in_flight,
-            queued: v.queued,
-            preempted_total: v.preempted_total,
-            rate_level: v.rate_level,
-            gpu_seconds_level: v.gpu_seconds_level,
-            ..LiveNumbers::default()
-        });
-        n.at = now;
-        n.requests_1h = hour.requests;
-        n.gpu_seconds_1h = hour.gpu_seconds;
-        n
-    }
-
     /// Publishes the buckets of the tenants with new records since the
     /// last call, and every tenant's live numbers.
-    pub async fn publish(&self, gw: &Gateway, now: f64) -> redis::RedisResult<()> {
+    pub async fn publish(&self, gw: &dyn UsageSource, now: f64) -> redis::RedisResult<()> {
         let live = gw.live();
         let mut pipe = redis::pipe();
         let mut done = Vec::new();
         for (index, windows) in live.usage.iter().enumerate() {
             let name = tenant_name(&live, index);
             let key = self.key(name);
-            let numbers = Self::numbers(gw, &live, index, now);
+            let numbers = gw.numbers(&live, index, now);
             let live_key = self.live_key(name);
             pipe.hset(
                 &live_key,
@@ -192,7 +170,7 @@ impl SharedUsage {
     }
 
     /// Publishes every `sync_interval` until `stop`.
-    pub async fn run(self: Arc<Self>, gw: Arc<Gateway>, stop: CancellationToken) {
+    pub async fn run(self: Arc<Self>, gw: Arc<dyn UsageSource>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
@@ -204,7 +182,7 @@ impl SharedUsage {
             let now = crate::clock::unix_seconds_f64();
             let bounded = tokio::time::timeout(
                 self.interval.max(Duration::from_secs(1)),
-                self.publish(&gw, now),
+                self.publish(&*gw, now),
             );
             match bounded.await {
                 Ok(Ok(())) => failing = false,

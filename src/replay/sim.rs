@@ -298,9 +298,8 @@ impl<'p> Sim<'p> {
     fn new(policy: &'p Policy, workload: &[WorkRequest], opts: &RunOptions) -> Self {
         let n = opts.replicas.max(1);
         let spec = if n > 1 {
-            policy
-                .scheduler_spec()
-                .leased(n, |_| PoolPart::share(1.0 / f64::from(n)))
+            let even = PoolPart::share(1.0 / f64::from(n));
+            policy.scheduler_spec().leased(n, |_| even)
         } else {
             policy.scheduler_spec()
         };
@@ -403,10 +402,8 @@ impl<'p> Sim<'p> {
                 Some(id as u32)
             })
             .collect();
-        let sync_every = policy
-            .cluster
-            .as_ref()
-            .map_or(Duration::from_secs(1), |c| c.sync_interval);
+        let sync_every = policy.cluster.as_ref().map(|c| c.sync_interval);
+        let sync_every = sync_every.unwrap_or(Duration::from_secs(1));
         Sim {
             policy,
             meters: (0..n).map(|_| DemandMeter::new(sync_every)).collect(),
