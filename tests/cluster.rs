@@ -216,6 +216,34 @@ async fn three_replicas_hold_one_rate_limit_and_follow_membership() {
     );
 }
 
+fn secs_from_now(secs: u64) -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(secs)
+}
+
+/// A client sending `key`'s requests to `addr` back to back until `stop`,
+/// every one served; how many ended after `measure_from`.
+fn saturate(
+    addr: std::net::SocketAddr,
+    key: &'static str,
+    stop: tokio::time::Instant,
+    measure_from: tokio::time::Instant,
+) -> tokio::task::JoinHandle<u32> {
+    tokio::spawn(async move {
+        let c = client();
+        let mut served = 0u32;
+        while tokio::time::Instant::now() < stop {
+            let r = send(
+                &c,
+                post(addr, "/v1/chat/completions", Some(key), chat(M, 10, false)),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            served += u32::from(tokio::time::Instant::now() >= measure_from);
+        }
+        served
+    })
+}
+
 #[tokio::test]
 async fn weights_hold_across_replicas_when_each_tenant_arrives_at_its_own() {
     let _serial = SERIAL.lock().await;
@@ -243,24 +271,8 @@ async fn weights_hold_across_replicas_when_each_tenant_arrives_at_its_own() {
     assert!(all_see(&[&r1, &r2], 2.0).await);
     // Tenant a only at r1, tenant b only at r2, both saturating the one
     // backend. Alone, each replica would take half the window: 1:1.
-    let stop = tokio::time::Instant::now() + Duration::from_secs(6);
-    let measure_from = tokio::time::Instant::now() + Duration::from_secs(1);
-    let load = |addr: std::net::SocketAddr, key: &'static str| {
-        tokio::spawn(async move {
-            let c = client();
-            let mut served = 0u32;
-            while tokio::time::Instant::now() < stop {
-                let r = send(
-                    &c,
-                    post(addr, "/v1/chat/completions", Some(key), chat(M, 10, false)),
-                )
-                .await;
-                assert_eq!(r.status, 200, "{}", r.text());
-                served += u32::from(tokio::time::Instant::now() >= measure_from);
-            }
-            served
-        })
-    };
+    let (stop, measure_from) = (secs_from_now(6), secs_from_now(1));
+    let load = |addr, key| saturate(addr, key, stop, measure_from);
     let tasks: Vec<_> = (0..12)
         .flat_map(|_| [load(r1.addr(), "sk-a"), load(r2.addr(), "sk-b")])
         .collect();
@@ -331,24 +343,8 @@ async fn a_small_window_is_shared_three_to_one_across_three_replicas() {
     let r2 = gateway(&text("r2"), &[&b0, &b1]).await;
     let r3 = gateway(&text("r3"), &[&b0, &b1]).await;
     assert!(all_see(&[&r1, &r2, &r3], 3.0).await);
-    let stop = tokio::time::Instant::now() + Duration::from_secs(6);
-    let measure_from = tokio::time::Instant::now() + Duration::from_secs(1);
-    let load = |addr: std::net::SocketAddr, key: &'static str| {
-        tokio::spawn(async move {
-            let c = client();
-            let mut served = 0u32;
-            while tokio::time::Instant::now() < stop {
-                let r = send(
-                    &c,
-                    post(addr, "/v1/chat/completions", Some(key), chat(M, 10, false)),
-                )
-                .await;
-                assert_eq!(r.status, 200, "{}", r.text());
-                served += u32::from(tokio::time::Instant::now() >= measure_from);
-            }
-            served
-        })
-    };
+    let (stop, measure_from) = (secs_from_now(6), secs_from_now(1));
+    let load = |addr, key| saturate(addr, key, stop, measure_from);
     let tasks: Vec<_> = (0..8)
         .flat_map(|_| [load(r1.addr(), "sk-a"), load(r2.addr(), "sk-b")])
         .collect();

@@ -40,6 +40,15 @@ async fn all_see(gws: &[&Server], n: f64) -> bool {
     .await
 }
 
+/// Three replicas on `store`, every one counting the three.
+async fn three(store: &str, backend: std::net::SocketAddr) -> [Server; 3] {
+    let r1 = gateway(&policy(store, "r1", backend), &[]).await;
+    let r2 = gateway(&policy(store, "r2", backend), &[]).await;
+    let r3 = gateway(&policy(store, "r3", backend), &[]).await;
+    assert!(all_see(&[&r1, &r2, &r3], 3.0).await, "membership not seen");
+    [r1, r2, r3]
+}
+
 async fn scrape_admin(gw: &Server) -> String {
     get(&client(), format!("http://{}/metrics", gw.admin_addr()))
         .await
@@ -126,12 +135,7 @@ async fn a_stalled_store_holds_the_rate_as_a_dead_one_does() {
     let redis = RedisServer::start();
     let b = sim(M, 64).await;
     let store = format!("store = \"{}\"", redis.url());
-    let (r1, r2, r3) = (
-        gateway(&policy(&store, "r1", b.addr()), &[]).await,
-        gateway(&policy(&store, "r2", b.addr()), &[]).await,
-        gateway(&policy(&store, "r3", b.addr()), &[]).await,
-    );
-    assert!(all_see(&[&r1, &r2, &r3], 3.0).await, "membership not seen");
+    let [r1, r2, r3] = three(&store, b.addr()).await;
     let t0 = tokio::time::Instant::now();
     let stop = t0 + Duration::from_secs(11);
     let tasks = load(6, vec![r1.addr(), r2.addr(), r3.addr()], t0, stop);
@@ -337,12 +341,7 @@ async fn the_store_fails_over_to_a_replica_under_load() {
         .collect();
     let store = format!("store = \"redis+sentinel://{}/fw\"", hosts.join(","));
     let b = sim(M, 64).await;
-    let (r1, r2, r3) = (
-        gateway(&policy(&store, "r1", b.addr()), &[]).await,
-        gateway(&policy(&store, "r2", b.addr()), &[]).await,
-        gateway(&policy(&store, "r3", b.addr()), &[]).await,
-    );
-    assert!(all_see(&[&r1, &r2, &r3], 3.0).await, "membership not seen");
+    let [r1, r2, r3] = three(&store, b.addr()).await;
     let t0 = tokio::time::Instant::now();
     let stop = t0 + Duration::from_secs(10);
     let tasks = load(6, vec![r1.addr(), r2.addr(), r3.addr()], t0, stop);
@@ -469,12 +468,7 @@ async fn the_store_layout_runs_on_a_redis_cluster() {
     let node = &nodes[usize::from(slot > 8191)];
     let store = format!("store = \"redis://127.0.0.1:{}\"", node.port);
     let b = sim(M, 64).await;
-    let (r1, r2, r3) = (
-        gateway(&policy(&store, "r1", b.addr()), &[]).await,
-        gateway(&policy(&store, "r2", b.addr()), &[]).await,
-        gateway(&policy(&store, "r3", b.addr()), &[]).await,
-    );
-    assert!(all_see(&[&r1, &r2, &r3], 3.0).await, "membership not seen");
+    let [r1, r2, r3] = three(&store, b.addr()).await;
     let t0 = tokio::time::Instant::now();
     let all = answers(load(
         6,

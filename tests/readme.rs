@@ -139,9 +139,11 @@ fn every_command_block_of_the_readme_runs_as_written() {
         .spawn()
         .unwrap();
     let mut first = String::new();
-    std::io::BufReader::new(gw.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let mut out = std::io::BufReader::new(gw.stdout.take().unwrap());
+    out.read_line(&mut first).unwrap();
+    // The rest of its stdout is read to the end: a pipe closed early would
+    // fail its next line (a write to a closed pipe), and it would stop.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     assert!(first.contains(&format!("127.0.0.1:{port}")), "{first}");
     let ready = format!("curl -s http://127.0.0.1:{admin}/readyz");
     for _ in 0..100 {
