@@ -104,8 +104,8 @@ pub fn water_fill(claims: &[(f64, f64)], capacity: f64) -> Vec<f64> {
 ///
 /// A tenant's limits: its part of the cluster's arrivals of that tenant.
 /// A pool's windows: the cluster's window capacity is split among the
-/// tenants with a backlog (queued or in flight) by weight, capped at each
-/// one's backlog (water-filling); a replica's share is its part of what
+/// tenants with a backlog (queued or in flight) by weight, capped at
+/// twice each one's backlog (water-filling); a replica's share is its part of what
 /// its tenants' backlogs were given. So with tenant A (weight 3) arriving
 /// only at one replica and B (weight 1) only at another, both saturating,
 /// the first gets 3/4 of every window and the second 1/4. The pool's whole
@@ -165,9 +165,16 @@ pub fn shares(me: &str, demands: &Demands, shape: &Shape, round: u64) -> Shares 
                 .iter()
                 .map(|(t, by_replica)| (*t, by_replica, by_replica.iter().sum()))
                 .collect();
+            // Each tenant claims twice its backlog (at least one slot
+            // more): room for the next burst before the next sync moves
+            // the split, as each replica rounding up left it. A tenant
+            // that saturates claims more than the pool either way.
             let claims: Vec<(f64, f64)> = rows
                 .iter()
-                .map(|(t, _, all)| (shape.weights.get(*t).copied().unwrap_or(1.0), *all))
+                .map(|(t, _, all)| {
+                    let weight = shape.weights.get(*t).copied().unwrap_or(1.0);
+                    (weight, *all + all.max(1.0))
+                })
                 .collect();
             let capacity = shape.capacity.get(model).copied().unwrap_or(f64::INFINITY);
             let alloc = water_fill(&claims, capacity);

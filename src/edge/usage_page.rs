@@ -146,8 +146,11 @@ fn replica_scope(query: Option<&str>) -> bool {
 struct Source {
     /// By usage index, for the tenants reported.
     windows: HashMap<usize, (TenantWindows, usize)>,
-    /// By usage index, every tenant: each replica's live numbers.
+    /// By usage index, every tenant: each replica's live numbers, as
+    /// published within the last hour (this replica's own now).
     numbers: Vec<Vec<LiveNumbers>>,
+    /// How old live numbers may be to count as current (seconds).
+    fresh: f64,
     /// `cluster` or `replica`.
     scope: &'static str,
     /// Why the cluster's numbers could not be read, if they could not.
@@ -168,27 +171,14 @@ impl Source {
             let read = tokio::time::timeout(READ_TIMEOUT, shared.read(live, reported, now, own));
             match read.await {
                 Ok(Ok((windows, numbers))) => {
-                    let fresh = shared.fresh();
                     return Source {
                         windows: reported
                             .iter()
                             .zip(windows)
                             .map(|(i, w)| (*i, (w.windows, w.replicas)))
                             .collect(),
-                        numbers: numbers
-                            .into_iter()
-                            .map(|n| {
-                                // The first is this replica's own, now.
-                                let (mine, others) = n.split_at(1.min(n.len()));
-                                let mut kept = mine.to_vec();
-                                kept.extend(
-                                    others
-                                        .iter()
-                                        .filter(|o| now - o.at <= fresh || o.requests_1h > 0),
-                                );
-                                kept
-                            })
-                            .collect(),
+                        numbers,
+                        fresh: shared.fresh(),
                         scope: "cluster",
                         error: None,
                     };
@@ -203,6 +193,7 @@ impl Source {
                 .map(|&i| (i, (live.usage[i].lock().clone(), 1)))
                 .collect(),
             numbers: (0..live.usage.len()).map(|i| vec![own(i)]).collect(),
+            fresh: f64::INFINITY,
             scope: "replica",
             error,
         }
@@ -398,11 +389,18 @@ fn report(live: &Live, s: Subject, shares: &Shares, source: &Source, now: f64) -
     let name = policy.map_or("default", |t| t.name.as_str());
     let empty = TenantWindows::default();
     let windows = source.windows.get(&s.index).map_or(&empty, |(w, _)| w);
-    let numbers = source.numbers.get(s.index).map_or(&[][..], Vec::as_slice);
-    // Live numbers, over the replicas publishing them now: what is in
-    // flight and queued, and what their buckets hold.
+    // Live numbers, over the replicas publishing them now (not those
+    // that stopped within the hour): what is in flight and queued, and
+    // what their buckets hold.
+    let numbers: Vec<&LiveNumbers> = source
+        .numbers
+        .get(s.index)
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter(|n| now - n.at <= source.fresh)
+        .collect();
     let sum = |f: fn(&LiveNumbers) -> Option<f64>| -> Option<f64> {
-        numbers.iter().filter_map(f).reduce(|a, b| a + b)
+        numbers.iter().copied().filter_map(f).reduce(|a, b| a + b)
     };
     let in_flight: u32 = numbers.iter().map(|n| n.in_flight).sum();
     let queued: u32 = numbers.iter().map(|n| n.queued).sum();
