@@ -15,7 +15,7 @@ use crate::config::{ClusterPolicy, SentinelStore};
 
 /// A client of the policy's store (a single node), with its password
 /// (nothing is sent yet).
-pub fn client(policy: &ClusterPolicy) -> Result<redis::Client, String> {
+fn client(policy: &ClusterPolicy) -> Result<redis::Client, String> {
     let info = node_info(&policy.store, policy)?;
     redis::Client::open(info).map_err(|e| format!("cluster store: {e}"))
 }

@@ -20,7 +20,7 @@ mod shares;
 mod store;
 mod sync;
 
-pub use connection::{Connection, client, connection};
+pub use connection::{Connection, connection};
 pub use member::*;
 pub use shares::{DemandMeter, Shape, apportion, shares, water_fill};
 pub use store::{Answer, Demands, Store};

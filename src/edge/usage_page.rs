@@ -264,14 +264,11 @@ async fn usage<B>(
                 .unwrap_or(f64::INFINITY)
         };
         reports.sort_by(|a, b| key(a).total_cmp(&key(b)));
-        let mut body = json!({"generated_unix": now, "tenants": reports});
-        scope_fields(gw, &source, &mut body);
-        body
+        json!({"generated_unix": now, "tenants": reports})
     } else {
-        let mut body = reports.pop().unwrap_or(Value::Null);
-        scope_fields(gw, &source, &mut body);
-        body
+        reports.pop().unwrap_or(Value::Null)
     };
+    scope_fields(gw, &source, &mut body);
     if let Some(b) = batches {
         match body.get_mut("tenants").and_then(Value::as_array_mut) {
             Some(all) => {

@@ -21,7 +21,7 @@ use crate::gateway::adapters::Discovered;
 use crate::gateway::live::Live;
 use crate::gateway::origins::{ResponseOrigins, SharedOrigins};
 use crate::gateway::scheduling::Scheduling;
-use crate::gateway::usage_share::SharedUsage;
+use crate::gateway::usage_share::{LiveNumbers, SharedUsage, UsageSource, tenant_name};
 use crate::net::client::Client;
 use crate::protocol::error::ApiError;
 use crate::telemetry::metrics::Metrics;
@@ -332,45 +332,33 @@ pub fn cluster_spec(policy: &Policy, cluster: Option<&Member>) -> SchedulerSpec 
     }
 }
 
-impl crate::gateway::usage_share::UsageSource for Gateway {
+impl UsageSource for Gateway {
     fn live(&self) -> Arc<Live> {
         Gateway::live(self)
     }
 
-    fn numbers(
-        &self,
-        live: &Live,
-        index: usize,
-        now: f64,
-    ) -> crate::gateway::usage_share::LiveNumbers {
-        let gw = self;
-        let name = crate::gateway::usage_share::tenant_name(live, index);
+    fn numbers(&self, live: &Live, index: usize, now: f64) -> LiveNumbers {
+        let name = tenant_name(live, index);
         let id = match live.tenant_names.get(name) {
             Some(id) => Some(*id),
             None if live.policy.tenants.is_empty() => live
                 .default_tenant
-                .or_else(|| gw.sched().with(|s| s.tenant("default"))),
+                .or_else(|| self.sched().with(|s| s.tenant("default"))),
             None => None,
         };
-        let view = id.map(|id| {
-            let clock_now = gw.now();
-            gw.sched().with(|s| s.tenant_view(clock_now, id))
-        });
-        let hour = live.usage[index].lock().window(now, 3600);
-        let mut n = view.map_or(crate::gateway::usage_share::LiveNumbers::default(), |v| {
-            crate::gateway::usage_share::LiveNumbers {
-                in_flight: v.in_flight,
-                queued: v.queued,
-                preempted_total: v.preempted_total,
-                rate_level: v.rate_level,
-                gpu_seconds_level: v.gpu_seconds_level,
-                ..crate::gateway::usage_share::LiveNumbers::default()
-            }
-        });
-        n.at = now;
-        n.requests_1h = hour.requests;
-        n.gpu_seconds_1h = hour.gpu_seconds;
-        n
+        let clock_now = self.now();
+        let view = id.map(|id| self.sched().with(|s| s.tenant_view(clock_now, id)));
+        let (requests_1h, gpu_seconds_1h) = live.usage[index].lock().totals(now, 3600);
+        LiveNumbers {
+            at: now,
+            in_flight: view.as_ref().map_or(0, |v| v.in_flight),
+            queued: view.as_ref().map_or(0, |v| v.queued),
+            preempted_total: view.as_ref().map_or(0, |v| v.preempted_total),
+            rate_level: view.as_ref().and_then(|v| v.rate_level),
+            gpu_seconds_level: view.as_ref().and_then(|v| v.gpu_seconds_level),
+            requests_1h,
+            gpu_seconds_1h,
+        }
     }
 }
 

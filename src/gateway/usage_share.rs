@@ -143,17 +143,14 @@ impl SharedUsage {
             let mut fields: Vec<(String, Vec<u8>)> = Vec::new();
             let mut stale = Vec::new();
             for (kind, start, bytes) in w.recent(now) {
-                let (tag, ring) = match kind {
-                    Bucket::Minute => ('m', 3600),
-                    Bucket::Hour => ('h', 25 * 3600),
+                let tag = match kind {
+                    Bucket::Minute => 'm',
+                    Bucket::Hour => 'h',
                 };
                 fields.push((format!("{tag}{SEP}{}{SEP}{start}", self.replica), bytes));
                 // The bucket this one reuses in the ring.
-                stale.push(format!(
-                    "{tag}{SEP}{}{SEP}{}",
-                    self.replica,
-                    start.saturating_sub(ring)
-                ));
+                let reused = start.saturating_sub(kind.ring_seconds());
+                stale.push(format!("{tag}{SEP}{}{SEP}{reused}", self.replica));
             }
             fields.push((format!("l{SEP}{}", self.replica), w.last_encoded()));
             done.push((index, records));
@@ -203,8 +200,8 @@ impl SharedUsage {
     /// The cluster's windows of each tenant in `tenants` (by usage index):
     /// its windows here with every other replica's published buckets
     /// added; and, for every tenant of the policy, each replica's live
-    /// numbers published within the last hour, freshest first (this
-    /// replica's own now, from `own`).
+    /// numbers published within the last hour (this replica's own first,
+    /// as of now, from `own`).
     pub async fn read(
         &self,
         live: &Live,

@@ -248,6 +248,17 @@ pub enum Bucket {
     Hour,
 }
 
+impl Bucket {
+    /// The seconds its ring spans: a bucket reuses the slot of the one
+    /// this long before it.
+    pub fn ring_seconds(self) -> u64 {
+        match self {
+            Bucket::Minute => MINUTE * MINUTES as u64,
+            Bucket::Hour => HOUR * HOURS as u64,
+        }
+    }
+}
+
 /// The encoding of a published bucket or `last`: a version byte, then
 /// postcard. A replica of another version is skipped, not misread.
 const PUBLISHED_VERSION: u8 = 1;
@@ -422,10 +433,29 @@ impl TenantWindows {
     /// hour counts whole).
     pub fn window(&self, now: f64, seconds: u64) -> WindowStats {
         let now = now.max(1.0) as u64;
+        stats(self.ring_for(seconds).within(now, seconds))
+    }
+
+    /// The requests that ended in the last `seconds` before `now`, and the
+    /// GPU-seconds they were charged: [`Self::window`]'s counts without
+    /// its sketches' merging (what a replica publishes every sync).
+    pub fn totals(&self, now: f64, seconds: u64) -> (u64, f64) {
+        let now = now.max(1.0) as u64;
+        self.ring_for(seconds)
+            .within(now, seconds)
+            .fold((0, 0.0), |(n, g), b| {
+                let requests: u32 = b.outcomes.iter().sum();
+                (n + u64::from(requests), g + b.gpu_seconds)
+            })
+    }
+
+    /// The ring a window of `seconds` is read from: the minutes up to an
+    /// hour, the hours beyond.
+    fn ring_for(&self, seconds: u64) -> &Ring {
         if seconds <= MINUTE * MINUTES as u64 {
-            stats(self.minutes.within(now, seconds))
+            &self.minutes
         } else {
-            stats(self.hours.within(now, seconds))
+            &self.hours
         }
     }
 
@@ -529,6 +559,11 @@ mod tests {
         // The request two hours back is in the day only.
         assert_eq!(w.window(T0 + 120.0, 3600).requests, 101);
         assert_eq!(w.window(T0 + 120.0, 86_400).requests, 102);
+        // The counts alone, as a replica publishes them, agree.
+        for (at, secs) in [(120.0, 300), (120.0, 3600), (120.0, 86_400), (720.0, 300)] {
+            let full = w.window(T0 + at, secs);
+            assert_eq!(w.totals(T0 + at, secs), (full.requests, full.gpu_seconds));
+        }
         // Ten minutes on, the 5-minute window is empty; the hour is not.
         assert_eq!(w.window(T0 + 720.0, 300).requests, 0);
         assert_eq!(w.window(T0 + 720.0, 3600).requests, 101);
