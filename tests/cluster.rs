@@ -46,23 +46,22 @@ async fn all_see(gws: &[&Server], n: f64) -> bool {
     .await
 }
 
+/// One short chat of `key`'s at `addr`.
+async fn ask(c: &HttpClient, addr: std::net::SocketAddr, key: &str) -> Reply {
+    send(
+        c,
+        post(addr, "/v1/chat/completions", Some(key), chat(M, 2, false)),
+    )
+    .await
+}
+
 /// Sends requests round-robin over `gws` for `secs`; how many were served.
 async fn round_robin(gws: &[&Server], secs: f64) -> (usize, usize) {
     let c = client();
     let (mut served, mut sent) = (0, 0);
     let start = tokio::time::Instant::now();
     while start.elapsed().as_secs_f64() < secs {
-        let gw = gws[sent % gws.len()];
-        let r = send(
-            &c,
-            post(
-                gw.addr(),
-                "/v1/chat/completions",
-                Some(KEY),
-                chat(M, 2, false),
-            ),
-        )
-        .await;
+        let r = ask(&c, gws[sent % gws.len()].addr(), KEY).await;
         assert!(
             r.status == 200 || r.status == 429,
             "{} {}",
@@ -168,16 +167,7 @@ async fn three_replicas_hold_one_rate_limit_and_follow_membership() {
         .await
     );
     assert_eq!(replicas_seen(&r1).await, Some(2.0));
-    let r = send(
-        &client(),
-        post(
-            r1.addr(),
-            "/v1/chat/completions",
-            Some(KEY),
-            chat(M, 2, false),
-        ),
-    )
-    .await;
+    let r = ask(&client(), r1.addr(), KEY).await;
     assert!(r.status == 200 || r.status == 429, "{}", r.status);
     redis.restart();
     assert!(all_see(&[&r1, &r2], 2.0).await);
@@ -385,18 +375,7 @@ async fn closed_mode_refuses_limited_tenants_while_the_store_is_down() {
     );
     let gw = gateway(&text, &[]).await;
     let c = client();
-    let status = async |key: &str| {
-        send(
-            &c,
-            post(
-                gw.addr(),
-                "/v1/chat/completions",
-                Some(key),
-                chat(M, 2, false),
-            ),
-        )
-        .await
-    };
+    let status = async |key: &str| ask(&c, gw.addr(), key).await;
     assert_eq!(status("sk-a").await.status, 200);
     redis.kill();
     assert!(
@@ -821,16 +800,7 @@ async fn every_replica_answers_the_usage_api_for_the_cluster() {
     let c = client();
     for (gw, n) in [(&r1, 5), (&r2, 3), (&r3, 1)] {
         for _ in 0..n {
-            let r = send(
-                &c,
-                post(
-                    gw.addr(),
-                    "/v1/chat/completions",
-                    Some(KEY),
-                    chat(M, 2, false),
-                ),
-            )
-            .await;
+            let r = ask(&c, gw.addr(), KEY).await;
             assert_eq!(r.status, 200, "{}", r.text());
         }
     }
