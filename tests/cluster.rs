@@ -360,6 +360,66 @@ async fn a_small_window_is_shared_three_to_one_across_three_replicas() {
     assert!((2.7..=3.3).contains(&ratio), "a {a}, b {b}: {ratio:.2}");
 }
 
+/// Issue 37, item 3: interactive work queued at one replica takes the
+/// slots that young batch work admitted at another holds. One engine that
+/// runs 4 sequences at once, a pool of 4 slots; `jobs` (batch, weight 1)
+/// fills it at r2 with long requests, then `app` (weight 3) sends 3 short
+/// ones at r1: r2 keeps its share (1 slot) and preempts the rest, which
+/// run again later. Without it, `app` waited in the engine behind them.
+#[tokio::test]
+async fn interactive_work_at_one_replica_preempts_young_batch_work_at_another() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let b0 = fairway::sim::backend::SimBackend::builder(M)
+        .max_num_seqs(4)
+        .decode_step(Duration::from_millis(2), Duration::ZERO)
+        .start()
+        .await
+        .unwrap();
+    let text = |replica: &str| {
+        format!(
+            "{SERVER}\n[cluster]\nstore = \"{}\"\nreplica = \"{replica}\"\nsync_interval = \"100ms\"\n\
+             [preemption]\nmin_wait = \"50ms\"\n\
+             [[pools]]\nmodel = \"{M}\"\n[[pools.backends]]\nurl = \"http://{{b0}}\"\nmax_inflight = 4\n\
+             [[tenants]]\nname = \"jobs\"\napi_keys = [\"sk-jobs\"]\npriority = \"batch\"\n\
+             [[tenants]]\nname = \"app\"\napi_keys = [\"sk-app\"]\nweight = 3\n",
+            redis.url(),
+        )
+    };
+    let r1 = gateway(&text("r1"), &[&b0]).await;
+    let r2 = gateway(&text("r2"), &[&b0]).await;
+    assert!(all_see(&[&r1, &r2], 2.0).await);
+    let at = |addr: std::net::SocketAddr, key: &'static str, tokens: u32| {
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            let body = chat(M, tokens, false);
+            let r = send(&client(), post(addr, "/v1/chat/completions", Some(key), body)).await;
+            (r.status, start.elapsed())
+        })
+    };
+    // Four ~4 s requests; r2 takes the pool's slots as its backlog shows.
+    let jobs: Vec<_> = (0..4).map(|_| at(r2.addr(), "sk-jobs", 2000)).collect();
+    assert!(
+        eventually(Duration::from_secs(5), async || b0.stats().running == 4).await,
+        "{:?}",
+        b0.stats()
+    );
+    let app: Vec<_> = (0..3).map(|_| at(r1.addr(), "sk-app", 5)).collect();
+    for a in app {
+        let (status, took) = a.await.unwrap();
+        assert_eq!(status, 200);
+        assert!(took < Duration::from_secs(2), "app waited {took:?}");
+    }
+    // Nothing lost: the preempted requests ran again and were served.
+    for j in jobs {
+        assert_eq!(j.await.unwrap().0, 200);
+    }
+    let m = scrape(&r2).await;
+    let preempted = metric(&m, "fairway_preemptions_total{tenant=\"jobs\"}").unwrap();
+    eprintln!("preempted at r2 for r1: {preempted}");
+    assert!((1.0..=3.0).contains(&preempted), "{preempted}");
+}
+
 #[tokio::test]
 async fn closed_mode_refuses_limited_tenants_while_the_store_is_down() {
     let _serial = SERIAL.lock().await;

@@ -650,6 +650,93 @@ async fn extender_and_webhook_judge_nodes_from_agent_readings_over_tls() {
 
 /// Without a certificate, or with one that does not load, the service
 /// refuses to start and says why.
+/// Issue 37, item 3: two placement replicas share their reservations and
+/// the pods they saw through `[cluster]`'s store (a real `redis-server`):
+/// a binding judged at one replica counts at the other, a pod created at
+/// one is bound at the other, and of two bindings to one GPU at once at
+/// the two replicas, only one is allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_replicas_share_reservations_through_the_store() {
+    let redis = support::RedisServer::start();
+    let agent = |node: &str| {
+        Proc::start(&[
+            "agent",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-name",
+            node,
+            "--simulate-gpus",
+            "80:0",
+        ])
+    };
+    let agents = [agent("node-a"), agent("node-b")];
+    let dir = std::env::temp_dir().join(format!("fairway-placement-shared-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = policy(&dir, &[&agents[0], &agents[1]], "allow");
+    let text = std::fs::read_to_string(&path).unwrap();
+    write_atomically(
+        &path,
+        &format!("{text}\n[cluster]\nstore = \"{}\"\n", redis.url()),
+    );
+    let start = || Proc::start(&["placement", "--config", path.to_str().unwrap()]);
+    let (p1, p2) = (start(), start());
+    for p in [&p1, &p2] {
+        assert!(
+            eventually(Duration::from_secs(10), async || {
+                call(p.addr, "GET", "/readyz", "").await.0 == 200
+            })
+            .await
+        );
+    }
+    let review = |uid: &str, pod_name: &str| binding_review(uid, pod_name, "node-a", false);
+    let review_b = |uid: &str, pod_name: &str| binding_review(uid, pod_name, "node-b", false);
+    let judge = async |at: SocketAddr, body: String, uid: &str| {
+        verdict(&call(at, "POST", "/validate", &body).await, uid)
+    };
+    // Created at p1, bound at p2: p2 knows its size from the store.
+    let a = pod("model-a-0", "50");
+    assert!(judge(p1.addr, create_review("c1", &a, false), "c1").await.0);
+    assert!(judge(p2.addr, review("b1", "model-a-0"), "b1").await.0);
+    // p1 refuses a second 50 GB model on the GPU that p2 just filled.
+    let b = pod("model-b-0", "50");
+    assert!(judge(p2.addr, create_review("c2", &b, false), "c2").await.0);
+    let (allowed, message) = judge(p1.addr, review("b2", "model-b-0"), "b2").await;
+    assert!(!allowed);
+    assert!(
+        message.contains("model model-b needs 50.0 GB, over 80 % of the 30.0 GB free"),
+        "{message}"
+    );
+    // Both replicas show the reservation (p1 from its next poll).
+    for p in [&p1, &p2] {
+        assert!(
+            eventually(Duration::from_secs(5), async || {
+                call(p.addr, "GET", "/nodes", "").await.1["reservations"]
+                    .as_array()
+                    .is_some_and(|r| r.len() == 1 && r[0]["pod"] == "models/model-a-0")
+            })
+            .await,
+            "{}",
+            call(p.addr, "GET", "/nodes", "").await.1
+        );
+    }
+    // Two 50 GB models at once on node-b's one GPU, one at each
+    // replica: exactly one goes.
+    for name in ["model-c-0", "model-d-0"] {
+        let p = pod(name, "50");
+        assert!(judge(p1.addr, create_review("c", &p, false), "c").await.0);
+    }
+    let (c, d) = tokio::join!(
+        judge(p1.addr, review_b("b3", "model-c-0"), "b3"),
+        judge(p2.addr, review_b("b4", "model-d-0"), "b4"),
+    );
+    assert!(c.0 != d.0, "{c:?} {d:?}");
+    let m = call(p1.addr, "GET", "/metrics", "").await.1;
+    assert!(
+        m.as_str().unwrap().contains("fairway_placement_store_up 1"),
+        "{m}"
+    );
+}
+
 #[test]
 fn placement_needs_a_certificate() {
     let dir = std::env::temp_dir().join(format!("fairway-placement-tls-{}", std::process::id()));

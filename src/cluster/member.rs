@@ -39,9 +39,23 @@ pub struct PoolShare {
     /// The whole slots over the pool's backends apportioned to this
     /// replica in the last sync's round ([`super::shares::apportion`]).
     pub slots: Option<u32>,
+    /// While interactive work waits to preempt at another replica: the
+    /// slots kept here ([`crate::core::spec::PoolPart::yield_above`]).
+    pub yield_above: Option<u32>,
     /// Requests queued or in flight here, and at all replicas.
     pub backlog_here: f64,
     pub backlog_cluster: f64,
+}
+
+impl PoolShare {
+    /// What the scheduler is handed of it.
+    pub fn part(&self) -> PoolPart {
+        PoolPart {
+            share: self.share,
+            slots: self.slots,
+            yield_above: self.yield_above,
+        }
+    }
 }
 
 /// Both kinds of share, as computed from one reading of the store.
@@ -110,10 +124,7 @@ impl Member {
     pub fn pool_share(&self, key: &str) -> PoolPart {
         self.pools.lock().get(key).map_or_else(
             || PoolPart::share(1.0 / f64::from(self.replicas())),
-            |p| PoolPart {
-                share: p.share,
-                slots: p.slots,
-            },
+            PoolShare::part,
         )
     }
 

@@ -16,9 +16,14 @@ use super::store::Demands;
 const IDLE_FLOOR: f64 = 0.05;
 
 /// Field-name prefixes in a replica's demand hash: a tenant's arrivals per
-/// second, and a pool's backlog of one tenant (`b␟model␟tenant`).
+/// second, a pool's live backlog of one tenant (`b␟model␟tenant`), its
+/// backlog behind live work (`l␟model␟tenant`: late and batch-lane
+/// requests), and a pool's interactive requests waiting to preempt
+/// (`w␟model`).
 const TENANT_FIELD: &str = "t\u{1f}";
 const BACKLOG_FIELD: &str = "b\u{1f}";
+const LOWER_FIELD: &str = "l\u{1f}";
+const WANT_FIELD: &str = "w\u{1f}";
 
 /// What the policy says that the shares depend on: tenants' weights and
 /// each scheduler pool's total window (the sum of its backends'
@@ -104,14 +109,17 @@ pub fn water_fill(claims: &[(f64, f64)], capacity: f64) -> Vec<f64> {
 ///
 /// A tenant's limits: its part of the cluster's arrivals of that tenant.
 /// A pool's windows: the cluster's window capacity is split among the
-/// tenants with a backlog (queued or in flight) by weight, capped at
-/// twice each one's backlog (water-filling); a replica's share is its part of what
-/// its tenants' backlogs were given. So with tenant A (weight 3) arriving
-/// only at one replica and B (weight 1) only at another, both saturating,
-/// the first gets 3/4 of every window and the second 1/4. The pool's whole
-/// slots are then apportioned among the replicas ([`apportion`]), so that
-/// in small windows the shares hold over time rather than each replica
-/// rounding its own up.
+/// tenants' backlogs ([`split`]), live work first, as each replica serves
+/// its own batch lane only while no live request waits; a replica's share
+/// is its part of what its tenants' backlogs were given. So with tenant A (weight 3) arriving only at one
+/// replica and B (weight 1) only at another, both saturating, the first
+/// gets 3/4 of every window and the second 1/4. The pool's whole slots are
+/// then apportioned among the replicas ([`apportion`]), so that in small
+/// windows the shares hold over time rather than each replica rounding its
+/// own up. While interactive work waits to preempt at another replica, a
+/// replica yields what it holds above what its backlogs would be given
+/// without the split's slack, rounded up
+/// ([`PoolPart::yield_above`](crate::core::spec::PoolPart)).
 pub fn shares(me: &str, demands: &Demands, shape: &Shape, round: u64) -> Shares {
     let n = demands.len().max(1) as f64;
     // The replicas in one order at every replica: the apportionment's.
@@ -120,8 +128,10 @@ pub fn shares(me: &str, demands: &Demands, shape: &Shape, round: u64) -> Shares 
     names.dedup();
     // tenant → (here, all)
     let mut tenants: HashMap<&str, (f64, f64)> = HashMap::new();
-    // model → tenant → backlog by replica (as in `names`)
-    let mut backlog: HashMap<&str, HashMap<&str, Vec<f64>>> = HashMap::new();
+    // model → tenant → [live, lower] backlog by replica (as in `names`)
+    let mut backlog: HashMap<&str, HashMap<&str, [Vec<f64>; 2]>> = HashMap::new();
+    // model → interactive requests waiting to preempt, by replica
+    let mut wants: HashMap<&str, Vec<f64>> = HashMap::new();
     for (replica, fields) in demands {
         let mine = replica == me;
         let at = names.binary_search(&replica.as_str()).unwrap_or(0);
@@ -133,16 +143,28 @@ pub fn shares(me: &str, demands: &Demands, shape: &Shape, round: u64) -> Shares 
                 if mine {
                     e.0 += v;
                 }
-            } else if let Some((model, t)) = field
-                .strip_prefix(BACKLOG_FIELD)
-                .and_then(|rest| rest.split_once('\u{1f}'))
-            {
+            } else if let Some(model) = field.strip_prefix(WANT_FIELD) {
+                wants
+                    .entry(model)
+                    .or_insert_with(|| vec![0.0; names.len()])[at] += v;
+            } else {
+                let (lane, rest) = match (
+                    field.strip_prefix(BACKLOG_FIELD),
+                    field.strip_prefix(LOWER_FIELD),
+                ) {
+                    (Some(rest), _) => (0, rest),
+                    (None, Some(rest)) => (1, rest),
+                    (None, None) => continue,
+                };
+                let Some((model, t)) = rest.split_once('\u{1f}') else {
+                    continue;
+                };
                 let by_replica = backlog
                     .entry(model)
                     .or_default()
                     .entry(t)
-                    .or_insert_with(|| vec![0.0; names.len()]);
-                by_replica[at] += v;
+                    .or_insert_with(|| [vec![0.0; names.len()], vec![0.0; names.len()]]);
+                by_replica[lane][at] += v;
             }
         }
     }
@@ -161,56 +183,100 @@ pub fn shares(me: &str, demands: &Demands, shape: &Shape, round: u64) -> Shares 
     let pools = backlog
         .into_iter()
         .map(|(model, by_tenant)| {
-            let rows: Vec<(&str, &Vec<f64>, f64)> = by_tenant
-                .iter()
-                .map(|(t, by_replica)| (*t, by_replica, by_replica.iter().sum()))
-                .collect();
-            // Each tenant claims twice its backlog (at least one slot
-            // more): room for the next burst before the next sync moves
-            // the split, as each replica rounding up left it. A tenant
-            // that saturates claims more than the pool either way.
-            let claims: Vec<(f64, f64)> = rows
-                .iter()
-                .map(|(t, _, all)| {
-                    let weight = shape.weights.get(*t).copied().unwrap_or(1.0);
-                    (weight, *all + all.max(1.0))
-                })
-                .collect();
             let capacity = shape.capacity.get(model).copied().unwrap_or(f64::INFINITY);
-            let alloc = water_fill(&claims, capacity);
-            let given: f64 = alloc.iter().sum();
+            let given = split(&by_tenant, names.len(), capacity, shape, true);
+            let total_given: f64 = given.iter().sum();
             // Each replica's share: its part of what its backlogs were given.
-            let parts: Vec<f64> = (0..names.len())
-                .map(|r| {
-                    let mine: f64 = rows
-                        .iter()
-                        .zip(&alloc)
-                        .map(|((_, b, all), a)| if *all > 0.0 { a * b[r] / all } else { 0.0 })
-                        .sum();
-                    part(mine, given, n)
-                })
+            let parts: Vec<f64> = given
+                .iter()
+                .map(|mine| part(*mine, total_given, n))
                 .collect();
-            let (share, slots) = match me_at {
-                Ok(r) => {
-                    let slots = capacity
-                        .is_finite()
-                        .then(|| apportion(&parts, capacity, round)[r]);
-                    (parts[r], slots)
-                }
+            let wanted_elsewhere = |r: usize| {
+                wants
+                    .get(model)
+                    .is_some_and(|w| w.iter().enumerate().any(|(i, v)| i != r && *v > 0.0))
+            };
+            let (share, slots, yield_above) = match me_at {
+                Ok(r) if capacity.is_finite() => (
+                    parts[r],
+                    Some(apportion(&parts, capacity, round)[r]),
+                    wanted_elsewhere(r).then(|| {
+                        // What its backlogs are given when each tenant
+                        // claims its backlog as it is (not doubled): no
+                        // work is preempted for another's slack.
+                        let need = split(&by_tenant, names.len(), capacity, shape, false)[r];
+                        ((need - 1e-9).ceil() as u32).max(1)
+                    }),
+                ),
+                Ok(r) => (parts[r], None, None),
                 // Not among the live replicas read (its membership
                 // lapsed): an idle replica's part, no apportioned slots.
-                Err(_) => (part(0.0, given, n), None),
+                Err(_) => (part(0.0, total_given, n), None, None),
+            };
+            let total = |r: Option<usize>| -> f64 {
+                by_tenant
+                    .values()
+                    .flat_map(|b| b.iter())
+                    .map(|v| r.map_or_else(|| v.iter().sum(), |r| v[r]))
+                    .sum()
             };
             let s = PoolShare {
                 share,
                 slots,
-                backlog_here: me_at.map_or(0.0, |r| rows.iter().map(|row| row.1[r]).sum()),
-                backlog_cluster: rows.iter().map(|r| r.2).sum(),
+                yield_above,
+                backlog_here: me_at.map_or(0.0, |r| total(Some(r))),
+                backlog_cluster: total(None),
             };
             (model.to_owned(), s)
         })
         .collect();
     Shares { tenants, pools }
+}
+
+/// The slots of a pool of `capacity` that each of `replicas` replicas'
+/// backlogs are given: the tenants' live backlogs first, by weight
+/// (water-filling), then their lower lanes with what is left. Each
+/// tenant claims its backlog over the replicas, or with `slack` twice it
+/// (at least one slot more): room for the next burst before the next sync
+/// moves the split, as each replica rounding up left it (a tenant that
+/// saturates claims more than the pool either way).
+fn split(
+    by_tenant: &HashMap<&str, [Vec<f64>; 2]>,
+    replicas: usize,
+    capacity: f64,
+    shape: &Shape,
+    slack: bool,
+) -> Vec<f64> {
+    let mut given = vec![0.0; replicas];
+    let mut left = capacity;
+    for lane in 0..2 {
+        let rows: Vec<(&str, &Vec<f64>, f64)> = by_tenant
+            .iter()
+            .map(|(t, b)| (*t, &b[lane], b[lane].iter().sum()))
+            .collect();
+        let claims: Vec<(f64, f64)> = rows
+            .iter()
+            .map(|(t, _, all)| {
+                let weight = shape.weights.get(*t).copied().unwrap_or(1.0);
+                let cap = match (*all > 0.0, slack) {
+                    (false, _) => 0.0,
+                    (true, true) => all + all.max(1.0),
+                    (true, false) => *all,
+                };
+                (weight, cap)
+            })
+            .collect();
+        let alloc = water_fill(&claims, left);
+        left -= alloc.iter().sum::<f64>();
+        for (r, g) in given.iter_mut().enumerate() {
+            *g += rows
+                .iter()
+                .zip(&alloc)
+                .map(|((_, b, all), a)| if *all > 0.0 { a * b[r] / all } else { 0.0 })
+                .sum::<f64>();
+        }
+    }
+    given
 }
 
 /// The golden ratio's fractional part: successive rounds' offsets
@@ -283,18 +349,24 @@ impl DemandMeter {
         }
     }
 
-    /// The fields to publish, from the scheduler's state at `now_secs`.
+    /// The fields to publish, from the scheduler's state at `now`.
     pub fn fields(
         &mut self,
-        now_secs: f64,
+        now: crate::core::time::Instant,
         sched: &crate::core::scheduler::Scheduler,
     ) -> Vec<(String, f64)> {
+        let now_secs = now.as_secs_f64();
         let arrivals = sched.arrivals().map(|(t, n)| (t.to_owned(), n)).collect();
         let secs = self.at.map_or(0.0, |t| (now_secs - t).max(0.0));
         self.at = Some(now_secs);
         let backlogs = sched
             .backlogs()
-            .map(|(m, t, n)| (format!("{BACKLOG_FIELD}{m}\u{1f}{t}"), f64::from(n)))
+            .flat_map(|(m, t, live, lower)| {
+                [(BACKLOG_FIELD, live), (LOWER_FIELD, lower)]
+                    .into_iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(move |(f, n)| (format!("{f}{m}\u{1f}{t}"), f64::from(n)))
+            })
             .collect();
         let mut out: Vec<(String, f64)> = self
             .sample(secs, arrivals)
@@ -302,6 +374,12 @@ impl DemandMeter {
             .map(|(t, d)| (format!("{TENANT_FIELD}{t}"), d))
             .collect();
         out.extend(self.smooth_backlogs(secs, backlogs));
+        // Not averaged: a want ends as soon as its requests dispatch.
+        out.extend(
+            sched
+                .preemption_wants(now)
+                .map(|(m, n)| (format!("{WANT_FIELD}{m}"), f64::from(n))),
+        );
         out
     }
 
@@ -435,6 +513,40 @@ mod tests {
             (r1 - 0.75).abs() < 1e-9 && (r2 - 0.25).abs() < 1e-9,
             "{r1} {r2}"
         );
+    }
+
+    #[test]
+    fn batch_work_gets_what_live_work_leaves_and_yields_to_waiting_interactive_work() {
+        // Interactive work (backlog 1) at r1; 8 batch items in flight at
+        // r2. A pool of 4 slots.
+        let field = |f: &str, m: &str, t: &str| format!("{f}{m}\u{1f}{t}");
+        let shape = Shape {
+            weights: [("app".to_owned(), 1.0), ("jobs".to_owned(), 1.0)].into(),
+            capacity: [("m".to_owned(), 4.0)].into(),
+        };
+        let mut d: Demands = vec![
+            ("r1".into(), vec![(field(BACKLOG_FIELD, "m", "app"), 1.0)]),
+            ("r2".into(), vec![(field(LOWER_FIELD, "m", "jobs"), 8.0)]),
+        ];
+        // Live work claims twice its backlog; the batch lane the rest.
+        let r2 = shares("r2", &d, &shape, 0).pools["m"];
+        assert!((r2.share - 0.5).abs() < 1e-9, "{r2:?}");
+        assert_eq!((r2.slots, r2.yield_above), (Some(2), None));
+        // As live, the same backlog is weighed 1:1 against app's.
+        let mut as_live = d.clone();
+        as_live[1].1 = vec![(field(BACKLOG_FIELD, "m", "jobs"), 8.0)];
+        assert!((shares("r2", &as_live, &shape, 0).pools["m"].share - 0.5).abs() < 1e-9);
+        // More live work at r1, which has waited: r2 keeps what its
+        // backlog gets without the slack (app 3 of the 4 slots, jobs 1) and
+        // yields the rest.
+        d[0].1 = vec![
+            (field(BACKLOG_FIELD, "m", "app"), 3.0),
+            (format!("{WANT_FIELD}m"), 2.0),
+        ];
+        let r2 = shares("r2", &d, &shape, 0).pools["m"];
+        assert_eq!((r2.slots, r2.yield_above), (Some(1), Some(1)));
+        // A replica's own want is not a reason to yield.
+        assert_eq!(shares("r1", &d, &shape, 0).pools["m"].yield_above, None);
     }
 
     #[test]

@@ -67,7 +67,7 @@ impl Syncer {
     pub async fn sync(&mut self, member: &Member, replica: &dyn Replica) {
         let (mut demand, mut asks) = (Vec::new(), Vec::new());
         replica.with_scheduler(&mut |now, sched| {
-            demand = self.meter.fields(now.as_secs_f64(), sched);
+            demand = self.meter.fields(now, sched);
             if member.store_up() {
                 asks = sched.lease_asks(now, self.lease_ahead, member.replicas());
             }
@@ -135,7 +135,11 @@ impl Syncer {
                     || new.pools.iter().any(|(m, s)| {
                         pools
                             .get(m)
-                            .is_none_or(|old| moved(old.share, s.share) || old.slots != s.slots)
+                            .is_none_or(|old| {
+                                moved(old.share, s.share)
+                                    || old.slots != s.slots
+                                    || old.yield_above != s.yield_above
+                            })
                     });
                 *tenants = new.tenants;
                 *pools = new.pools;

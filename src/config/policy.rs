@@ -688,6 +688,7 @@ impl PoolPolicy {
                 })
                 .collect(),
             slots: None,
+            yield_above: None,
         }
     }
 }

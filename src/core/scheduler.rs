@@ -362,7 +362,7 @@ impl Scheduler {
         else {
             return None;
         };
-        let gpu_seconds = self.leave_backend(now, id, req.tenant, req.pool, req.phase);
+        let gpu_seconds = self.leave_backend(now, id, req.tenant, req.pool, req.phase, req.batch);
         // The prompt the charge settles on: the engine's own cached count
         // where it reports one, else the index's prediction.
         let prompt = usage.map_or(0, |u| {

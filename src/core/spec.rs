@@ -251,6 +251,7 @@ impl SchedulerSpec {
             let part = pool_share(&pool_key(&p.model, p.api));
             let s = fraction(part.share);
             p.slots = part.slots;
+            p.yield_above = part.yield_above;
             for b in &mut p.backends {
                 b.max_inflight = ((f64::from(b.max_inflight) * s - 1e-9).ceil() as u32).max(1);
                 b.window_share = s;
@@ -266,16 +267,27 @@ impl SchedulerSpec {
 /// (`cluster::shares`: each replica holds the floor or the ceiling of its
 /// share of the pool's slots in turn, so that fractional shares are
 /// honoured over time and the whole slots add up to the pool's).
-#[derive(Clone, Copy, Debug, PartialEq)]
+///
+/// Preemption across replicas: while interactive work that may preempt
+/// waits for a slot at another replica, `yield_above` is the slots this
+/// replica keeps (its exact share of the pool's slots, rounded up), and
+/// young preemptible work it holds above them is preempted, as the
+/// waiting work's own replica would have preempted it had it been
+/// admitted there.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PoolPart {
     pub share: f64,
     pub slots: Option<u32>,
+    pub yield_above: Option<u32>,
 }
 
 impl PoolPart {
     /// A share of every window, with no apportioned slots.
     pub fn share(share: f64) -> PoolPart {
-        PoolPart { share, slots: None }
+        PoolPart {
+            share,
+            ..PoolPart::default()
+        }
     }
 }
 
@@ -416,6 +428,9 @@ pub struct PoolSpec {
     /// In a cluster, the whole slots this replica may hold over all the
     /// pool's backends at once ([`PoolPart`]); `None`: the windows'.
     pub slots: Option<u32>,
+    /// In a cluster, while interactive work waits for a slot at another
+    /// replica: the slots this replica keeps ([`PoolPart::yield_above`]).
+    pub yield_above: Option<u32>,
 }
 
 /// A pool's prefix index: its canonical block, its cap, and how long a
@@ -538,6 +553,7 @@ mod tests {
                     kv_tokens: 1000,
                 }],
                 slots: None,
+                yield_above: None,
             }],
         }
     }

@@ -1,7 +1,8 @@
 //! The extender's and the webhook's decisions: `/filter`, `/prioritize`
 //! and `/validate` (pod creation, bindings), each judged by
 //! `core::placement`'s rules against the nodes as the agents read them,
-//! recorded, counted, and for an allowed binding reserved.
+//! recorded, counted, and for an allowed binding reserved (in the
+//! cluster's store too, with `[cluster]`: see `shared`).
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -12,6 +13,7 @@ use super::k8s::{
     Pod, Verdict,
 };
 use super::nodes::Reservation;
+use super::shared::POD_TTL;
 use crate::clock::unix_seconds;
 use crate::core::placement::{Fit, Misfit, PodRequest, assess};
 
@@ -128,7 +130,7 @@ impl Placement {
         json(StatusCode::OK, &scores)
     }
 
-    pub(super) fn validate(&self, body: &[u8]) -> Response<Full<Bytes>> {
+    pub(super) async fn validate(&self, body: &[u8]) -> Response<Full<Bytes>> {
         let review: AdmissionReview = match serde_json::from_slice(body) {
             Ok(r) => r,
             Err(e) => return bad_request(&format!("not an AdmissionReview body: {e}")),
@@ -142,12 +144,12 @@ impl Placement {
         let Some(req) = review.request else {
             return bad_request("the AdmissionReview has no request");
         };
-        let verdict = self.admit(&req);
+        let verdict = self.admit(&req).await;
         json(StatusCode::OK, &verdict.review(&req.uid))
     }
 
     /// The webhook's decision on one request.
-    fn admit(&self, req: &AdmissionRequest) -> Verdict {
+    async fn admit(&self, req: &AdmissionRequest) -> Verdict {
         if req.operation != "CREATE" || req.resource.resource != "pods" {
             return Verdict::allow();
         }
@@ -156,18 +158,18 @@ impl Placement {
         };
         match req.sub_resource.as_str() {
             "" => match serde_json::from_value::<Pod>(object.clone()) {
-                Ok(pod) => self.admit_pod(req, &pod),
+                Ok(pod) => self.admit_pod(req, &pod).await,
                 Err(e) => Verdict::deny(400, format!("the object is not a Pod: {e}")),
             },
             "binding" => match serde_json::from_value::<Binding>(object.clone()) {
-                Ok(binding) => self.admit_binding(req, &binding),
+                Ok(binding) => self.admit_binding(req, &binding).await,
                 Err(e) => Verdict::deny(400, format!("the object is not a Binding: {e}")),
             },
             _ => Verdict::allow(),
         }
     }
 
-    fn admit_pod(&self, req: &AdmissionRequest, pod: &Pod) -> Verdict {
+    async fn admit_pod(&self, req: &AdmissionRequest, pod: &Pod) -> Verdict {
         let request = match pod.request() {
             Ok(Some(r)) => r,
             Ok(None) => return Verdict::allow(),
@@ -180,10 +182,10 @@ impl Placement {
         let key = pod.key();
         if !pod.spec.node_name.is_empty() {
             // Created already bound: this is the only check it gets.
-            return self.bind(req, key, &pod.spec.node_name, request);
+            return self.bind(req, key, &pod.spec.node_name, request).await;
         }
         if !req.dry_run {
-            self.remember(&key, request.clone());
+            self.remember(&key, request.clone()).await;
         }
         let names = self.nodes.lock().names();
         if names.is_empty() {
@@ -222,7 +224,7 @@ impl Placement {
         Verdict::deny(403, message)
     }
 
-    fn admit_binding(&self, req: &AdmissionRequest, binding: &Binding) -> Verdict {
+    async fn admit_binding(&self, req: &AdmissionRequest, binding: &Binding) -> Verdict {
         let name = if req.name.is_empty() {
             &binding.metadata.name
         } else {
@@ -241,16 +243,27 @@ impl Placement {
                 .filter(|(_, seen)| now.saturating_since(*seen) <= POD_TTL)
                 .map(|(r, _)| r.clone())
         };
+        // Created at another replica: in the store.
+        let request = match (request, &self.shared) {
+            (None, Some(shared)) => shared.pod(&key).await.unwrap_or_else(|e| {
+                self.store_failed(&e);
+                None
+            }),
+            (request, _) => request,
+        };
         let Some(request) = request else {
-            // Not a model pod, or one created before this process started.
+            // Not a model pod, or one created before placement started.
             return Verdict::allow();
         };
-        self.bind(req, key, &binding.target.name, request)
+        self.bind(req, key, &binding.target.name, request).await
     }
 
     /// Judges `node` for the pod `key`; an allowed, non-dry-run placement
-    /// reserves the model's memory on the chosen GPU.
-    fn bind(
+    /// reserves the model's memory on the chosen GPU. With a store, the
+    /// node is judged with every replica's reservations, and the
+    /// reservation is added only if none came in between; if one did, the
+    /// binding is judged again with it.
+    async fn bind(
         &self,
         req: &AdmissionRequest,
         key: String,
@@ -262,37 +275,108 @@ impl Placement {
         } else {
             ("binding", "binding")
         };
-        match self.assess(node, &request) {
-            Ok(fit) => {
-                let message = match fit.gpu {
-                    Some(gpu) => format!("GPU {gpu}, score {}", fit.score),
-                    None => "no fresh reading; allowed unchecked (placement.on_stale)".to_owned(),
-                };
-                if let (Some(gpu), false) = (fit.gpu, req.dry_run) {
-                    let until = self.clock.now() + self.policy.load().reservation_ttl;
-                    self.nodes.lock().reservations.push(Reservation {
-                        pod: key.clone(),
-                        node: node.to_owned(),
-                        gpu,
-                        request,
-                        until,
-                    });
-                    self.pods.lock().remove(&key);
+        for _ in 0..BIND_TRIES {
+            let version = self.refresh_node(node).await;
+            let fit = match self.assess(node, &request) {
+                Ok(fit) => fit,
+                Err(refusals) => {
+                    let message =
+                        format!("pod {key} cannot go on node {node}: {}", joined(&refusals));
+                    self.count(kind, false, &refusals);
+                    self.record(what, key, Some(node.to_owned()), false, message.clone());
+                    return Verdict::deny(403, message);
                 }
-                self.count(kind, true, &[]);
-                self.record(what, key, Some(node.to_owned()), true, message);
-                Verdict::allow()
+            };
+            let message = match fit.gpu {
+                Some(gpu) => format!("GPU {gpu}, score {}", fit.score),
+                None => "no fresh reading; allowed unchecked (placement.on_stale)".to_owned(),
+            };
+            if let (Some(gpu), false) = (fit.gpu, req.dry_run) {
+                let now = self.clock.now();
+                let r = Reservation {
+                    pod: key.clone(),
+                    node: node.to_owned(),
+                    gpu,
+                    request: request.clone(),
+                    until: now + self.policy.load().reservation_ttl,
+                };
+                if let (Some(shared), Some(version)) = (&self.shared, version) {
+                    match shared.reserve(&r, version, now).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            // Another replica reserved on this node first.
+                            self.counters.lock().conflicts += 1;
+                            continue;
+                        }
+                        Err(e) => self.store_failed(&e),
+                    }
+                }
+                self.nodes.lock().reservations.push(r);
+                self.pods.lock().remove(&key);
             }
-            Err(refusals) => {
-                let message = format!("pod {key} cannot go on node {node}: {}", joined(&refusals));
-                self.count(kind, false, &refusals);
-                self.record(what, key, Some(node.to_owned()), false, message.clone());
-                Verdict::deny(403, message)
+            self.count(kind, true, &[]);
+            self.record(what, key, Some(node.to_owned()), true, message);
+            return Verdict::allow();
+        }
+        let message = format!(
+            "pod {key}: node {node}'s reservations changed {BIND_TRIES} times while it was judged (bindings at other placement replicas); try again"
+        );
+        self.count(kind, false, &[]);
+        self.record(what, key, Some(node.to_owned()), false, message.clone());
+        Verdict::deny(409, message)
+    }
+
+    /// With a store: replaces this replica's reservations on `node` with
+    /// the store's (those whose engine shows dropped, there too) and
+    /// returns the node's version. `None` without a store, or when it did
+    /// not answer: the node is judged with this replica's own.
+    async fn refresh_node(&self, node: &str) -> Option<u64> {
+        let shared = self.shared.as_ref()?;
+        let now = self.clock.now();
+        match shared.node(node, now).await {
+            Ok(read) => {
+                self.store_answered();
+                let ended = {
+                    let mut nodes = self.nodes.lock();
+                    nodes.reservations.retain(|r| r.node != node);
+                    nodes.reservations.extend(read.reservations);
+                    nodes.settle(now, self.policy.load().stale_after)
+                };
+                if !ended.is_empty() {
+                    let _ = shared.release(&ended).await;
+                }
+                Some(read.version)
+            }
+            Err(e) => {
+                self.store_failed(&e);
+                None
             }
         }
     }
 
-    fn remember(&self, key: &str, request: PodRequest) {
+    /// A store call failed: counted, and logged when the store was up.
+    pub(super) fn store_failed(&self, e: &redis::RedisError) {
+        self.counters.lock().store_errors += 1;
+        if self.store_up.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(error = %e, "placement store unreachable: judging with this replica's reservations only");
+        }
+    }
+
+    /// A store call succeeded.
+    pub(super) fn store_answered(&self) {
+        if !self.store_up.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!("placement store reachable: reservations shared again");
+        }
+    }
+
+    /// Keeps pod `key`'s request for its binding, here and in the store.
+    async fn remember(&self, key: &str, request: PodRequest) {
+        if let Some(shared) = &self.shared {
+            match shared.remember(key, &request).await {
+                Ok(()) => self.store_answered(),
+                Err(e) => self.store_failed(&e),
+            }
+        }
         let now = self.clock.now();
         let mut pods = self.pods.lock();
         if pods.len() >= PODS_KEPT {
@@ -309,6 +393,10 @@ impl Placement {
         pods.insert(key.to_owned(), (request, now));
     }
 }
+
+/// Judgements of one binding at most, while other replicas keep changing
+/// its node's reservations.
+const BIND_TRIES: usize = 3;
 
 /// The node names an extender call asks about.
 fn candidate_names(args: &ExtenderArgs) -> Vec<String> {

@@ -24,7 +24,14 @@
 //! - `GET /healthz` (always 200), `GET /readyz` (200 once the agents have
 //!   been polled once).
 //!
-//! Every answer is computed from memory: the agents are polled in the
+//! Placement runs as several replicas behind one Service: with a
+//! `[cluster]` section in the policy they share the pods seen at `CREATE`
+//! and the reservations through the cluster's store (`shared`), so that
+//! both refuse a node the other just filled; without one, each replica
+//! judges with its own reservations only.
+//!
+//! Every answer is computed from memory (a binding also reads and writes
+//! its node's reservations in the store, within half a second a call): the agents are polled in the
 //! background every `poll_interval`, so a request never waits on an agent
 //! and the webhook answers well within Kubernetes' timeout. Bodies are
 //! bounded (16 MiB, 10 s). A pod without the `fairway.dev/model-size-gb`
@@ -33,6 +40,8 @@
 mod decide;
 pub mod k8s;
 pub mod nodes;
+mod report;
 mod service;
+mod shared;
 
 pub use service::{StartError, load, serve};

@@ -59,10 +59,12 @@ impl Nodes {
     }
 
     /// Drops expired reservations and those whose engine now shows in a
-    /// fresh reading.
-    pub fn settle(&mut self, now: Instant, stale_after: Duration) {
+    /// fresh reading; returns them.
+    pub fn settle(&mut self, now: Instant, stale_after: Duration) -> Vec<Reservation> {
         let agents = &self.agents;
-        self.reservations.retain(|r| {
+        let (keep, ended) = std::mem::take(&mut self.reservations)
+            .into_iter()
+            .partition(|r| {
             let shown = agents.values().any(|a| {
                 now.saturating_since(a.at) <= stale_after
                     && a.reading.node == r.node
@@ -73,6 +75,8 @@ impl Nodes {
             });
             r.until > now && !shown
         });
+        self.reservations = keep;
+        ended
     }
 
     /// `node` as the rules see it at `now`.

@@ -22,7 +22,6 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use parking_lot::Mutex;
 use serde::Serialize;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -34,7 +33,6 @@ use crate::config::validate::OTLP_ENDPOINT_ENV;
 use crate::config::{ConfigError, PlacementPolicy, Policy, load_policy_with_env};
 use crate::core::placement::PodRequest;
 use crate::core::time::Instant;
-use crate::prom::{self, Kind};
 
 /// Largest request body read (an extender's `NodeList` of a big cluster).
 pub(super) const MAX_BODY: usize = 16 << 20;
@@ -42,15 +40,16 @@ pub(super) const MAX_BODY: usize = 16 << 20;
 pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Decisions kept for `GET /nodes`.
 pub(super) const DECISIONS_KEPT: usize = 256;
-/// Pods remembered from `CREATE` for their binding, and for how long.
+/// Pods remembered from `CREATE` for their binding.
 pub(super) const PODS_KEPT: usize = 10_000;
-pub(super) const POD_TTL: Duration = Duration::from_secs(3600);
 /// Largest agent answer read.
 pub(super) const MAX_READING: usize = 1 << 20;
 /// Open connections at once; more are closed at accept.
 pub(super) const MAX_CONNECTIONS: usize = 1024;
 /// How often the policy and certificate files are checked for changes.
 pub(super) const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+/// What placement's policy loader puts in a variable it does not have.
+const STAND_IN: &str = "unused by fairway placement: ";
 
 /// Why the placement service cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +62,8 @@ pub enum StartError {
     NoTls,
     #[error(transparent)]
     Tls(#[from] crate::net::tls::TlsError),
+    #[error("[cluster] store: {0}")]
+    Store(String),
 }
 
 /// One answer, kept for `GET /nodes`.
@@ -86,6 +87,11 @@ pub(super) struct Counters {
     pub(super) refusals: std::collections::BTreeMap<&'static str, u64>,
     /// Agent reads by success.
     pub(super) reads: [u64; 2],
+    /// Store calls that failed.
+    pub(super) store_errors: u64,
+    /// Bindings judged again because another replica reserved on their
+    /// node in between.
+    pub(super) conflicts: u64,
 }
 
 /// The service's state.
@@ -103,6 +109,10 @@ pub(super) struct Placement {
     pub(super) counters: Mutex<Counters>,
     pub(super) polled: AtomicBool,
     pub(super) client: crate::net::client::Client,
+    /// The cluster's store, with `[cluster]`.
+    pub(super) shared: Option<super::shared::Shared>,
+    /// Whether the store's last call succeeded.
+    pub(super) store_up: AtomicBool,
 }
 
 /// The shared policy file, read without the gateway's secrets: placement
@@ -112,10 +122,29 @@ pub(super) struct Placement {
 /// its meaning.)
 fn load_policy(path: &std::path::Path) -> Result<(Policy, String), Vec<ConfigError>> {
     load_policy_with_env(path, &|name| {
-        std::env::var(name).ok().or_else(|| {
-            (name != OTLP_ENDPOINT_ENV).then(|| format!("unused by fairway placement: {name}"))
-        })
+        std::env::var(name)
+            .ok()
+            .or_else(|| (name != OTLP_ENDPOINT_ENV).then(|| format!("{STAND_IN}{name}")))
     })
+}
+
+/// The link to `[cluster]`'s store, whose password placement does use.
+fn shared(policy: &Policy) -> Result<Option<super::shared::Shared>, StartError> {
+    let Some(cluster) = &policy.cluster else {
+        return Ok(None);
+    };
+    if let Some(name) = cluster
+        .password
+        .as_ref()
+        .and_then(|p| p.0.strip_prefix(STAND_IN))
+    {
+        return Err(StartError::Store(format!(
+            "the variable {name} (password_env) is not set: placement shares its reservations through the store and needs its password"
+        )));
+    }
+    super::shared::Shared::connect(cluster)
+        .map(Some)
+        .map_err(StartError::Store)
 }
 
 /// Loads the policy at `path` and checks that the service can serve it.
@@ -134,6 +163,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let (policy, text) = load_policy(&path).map_err(StartError::Policy)?;
+    let shared = shared(&policy)?;
     let placement = policy.placement;
     let tls_policy = placement.tls.clone().ok_or(StartError::NoTls)?;
     let tls = crate::net::tls::load(&tls_policy.cert, &tls_policy.key, "placement.tls")?;
@@ -149,6 +179,8 @@ pub async fn serve(
         polled: AtomicBool::new(false),
         client: crate::net::client::client(),
         path,
+        store_up: AtomicBool::new(shared.is_some()),
+        shared,
     });
     let stop = tokio_util::sync::CancellationToken::new();
     let background = tokio::spawn({
@@ -303,15 +335,35 @@ async fn poll_agents(svc: Arc<Placement>) {
                     Err(e) => tracing::debug!(url, error = %e, "reading an agent failed"),
                 }
             }
-            drop(counters);
-            nodes.settle(at, policy.stale_after);
         }
+        svc.share_reservations(at, policy.stale_after).await;
         svc.polled.store(true, Ordering::Relaxed);
         tokio::time::sleep(policy.poll_interval).await;
     }
 }
 
 impl Placement {
+    /// Settles the reservations after a poll: with a store, every
+    /// replica's (read from it) replace this one's, and those that ended
+    /// are dropped there too.
+    async fn share_reservations(&self, now: Instant, stale_after: Duration) {
+        if let Some(shared) = &self.shared {
+            match shared.all(now).await {
+                Ok(all) => {
+                    self.store_answered();
+                    self.nodes.lock().reservations = all;
+                }
+                Err(e) => self.store_failed(&e),
+            }
+        }
+        let ended = self.nodes.lock().settle(now, stale_after);
+        if let (Some(shared), false) = (&self.shared, ended.is_empty())
+            && let Err(e) = shared.release(&ended).await
+        {
+            self.store_failed(&e);
+        }
+    }
+
     async fn read_agent(&self, url: &str, timeout: Duration) -> Result<NodeReading, String> {
         let url = format!("{url}/node");
         let body = crate::net::scrape::get(&self.client, &url, timeout, MAX_READING)
@@ -345,7 +397,7 @@ impl Placement {
                 match path.as_str() {
                     "/filter" => self.filter(&body),
                     "/prioritize" => self.prioritize(&body),
-                    _ => self.validate(&body),
+                    _ => self.validate(&body).await,
                 }
             }
             (_, "/healthz" | "/readyz" | "/nodes") => {
@@ -363,121 +415,6 @@ impl Placement {
                 ),
             ),
         }
-    }
-
-    /// `GET /metrics`, Prometheus text.
-    fn metrics(&self) -> String {
-        use std::fmt::Write;
-        let policy = self.policy.load();
-        let now = self.clock.now();
-        let (known, fresh, reservations) = {
-            let nodes = self.nodes.lock();
-            let names = nodes.names();
-            let fresh = names
-                .iter()
-                .filter(|n| !nodes.state(n, now, policy.stale_after).gpus.is_empty())
-                .count();
-            (names.len(), fresh, nodes.reservations.len())
-        };
-        let c = self.counters.lock();
-        let mut w = String::new();
-        prom::family(
-            &mut w,
-            "fairway_placement_decisions_total",
-            Kind::Counter,
-            "Placement decisions by kind (filter: one per node judged) and result.",
-        );
-        for ((kind, allowed), n) in &c.decisions {
-            let result = if *allowed { "allowed" } else { "refused" };
-            let _ = writeln!(
-                w,
-                "fairway_placement_decisions_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
-            );
-        }
-        prom::family(
-            &mut w,
-            "fairway_placement_refusals_total",
-            Kind::Counter,
-            "Refusals by rule (one per GPU or node that failed it).",
-        );
-        for (rule, n) in &c.refusals {
-            let _ = writeln!(w, "fairway_placement_refusals_total{{rule=\"{rule}\"}} {n}");
-        }
-        prom::family(
-            &mut w,
-            "fairway_placement_agent_reads_total",
-            Kind::Counter,
-            "Reads of the agents' GET /node by result.",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_placement_agent_reads_total{{result=\"ok\"}} {}\n\
-             fairway_placement_agent_reads_total{{result=\"failed\"}} {}",
-            c.reads[1], c.reads[0]
-        );
-        prom::family(
-            &mut w,
-            "fairway_placement_nodes",
-            Kind::Gauge,
-            "Nodes an agent has reported, and those with a fresh reading.",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_placement_nodes{{reading=\"any\"}} {known}\n\
-             fairway_placement_nodes{{reading=\"fresh\"}} {fresh}"
-        );
-        prom::family(
-            &mut w,
-            "fairway_placement_reservations",
-            Kind::Gauge,
-            "Memory reservations held for allowed bindings.",
-        );
-        let _ = writeln!(w, "fairway_placement_reservations {reservations}");
-        w
-    }
-
-    /// `GET /nodes`.
-    fn report(&self) -> Value {
-        let policy = self.policy.load();
-        let now = self.clock.now();
-        let nodes = self.nodes.lock();
-        let states: Vec<Value> = nodes
-            .names()
-            .iter()
-            .map(|name| {
-                let s = nodes.state(name, now, policy.stale_after);
-                serde_json::json!({
-                    "name": s.name,
-                    "reading_age_seconds": s.read_at.map(|at| now.saturating_since(at).as_secs_f64()),
-                    "gpus": s.gpus.iter().map(|g| serde_json::json!({
-                        "index": g.index,
-                        "memory_total_bytes": g.memory_total,
-                        "memory_used_bytes": g.memory_used,
-                        "models": g.models,
-                        "ttft_p99_seconds": g.ttft_p99.map(|d| d.as_secs_f64()),
-                    })).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
-        let reservations: Vec<Value> = nodes
-            .reservations
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "pod": r.pod,
-                    "node": r.node,
-                    "gpu": r.gpu,
-                    "model": r.request.model,
-                    "memory_bytes": r.request.memory,
-                    "expires_in_seconds": r.until.saturating_since(now).as_secs_f64(),
-                })
-            })
-            .collect();
-        serde_json::json!({
-            "nodes": states,
-            "reservations": reservations,
-            "decisions": self.decisions.lock().iter().rev().collect::<Vec<_>>(),
-        })
     }
 }
 

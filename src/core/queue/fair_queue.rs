@@ -271,6 +271,16 @@ impl FairQueue {
         }
     }
 
+    /// `tenant`'s first live request, without removing it.
+    pub fn tenant_head(
+        &self,
+        tenant: TenantId,
+        is_live: impl Fn(RequestId) -> bool,
+    ) -> Option<RequestId> {
+        let q = self.tenants.get(tenant.0 as usize)?;
+        q.entries.iter().map(|(id, _)| *id).find(|id| is_live(*id))
+    }
+
     /// The tenant that would be served next.
     pub fn peek_tenant(&self) -> Option<TenantId> {
         self.backlogged.first().map(|(_, t)| *t)
@@ -279,12 +289,7 @@ impl FairQueue {
     /// The request that would be served next, without removing it.
     pub fn peek(&self, is_live: impl Fn(RequestId) -> bool) -> Option<(TenantId, RequestId)> {
         let tenant = self.peek_tenant()?;
-        let q = self.tenants.get(tenant.0 as usize)?;
-        q.entries
-            .iter()
-            .map(|(id, _)| *id)
-            .find(|id| is_live(*id))
-            .map(|id| (tenant, id))
+        self.tenant_head(tenant, is_live).map(|id| (tenant, id))
     }
 
     /// Removes and returns the next request in discipline order, skipping

@@ -344,10 +344,11 @@ impl Scheduler {
             }
         }
         self.tenants[tenant.0 as usize].in_flight += 1;
-        let lane = if req.batch { Lane::Batch } else { Lane::Live };
+        let req_batch = req.batch;
+        let lane = if req_batch { Lane::Batch } else { Lane::Live };
         let preemptible = self.may_preempt_in(tenant, lane);
         let ps = &mut self.pools[p];
-        ps.add_in_flight(tenant);
+        ps.add_in_flight(tenant, req_batch);
         if preemptible {
             ps.preemptible.insert((now, id));
         }
@@ -371,10 +372,10 @@ impl Scheduler {
         else {
             return None;
         };
-        let (tenant, pool) = (req.tenant, req.pool);
+        let (tenant, pool, lower) = (req.tenant, req.pool, req.batch);
         req.phase = Phase::Queued;
         req.deadline = deadline;
-        self.leave_backend(now, id, tenant, pool, phase);
+        self.leave_backend(now, id, tenant, pool, phase, lower);
         self.deadlines.insert((deadline, id));
         let p = &mut self.pools[pool.0 as usize];
         p.queue.settle(tenant, charged, Some(0.0));
@@ -390,8 +391,8 @@ impl Scheduler {
 
     /// Undoes what `dispatch` counted for request `id` in `phase` (in
     /// flight): its backend's slot and GPU clock, its tenant's and pool's
-    /// in-flight counts, its place among the preemptible. Returns the
-    /// GPU-seconds it had on its backend.
+    /// in-flight counts (its batch lane's if `lower`), its place among the
+    /// preemptible. Returns the GPU-seconds it had on its backend.
     pub(super) fn leave_backend(
         &mut self,
         now: Instant,
@@ -399,6 +400,7 @@ impl Scheduler {
         tenant: TenantId,
         pool: PoolId,
         phase: Phase,
+        lower: bool,
     ) -> f64 {
         let Phase::InFlight {
             backend,
@@ -418,9 +420,7 @@ impl Scheduler {
         let t = &mut self.tenants[tenant.0 as usize];
         t.in_flight = t.in_flight.saturating_sub(1);
         let p = &mut self.pools[pool.0 as usize];
-        if let Some(n) = p.in_flight.get_mut(tenant.0 as usize) {
-            *n = n.saturating_sub(1);
-        }
+        p.remove_in_flight(tenant, lower);
         p.preemptible.remove(&(dispatched, id));
         gpu_seconds
     }

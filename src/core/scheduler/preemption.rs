@@ -1,7 +1,7 @@
 //! Preemption: queued interactive work takes the slot of young in-flight
 //! batch work (see the scheduler's module docs).
 
-use crate::core::ids::{PoolId, TenantId};
+use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
 use crate::core::spec::Priority;
 use crate::core::time::Instant;
 
@@ -59,49 +59,24 @@ impl Scheduler {
             return false;
         }
         let head_share = f64::from(ps.in_flight(head) + 1) / h.weight;
-        let threshold = self.preemption.migration_threshold;
-        let victim = ps
-            .preemptible
-            .iter()
-            .rev()
-            .take_while(|(dispatched, _)| now.saturating_since(*dispatched) < threshold)
-            .map(|&(_, id)| id)
-            .find(|&id| {
-                let Some(r) = self.requests.get(id) else {
-                    return false;
-                };
-                let Phase::InFlight { backend, .. } = r.phase else {
-                    return false;
-                };
-                let v = &self.tenants[r.tenant.0 as usize];
-                let b = &self.backends[backend.0 as usize];
-                (v.priority == Priority::Batch || r.batch)
-                    && !v.retired
-                    && f64::from(ps.in_flight(r.tenant)) / v.weight > head_share
-                    && b.is_available(now)
-                    && !b.retired
-                    && b.in_flight <= b.window
-                    && headroom(b, ps, now, self.stale_after).both()
-            });
-        let Some(id) = victim else {
+        let victim = self.young_preemptible(now, pool).find(|&id| {
+            let Some(r) = self.requests.get(id) else {
+                return false;
+            };
+            let Phase::InFlight { backend, .. } = r.phase else {
+                return false;
+            };
+            let v = &self.tenants[r.tenant.0 as usize];
+            let b = &self.backends[backend.0 as usize];
+            f64::from(ps.in_flight(r.tenant)) / v.weight > head_share
+                && b.is_available(now)
+                && !b.retired
+                && b.in_flight <= b.window
+                && headroom(b, ps, now, self.stale_after).both()
+        });
+        let Some(backend) = victim.and_then(|id| self.preempt(now, id, out)) else {
             return false;
         };
-        let Some(r) = self.requests.get(id) else {
-            return false;
-        };
-        let (tenant, started) = (r.tenant, r.started);
-        let backend = if started {
-            // A resumable item already answering: it leaves, settled as a
-            // cancel (its continuation comes back as a new request).
-            self.end_in_flight(now, id, None).map(|(e, _)| e.backend)
-        } else {
-            self.requeue(now, id, now + self.max_wait)
-        };
-        let Some(backend) = backend else {
-            return false;
-        };
-        self.tenants[tenant.0 as usize].preempted_total += 1;
-        out.push(Decision::Preempt { id, backend });
         let requests = &self.requests;
         if let Some(next) = self.pools[pool.0 as usize]
             .queue
@@ -110,5 +85,58 @@ impl Scheduler {
             self.dispatch(now, pool, head, next, backend, 0, out);
         }
         true
+    }
+
+    /// Preemption across replicas: while interactive work waits for a
+    /// slot at another replica, young preemptible work held here above
+    /// the pool's `yield_above` slots is preempted, youngest first (see
+    /// [`PoolPart`](crate::core::spec::PoolPart)); the slots' new owner is
+    /// the cluster's apportionment, not a head here.
+    pub(super) fn yield_slots(&mut self, now: Instant, pool: PoolId, out: &mut Vec<Decision>) {
+        let ps = &self.pools[pool.0 as usize];
+        let Some(keep) = ps.yield_above.filter(|_| self.preemption.enabled) else {
+            return;
+        };
+        let over = ps.in_flight_total().saturating_sub(keep) as usize;
+        let victims: Vec<RequestId> = self.young_preemptible(now, pool).take(over).collect();
+        for id in victims {
+            self.preempt(now, id, out);
+        }
+    }
+
+    /// `pool`'s in-flight requests that may be preempted now, youngest
+    /// first: those of batch tenants and batch items, dispatched less than
+    /// the migration threshold ago.
+    fn young_preemptible(&self, now: Instant, pool: PoolId) -> impl Iterator<Item = RequestId> {
+        let threshold = self.preemption.migration_threshold;
+        self.pools[pool.0 as usize]
+            .preemptible
+            .iter()
+            .rev()
+            .take_while(move |(dispatched, _)| now.saturating_since(*dispatched) < threshold)
+            .map(|&(_, id)| id)
+            .filter(|&id| {
+                self.requests.get(id).is_some_and(|r| {
+                    let v = &self.tenants[r.tenant.0 as usize];
+                    (v.priority == Priority::Batch || r.batch) && !v.retired
+                })
+            })
+    }
+
+    /// Preempts in-flight request `id`: queued again at the front of its
+    /// tenant's queue, or, a resumable item already answering, ended as a
+    /// cancel (its continuation comes back as a new request). Returns the
+    /// backend it left.
+    fn preempt(&mut self, now: Instant, id: RequestId, out: &mut Vec<Decision>) -> Option<BackendId> {
+        let r = self.requests.get(id)?;
+        let (tenant, started) = (r.tenant, r.started);
+        let backend = if started {
+            self.end_in_flight(now, id, None).map(|(e, _)| e.backend)
+        } else {
+            self.requeue(now, id, now + self.max_wait)
+        }?;
+        self.tenants[tenant.0 as usize].preempted_total += 1;
+        out.push(Decision::Preempt { id, backend });
+        Some(backend)
     }
 }

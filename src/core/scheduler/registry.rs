@@ -31,6 +31,7 @@ impl Scheduler {
         let mut out = Vec::new();
         self.shed_retired(now, &mut out);
         for p in 0..self.pools.len() {
+            self.yield_slots(now, PoolId(p as u32), &mut out);
             self.try_dispatch(now, PoolId(p as u32), &mut out);
         }
         out
@@ -133,6 +134,7 @@ impl Scheduler {
             p.adapter_affinity = pp.adapter_affinity;
             p.backends = members;
             p.slots = pp.slots;
+            p.yield_above = pp.yield_above;
             for a in &pp.adapters {
                 self.adapters.intern(a);
             }

@@ -115,6 +115,9 @@ pub(super) struct PoolState {
     /// In a cluster, the whole slots this replica may hold over the
     /// pool's backends at once ([`PoolSpec::slots`]).
     pub(super) slots: Option<u32>,
+    /// In a cluster, while interactive work waits for a slot at another
+    /// replica: the slots kept here ([`PoolSpec::yield_above`]).
+    pub(super) yield_above: Option<u32>,
     pub(super) rr_cursor: usize,
     /// Running average of measured GPU-seconds per token (prompt + output),
     /// over all loads: admission's reservations, and the prior of
@@ -125,6 +128,8 @@ pub(super) struct PoolState {
     pub(super) gpu_cost: super::cost_model::GpuCostModel,
     /// In-flight requests here, by tenant index.
     pub(super) in_flight: Vec<u32>,
+    /// Of those, the batch lane's ([`Lane::Batch`], [`Lane::Resumable`]).
+    pub(super) lower_in_flight: Vec<u32>,
     /// In-flight requests that may be preempted, by dispatch time.
     pub(super) preemptible: BTreeSet<(Instant, RequestId)>,
     /// When the current success-rate interval started.
@@ -160,10 +165,12 @@ impl PoolState {
             service_ttft: None,
             backends: Vec::new(),
             slots: pp.slots,
+            yield_above: pp.yield_above,
             rr_cursor: 0,
             gpu_seconds_per_token: INITIAL_GPU_SECONDS_PER_TOKEN,
             gpu_cost: Default::default(),
             in_flight: Vec::new(),
+            lower_in_flight: Vec::new(),
             preemptible: BTreeSet::new(),
             rate_window_start: None,
             prefix: None,
@@ -207,17 +214,42 @@ impl PoolState {
     /// Slots the pool may still take here under its apportioned whole
     /// slots in a cluster ([`PoolSpec::slots`]); `u32::MAX` without.
     pub(super) fn slots_left(&self) -> u32 {
-        self.slots.map_or(u32::MAX, |s| {
-            s.saturating_sub(self.in_flight.iter().sum::<u32>())
-        })
+        self.slots
+            .map_or(u32::MAX, |s| s.saturating_sub(self.in_flight_total()))
     }
 
-    pub(super) fn add_in_flight(&mut self, t: TenantId) {
+    /// Requests in flight here, all tenants'.
+    pub(super) fn in_flight_total(&self) -> u32 {
+        self.in_flight.iter().sum()
+    }
+
+    /// `t`'s batch-lane requests in flight here.
+    pub(super) fn lower_in_flight(&self, t: TenantId) -> u32 {
+        self.lower_in_flight.get(t.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// Counts a dispatch of `t`'s, in the batch lane if `lower`.
+    pub(super) fn add_in_flight(&mut self, t: TenantId, lower: bool) {
         let i = t.0 as usize;
-        if self.in_flight.len() <= i {
-            self.in_flight.resize(i + 1, 0);
+        for (count, yes) in [(&mut self.in_flight, true), (&mut self.lower_in_flight, lower)] {
+            if yes {
+                if count.len() <= i {
+                    count.resize(i + 1, 0);
+                }
+                count[i] += 1;
+            }
         }
-        self.in_flight[i] += 1;
+    }
+
+    /// Uncounts one of `t`'s in-flight requests, in the batch lane if
+    /// `lower`.
+    pub(super) fn remove_in_flight(&mut self, t: TenantId, lower: bool) {
+        let i = t.0 as usize;
+        for (count, yes) in [(&mut self.in_flight, true), (&mut self.lower_in_flight, lower)] {
+            if let (Some(n), true) = (count.get_mut(i), yes) {
+                *n = n.saturating_sub(1);
+            }
+        }
     }
 }
 

@@ -75,6 +75,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
                 })
                 .collect(),
             slots: None,
+            yield_above: None,
         }],
     }
 }
@@ -679,6 +680,59 @@ fn interactive_work_preempts_the_youngest_batch_request_which_runs_again_later()
         .map(|d| d.0)
         .collect();
     assert!(next.contains(&young), "{next:?}");
+}
+
+#[test]
+fn interactive_work_waiting_at_another_replica_takes_young_batch_slots_held_here() {
+    // This replica holds 4 batch requests of a pool of 4 slots.
+    let mut p = spec(1, 4, vec![batch("jobs"), tenant("app", 1.0)]);
+    let mut s = Scheduler::new(&p, t(0), 1);
+    let ids: Vec<RequestId> = (0..4)
+        .map(|i| s.on_arrival(t(i * 10), arrival(&s, "jobs")).unwrap().0)
+        .collect();
+    // Fewer slots alone preempt nothing: the work ends in its time.
+    p.pools[0].slots = Some(1);
+    assert!(preempted(&s.apply_policy(&p, t(50))).is_empty());
+    // Interactive work waits elsewhere: what is held above the share
+    // kept goes, youngest first, and waits here for a slot.
+    p.pools[0].yield_above = Some(1);
+    let ds = s.apply_policy(&p, t(60));
+    assert_eq!(preempted(&ds), [ids[3], ids[2], ids[1]]);
+    assert!(dispatched(&ds).is_empty(), "{ds:?}");
+    let jobs = s.tenant("jobs").unwrap();
+    assert_eq!(s.tenant_view(t(60), jobs).queued, 3);
+    assert_eq!(s.tenant_view(t(60), jobs).preempted_total, 3);
+    // Work past the migration threshold is never yielded.
+    p.pools[0].yield_above = None;
+    p.pools[0].slots = Some(4);
+    let ds = s.apply_policy(&p, t(70));
+    assert_eq!(dispatched(&ds).len(), 3);
+    p.preemption.migration_threshold = Duration::from_millis(5);
+    p.pools[0].yield_above = Some(1);
+    assert!(preempted(&s.apply_policy(&p, t(80))).is_empty());
+}
+
+#[test]
+fn a_replica_asks_for_slots_for_interactive_work_that_waited_min_wait() {
+    let mut p = spec(1, 1, vec![tenant("x", 1.0), tenant("app", 1.0), batch("jobs")]);
+    p.preemption.min_wait = Duration::from_millis(50);
+    let mut s = Scheduler::new(&p, t(0), 1);
+    let _ = s.on_arrival(t(0), arrival(&s, "x")).unwrap();
+    for _ in 0..2 {
+        let _ = s.on_arrival(t(10), arrival(&s, "app")).unwrap();
+    }
+    let _ = s.on_arrival(t(10), arrival(&s, "jobs")).unwrap();
+    let wants = |s: &Scheduler, ms| -> Vec<(String, u32)> {
+        s.preemption_wants(t(ms))
+            .map(|(k, n)| (k.into_owned(), n))
+            .collect()
+    };
+    assert!(wants(&s, 40).is_empty());
+    // Both of app's queued requests; the batch tenant's never ask.
+    assert_eq!(wants(&s, 60), [("m".to_owned(), 2)]);
+    p.preemption.enabled = false;
+    let _ = s.apply_policy(&p, t(70));
+    assert!(wants(&s, 70).is_empty());
 }
 
 #[test]

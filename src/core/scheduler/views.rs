@@ -8,11 +8,11 @@ use crate::core::admission::RateLimits;
 use crate::core::ids::{BackendId, PoolId, TenantId};
 use crate::core::prefix::IndexStats;
 use crate::core::reading::Reading;
-use crate::core::spec::pool_key;
+use crate::core::spec::{Priority, pool_key};
 use crate::core::time::Instant;
 
 use super::Scheduler;
-use super::state::TenantState;
+use super::state::{TenantState, is_queued};
 
 /// A tenant's state, for metrics and admin views.
 #[derive(Clone, Debug, PartialEq)]
@@ -119,7 +119,6 @@ impl Scheduler {
             .map(|i| PoolId(i as u32))
     }
 
-    /// Live tenants.
     /// Requests of each live tenant that arrived so far (admitted or
     /// not), by name: the demand a cluster divides limits by.
     pub fn arrivals(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
@@ -129,17 +128,55 @@ impl Scheduler {
             .map(|t| (t.name.as_str(), t.arrivals_total))
     }
 
-    /// Each live pool's backlog by tenant: requests queued plus in flight,
-    /// as (pool key, tenant, count), counts above zero only; the key is
-    /// [`pool_key`]. What a cluster divides backend windows by.
-    pub fn backlogs(&self) -> impl Iterator<Item = (Cow<'_, str>, &str, u32)> + '_ {
+    /// Each live pool's backlog by tenant, as (pool key, tenant, live,
+    /// lower), tenants with some only; the key is [`pool_key`]. `live`:
+    /// requests in its fair queue plus those in flight outside the batch
+    /// lane; `lower`: what waits behind live work (its late lane) plus
+    /// the batch lane's in flight. What a cluster divides backend windows
+    /// by, live work first.
+    pub fn backlogs(&self) -> impl Iterator<Item = (Cow<'_, str>, &str, u32, u32)> + '_ {
         self.pools.iter().filter(|p| !p.retired).flat_map(move |p| {
             self.tenants.iter().enumerate().filter_map(move |(i, t)| {
                 let id = TenantId(i as u32);
-                let n = p.queue.tenant_len(id) + p.in_flight(id);
-                (n > 0 && !t.retired).then(|| (pool_key(&p.model, p.api), t.name.as_str(), n))
+                let lower_in_flight = p.lower_in_flight(id);
+                let live = p.queue.tenant_len(id) + p.in_flight(id) - lower_in_flight;
+                let lower = p.late.tenant_len(id) + lower_in_flight;
+                (live + lower > 0 && !t.retired)
+                    .then(|| (pool_key(&p.model, p.api), t.name.as_str(), live, lower))
             })
         })
+    }
+
+    /// Each live pool's interactive requests that could preempt batch
+    /// work now (preemption on, their tenant's oldest queued request has
+    /// waited `min_wait`), as (pool key, count), pools with some only:
+    /// what a replica asks the others to yield slots for.
+    pub fn preemption_wants(&self, now: Instant) -> impl Iterator<Item = (Cow<'_, str>, u32)> + '_ {
+        let enabled = self.preemption.enabled;
+        let ripe = move |id| {
+            self.requests
+                .get(id)
+                .is_some_and(|r| r.arrived + self.preemption.min_wait <= now)
+        };
+        self.pools
+            .iter()
+            .filter(move |p| enabled && !p.retired)
+            .filter_map(move |p| {
+                let n: u32 = self
+                    .tenants
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.priority == Priority::Interactive && !t.retired)
+                    .map(|(i, _)| TenantId(i as u32))
+                    .filter(|&t| {
+                        p.queue
+                            .tenant_head(t, |id| is_queued(&self.requests, id))
+                            .is_some_and(ripe)
+                    })
+                    .map(|t| p.queue.tenant_len(t))
+                    .sum();
+                (n > 0).then(|| (pool_key(&p.model, p.api), n))
+            })
     }
 
     pub fn tenants(&self) -> impl Iterator<Item = TenantId> + '_ {

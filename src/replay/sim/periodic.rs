@@ -23,7 +23,7 @@ impl Sim<'_> {
         let demands: crate::cluster::Demands = names
             .iter()
             .zip(self.meters.iter_mut().zip(&self.scheds))
-            .map(|(name, (meter, sched))| (name.clone(), meter.fields(secs, sched)))
+            .map(|(name, (meter, sched))| (name.clone(), meter.fields(now, sched)))
             .collect();
         let shape = Shape::of(self.policy);
         let n = u32::try_from(self.scheds.len()).unwrap_or(u32::MAX);
@@ -44,10 +44,7 @@ impl Sim<'_> {
             let shares = crate::cluster::shares(name, &demands, &shape, round);
             let even = PoolPart::share(1.0 / f64::from(n));
             let spec = self.policy.scheduler_spec().leased(n, |p| {
-                shares.pools.get(p).map_or(even, |s| PoolPart {
-                    share: s.share,
-                    slots: s.slots,
-                })
+                shares.pools.get(p).map_or(even, crate::cluster::PoolShare::part)
             });
             let d = self.scheds[r].apply_policy(&spec, now);
             self.pending.extend(d.into_iter().map(|d| (r, d)));
