@@ -407,6 +407,7 @@ async fn interactive_work_at_one_replica_preempts_young_batch_work_at_another() 
     let app: Vec<_> = (0..3).map(|_| at(r1.addr(), "sk-app", 5)).collect();
     for a in app {
         let (status, took) = a.await.unwrap();
+        eprintln!("app answered in {took:?}");
         assert_eq!(status, 200);
         assert!(took < Duration::from_secs(2), "app waited {took:?}");
     }
