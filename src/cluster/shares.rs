@@ -144,9 +144,7 @@ pub fn shares(me: &str, demands: &Demands, shape: &Shape, round: u64) -> Shares 
                     e.0 += v;
                 }
             } else if let Some(model) = field.strip_prefix(WANT_FIELD) {
-                wants
-                    .entry(model)
-                    .or_insert_with(|| vec![0.0; names.len()])[at] += v;
+                wants.entry(model).or_insert_with(|| vec![0.0; names.len()])[at] += v;
             } else {
                 let (lane, rest) = match (
                     field.strip_prefix(BACKLOG_FIELD),

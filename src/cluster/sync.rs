@@ -133,13 +133,11 @@ impl Syncer {
                         .iter()
                         .any(|(t, s)| tenants.get(t).is_none_or(|old| moved(old.share, s.share)))
                     || new.pools.iter().any(|(m, s)| {
-                        pools
-                            .get(m)
-                            .is_none_or(|old| {
-                                moved(old.share, s.share)
-                                    || old.slots != s.slots
-                                    || old.yield_above != s.yield_above
-                            })
+                        pools.get(m).is_none_or(|old| {
+                            moved(old.share, s.share)
+                                || old.slots != s.slots
+                                || old.yield_above != s.yield_above
+                        })
                     });
                 *tenants = new.tenants;
                 *pools = new.pools;

@@ -149,6 +149,9 @@ struct Source {
     /// By usage index, every tenant: each replica's live numbers, as
     /// published within the last hour (this replica's own now).
     numbers: Vec<Vec<LiveNumbers>>,
+    /// By usage index, reported tenants: what the cluster's store holds of
+    /// the tenant's request and GPU-seconds buckets beside the replicas.
+    store: HashMap<usize, (Option<f64>, Option<f64>)>,
     /// How old live numbers may be to count as current (seconds).
     fresh: f64,
     /// `cluster` or `replica`.
@@ -172,6 +175,11 @@ impl Source {
             match read.await {
                 Ok(Ok((windows, numbers))) => {
                     return Source {
+                        store: reported
+                            .iter()
+                            .zip(&windows)
+                            .map(|(i, w)| (*i, (w.store_rate, w.store_gpu_seconds)))
+                            .collect(),
                         windows: reported
                             .iter()
                             .zip(windows)
@@ -193,6 +201,7 @@ impl Source {
                 .map(|&i| (i, (live.usage[i].lock().clone(), 1)))
                 .collect(),
             numbers: (0..live.usage.len()).map(|i| vec![own(i)]).collect(),
+            store: HashMap::new(),
             fresh: f64::INFINITY,
             scope: "replica",
             error,
@@ -401,8 +410,14 @@ fn report(live: &Live, s: Subject, shares: &Shares, source: &Source, now: f64) -
     };
     let in_flight: u32 = numbers.iter().map(|n| n.in_flight).sum();
     let queued: u32 = numbers.iter().map(|n| n.queued).sum();
-    let rate_level = sum(|n| n.rate_level);
-    let gpu_level = sum(|n| n.gpu_seconds_level);
+    // With the store's part: what the whole cluster may still admit.
+    let (store_rate, store_gpu) = source.store.get(&s.index).copied().unwrap_or_default();
+    let plus = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
+    };
+    let rate_level = plus(sum(|n| n.rate_level), store_rate);
+    let gpu_level = plus(sum(|n| n.gpu_seconds_level), store_gpu);
     let preempted_total: u64 = numbers.iter().map(|n| n.preempted_total).sum();
     let stats: Vec<(&str, crate::telemetry::usage::WindowStats)> = WINDOWS
         .iter()

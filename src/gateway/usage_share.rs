@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Connection;
 use crate::config::ClusterPolicy;
+use crate::core::admission::LeaseKind;
 use crate::telemetry::usage::{Bucket, TenantWindows};
 
 use super::live::Live;
@@ -63,6 +64,10 @@ pub struct ClusterWindows {
     pub windows: TenantWindows,
     /// Replicas whose buckets were added (this one's included).
     pub replicas: usize,
+    /// What the store holds of the tenant's request and GPU-seconds
+    /// buckets beside the replicas' leases, now (see [`undistributed`]).
+    pub store_rate: Option<f64>,
+    pub store_gpu_seconds: Option<f64>,
 }
 
 /// The cluster's copy of the usage windows (see the module's docs).
@@ -70,6 +75,8 @@ pub struct SharedUsage {
     con: Connection,
     /// `{key_prefix}:usage:`
     prefix: String,
+    /// `{key_prefix}:lease:`, the cluster's leases (`cluster::Store`).
+    lease_prefix: String,
     replica: String,
     interval: Duration,
     /// By usage index: the records counted at the last publication.
@@ -102,6 +109,7 @@ impl SharedUsage {
                 policy.sync_interval.max(Duration::from_secs(1)),
             )?,
             prefix: format!("{{{}}}:usage:", policy.key_prefix),
+            lease_prefix: format!("{{{}}}:lease:", policy.key_prefix),
             replica: replica.to_owned(),
             interval: policy.sync_interval,
             published: Mutex::new(HashMap::new()),
@@ -199,9 +207,10 @@ impl SharedUsage {
 
     /// The cluster's windows of each tenant in `tenants` (by usage index):
     /// its windows here with every other replica's published buckets
-    /// added; and, for every tenant of the policy, each replica's live
-    /// numbers published within the last hour (this replica's own first,
-    /// as of now, from `own`).
+    /// added, and what the store holds of its buckets; and, for every
+    /// tenant of the policy, each replica's live numbers published within
+    /// the last hour (this replica's own first, as of now, from `own`).
+    /// One pipelined round trip.
     pub async fn read(
         &self,
         live: &Live,
@@ -217,9 +226,27 @@ impl SharedUsage {
         for index in 0..everyone {
             pipe.hgetall(self.live_key(tenant_name(live, index)));
         }
+        pipe.cmd("TIME");
+        for &index in tenants {
+            for kind in [LeaseKind::Requests, LeaseKind::GpuSeconds] {
+                let name = tenant_name(live, index);
+                pipe.hgetall(format!("{}{name}:{}", self.lease_prefix, kind.as_str()));
+            }
+        }
         let mut con = self.con.clone();
-        let mut hashes: Vec<HashMap<String, Vec<u8>>> = pipe.query_async(&mut con).await?;
+        let mut values: Vec<redis::Value> = pipe.query_async(&mut con).await?;
+        let leases = values.split_off(tenants.len() + everyone + 1);
+        let (store_secs, micros): (u64, u64) =
+            redis::from_redis_value(values.pop().unwrap_or(redis::Value::Nil))?;
+        let store_now = store_secs as f64 + micros as f64 / 1e6;
+        let mut hashes = values
+            .into_iter()
+            .map(redis::from_redis_value::<HashMap<String, Vec<u8>>>)
+            .collect::<Result<Vec<_>, _>>()?;
         let lives = hashes.split_off(tenants.len());
+        let mut leases = leases
+            .into_iter()
+            .map(|v| redis::from_redis_value::<HashMap<String, String>>(v).unwrap_or_default());
         let numbers = lives
             .into_iter()
             .enumerate()
@@ -259,9 +286,19 @@ impl SharedUsage {
                         replicas.insert(replica);
                     }
                 }
+                let policy = live.policy.tenants.get(index);
+                let (rate, gpu) = (leases.next(), leases.next());
                 ClusterWindows {
                     windows,
                     replicas: replicas.len(),
+                    store_rate: policy.and_then(|t| {
+                        let r = t.rate?;
+                        undistributed(&rate?, store_now, t.burst.unwrap_or(r), r)
+                    }),
+                    store_gpu_seconds: policy.and_then(|t| {
+                        let per_hour = t.gpu_seconds_per_hour?;
+                        undistributed(&gpu?, store_now, per_hour, per_hour / 3600.0)
+                    }),
                 }
             })
             .collect();
@@ -273,4 +310,29 @@ impl SharedUsage {
     pub fn fresh(&self) -> f64 {
         3.0 * self.interval.as_secs_f64()
     }
+}
+
+/// What the store's side of a tenant's leased bucket (its hash, as
+/// `cluster::Store`'s script keeps it: `level` as of `updated`, store
+/// seconds, and each replica's holding `h:<replica>`) holds at `now`, of
+/// `capacity` refilled at `rate` per second: its level refilled since,
+/// into the room the holdings leave (negative while in debt). `None`
+/// before the first lease.
+fn undistributed(
+    hash: &HashMap<String, String>,
+    now: f64,
+    capacity: f64,
+    rate: f64,
+) -> Option<f64> {
+    let level: f64 = hash.get("level")?.parse().ok()?;
+    let updated: f64 = hash
+        .get("updated")
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(now);
+    let held: f64 = hash
+        .iter()
+        .filter(|(k, _)| k.starts_with("h:"))
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum();
+    Some((level + (now - updated).max(0.0) * rate).min((capacity - held).max(0.0)))
 }

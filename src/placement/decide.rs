@@ -357,14 +357,20 @@ impl Placement {
     /// A store call failed: counted, and logged when the store was up.
     pub(super) fn store_failed(&self, e: &redis::RedisError) {
         self.counters.lock().store_errors += 1;
-        if self.store_up.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        if self
+            .store_up
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
             tracing::warn!(error = %e, "placement store unreachable: judging with this replica's reservations only");
         }
     }
 
     /// A store call succeeded.
     pub(super) fn store_answered(&self) {
-        if !self.store_up.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        if !self
+            .store_up
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             tracing::info!("placement store reachable: reservations shared again");
         }
     }

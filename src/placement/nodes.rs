@@ -65,16 +65,16 @@ impl Nodes {
         let (keep, ended) = std::mem::take(&mut self.reservations)
             .into_iter()
             .partition(|r| {
-            let shown = agents.values().any(|a| {
-                now.saturating_since(a.at) <= stale_after
-                    && a.reading.node == r.node
-                    && a.reading.engine.as_ref().is_some_and(|e| {
-                        e.model.as_deref() == Some(r.request.model.as_str())
-                            && e.gpus.contains(&r.gpu)
-                    })
+                let shown = agents.values().any(|a| {
+                    now.saturating_since(a.at) <= stale_after
+                        && a.reading.node == r.node
+                        && a.reading.engine.as_ref().is_some_and(|e| {
+                            e.model.as_deref() == Some(r.request.model.as_str())
+                                && e.gpus.contains(&r.gpu)
+                        })
+                });
+                r.until > now && !shown
             });
-            r.until > now && !shown
-        });
         self.reservations = keep;
         ended
     }

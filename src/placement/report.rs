@@ -100,7 +100,11 @@ impl Placement {
                 Kind::Counter,
                 "Bindings judged again because another placement replica reserved on their node in between.",
             );
-            let _ = writeln!(w, "fairway_placement_binding_conflicts_total {}", c.conflicts);
+            let _ = writeln!(
+                w,
+                "fairway_placement_binding_conflicts_total {}",
+                c.conflicts
+            );
         }
         w
     }

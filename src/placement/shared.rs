@@ -247,7 +247,12 @@ fn unix_millis() -> u64 {
 
 /// A node's hash as reservations, those still running at `unix_ms`; their
 /// ends as `Instant`s from `now`.
-fn parse(node: &str, fields: Vec<(String, String)>, now: Instant, unix_ms: u64) -> NodeReservations {
+fn parse(
+    node: &str,
+    fields: Vec<(String, String)>,
+    now: Instant,
+    unix_ms: u64,
+) -> NodeReservations {
     let mut version = 0;
     let mut reservations = Vec::new();
     for (field, value) in fields {

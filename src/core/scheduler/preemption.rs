@@ -127,7 +127,12 @@ impl Scheduler {
     /// tenant's queue, or, a resumable item already answering, ended as a
     /// cancel (its continuation comes back as a new request). Returns the
     /// backend it left.
-    fn preempt(&mut self, now: Instant, id: RequestId, out: &mut Vec<Decision>) -> Option<BackendId> {
+    fn preempt(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        out: &mut Vec<Decision>,
+    ) -> Option<BackendId> {
         let r = self.requests.get(id)?;
         let (tenant, started) = (r.tenant, r.started);
         let backend = if started {

@@ -231,7 +231,10 @@ impl PoolState {
     /// Counts a dispatch of `t`'s, in the batch lane if `lower`.
     pub(super) fn add_in_flight(&mut self, t: TenantId, lower: bool) {
         let i = t.0 as usize;
-        for (count, yes) in [(&mut self.in_flight, true), (&mut self.lower_in_flight, lower)] {
+        for (count, yes) in [
+            (&mut self.in_flight, true),
+            (&mut self.lower_in_flight, lower),
+        ] {
             if yes {
                 if count.len() <= i {
                     count.resize(i + 1, 0);
@@ -245,7 +248,10 @@ impl PoolState {
     /// `lower`.
     pub(super) fn remove_in_flight(&mut self, t: TenantId, lower: bool) {
         let i = t.0 as usize;
-        for (count, yes) in [(&mut self.in_flight, true), (&mut self.lower_in_flight, lower)] {
+        for (count, yes) in [
+            (&mut self.in_flight, true),
+            (&mut self.lower_in_flight, lower),
+        ] {
             if let (Some(n), true) = (count.get_mut(i), yes) {
                 *n = n.saturating_sub(1);
             }

@@ -714,7 +714,11 @@ fn interactive_work_waiting_at_another_replica_takes_young_batch_slots_held_here
 
 #[test]
 fn a_replica_asks_for_slots_for_interactive_work_that_waited_min_wait() {
-    let mut p = spec(1, 1, vec![tenant("x", 1.0), tenant("app", 1.0), batch("jobs")]);
+    let mut p = spec(
+        1,
+        1,
+        vec![tenant("x", 1.0), tenant("app", 1.0), batch("jobs")],
+    );
     p.preemption.min_wait = Duration::from_millis(50);
     let mut s = Scheduler::new(&p, t(0), 1);
     let _ = s.on_arrival(t(0), arrival(&s, "x")).unwrap();

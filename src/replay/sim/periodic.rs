@@ -44,7 +44,10 @@ impl Sim<'_> {
             let shares = crate::cluster::shares(name, &demands, &shape, round);
             let even = PoolPart::share(1.0 / f64::from(n));
             let spec = self.policy.scheduler_spec().leased(n, |p| {
-                shares.pools.get(p).map_or(even, crate::cluster::PoolShare::part)
+                shares
+                    .pools
+                    .get(p)
+                    .map_or(even, crate::cluster::PoolShare::part)
             });
             let d = self.scheds[r].apply_policy(&spec, now);
             self.pending.extend(d.into_iter().map(|d| (r, d)));
