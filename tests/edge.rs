@@ -44,6 +44,43 @@ fn request_id(r: &Reply) -> String {
         .to_owned()
 }
 
+/// Issue 38: the backend gets `X-Forwarded-For` ending with the client
+/// connection's address; what the client wrote is kept only for the
+/// trusted hops (`[server] trusted_hops`), so a client cannot choose the
+/// address a backend logs.
+#[tokio::test]
+async fn the_backend_sees_the_clients_address_in_x_forwarded_for() {
+    let (backend, seen) = recorder(COMPLETION).await;
+    let last = || -> Vec<String> {
+        let seen = seen.lock().unwrap();
+        let (h, _) = seen
+            .iter()
+            .rev()
+            .find(|(h, _)| h.contains_key("content-length"))
+            .unwrap();
+        h.get_all("x-forwarded-for")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    for (hops, want) in [
+        ("", "127.0.0.1"),
+        ("trusted_hops = 1\n", "10.0.0.2, 127.0.0.1"),
+    ] {
+        let gw = gateway(&policy(hops, &backend.to_string()), &[]).await;
+        let mut req = post(
+            gw.addr(),
+            "/v1/chat/completions",
+            Some(KEY),
+            chat(M, 4, false),
+        );
+        req.headers_mut()
+            .insert("x-forwarded-for", "6.6.6.6, 10.0.0.2".parse().unwrap());
+        assert_eq!(send(&client(), req).await.status, 200);
+        assert_eq!(last(), [want], "{hops}");
+    }
+}
+
 #[tokio::test]
 async fn request_id_is_kept_or_made_returned_on_every_response_and_sent_to_the_backend() {
     let (backend, seen) = recorder(COMPLETION).await;
@@ -805,6 +842,15 @@ async fn a_backend_that_fails_fast_with_a_healthy_probe_is_ejected() {
             )
         ),
         Some(1.0),
+        "{m}"
+    );
+    // Ejected is not healthy: alerts on the gauge see it (its probe is).
+    let healthy = |addr: std::net::SocketAddr| {
+        metric(&m, &format!("fairway_backend_healthy{{backend=\"{addr}\""))
+    };
+    assert_eq!(
+        (healthy(bad.addr()), healthy(good.addr())),
+        (Some(0.0), Some(1.0)),
         "{m}"
     );
     // Every request still ended in exactly one outcome.

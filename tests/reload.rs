@@ -322,6 +322,14 @@ async fn admin_endpoints_need_the_admin_token_when_one_is_set() {
         call(Method::GET, "/metrics", Some("t0ken")).await.status,
         200
     );
+    // The scheme is matched whatever its case (RFC 9110 §11.1).
+    for scheme in ["bearer", "BEARER"] {
+        let req = http::Request::get(format!("http://{admin}/admin/policy"))
+            .header("authorization", format!("{scheme} t0ken"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        assert_eq!(send(&client(), req).await.status, 200, "{scheme}");
+    }
     // No file to reload from (an in-memory policy): refused, but authorised.
     assert_ne!(
         call(Method::POST, "/admin/reload", Some("t0ken"))

@@ -302,6 +302,10 @@ pub struct ServerPolicy {
     pub drain_timeout: Duration,
     /// Header naming the tenant, trusted only when the operator sets it.
     pub trust_tenant_header: Option<String>,
+    /// Proxies in front of Fairway whose `X-Forwarded-For` entries are
+    /// passed on to the backends (default 0: the client's header is
+    /// replaced with its connection's address). Reloadable.
+    pub trusted_hops: u32,
     /// TLS on the client listener (rustls). Restart-only.
     pub tls: Option<TlsPolicy>,
     /// Most client connections open at once; a connection beyond it is

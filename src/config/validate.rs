@@ -73,6 +73,7 @@ pub fn summary(policy: &Policy) -> String {
         .count();
     let models: Vec<&str> = policy.pools.iter().map(|p| p.model.as_str()).collect();
     let tenants: Vec<&str> = policy.tenants.iter().map(|t| t.name.as_str()).collect();
+    let models = listed(&models);
     let tenants = if tenants.is_empty() {
         "no tenants (auth off, every request is tenant \"default\")".to_owned()
     } else {
@@ -80,7 +81,7 @@ pub fn summary(policy: &Policy) -> String {
             "{} {} ({})",
             tenants.len(),
             plural(tenants.len(), "tenant"),
-            tenants.join(", ")
+            listed(&tenants)
         )
     };
     let simulated = if simulated > 0 {
@@ -90,9 +91,9 @@ pub fn summary(policy: &Policy) -> String {
     };
     format!(
         "{} {} ({}), {} {}{}, {}, discipline {}",
-        models.len(),
-        plural(models.len(), "pool"),
-        models.join(", "),
+        policy.pools.len(),
+        plural(policy.pools.len(), "pool"),
+        models,
         backends,
         plural(backends, "backend"),
         simulated,
@@ -100,6 +101,23 @@ pub fn summary(policy: &Policy) -> String {
         policy.queue.discipline,
     )
 }
+
+/// Names shown in a summary: all of them up to [`NAMES_SHOWN`], else the
+/// first ones and how many more (a policy of 10,000 tenants is one line
+/// an operator can read).
+fn listed(names: &[&str]) -> String {
+    if names.len() <= NAMES_SHOWN {
+        return names.join(", ");
+    }
+    format!(
+        "{}, and {} more",
+        names[..NAMES_SHOWN].join(", "),
+        names.len() - NAMES_SHOWN
+    )
+}
+
+/// Most names a summary lists.
+const NAMES_SHOWN: usize = 10;
 
 fn plural(n: usize, word: &str) -> String {
     if n == 1 {

@@ -33,11 +33,7 @@ fn authorized(gw: &Gateway, req: &Request<Incoming>) -> bool {
 /// Whether `headers` carry `Authorization: Bearer TOKEN` for the admin
 /// token whose SHA-256 is `want` (compared in constant time).
 pub(crate) fn bears_token(headers: &http::HeaderMap, want: &[u8; 32]) -> bool {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+    let given = crate::net::headers::bearer(headers);
     given.is_some_and(|t| {
         let digest: [u8; 32] = Sha256::digest(t.as_bytes()).into();
         constant_time_eq(&digest, want)

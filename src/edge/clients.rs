@@ -93,7 +93,7 @@ where
             }
         };
         let activity = conn::Activity::new();
-        let tracked = conn::Tracked::new(edge.clone(), activity.clone());
+        let tracked = conn::Tracked::new(edge.clone(), activity.clone(), peer);
         let svc = TowerToHyperService::new(tracked);
         let builders = builders.clone();
         let stop = drain.clone();

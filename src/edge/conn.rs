@@ -181,11 +181,18 @@ impl Drop for InFlight {
 pub struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
+    /// The client's address, given to each request
+    /// ([`crate::net::headers::ClientAddr`]).
+    peer: std::net::SocketAddr,
 }
 
 impl<S> Tracked<S> {
-    pub fn new(inner: S, activity: Arc<Activity>) -> Self {
-        Tracked { inner, activity }
+    pub fn new(inner: S, activity: Arc<Activity>, peer: std::net::SocketAddr) -> Self {
+        Tracked {
+            inner,
+            activity,
+            peer,
+        }
     }
 }
 
@@ -201,7 +208,9 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        req.extensions_mut()
+            .insert(crate::net::headers::ClientAddr(self.peer));
         TrackedFuture {
             guard: Some(InFlight::start(&self.activity)),
             inner: self.inner.call(req),

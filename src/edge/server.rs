@@ -356,14 +356,14 @@ async fn run(
         stop_admin.cancelled(),
         "admin listener",
         || accept_error(&gw),
-        |stream: TcpStream, _| {
+        |stream: TcpStream, peer| {
             let services = services.clone();
             let svc = tower::service_fn(move |req| {
                 let services = services.clone();
                 async move { Ok::<_, Infallible>(admin::route(services, req).await) }
             });
             let activity = conn::Activity::new();
-            let svc = TowerToHyperService::new(conn::Tracked::new(svc, activity.clone()));
+            let svc = TowerToHyperService::new(conn::Tracked::new(svc, activity.clone(), peer));
             let conn = builder
                 .serve_connection(TokioIo::new(stream), svc)
                 .into_owned();

@@ -201,7 +201,7 @@ fn prepare(
         None => out.path.to_owned(),
     };
     let mut up = upstream::request(
-        live.policy.server.trust_tenant_header.as_deref(),
+        &live.policy.server,
         out.parts,
         &up_path,
         &address,

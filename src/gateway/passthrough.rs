@@ -141,7 +141,7 @@ async fn send(
         .get(&backend)
         .map_or_else(|| address.to_string(), |n| n.to_string());
     let up = upstream::request(
-        live.policy.server.trust_tenant_header.as_deref(),
+        &live.policy.server,
         parts,
         path,
         address,

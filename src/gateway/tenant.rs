@@ -2,7 +2,7 @@
 //! digests, compared in constant time), or the operator's trusted tenant
 //! header, or the one "default" tenant when the policy declares none.
 
-use http::{HeaderMap, header};
+use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use crate::core::ids::TenantId;
@@ -25,13 +25,7 @@ pub fn authenticate(live: &Live, headers: &HeaderMap) -> Result<TenantId, ApiErr
             .copied()
             .ok_or(ApiError::Auth("Unknown tenant in trusted tenant header."));
     }
-    let key = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
+    let key = crate::net::headers::bearer(headers)
         .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim)

@@ -8,7 +8,11 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, header};
 use http_body::Body;
 use http_body_util::{Either, Full};
 
+use crate::config::ServerPolicy;
+use crate::net::headers::{ClientAddr, forwarded_for};
 use crate::protocol::error::ApiError;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
@@ -111,9 +115,10 @@ impl std::fmt::Display for Address {
 
 /// The request to forward to `address` (see [`crate::gateway::pool::send`]):
 /// the client's method, path and headers (less hop-by-hop ones and its
-/// credentials for Fairway) and `body`.
+/// credentials for Fairway), `X-Forwarded-For` ending with the client
+/// connection's address ([`forwarded_for`]), and `body`.
 pub fn request(
-    trust_tenant_header: Option<&str>,
+    server: &ServerPolicy,
     parts: &http::request::Parts,
     path: &str,
     address: &Address,
@@ -126,10 +131,12 @@ pub fn request(
         .uri(http::Uri::from(uri));
     let connection = parts.headers.get(header::CONNECTION);
     if let Some(h) = up.headers_mut() {
-        h.reserve(parts.headers.len() + 1);
+        h.reserve(parts.headers.len() + 2);
         h.insert(header::HOST, address.host.clone());
+        let trust_tenant_header = server.trust_tenant_header.as_deref();
         for (name, value) in &parts.headers {
             if !DROP_REQUEST_HEADERS.contains(name)
+                && name != X_FORWARDED_FOR
                 && trust_tenant_header != Some(name.as_str())
                 && !named_in_connection(connection, name.as_str())
             {
@@ -148,6 +155,12 @@ pub fn request(
         };
         if let Some(v) = length.and_then(|l| HeaderValue::from_str(&l).ok()) {
             h.insert(header::CONTENT_LENGTH, v);
+        }
+        if let Some(ClientAddr(peer)) = parts.extensions.get::<ClientAddr>() {
+            let given = parts.headers.get_all(X_FORWARDED_FOR).iter();
+            if let Some(v) = forwarded_for(given, peer.ip(), server.trusted_hops) {
+                h.insert(X_FORWARDED_FOR, v);
+            }
         }
     }
     up.body(body).map_err(|e| ApiError::Internal(e.to_string()))
@@ -180,7 +193,13 @@ mod tests {
         let (parts, ()) = req.into_parts();
         let address = Address::parse("10.0.0.7:8000").unwrap();
         let path = "/v1/chat/completions?x=1";
-        let up = request(Some("x-tenant"), &parts, path, &address, whole("{}")).unwrap();
+        let policy = crate::config::parse_policy(
+            "[server]\ntrust_tenant_header = \"x-tenant\"\n\
+             [[pools]]\nmodel = \"m\"\n[[pools.backends]]\nurl = \"http://a:1\"\n",
+            "p.toml",
+        )
+        .unwrap();
+        let up = request(&policy.server, &parts, path, &address, whole("{}")).unwrap();
         assert_eq!(up.uri(), "/v1/chat/completions?x=1");
         assert_eq!(up.headers()[header::HOST], "10.0.0.7:8000");
         assert_eq!(up.headers()[header::CONTENT_LENGTH], "2");

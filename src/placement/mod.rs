@@ -31,11 +31,15 @@
 //! judges with its own reservations only.
 //!
 //! Every answer is computed from memory (a binding also reads and writes
-//! its node's reservations in the store, within half a second a call): the agents are polled in the
-//! background every `poll_interval`, so a request never waits on an agent
-//! and the webhook answers well within Kubernetes' timeout. Bodies are
-//! bounded (16 MiB, 10 s). A pod without the `fairway.dev/model-size-gb`
-//! annotation is not placement's business and is always allowed.
+//! its node's reservations in the store, within half a second a call):
+//! the agents are polled in the background every `poll_interval`, so a
+//! request never waits on an agent and the webhook answers well within
+//! Kubernetes' timeout. Bodies are bounded (16 MiB, 10 s): a length
+//! declared over the bound is refused at the header, and a refused HTTP/2
+//! body is read to its end (up to twice the bound), so that the client
+//! sees the 413 rather than a stream reset. A pod without the
+//! `fairway.dev/model-size-gb` annotation is not placement's business and
+//! is always allowed.
 
 mod decide;
 pub mod k8s;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -38,6 +38,8 @@ use crate::core::time::Instant;
 pub(super) const MAX_BODY: usize = 16 << 20;
 /// Time a caller has to send its body.
 pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most bytes of a refused HTTP/2 body read to close its stream cleanly.
+pub(super) const DRAIN_LIMIT: usize = 2 * MAX_BODY;
 /// Decisions kept for `GET /nodes`.
 pub(super) const DECISIONS_KEPT: usize = 256;
 /// Pods remembered from `CREATE` for their binding.
@@ -373,8 +375,21 @@ impl Placement {
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        let path = req.uri().path().to_owned();
-        match (req.method(), path.as_str()) {
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+        let takes_body = matches!(path.as_str(), "/filter" | "/prioritize" | "/validate");
+        let posted = if method == Method::POST && takes_body {
+            match read_body(req).await {
+                Ok(body) => body,
+                Err(refused) => return refused,
+            }
+        } else {
+            Bytes::new()
+        };
+        self.answer(&method, &path, &posted).await
+    }
+
+    async fn answer(&self, method: &Method, path: &str, body: &[u8]) -> Response<Full<Bytes>> {
+        match (method, path) {
             (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
             (&Method::GET, "/readyz") => {
                 if self.polled.load(Ordering::Relaxed) {
@@ -389,17 +404,9 @@ impl Placement {
                 "text/plain; version=0.0.4; charset=utf-8",
                 self.metrics().into_bytes(),
             ),
-            (&Method::POST, "/filter" | "/prioritize" | "/validate") => {
-                let body = match read_body(req).await {
-                    Ok(body) => body,
-                    Err(resp) => return resp,
-                };
-                match path.as_str() {
-                    "/filter" => self.filter(&body),
-                    "/prioritize" => self.prioritize(&body),
-                    _ => self.validate(&body).await,
-                }
-            }
+            (&Method::POST, "/filter") => self.filter(body),
+            (&Method::POST, "/prioritize") => self.prioritize(body),
+            (&Method::POST, "/validate") => self.validate(body).await,
             (_, "/healthz" | "/readyz" | "/nodes") => {
                 error(StatusCode::METHOD_NOT_ALLOWED, &format!("{path} takes GET"))
             }
@@ -418,20 +425,71 @@ impl Placement {
     }
 }
 
-/// A request's body, within [`MAX_BODY`] and [`BODY_TIMEOUT`].
+/// A request's body, within [`MAX_BODY`] and [`BODY_TIMEOUT`]. A body
+/// declared over the limit is refused at its header, before any of it is
+/// read, on HTTP/1 and HTTP/2 alike.
 async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>>> {
-    let read = Limited::new(req.into_body(), MAX_BODY).collect();
-    match tokio::time::timeout(BODY_TIMEOUT, read).await {
-        Ok(Ok(body)) => Ok(body.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(error(
+    let too_large = || {
+        error(
             StatusCode::PAYLOAD_TOO_LARGE,
             &format!("the body is over {MAX_BODY} bytes"),
-        )),
-        Ok(Err(e)) => Err(bad_request(&format!("reading the body failed: {e}"))),
-        Err(_) => Err(error(
-            StatusCode::REQUEST_TIMEOUT,
-            &format!("the body did not arrive within {BODY_TIMEOUT:?}"),
-        )),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let http2 = req.version() == http::Version::HTTP_2;
+    let mut body = req.into_body();
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        if http2 {
+            tokio::spawn(drain(body));
+        }
+        return Err(too_large());
+    }
+    let mut read = bytes::BytesMut::new();
+    let until = tokio::time::Instant::now() + BODY_TIMEOUT;
+    loop {
+        match tokio::time::timeout_at(until, body.frame()).await {
+            Ok(None) => return Ok(read.freeze()),
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if read.len() + data.len() > MAX_BODY {
+                    if http2 {
+                        tokio::spawn(drain(body));
+                    }
+                    return Err(too_large());
+                }
+                read.extend_from_slice(&data);
+            }
+            Ok(Some(Err(e))) => return Err(bad_request(&format!("reading the body failed: {e}"))),
+            Err(_) => {
+                return Err(error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &format!("the body did not arrive within {BODY_TIMEOUT:?}"),
+                ));
+            }
+        }
+    }
+}
+
+/// Reads and drops what is left of a refused HTTP/2 request's body, at
+/// most [`DRAIN_LIMIT`] bytes within [`BODY_TIMEOUT`]: dropped unread, the
+/// body ends its stream with `RST_STREAM`, which a client still sending
+/// reports as a stream error and never shows the status it was answered;
+/// read to its end, the stream closes cleanly after the answer (RFC 9113
+/// §8.1).
+async fn drain(mut body: Incoming) {
+    let mut read = 0usize;
+    let until = tokio::time::Instant::now() + BODY_TIMEOUT;
+    while read <= DRAIN_LIMIT {
+        match tokio::time::timeout_at(until, body.frame()).await {
+            Ok(Some(Ok(frame))) => read += frame.data_ref().map_or(0, Bytes::len),
+            _ => return,
+        }
     }
 }
 

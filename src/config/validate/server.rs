@@ -14,6 +14,7 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "max_upload_bytes",
     "drain_timeout",
     "trust_tenant_header",
+    "trusted_hops",
     "tls",
     "max_connections",
     "max_connections_per_client",
@@ -74,6 +75,9 @@ pub(super) fn read_server(
             })
             .unwrap_or(Duration::from_secs(30)),
         trust_tenant_header: r.opt(t, "trust_tenant_header", read_header_name),
+        trusted_hops: r
+            .opt(t, "trusted_hops", Reader::non_negative_int)
+            .unwrap_or(0),
         tls: r.opt(t, "tls", read_tls),
         max_connections: r
             .opt(t, "max_connections", Reader::positive_int)

@@ -798,6 +798,7 @@ fn minimal_file_gets_every_default() {
             max_upload_bytes: 26_214_400,
             drain_timeout: Duration::from_secs(30),
             trust_tenant_header: None,
+            trusted_hops: 0,
             tls: None,
             max_connections: 4096,
             max_connections_per_client: None,
@@ -1162,6 +1163,20 @@ fn acme_corp_example_mirrors_the_crd() {
     assert_eq!(acme.max_concurrency, Some(2000));
     assert_eq!(acme.key_digests, vec![sha256("sk-acme-example")]);
     assert_eq!(p.pools[0].backends[0].name, "10.0.0.5:8000");
+}
+
+#[test]
+fn summary_lists_at_most_ten_names() {
+    let tenants: String = (0..25)
+        .map(|i| format!("[[tenants]]\nname = \"t{i}\"\napi_keys = [\"sk-{i}\"]\n"))
+        .collect();
+    let s = summary(&parse(&format!("{POOL}{tenants}")).unwrap());
+    assert!(
+        s.ends_with(
+            "25 tenants (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, and 15 more), discipline drf"
+        ),
+        "{s}"
+    );
 }
 
 #[test]

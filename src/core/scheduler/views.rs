@@ -254,7 +254,8 @@ impl Scheduler {
             pool: s.pool,
             in_flight: s.in_flight,
             window: s.window,
-            healthy: s.healthy,
+            // Ejected by outlier detection counts as not healthy.
+            healthy: s.is_available(now),
             reading: s.reading.clone().map(|r| {
                 let fresh = now.saturating_since(r.at) <= stale_after;
                 (r, fresh)

@@ -239,7 +239,10 @@ impl Form {
             return UNKNOWN_SECONDS;
         };
         match wav_byte_rate(&self.file_head) {
-            Some(rate) => size.saturating_sub(44) as f64 / f64::from(rate),
+            // A header may declare a rate far below any speech audio's
+            // (1 Hz): the duration is no more than the bytes hold at
+            // the lowest rate Whisper is fed (8 kHz, 8-bit mono).
+            Some(rate) => size.saturating_sub(44) as f64 / f64::from(rate.max(MIN_WAV_BYTE_RATE)),
             None => size as f64 / ASSUMED_BYTES_PER_SECOND as f64,
         }
     }
@@ -276,6 +279,10 @@ fn part_kind(headers: &[u8]) -> Part {
         _ => Part::Other,
     }
 }
+
+/// The lowest byte rate a WAV is charged at: 8 kHz, 8-bit mono (telephone
+/// audio, the least any speech recognizer is fed).
+const MIN_WAV_BYTE_RATE: u32 = 8_000;
 
 /// A canonical RIFF/WAVE header's byte rate: its `fmt ` chunk first,
 /// with a byte rate that agrees with its sample rate and block size (so a
@@ -463,6 +470,20 @@ mod tests {
         w[12..16].copy_from_slice(b"JUNK");
         assert_eq!(wav_byte_rate(&w[..64]), None);
         assert_eq!(wav_byte_rate(&wav(2)[..64]), Some(32_000));
+        // A consistent header at 1 Hz (8-bit mono): 32 KB would be 32,000
+        // s; it is charged no more than the bytes hold at 8 kHz, 4 s.
+        let mut w = wav(1);
+        w[24..28].copy_from_slice(&1u32.to_le_bytes());
+        w[28..32].copy_from_slice(&1u32.to_le_bytes());
+        w[32..34].copy_from_slice(&1u16.to_le_bytes());
+        w[34..36].copy_from_slice(&8u16.to_le_bytes());
+        assert_eq!(wav_byte_rate(&w[..64]), Some(1));
+        let f = read(&form(&[("model", b"w"), ("file", &w)], Some("a.wav")), 100);
+        assert!(
+            (f.seconds(None) - 32_000.0 / 8_000.0).abs() < 1e-9,
+            "{}",
+            f.seconds(None)
+        );
     }
 
     #[test]
