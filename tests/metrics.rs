@@ -5,6 +5,7 @@
 
 mod support;
 
+use futures_util::StreamExt;
 use support::*;
 
 const M: &str = "sim-model";
@@ -128,4 +129,58 @@ async fn pool_gauges_give_an_autoscaler_demand_capacity_and_kv_headroom() {
     promtool_check(&text);
     drop(open_streams);
     assert_eq!(queued.await.unwrap().status, http::StatusCode::OK);
+}
+
+/// Issue 38: 10,000 tenants that each sent one request, scraped with the
+/// latency histograms per tenant (the default) and per model
+/// (`[telemetry] per_tenant_histograms = false`): counters stay per
+/// tenant either way; the histograms go from four per tenant to four per
+/// model. The sizes are printed (docs/metrics figures come from here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_tenants_scrape_within_bounds_with_histograms_per_model() {
+    const TENANTS: usize = 10_000;
+    let b = sim(M, 256).await;
+    let tenants: String = (0..TENANTS)
+        .map(|i| format!("[[tenants]]\nname = \"t{i}\"\napi_keys = [\"k{i}\"]\n"))
+        .collect();
+    let mut sizes = Vec::new();
+    for per_tenant in [true, false] {
+        let text = format!(
+            "{SERVER}\n[telemetry]\nper_tenant_histograms = {per_tenant}\n\
+             [[pools]]\nmodel = \"{M}\"\n[[pools.backends]]\nurl = \"http://{{b0}}\"\nmax_inflight = 256\n{tenants}"
+        );
+        let gw = gateway(&text, &[&b]).await;
+        let addr = gw.addr();
+        let sent = futures_util::stream::iter(0..TENANTS)
+            .map(|i| async move {
+                let key = format!("k{i}");
+                let req = post(addr, "/v1/chat/completions", Some(&key), chat(M, 1, false));
+                send(&client(), req).await.status
+            })
+            .buffer_unordered(64)
+            .filter(|s| std::future::ready(*s == 200))
+            .count()
+            .await;
+        assert_eq!(sent, TENANTS);
+        let start = tokio::time::Instant::now();
+        let m = scrape(&gw).await;
+        let took = start.elapsed();
+        let lines = |prefix: &str| m.lines().filter(|l| l.starts_with(prefix)).count();
+        let buckets = lines("fairway_ttft_seconds_bucket");
+        let served = lines("fairway_requests_total{");
+        eprintln!(
+            "{TENANTS} tenants, per_tenant_histograms = {per_tenant}: {} bytes, {} lines, {buckets} TTFT bucket lines, scraped in {took:?}",
+            m.len(),
+            m.lines().count()
+        );
+        assert_eq!(served, TENANTS, "every tenant's counter is there");
+        if per_tenant {
+            assert!(buckets >= TENANTS * 10, "{buckets}");
+        } else {
+            assert!(buckets <= 32, "{buckets}");
+            assert!(lines("fairway_e2e_seconds_count{model=") == 1);
+        }
+        sizes.push(m.len());
+    }
+    assert!(sizes[1] * 3 < sizes[0], "{sizes:?}");
 }

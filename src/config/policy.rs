@@ -283,6 +283,12 @@ pub struct TelemetryPolicy {
     /// a caller's `traceparent` decides for its own. `None`: the SDK's
     /// default, `OTEL_TRACES_SAMPLER` or parent-based always-on.
     pub sample_ratio: Option<f64>,
+    /// Latency histograms (TTFT, e2e, queue wait, time per output token)
+    /// by tenant and model (the default), or by model only (counters stay
+    /// per tenant either way): 4 histograms of up to 20 lines each per
+    /// tenant and model, against per model. Restart-only for the tenants
+    /// already seen.
+    pub per_tenant_histograms: bool,
 }
 
 /// `[server]`: listeners and request limits.

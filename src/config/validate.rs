@@ -160,6 +160,7 @@ const TELEMETRY_KEYS: &[&str] = &[
     "service_name",
     "fairness_window",
     "sample_ratio",
+    "per_tenant_histograms",
 ];
 /// `[queue] prefill_charge` spellings.
 const PREFILL_CHARGES: &[(&str, PrefillCharge)] = &[
@@ -377,6 +378,9 @@ fn read_telemetry(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> 
             }
             Some(x)
         }),
+        per_tenant_histograms: r
+            .opt(t, "per_tenant_histograms", Reader::boolean)
+            .unwrap_or(true),
     }
 }
 

@@ -155,7 +155,10 @@ pub fn derive_live(
         .chain([("default", SloTargets::default())])
         .map(|(t, slo)| {
             let pools = policy.pools.iter();
-            pools.map(|p| metrics.series(t, &p.model, slo)).collect()
+            let by_tenant = policy.telemetry.per_tenant_histograms;
+            pools
+                .map(|p| metrics.series(t, &p.model, slo, by_tenant))
+                .collect()
         })
         .collect();
     let usage = policy

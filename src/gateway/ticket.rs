@@ -452,10 +452,12 @@ impl Ticket {
         let series = match (end.tenant_index, end.pool_index) {
             (Some(t), Some(p)) => &live.series[t][p],
             _ => {
-                looked_up = self
-                    .gw
-                    .metrics()
-                    .series(end.tenant, end.model, Default::default());
+                looked_up = self.gw.metrics().series(
+                    end.tenant,
+                    end.model,
+                    Default::default(),
+                    live.policy.telemetry.per_tenant_histograms,
+                );
                 &looked_up
             }
         };

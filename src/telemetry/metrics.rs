@@ -35,10 +35,10 @@ pub struct Series {
     requests: [AtomicU64; Outcome::COUNT],
     served: AtomicU64,
     goodput: AtomicU64,
-    ttft: AtomicHistogram,
-    e2e: AtomicHistogram,
-    queue_wait: AtomicHistogram,
-    tpot: AtomicHistogram,
+    /// Its own, or its model's (shared by every tenant's series of the
+    /// model: `[telemetry] per_tenant_histograms = false`).
+    hists: Arc<Hists>,
+    shared: bool,
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
     gpu_seconds: AtomicF64,
@@ -51,16 +51,48 @@ pub struct SloTargets {
     pub e2e: Option<f64>,
 }
 
-impl Series {
+/// The latency histograms of a series (or of a model's series).
+#[derive(Debug)]
+struct Hists {
+    ttft: AtomicHistogram,
+    e2e: AtomicHistogram,
+    queue_wait: AtomicHistogram,
+    tpot: AtomicHistogram,
+}
+
+impl Hists {
     fn new(slo: SloTargets) -> Self {
-        Series {
-            requests: std::array::from_fn(|_| AtomicU64::new(0)),
-            served: AtomicU64::new(0),
-            goodput: AtomicU64::new(0),
+        Hists {
             ttft: AtomicHistogram::new(latency_buckets(slo.ttft)),
             e2e: AtomicHistogram::new(latency_buckets(slo.e2e)),
             queue_wait: AtomicHistogram::new(LATENCY_BUCKETS),
             tpot: AtomicHistogram::new(TPOT_BUCKETS),
+        }
+    }
+
+    /// Each histogram with observations, into `c` under `k`.
+    fn read_into(&self, k: &TM, c: &mut Counts) {
+        for (h, to) in [
+            (&self.ttft, &mut c.ttft),
+            (&self.e2e, &mut c.e2e),
+            (&self.queue_wait, &mut c.queue_wait),
+            (&self.tpot, &mut c.tpot),
+        ] {
+            if let Some(h) = h.read() {
+                to.insert(k.clone(), h);
+            }
+        }
+    }
+}
+
+impl Series {
+    fn new(hists: Option<Arc<Hists>>, slo: SloTargets) -> Self {
+        Series {
+            requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            served: AtomicU64::new(0),
+            goodput: AtomicU64::new(0),
+            shared: hists.is_some(),
+            hists: hists.unwrap_or_else(|| Arc::new(Hists::new(slo))),
             prompt_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
             gpu_seconds: AtomicF64::default(),
@@ -77,18 +109,18 @@ impl Series {
         if r.outcome == Outcome::Served {
             add(&self.served, 1);
             add(&self.goodput, u64::from(r.goodput));
-            self.e2e.observe(r.e2e.as_secs_f64());
+            self.hists.e2e.observe(r.e2e.as_secs_f64());
             if let Some(t) = r.ttft {
-                self.ttft.observe(t.as_secs_f64());
+                self.hists.ttft.observe(t.as_secs_f64());
                 if r.completion_tokens > 1 {
                     let tpot =
                         r.e2e.saturating_sub(t).as_secs_f64() / f64::from(r.completion_tokens - 1);
-                    self.tpot.observe(tpot);
+                    self.hists.tpot.observe(tpot);
                 }
             }
         }
         if let Some(w) = r.queue_wait {
-            self.queue_wait.observe(w.as_secs_f64());
+            self.hists.queue_wait.observe(w.as_secs_f64());
         }
         add(&self.prompt_tokens, u64::from(r.prompt_tokens));
         add(&self.completion_tokens, u64::from(r.completion_tokens));
@@ -121,6 +153,8 @@ pub(super) type TM = (String, String);
 #[derive(Debug, Default)]
 struct Registry {
     series: BTreeMap<String, BTreeMap<String, Arc<Series>>>,
+    /// By model: the histograms its tenants' series share, where they do.
+    model_hists: BTreeMap<String, Arc<Hists>>,
     reloads: BTreeMap<&'static str, u64>,
     ejections: BTreeMap<String, u64>,
     /// By (base model, adapter, backend).
@@ -145,8 +179,12 @@ struct Counts {
 }
 
 impl Counts {
-    fn read(series: &BTreeMap<String, BTreeMap<String, Arc<Series>>>) -> Counts {
-        let mut c = Counts::default();
+    fn read(g: &Registry) -> Counts {
+        let (series, mut c) = (&g.series, Counts::default());
+        // Shared histograms are labelled with their model only.
+        for (model, h) in &g.model_hists {
+            h.read_into(&key("", model), &mut c);
+        }
         for (tenant, models) in series {
             for (model, s) in models {
                 let k = || key(tenant, model);
@@ -160,15 +198,8 @@ impl Counts {
                     c.served.insert(k(), get(&s.served));
                     c.goodput.insert(k(), get(&s.goodput));
                 }
-                for (h, to) in [
-                    (&s.ttft, &mut c.ttft),
-                    (&s.e2e, &mut c.e2e),
-                    (&s.queue_wait, &mut c.queue_wait),
-                    (&s.tpot, &mut c.tpot),
-                ] {
-                    if let Some(h) = h.read() {
-                        to.insert(k(), h);
-                    }
+                if !s.shared {
+                    s.hists.read_into(&k(), &mut c);
                 }
                 for (n, to) in [
                     (&s.prompt_tokens, &mut c.prompt_tokens),
@@ -224,18 +255,32 @@ impl Metrics {
     /// counters as they were), its TTFT and e2e buckets bracketing `slo`
     /// as it was then (a reload that changes an SLO keeps the buckets
     /// until the next start: a histogram's buckets never move under
-    /// Prometheus). Called when a policy is loaded, and for the few
-    /// requests that end before they have a declared tenant and model.
-    pub fn series(&self, tenant: &str, model: &str, slo: SloTargets) -> Arc<Series> {
+    /// Prometheus). Its histograms are its own with `by_tenant`, else its
+    /// model's, shared with every tenant's (with the default buckets).
+    /// Called when a policy is loaded, and for the few requests that end
+    /// before they have a declared tenant and model.
+    pub fn series(
+        &self,
+        tenant: &str,
+        model: &str,
+        slo: SloTargets,
+        by_tenant: bool,
+    ) -> Arc<Series> {
         let mut g = self.inner.lock();
         if let Some(s) = g.series.get(tenant).and_then(|m| m.get(model)) {
             return s.clone();
         }
+        let hists = (!by_tenant).then(|| {
+            g.model_hists
+                .entry(model.to_owned())
+                .or_insert_with(|| Arc::new(Hists::new(SloTargets::default())))
+                .clone()
+        });
         g.series
             .entry(tenant.to_owned())
             .or_default()
             .entry(model.to_owned())
-            .or_insert_with(|| Arc::new(Series::new(slo)))
+            .or_insert_with(|| Arc::new(Series::new(hists, slo)))
             .clone()
     }
 
@@ -303,7 +348,7 @@ impl Metrics {
     /// The whole exposition in Prometheus text format.
     pub fn encode(&self, snap: &Snapshot) -> String {
         let g = self.inner.lock();
-        let c = Counts::read(&g.series);
+        let c = Counts::read(&g);
         let mut out = String::with_capacity(8192);
         let w = &mut out;
 
@@ -525,7 +570,12 @@ fn recent_quantiles(
     }
 }
 
+/// A (tenant, model) key's labels; a model's own (shared histograms)
+/// when the tenant is empty, which no tenant's name is.
 pub(super) fn tm(k: &TM) -> String {
+    if k.0.is_empty() {
+        return format!("model=\"{}\"", prom::escape(&k.1));
+    }
     format!(
         "tenant=\"{}\",model=\"{}\"",
         prom::escape(&k.0),
@@ -547,7 +597,7 @@ mod tests {
     #[test]
     fn histogram_is_cumulative_and_counts_once() {
         let m = Metrics::new();
-        let s = m.series("a", "m", SloTargets::default());
+        let s = m.series("a", "m", SloTargets::default(), true);
         let rec = RequestRecord {
             outcome: Outcome::Served,
             goodput: true,
@@ -561,7 +611,7 @@ mod tests {
         };
         m.record(&s, &rec);
         m.record(
-            &m.series("a", "m", SloTargets::default()),
+            &m.series("a", "m", SloTargets::default(), true),
             &RequestRecord {
                 outcome: Outcome::Refused(crate::outcome::RefusedBy::Limit(
                     crate::core::admission::LimitKind::Rate,
@@ -587,6 +637,39 @@ mod tests {
         assert_eq!(m.requests_with_outcome("served"), 1);
     }
 
+    /// `per_tenant_histograms = false`: every tenant's counters, one set
+    /// of histograms per model.
+    #[test]
+    fn histograms_by_model_are_shared_by_its_tenants() {
+        let m = Metrics::new();
+        let rec = RequestRecord {
+            outcome: Outcome::Served,
+            goodput: true,
+            queue_wait: Some(Duration::from_millis(3)),
+            ttft: Some(Duration::from_millis(40)),
+            e2e: Duration::from_millis(400),
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            gpu_seconds: 0.5,
+            overhead: None,
+        };
+        for t in ["a", "b", "c"] {
+            m.record(&m.series(t, "m", SloTargets::default(), false), &rec);
+        }
+        let text = m.encode(&Snapshot::default());
+        assert!(
+            text.contains("fairway_ttft_seconds_count{model=\"m\"} 3"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("fairway_ttft_seconds_count{tenant="),
+            "{text}"
+        );
+        assert!(text.contains("fairway_goodput_total{tenant=\"b\",model=\"m\"} 1"));
+        let lines = |name: &str| text.lines().filter(|l| l.starts_with(name)).count();
+        assert_eq!(lines("fairway_e2e_seconds_count"), 1);
+    }
+
     /// A tenant's TTFT and e2e buckets bracket its SLO targets: a 511 ms
     /// p99 against a 500 ms target interpolates within (500, 550] ms.
     #[test]
@@ -596,7 +679,7 @@ mod tests {
             ttft: Some(0.5),
             e2e: Some(7.0),
         };
-        let s = m.series("a", "m", slo);
+        let s = m.series("a", "m", slo, true);
         m.record(
             &s,
             &RequestRecord {

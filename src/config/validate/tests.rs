@@ -835,6 +835,7 @@ fn minimal_file_gets_every_default() {
             service_name: "fairway".into(),
             fairness_window: Duration::from_secs(10),
             sample_ratio: None,
+            per_tenant_histograms: true,
         },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
