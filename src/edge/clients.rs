@@ -85,14 +85,14 @@ where
     } = c;
     let gw = services.gateway.clone();
     Arc::new(move |stream: TcpStream, peer: SocketAddr| {
-        let slot = match caps.acquire(peer.ip(), &gw) {
+        let activity = conn::Activity::new();
+        let slot = match caps.acquire(peer.ip(), &activity, &gw) {
             Ok(slot) => slot,
             Err(cap) => {
                 connection_refused(&gw, peer, cap);
                 return None;
             }
         };
-        let activity = conn::Activity::new();
         let tracked = conn::Tracked::new(edge.clone(), activity.clone(), peer);
         let svc = TowerToHyperService::new(tracked);
         let builders = builders.clone();
@@ -100,8 +100,8 @@ where
         let tls = services.tls.load_full();
         let dispatch = gw.traces().map(|t| t.dispatch().clone());
         let conn_gw = gw.clone();
+        let (first_request, closing_gw) = (activity.clone(), gw.clone());
         let serve = async move {
-            let _slot = slot;
             let ended = match tls {
                 None => {
                     // hyper's header-read timeout starts once it knows
@@ -130,6 +130,34 @@ where
                 }
             };
             connection_ended(&conn_gw, peer, ended);
+        };
+        // Until its first request, a connection may be pushed out by newer
+        // ones (`conn::Caps`) and has `header_read_timeout` to send it,
+        // HTTP/2 included (hyper's header timeout is HTTP/1's only).
+        let serve = async move {
+            let unproven = async {
+                tokio::select! {
+                    () = slot.evicted() => {}
+                    () = tokio::time::sleep(header_read_timeout) => {}
+                }
+            };
+            let mut serve = std::pin::pin!(serve);
+            tokio::select! {
+                () = serve.as_mut() => return,
+                () = unproven, if !first_request.started() => {}
+            }
+            if first_request.started() {
+                // Proven in the meantime: it keeps its slot.
+                serve.await;
+            } else {
+                closing_gw
+                    .metrics()
+                    .edge
+                    .evicted_unproven
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, "closed: no request in time, or pushed out by newer connections");
+            }
+            drop(slot);
         };
         // With traces on, the connection runs under the gateway's
         // dispatch: its requests' spans and log lines are one tree.

@@ -47,11 +47,53 @@ pub fn fd_connection_limit() -> Option<usize> {
 /// Open connections by client address.
 type ByClient = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
+/// The share of the connection cap that connections which have not sent a
+/// request yet may hold (at least one).
+const UNPROVEN_SHARE: usize = 4;
+
 /// The client connection caps: a total, and optionally one per address.
+///
+/// Slots are earned: a connection that has not sent a request yet is
+/// *unproven*, and the unproven ones hold at most a quarter of the total
+/// ([`UNPROVEN_SHARE`]); a new connection beyond that closes the oldest
+/// unproven one. So connections that send nothing (a flood, with no key
+/// and no address of its own behind a load balancer) cannot hold the
+/// listener: they churn within their quarter, while a client that sends
+/// its request as it connects is proven at once and keeps its slot.
 pub struct Caps {
     total: Arc<Semaphore>,
     per_client: Option<usize>,
     by_client: ByClient,
+    /// Unproven connections, oldest first (some may have been proven or
+    /// closed since: dropped when the queue is next full).
+    unproven: Mutex<std::collections::VecDeque<Unproven>>,
+    unproven_cap: usize,
+}
+
+/// A connection that had not sent a request when it was accepted.
+struct Unproven {
+    activity: std::sync::Weak<Activity>,
+    evict: CancellationToken,
+    permit: Held,
+}
+
+/// A connection's permit under the total cap, which a newer connection
+/// may take back while the connection is unproven: its slot is free at
+/// once, not when its task next runs (on a busy worker, after the accepts
+/// in hand).
+type Held = Arc<Mutex<Option<OwnedSemaphorePermit>>>;
+
+impl Unproven {
+    /// Still open and without a request.
+    fn waiting(&self) -> bool {
+        self.activity.upgrade().is_some_and(|a| !a.started())
+    }
+
+    /// Closes it and frees its slot now.
+    fn give_way(self) {
+        drop(self.permit.lock().take());
+        self.evict.cancel();
+    }
 }
 
 /// Why a connection was refused at accept.
@@ -69,16 +111,35 @@ impl Caps {
             total: Arc::new(Semaphore::new(total)),
             per_client,
             by_client: Arc::default(),
+            unproven: Mutex::default(),
+            unproven_cap: (total / UNPROVEN_SHARE).max(1),
         }
     }
 
-    /// A slot for a connection from `ip`, held while it is open.
-    pub fn acquire(&self, ip: IpAddr, gw: &Arc<Gateway>) -> Result<Slot, CapReached> {
-        let permit = self
-            .total
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| CapReached::Total)?;
+    /// A slot for a connection from `ip` whose requests `activity` counts,
+    /// held while it is open; the connection is unproven until its first
+    /// request, and closed if [`Slot::evicted`] fires before that.
+    pub fn acquire(
+        &self,
+        ip: IpAddr,
+        activity: &Arc<Activity>,
+        gw: &Arc<Gateway>,
+    ) -> Result<Slot, CapReached> {
+        let mut q = self.unproven.lock();
+        let permit = match self.total.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                // Full: the oldest connection without a request gives way.
+                q.retain(Unproven::waiting);
+                if let Some(oldest) = q.pop_front() {
+                    oldest.give_way();
+                }
+                self.total
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| CapReached::Total)?
+            }
+        };
         let client = match self.per_client {
             None => None,
             Some(cap) => {
@@ -91,6 +152,22 @@ impl Caps {
                 Some((ip, self.by_client.clone()))
             }
         };
+        let evict = CancellationToken::new();
+        if q.len() >= self.unproven_cap {
+            q.retain(Unproven::waiting);
+        }
+        while q.len() >= self.unproven_cap {
+            if let Some(oldest) = q.pop_front() {
+                oldest.give_way();
+            }
+        }
+        let permit: Held = Arc::new(Mutex::new(Some(permit)));
+        q.push_back(Unproven {
+            activity: Arc::downgrade(activity),
+            evict: evict.clone(),
+            permit: permit.clone(),
+        });
+        drop(q);
         gw.metrics()
             .edge
             .open_connections
@@ -99,15 +176,25 @@ impl Caps {
             _permit: permit,
             client,
             gw: gw.clone(),
+            evict,
         })
     }
 }
 
 /// A client connection's hold on the caps; released when it closes.
 pub struct Slot {
-    _permit: OwnedSemaphorePermit,
+    _permit: Held,
     client: Option<(IpAddr, ByClient)>,
     gw: Arc<Gateway>,
+    evict: CancellationToken,
+}
+
+impl Slot {
+    /// Fires when newer unproven connections push this one out while it
+    /// is unproven itself.
+    pub async fn evicted(&self) {
+        self.evict.cancelled().await;
+    }
 }
 
 impl Drop for Slot {
@@ -132,6 +219,8 @@ impl Drop for Slot {
 /// One connection's requests in flight and when the last one ended.
 pub struct Activity {
     base: Instant,
+    /// A request has come (the connection is proven).
+    started: std::sync::atomic::AtomicBool,
     in_flight: AtomicU32,
     /// Milliseconds from `base` to the end of the last request.
     last_ms: AtomicU64,
@@ -141,9 +230,15 @@ impl Activity {
     pub fn new() -> Arc<Self> {
         Arc::new(Activity {
             base: Instant::now(),
+            started: std::sync::atomic::AtomicBool::new(false),
             in_flight: AtomicU32::new(0),
             last_ms: AtomicU64::new(0),
         })
+    }
+
+    /// Whether a request has come on the connection.
+    pub fn started(&self) -> bool {
+        self.started.load(Ordering::Acquire)
     }
 
     /// How long the connection has had no request in flight (`None`: one
@@ -163,6 +258,9 @@ pub struct InFlight(Arc<Activity>);
 
 impl InFlight {
     fn start(a: &Arc<Activity>) -> Self {
+        if !a.started.load(Ordering::Relaxed) {
+            a.started.store(true, Ordering::Release);
+        }
         a.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(a.clone())
     }

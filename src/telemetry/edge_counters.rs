@@ -18,6 +18,9 @@ pub struct EdgeCounters {
     pub refused_per_client: AtomicU64,
     /// Connections closed after `[server] idle_timeout` with no request.
     pub closed_idle: AtomicU64,
+    /// Connections closed before their first request, pushed out by newer
+    /// ones or at `[server] header_read_timeout` (`edge::conn::Caps`).
+    pub evicted_unproven: AtomicU64,
     /// Connections ended by the client's protocol error.
     pub closed_protocol_error: AtomicU64,
     /// Requests answered 503: `[server] max_requests` reached.
@@ -58,7 +61,12 @@ impl EdgeCounters {
             w,
             "fairway_connections_closed_total",
             Kind::Counter,
-            "Client connections Fairway closed: idle for [server] idle_timeout, or ended by the client's protocol error (malformed requests, HTTP/2 floods).",
+            "Client connections Fairway closed: idle for [server] idle_timeout, ended by the client's protocol error (malformed requests, HTTP/2 floods), or closed before their first request (pushed out by newer connections past the unproven share of max_connections, or at header_read_timeout).",
+        );
+        let _ = writeln!(
+            w,
+            "fairway_connections_closed_total{{reason=\"no_request\"}} {}",
+            get(&self.evicted_unproven)
         );
         let _ = writeln!(
             w,
