@@ -533,6 +533,54 @@ async fn at_the_fd_limit_idle_connections_cannot_take_the_gateway_down() {
     drop(gw);
 }
 
+/// Issue 38: the file-descriptor limit lowered under a running gateway
+/// (`prlimit --pid`): the connection cap follows it (read again every 2
+/// s), so 400 idle connections still leave the admin listener and a
+/// keyed client served.
+#[tokio::test]
+async fn the_connection_cap_follows_a_file_limit_lowered_at_run_time() {
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "CI must have prlimit");
+        eprintln!("prlimit not installed; skipping");
+        return;
+    }
+    let b = sim(M, 8).await;
+    let path = temp_policy(
+        "fd-limit-later",
+        &policy(
+            "max_connections = 10000\nheader_read_timeout = \"10s\"",
+            &b.addr().to_string(),
+        ),
+    );
+    let gw = ServeProcess::start(&[], &[], &path, "warn", Stdio::inherit());
+    let (addr, admin, pid) = (gw.addr, gw.admin, gw.pid());
+    let lowered = Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), "--nofile=256:256"])
+        .status()
+        .unwrap();
+    assert!(lowered.success());
+    // The next accept after the check interval reads the new limit.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (metrics, ready) = tokio::task::spawn_blocking(move || {
+        let idle: Vec<_> = (0..400)
+            .filter_map(|_| std::net::TcpStream::connect(addr).ok())
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let out = (
+            blocking_get(admin, "/metrics"),
+            blocking_get(admin, "/readyz"),
+        );
+        drop(idle);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert_eq!(models_status(addr).await, Some(200));
+    drop(gw);
+}
+
 /// `GET path` over a fresh blocking connection: the raw response.
 fn blocking_get(addr: std::net::SocketAddr, path: &str) -> String {
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {

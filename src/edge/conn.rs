@@ -67,8 +67,24 @@ pub struct Caps {
     /// Unproven connections, oldest first (some may have been proven or
     /// closed since: dropped when the queue is next full).
     unproven: Mutex<std::collections::VecDeque<Unproven>>,
-    unproven_cap: usize,
+    unproven_cap: std::sync::atomic::AtomicUsize,
+    /// `[server] max_connections`, and the cap in force: lower while the
+    /// file-descriptor limit is (read again every [`FD_CHECK_EVERY`]).
+    configured: usize,
+    cap: Mutex<CapState>,
 }
+
+/// The connection cap in force, and the permits still to be taken out of
+/// the total after it was lowered (those in use when it was).
+struct CapState {
+    current: usize,
+    owed: usize,
+    checked: Instant,
+}
+
+/// How often an accept reads the file-descriptor limit again, so that the
+/// cap follows a limit lowered (or raised) while the gateway runs.
+const FD_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// A connection that had not sent a request when it was accepted.
 struct Unproven {
@@ -106,14 +122,63 @@ pub enum CapReached {
 }
 
 impl Caps {
-    pub fn new(total: usize, per_client: Option<usize>) -> Self {
+    /// Caps of `configured` connections (`[server] max_connections`),
+    /// `total` of them usable now (the file-descriptor limit's share),
+    /// and `per_client` from one address.
+    pub fn new(configured: usize, total: usize, per_client: Option<usize>) -> Self {
         Caps {
             total: Arc::new(Semaphore::new(total)),
             per_client,
             by_client: Arc::default(),
             unproven: Mutex::default(),
-            unproven_cap: (total / UNPROVEN_SHARE).max(1),
+            unproven_cap: std::sync::atomic::AtomicUsize::new((total / UNPROVEN_SHARE).max(1)),
+            configured,
+            cap: Mutex::new(CapState {
+                current: total,
+                owed: 0,
+                checked: Instant::now(),
+            }),
         }
+    }
+
+    /// Follows the file-descriptor limit: read again at most every
+    /// [`FD_CHECK_EVERY`], the cap lowered or raised to its share (the
+    /// permits in use when it is lowered are taken out as they return).
+    fn follow_fd_limit(&self) {
+        let mut s = self.cap.lock();
+        if s.owed > 0 {
+            s.owed -= self.total.forget_permits(s.owed);
+        }
+        if s.checked.elapsed() < FD_CHECK_EVERY {
+            return;
+        }
+        s.checked = Instant::now();
+        let want = fd_connection_limit()
+            .map_or(self.configured, |fd| fd.min(self.configured))
+            .max(1);
+        if want == s.current {
+            return;
+        }
+        tracing::warn!(
+            max_connections = want,
+            was = s.current,
+            configured = self.configured,
+            reserve = FD_RESERVE,
+            "the file-descriptor limit changed: client connections capped anew"
+        );
+        if want < s.current {
+            s.owed += s.current - want;
+            s.owed -= self.total.forget_permits(s.owed);
+        } else {
+            let mut more = want - s.current;
+            let cancelled = more.min(s.owed);
+            s.owed -= cancelled;
+            more -= cancelled;
+            self.total.add_permits(more);
+        }
+        s.current = want;
+        self.unproven_cap
+            .store((want / UNPROVEN_SHARE).max(1), Ordering::Relaxed);
     }
 
     /// A slot for a connection from `ip` whose requests `activity` counts,
@@ -125,6 +190,8 @@ impl Caps {
         activity: &Arc<Activity>,
         gw: &Arc<Gateway>,
     ) -> Result<Slot, CapReached> {
+        self.follow_fd_limit();
+        let unproven_cap = self.unproven_cap.load(Ordering::Relaxed);
         let mut q = self.unproven.lock();
         let permit = match self.total.clone().try_acquire_owned() {
             Ok(p) => p,
@@ -153,10 +220,10 @@ impl Caps {
             }
         };
         let evict = CancellationToken::new();
-        if q.len() >= self.unproven_cap {
+        if q.len() >= unproven_cap {
             q.retain(Unproven::waiting);
         }
-        while q.len() >= self.unproven_cap {
+        while q.len() >= unproven_cap {
             if let Some(oldest) = q.pop_front() {
                 oldest.give_way();
             }

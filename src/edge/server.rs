@@ -321,7 +321,11 @@ async fn run(
         server_policy.max_requests,
     );
     let max_connections = connection_limit(server_policy.max_connections);
-    let caps = conn::Caps::new(max_connections, server_policy.max_connections_per_client);
+    let caps = conn::Caps::new(
+        server_policy.max_connections,
+        max_connections,
+        server_policy.max_connections_per_client,
+    );
     let header_read_timeout = server_policy.header_read_timeout;
     let idle_timeout = server_policy.idle_timeout;
     // Cancelled when the drain starts (client connections) and when it
