@@ -346,9 +346,10 @@ impl Drop for InFlight {
 pub struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
-    /// The client's address, given to each request
-    /// ([`crate::net::headers::ClientAddr`]).
-    peer: std::net::SocketAddr,
+    /// The client's address, appended to each request's
+    /// `X-Forwarded-For` ([`crate::net::headers::forwarded_for`]), made
+    /// once per connection.
+    peer: Option<http::HeaderValue>,
 }
 
 impl<S> Tracked<S> {
@@ -356,7 +357,7 @@ impl<S> Tracked<S> {
         Tracked {
             inner,
             activity,
-            peer,
+            peer: http::HeaderValue::from_str(&peer.ip().to_string()).ok(),
         }
     }
 }
@@ -374,8 +375,10 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        req.extensions_mut()
-            .insert(crate::net::headers::ClientAddr(self.peer));
+        if let Some(peer) = &self.peer {
+            req.headers_mut()
+                .append(crate::net::headers::X_FORWARDED_FOR, peer.clone());
+        }
         TrackedFuture {
             guard: Some(InFlight::start(&self.activity)),
             inner: self.inner.call(req),

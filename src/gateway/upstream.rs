@@ -9,10 +9,8 @@ use http_body::Body;
 use http_body_util::{Either, Full};
 
 use crate::config::ServerPolicy;
-use crate::net::headers::{ClientAddr, forwarded_for};
+use crate::net::headers::{X_FORWARDED_FOR, forwarded_for};
 use crate::protocol::error::ApiError;
-
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
@@ -156,11 +154,9 @@ pub fn request(
         if let Some(v) = length.and_then(|l| HeaderValue::from_str(&l).ok()) {
             h.insert(header::CONTENT_LENGTH, v);
         }
-        if let Some(ClientAddr(peer)) = parts.extensions.get::<ClientAddr>() {
-            let given = parts.headers.get_all(X_FORWARDED_FOR).iter();
-            if let Some(v) = forwarded_for(given, peer.ip(), server.trusted_hops) {
-                h.insert(X_FORWARDED_FOR, v);
-            }
+        let given = parts.headers.get_all(X_FORWARDED_FOR).iter();
+        if let Some(v) = forwarded_for(given, server.trusted_hops) {
+            h.insert(X_FORWARDED_FOR, v);
         }
     }
     up.body(body).map_err(|e| ApiError::Internal(e.to_string()))
