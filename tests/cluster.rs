@@ -27,6 +27,17 @@ fn policy(redis: &str, replica: &str, backend: std::net::SocketAddr, tenant: &st
     )
 }
 
+/// A simulated engine of `M` running `seqs` sequences at once, a decode
+/// step of `step_ms` each.
+async fn engine(seqs: u32, step_ms: u64) -> fairway::sim::backend::SimHandle {
+    fairway::sim::backend::SimBackend::builder(M)
+        .max_num_seqs(seqs)
+        .decode_step(Duration::from_millis(step_ms), Duration::ZERO)
+        .start()
+        .await
+        .unwrap()
+}
+
 async fn replicas_seen(gw: &Server) -> Option<f64> {
     let m = get(&client(), format!("http://{}/metrics", gw.admin_addr()))
         .await
@@ -240,12 +251,7 @@ async fn weights_hold_across_replicas_when_each_tenant_arrives_at_its_own() {
     let redis = RedisServer::start();
     // The engine has room for more than the window, so the window shares
     // decide who runs.
-    let b = fairway::sim::backend::SimBackend::builder(M)
-        .max_num_seqs(16)
-        .decode_step(Duration::from_millis(4), Duration::ZERO)
-        .start()
-        .await
-        .unwrap();
+    let b = engine(16, 4).await;
     let text = |replica: &str| {
         format!(
             "{SERVER}\n[cluster]\nstore = \"{}\"\nreplica = \"{replica}\"\nsync_interval = \"100ms\"\n\
@@ -309,15 +315,7 @@ async fn weights_hold_across_replicas_when_each_tenant_arrives_at_its_own() {
 async fn a_small_window_is_shared_three_to_one_across_three_replicas() {
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
-    let backend = async || {
-        fairway::sim::backend::SimBackend::builder(M)
-            .max_num_seqs(16)
-            .decode_step(Duration::from_millis(4), Duration::ZERO)
-            .start()
-            .await
-            .unwrap()
-    };
-    let (b0, b1) = (backend().await, backend().await);
+    let (b0, b1) = (engine(16, 4).await, engine(16, 4).await);
     let text = |replica: &str| {
         format!(
             "{SERVER}\n[cluster]\nstore = \"{}\"\nreplica = \"{replica}\"\nsync_interval = \"100ms\"\n\
@@ -370,12 +368,7 @@ async fn a_small_window_is_shared_three_to_one_across_three_replicas() {
 async fn interactive_work_at_one_replica_preempts_young_batch_work_at_another() {
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
-    let b0 = fairway::sim::backend::SimBackend::builder(M)
-        .max_num_seqs(4)
-        .decode_step(Duration::from_millis(2), Duration::ZERO)
-        .start()
-        .await
-        .unwrap();
+    let b0 = engine(4, 2).await;
     let text = |replica: &str| {
         format!(
             "{SERVER}\n[cluster]\nstore = \"{}\"\nreplica = \"{replica}\"\nsync_interval = \"100ms\"\n\
@@ -547,17 +540,7 @@ async fn concurrency_and_gpu_budget_hold_across_replicas_and_a_killed_replica_fr
     let _serial = SERIAL.lock().await;
     let redis = RedisServer::start();
     // Two backends; a reply of 30 tokens takes about 0.3 s.
-    let mut backends = Vec::new();
-    for _ in 0..2 {
-        backends.push(
-            fairway::sim::backend::SimBackend::builder(M)
-                .max_num_seqs(64)
-                .decode_step(Duration::from_millis(10), Duration::ZERO)
-                .start()
-                .await
-                .unwrap(),
-        );
-    }
+    let backends = [engine(64, 10).await, engine(64, 10).await];
     let addrs: Vec<std::net::SocketAddr> = backends.iter().map(|b| b.addr()).collect();
     let text = |replica: &str| {
         format!(

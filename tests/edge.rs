@@ -385,6 +385,23 @@ async fn a_client_that_does_not_finish_its_headers_is_closed_at_the_header_read_
     }
 }
 
+/// Opens an HTTP/2 connection to `addr`, sends the preface and an empty
+/// SETTINGS frame, then nothing: how long until the gateway closes it.
+async fn h2_preface_then_nothing(addr: std::net::SocketAddr) -> Duration {
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .unwrap();
+        let start = std::time::Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        start.elapsed()
+    })
+    .await
+    .unwrap()
+}
+
 /// Issue 38: an HTTP/2 connection that sends the preface and opens no
 /// stream has `header_read_timeout`, as an HTTP/1 one does (it held its
 /// slot for 61 s before).
@@ -397,19 +414,7 @@ async fn an_http2_connection_that_opens_no_stream_is_closed_at_the_header_read_t
     )
     .await;
     let addr = gw.addr();
-    let waited = tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        // The preface and an empty SETTINGS frame, then nothing.
-        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
-            .unwrap();
-        let start = std::time::Instant::now();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut buf = Vec::new();
-        let _ = s.read_to_end(&mut buf);
-        start.elapsed()
-    })
-    .await
-    .unwrap();
+    let waited = h2_preface_then_nothing(addr).await;
     assert!(waited < Duration::from_secs(3), "held for {waited:?}");
 }
 
@@ -432,11 +437,19 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// Whether `prlimit` is missing (the test is skipped; CI must have it).
+fn prlimit_missing() -> bool {
+    if Command::new("prlimit").arg("--version").output().is_ok() {
+        return false;
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI must have prlimit");
+    eprintln!("prlimit not installed; skipping");
+    true
+}
+
 #[tokio::test]
 async fn at_the_fd_limit_idle_connections_cannot_take_the_gateway_down() {
-    if Command::new("prlimit").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "CI must have prlimit");
-        eprintln!("prlimit not installed; skipping");
+    if prlimit_missing() {
         return;
     }
     let b = sim(M, 8).await;
@@ -539,9 +552,7 @@ async fn at_the_fd_limit_idle_connections_cannot_take_the_gateway_down() {
 /// keyed client served.
 #[tokio::test]
 async fn the_connection_cap_follows_a_file_limit_lowered_at_run_time() {
-    if Command::new("prlimit").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "CI must have prlimit");
-        eprintln!("prlimit not installed; skipping");
+    if prlimit_missing() {
         return;
     }
     let b = sim(M, 8).await;
@@ -606,18 +617,7 @@ async fn an_idle_http2_connection_is_closed_but_never_one_with_a_stream_in_fligh
     let gw = gateway(&policy("idle_timeout = \"1s\"", &b.addr().to_string()), &[]).await;
     let addr = gw.addr();
     // A preface and SETTINGS, then nothing: GOAWAY and close at ~1 s.
-    let waited = tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
-            .unwrap();
-        let start = std::time::Instant::now();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut buf = Vec::new();
-        let _ = s.read_to_end(&mut buf);
-        start.elapsed()
-    })
-    .await
-    .unwrap();
+    let waited = h2_preface_then_nothing(addr).await;
     assert!(
         waited >= Duration::from_millis(900) && waited < Duration::from_secs(3),
         "{waited:?}"

@@ -23,5 +23,5 @@ mod sync;
 pub use connection::{Connection, connection};
 pub use member::*;
 pub use shares::{DemandMeter, Shape, apportion, shares, water_fill};
-pub use store::{Answer, Demands, Store};
+pub use store::{Answer, Demands, Store, lease_prefix, undistributed};
 pub use sync::{Replica, Syncer, join};

@@ -137,6 +137,38 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// The prefix of the hashes of the tenants' leased limits,
+/// `{key_prefix}:lease:`, each `<prefix><tenant>:<limit>`
+/// ([`LeaseKind::as_str`](crate::core::admission::LeaseKind::as_str)).
+pub fn lease_prefix(policy: &ClusterPolicy) -> String {
+    format!("{{{}}}:lease:", policy.key_prefix)
+}
+
+/// What the store's side of a tenant's leased bucket (its hash, as
+/// [`SYNC`] keeps it: `level` as of `updated`, store
+/// seconds, and each replica's holding `h:<replica>`) holds at `now`, of
+/// `capacity` refilled at `rate` per second: its level refilled since,
+/// into the room the holdings leave (negative while in debt). `None`
+/// before the first lease.
+pub fn undistributed(
+    hash: &std::collections::HashMap<String, String>,
+    now: f64,
+    capacity: f64,
+    rate: f64,
+) -> Option<f64> {
+    let level: f64 = hash.get("level")?.parse().ok()?;
+    let updated: f64 = hash
+        .get("updated")
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(now);
+    let held: f64 = hash
+        .iter()
+        .filter(|(k, _)| k.starts_with("h:"))
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum();
+    Some((level + (now - updated).max(0.0) * rate).min((capacity - held).max(0.0)))
+}
+
 impl Store {
     /// A lazy connection: nothing is sent until the first call, so a store
     /// that is down at start does not stop the gateway.
@@ -151,7 +183,7 @@ impl Store {
             con,
             replicas_key: format!("{tag}:replicas"),
             demand_prefix: format!("{tag}:demand:"),
-            lease_prefix: format!("{tag}:lease:"),
+            lease_prefix: lease_prefix(policy),
             replica: replica.to_owned(),
             ttl_ms: u64::try_from(policy.replica_ttl.as_millis()).unwrap_or(u64::MAX),
             sync: Script::new(SYNC),

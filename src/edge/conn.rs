@@ -67,7 +67,6 @@ pub struct Caps {
     /// Unproven connections, oldest first (some may have been proven or
     /// closed since: dropped when the queue is next full).
     unproven: Mutex<std::collections::VecDeque<Unproven>>,
-    unproven_cap: std::sync::atomic::AtomicUsize,
     /// `[server] max_connections`, and the cap in force: lower while the
     /// file-descriptor limit is (read again every [`FD_CHECK_EVERY`]).
     configured: usize,
@@ -131,7 +130,6 @@ impl Caps {
             per_client,
             by_client: Arc::default(),
             unproven: Mutex::default(),
-            unproven_cap: std::sync::atomic::AtomicUsize::new((total / UNPROVEN_SHARE).max(1)),
             configured,
             cap: Mutex::new(CapState {
                 current: total,
@@ -144,20 +142,21 @@ impl Caps {
     /// Follows the file-descriptor limit: read again at most every
     /// [`FD_CHECK_EVERY`], the cap lowered or raised to its share (the
     /// permits in use when it is lowered are taken out as they return).
-    fn follow_fd_limit(&self) {
+    /// Returns the cap in force.
+    fn follow_fd_limit(&self) -> usize {
         let mut s = self.cap.lock();
         if s.owed > 0 {
             s.owed -= self.total.forget_permits(s.owed);
         }
         if s.checked.elapsed() < FD_CHECK_EVERY {
-            return;
+            return s.current;
         }
         s.checked = Instant::now();
         let want = fd_connection_limit()
             .map_or(self.configured, |fd| fd.min(self.configured))
             .max(1);
         if want == s.current {
-            return;
+            return want;
         }
         tracing::warn!(
             max_connections = want,
@@ -177,8 +176,7 @@ impl Caps {
             self.total.add_permits(more);
         }
         s.current = want;
-        self.unproven_cap
-            .store((want / UNPROVEN_SHARE).max(1), Ordering::Relaxed);
+        want
     }
 
     /// A slot for a connection from `ip` whose requests `activity` counts,
@@ -190,8 +188,7 @@ impl Caps {
         activity: &Arc<Activity>,
         gw: &Arc<Gateway>,
     ) -> Result<Slot, CapReached> {
-        self.follow_fd_limit();
-        let unproven_cap = self.unproven_cap.load(Ordering::Relaxed);
+        let unproven_cap = (self.follow_fd_limit() / UNPROVEN_SHARE).max(1);
         let mut q = self.unproven.lock();
         let permit = match self.total.clone().try_acquire_owned() {
             Ok(p) => p,

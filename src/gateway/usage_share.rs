@@ -65,7 +65,8 @@ pub struct ClusterWindows {
     /// Replicas whose buckets were added (this one's included).
     pub replicas: usize,
     /// What the store holds of the tenant's request and GPU-seconds
-    /// buckets beside the replicas' leases, now (see [`undistributed`]).
+    /// buckets beside the replicas' leases, now
+    /// ([`crate::cluster::undistributed`]).
     pub store_rate: Option<f64>,
     pub store_gpu_seconds: Option<f64>,
 }
@@ -109,7 +110,7 @@ impl SharedUsage {
                 policy.sync_interval.max(Duration::from_secs(1)),
             )?,
             prefix: format!("{{{}}}:usage:", policy.key_prefix),
-            lease_prefix: format!("{{{}}}:lease:", policy.key_prefix),
+            lease_prefix: crate::cluster::lease_prefix(policy),
             replica: replica.to_owned(),
             interval: policy.sync_interval,
             published: Mutex::new(HashMap::new()),
@@ -293,11 +294,11 @@ impl SharedUsage {
                     replicas: replicas.len(),
                     store_rate: policy.and_then(|t| {
                         let r = t.rate?;
-                        undistributed(&rate?, store_now, t.burst.unwrap_or(r), r)
+                        crate::cluster::undistributed(&rate?, store_now, t.burst.unwrap_or(r), r)
                     }),
                     store_gpu_seconds: policy.and_then(|t| {
                         let per_hour = t.gpu_seconds_per_hour?;
-                        undistributed(&gpu?, store_now, per_hour, per_hour / 3600.0)
+                        crate::cluster::undistributed(&gpu?, store_now, per_hour, per_hour / 3600.0)
                     }),
                 }
             })
@@ -310,29 +311,4 @@ impl SharedUsage {
     pub fn fresh(&self) -> f64 {
         3.0 * self.interval.as_secs_f64()
     }
-}
-
-/// What the store's side of a tenant's leased bucket (its hash, as
-/// `cluster::Store`'s script keeps it: `level` as of `updated`, store
-/// seconds, and each replica's holding `h:<replica>`) holds at `now`, of
-/// `capacity` refilled at `rate` per second: its level refilled since,
-/// into the room the holdings leave (negative while in debt). `None`
-/// before the first lease.
-fn undistributed(
-    hash: &HashMap<String, String>,
-    now: f64,
-    capacity: f64,
-    rate: f64,
-) -> Option<f64> {
-    let level: f64 = hash.get("level")?.parse().ok()?;
-    let updated: f64 = hash
-        .get("updated")
-        .and_then(|u| u.parse().ok())
-        .unwrap_or(now);
-    let held: f64 = hash
-        .iter()
-        .filter(|(k, _)| k.starts_with("h:"))
-        .filter_map(|(_, v)| v.parse::<f64>().ok())
-        .sum();
-    Some((level + (now - updated).max(0.0) * rate).min((capacity - held).max(0.0)))
 }

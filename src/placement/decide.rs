@@ -336,15 +336,12 @@ impl Placement {
         match shared.node(node, now).await {
             Ok(read) => {
                 self.store_answered();
-                let ended = {
+                {
                     let mut nodes = self.nodes.lock();
                     nodes.reservations.retain(|r| r.node != node);
                     nodes.reservations.extend(read.reservations);
-                    nodes.settle(now, self.policy.load().stale_after)
-                };
-                if !ended.is_empty() {
-                    let _ = shared.release(&ended).await;
                 }
+                self.settle(now, self.policy.load().stale_after).await;
                 Some(read.version)
             }
             Err(e) => {

@@ -358,6 +358,12 @@ impl Placement {
                 Err(e) => self.store_failed(&e),
             }
         }
+        self.settle(now, stale_after).await;
+    }
+
+    /// Drops the reservations that ended (their engine shows, or they
+    /// expired), here and in the store.
+    pub(super) async fn settle(&self, now: Instant, stale_after: Duration) {
         let ended = self.nodes.lock().settle(now, stale_after);
         if let (Some(shared), false) = (&self.shared, ended.is_empty())
             && let Err(e) = shared.release(&ended).await
