@@ -26,7 +26,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// to 1 s while failures continue, so a listener at the fd limit waits
 /// for descriptors to free instead of spinning a core on `accept4`. The
 /// first failure of a run is logged as a warning; `what` names the
-/// listener.
+/// listener. Each accept yields, so the tasks `on_conn` spawns run between
+/// accepts.
 pub(crate) async fn accept_loop(
     listener: &TcpListener,
     shutdown: impl Future<Output = ()>,
@@ -46,6 +47,11 @@ pub(crate) async fn accept_loop(
                 backoff = BACKOFF_MIN;
                 let _ = stream.set_nodelay(true);
                 on_conn(stream, peer);
+                // The connection's task runs once before the next accept
+                // (tokio would take up to 128 in a row): a client that sent
+                // its request with its connect is served, or proven, before
+                // a flood of accepts behind it can push it out.
+                tokio::task::yield_now().await;
             }
             Err(e) => {
                 on_error();
