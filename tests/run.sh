@@ -71,6 +71,15 @@ if ! "$svenv/bin/python" -c "import moto.server, flask_cors" >/dev/null 2>&1; th
   "$svenv/bin/pip" install -q -r tests/s3/requirements.txt
 fi
 
+# A real Triton Inference Server (the tritonserver PyTriton bundles, CPU
+# only; about 370 MB) for tests/triton_real.rs.
+tvenv=target/triton-venv
+if ! "$tvenv/bin/python" -c "import pytriton" >/dev/null 2>&1; then
+  echo "installing Triton (PyTriton) into $tvenv"
+  python3 -m venv "$tvenv"
+  "$tvenv/bin/pip" install -q -r tests/triton/requirements.txt
+fi
+
 CI=true cargo test "$@"
 if [ $# -eq 0 ]; then
   fuzz/run.sh --seconds "${FAIRWAY_FUZZ_SECONDS:-10}"

@@ -18,7 +18,7 @@ use crate::gateway::live::Live;
 use crate::gateway::pool;
 use crate::gateway::scheduling::Pending;
 use crate::gateway::stop::StopCall;
-use crate::gateway::ticket::Ticket;
+use crate::gateway::ticket::{Ticket, backend_fault};
 use crate::gateway::upstream::{self, Address};
 use crate::protocol::audio;
 use crate::protocol::error::ApiError;
@@ -122,7 +122,7 @@ pub async fn forward(
         if !uploading
             && !result
                 .as_ref()
-                .is_ok_and(|r| r.as_ref().is_ok_and(|r| !r.status().is_server_error()))
+                .is_ok_and(|r| r.as_ref().is_ok_and(|r| !backend_fault(r.status())))
         {
             gw.backend_failed(backend);
         }

@@ -19,7 +19,7 @@ use crate::net::body::BodyError;
 use crate::protocol::openai::{error_event, find, preempted_event};
 use crate::protocol::responses::response_id;
 use crate::protocol::sse::{data_lines, event_end};
-use crate::protocol::triton::{add_triton_event, triton_error_event, triton_tokens};
+use crate::protocol::triton::{self, Answer, add_triton_event, triton_error_event};
 use crate::protocol::usage::{ChunkLite, merge_usage};
 
 /// Largest non-streaming body kept for reading `usage` (the body is relayed
@@ -32,6 +32,9 @@ pub struct Seen {
     pub usage: Option<Usage>,
     /// A Responses API answer's id, not yet handed to the ticket.
     pub response_id: Option<String>,
+    /// The error Triton sent under a 200 (the body, or a stream's first
+    /// error event): the request failed.
+    pub error: Option<String>,
 }
 
 /// How to read the body.
@@ -50,6 +53,9 @@ pub enum Mode {
     /// Triton's `generate_stream` events, passed through; the usage is the
     /// sum over events as for one response (at least one token each).
     TritonSse,
+    /// Triton's `infer` response (a classic tensor model): no output; the
+    /// usage is the request's estimate, its size.
+    TritonInfer,
     /// A Responses API response: as `Json`, and its `id` is remembered.
     ResponsesJson,
     /// A Responses API stream: as `Sse`, and the `id` of its
@@ -60,11 +66,14 @@ pub enum Mode {
 impl Mode {
     /// One document rather than an event stream.
     pub fn is_json(self) -> bool {
-        matches!(self, Mode::Json | Mode::TritonJson | Mode::ResponsesJson)
+        matches!(
+            self,
+            Mode::Json | Mode::TritonJson | Mode::TritonInfer | Mode::ResponsesJson
+        )
     }
 
     fn is_triton(self) -> bool {
-        matches!(self, Mode::TritonJson | Mode::TritonSse)
+        matches!(self, Mode::TritonJson | Mode::TritonSse | Mode::TritonInfer)
     }
 }
 
@@ -255,7 +264,10 @@ fn end_ticket(
     if let Some(id) = seen.response_id.take() {
         t.response_created(id);
     }
-    t.end(BodyEnd::Complete { usage: seen.usage });
+    t.end(match seen.error.take() {
+        None => BodyEnd::Complete { usage: seen.usage },
+        Some(message) => BodyEnd::ErrorBody(message),
+    });
     tail
 }
 
@@ -275,13 +287,21 @@ fn tail(mode: Mode, carry: &mut BytesMut, seen: &mut Seen) -> Option<Bytes> {
             None
         }
         Mode::TritonJson => {
-            if let Some(n) = triton_tokens(carry) {
-                seen.usage = Some(Usage {
-                    prompt_tokens: 0,
-                    completion_tokens: n,
-                    cached_tokens: None,
-                });
+            match triton::answer(carry) {
+                Answer::Tokens(n) => {
+                    seen.usage = Some(Usage {
+                        completion_tokens: n,
+                        ..Usage::default()
+                    });
+                }
+                Answer::Error(e) => seen.error = Some(e),
+                Answer::Other => {}
             }
+            None
+        }
+        Mode::TritonInfer => {
+            // Charged by its size (the prompt estimate, set at the end).
+            seen.usage = Some(Usage::default());
             None
         }
         Mode::Sse | Mode::SseStripUsage | Mode::TritonSse | Mode::ResponsesSse => {
@@ -347,7 +367,7 @@ fn scan(
     while let Some(end) = event_end(&buf[sent..]) {
         let event = &buf[sent..sent + end];
         if mode == Mode::TritonSse {
-            add_triton_event(event, &mut seen.usage);
+            add_triton_event(event, &mut seen.usage, &mut seen.error);
             sent += end;
             continue;
         }
@@ -404,12 +424,16 @@ mod tests {
         let (out, seen) = relay_frames(Mode::TritonSse, &frames);
         assert_eq!(out, whole.as_bytes());
         assert_eq!(seen.usage.map(|u| u.completion_tokens), Some(3));
-        // An error event counts nothing.
+        // An error event counts nothing, and is the request's failure.
         let (_, seen) = relay_frames(
             Mode::TritonSse,
-            &[Bytes::from("data: {\"error\":\"x\"}\n\n")],
+            &[Bytes::from(format!(
+                "{}data: {{\"error\":\"x\"}}\n\n",
+                ev(" a")
+            ))],
         );
-        assert_eq!(seen.usage, None);
+        assert_eq!(seen.usage.map(|u| u.completion_tokens), Some(1));
+        assert_eq!(seen.error.as_deref(), Some("x"));
     }
 
     #[test]
@@ -424,6 +448,24 @@ mod tests {
         let counted = one(r#"{"text_output":["x"],"num_output_tokens":[42]}"#);
         assert_eq!(counted.map(|u| u.completion_tokens), Some(42));
         assert_eq!(one(r#"{"error":"bad"}"#), None);
+        // Triton's 200 for a decoupled model's several responses.
+        let (out, seen) = relay_frames(
+            Mode::TritonJson,
+            &[Bytes::from_static(br#"{"error":"generate expects model to produce exactly 1 response, use generate stream"}"#)],
+        );
+        assert!(out.starts_with(b"{\"error\""));
+        assert!(
+            seen.error
+                .is_some_and(|e| e.starts_with("generate expects"))
+        );
+        // An infer answer: no output, charged by the request's size.
+        let infer = relay_frames(
+            Mode::TritonInfer,
+            &[Bytes::from_static(
+                br#"{"outputs":[{"name":"y","datatype":"FP32","shape":[1],"data":[0.5]}]}"#,
+            )],
+        );
+        assert_eq!(infer.1.usage, Some(Usage::default()));
     }
 
     #[test]

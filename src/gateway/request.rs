@@ -152,6 +152,7 @@ async fn run(
         ticket,
     )?;
     let strip_usage = read.info.stream && !read.info.include_usage && call == Call::Completions;
+    let infer = read.triton.as_ref().is_some_and(|p| p.action == "infer");
     let payload = match read.payload {
         Payload::Whole(b) if strip_usage => Payload::Whole(openai::with_usage_requested(&b)),
         body => body,
@@ -165,7 +166,7 @@ async fn run(
         pool_index: pool.index,
     };
     let (resp, pending) = forward(gw, live, out, pending, preemptible, ticket).await?;
-    let mode = Mode::of(call, &resp, strip_usage);
+    let mode = Mode::of(call, &resp, strip_usage, infer);
     let pending = (resumable && preemptible && !mode.is_json()).then_some(pending);
     Ok((resp, mode, pending))
 }
@@ -411,15 +412,16 @@ fn relay(
 
 impl Mode {
     /// How a call's answer is relayed: by its protocol, whether the
-    /// backend answered SSE, and whether the usage chunk Fairway asked for
-    /// is dropped.
-    fn of(call: Call, resp: &Response<pool::Body>, strip_usage: bool) -> Mode {
+    /// backend answered SSE, whether the usage chunk Fairway asked for is
+    /// dropped, and whether it is Triton's `infer`.
+    fn of(call: Call, resp: &Response<pool::Body>, strip_usage: bool, infer: bool) -> Mode {
         let is_sse = resp
             .headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         match (call, is_sse, strip_usage && resp.status() == StatusCode::OK) {
+            (Call::Triton, false, _) if infer => Mode::TritonInfer,
             (Call::Triton, false, _) => Mode::TritonJson,
             (Call::Triton, true, _) => Mode::TritonSse,
             (Call::Responses, false, _) => Mode::ResponsesJson,

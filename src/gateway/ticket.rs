@@ -29,6 +29,14 @@ use crate::telemetry::metrics::RequestRecord;
 use crate::telemetry::otel;
 use crate::telemetry::usage::UsageRecord;
 
+/// Whether a backend's answer is its failure (the outcome, and its
+/// outlier detection): a 5xx, except 501, which says the backend does not
+/// serve what was asked (Triton's answer to `infer` on a decoupled model),
+/// as any backend of the pool would.
+pub fn backend_fault(status: http::StatusCode) -> bool {
+    status.is_server_error() && status != http::StatusCode::NOT_IMPLEMENTED
+}
+
 /// How a relayed body ended.
 #[derive(Debug)]
 pub enum BodyEnd {
@@ -36,6 +44,9 @@ pub enum BodyEnd {
         usage: Option<Usage>,
     },
     UpstreamError(String),
+    /// The body was an error under a 200 (Triton's, where its headers had
+    /// gone): the backend failed the request.
+    ErrorBody(String),
     /// A resumable batch item's stream, cut by a preemption (it had left
     /// the scheduler already).
     Preempted,
@@ -242,10 +253,10 @@ impl Ticket {
     pub fn answered(&mut self, status: http::StatusCode, streaming: bool) {
         self.status = status.as_u16();
         self.streaming = streaming;
-        if status.is_client_error() {
-            self.outcome = Some(Outcome::Refused(RefusedBy::Backend));
-        } else if status.is_server_error() {
+        if backend_fault(status) {
             self.outcome = Some(Outcome::FailedUpstream);
+        } else if status.is_client_error() || status.is_server_error() {
+            self.outcome = Some(Outcome::Refused(RefusedBy::Backend));
         }
     }
 
@@ -292,10 +303,11 @@ impl Ticket {
             }
             BodyEnd::UpstreamError(cause) => {
                 tracing::warn!(backend = %self.backend_name, %cause, "stream from backend broke");
-                self.outcome = Some(Outcome::FailedUpstream);
-                if let Some(b) = self.backend {
-                    self.gw.backend_failed(b);
-                }
+                self.upstream_failed();
+            }
+            BodyEnd::ErrorBody(message) => {
+                tracing::warn!(backend = %self.backend_name, %message, "the backend answered 200 with an error");
+                self.upstream_failed();
             }
             BodyEnd::Preempted => {
                 self.preempted += 1;
@@ -303,6 +315,15 @@ impl Ticket {
             }
         }
         self.finish();
+    }
+
+    /// The backend failed the request: the outcome, and a failure for its
+    /// outlier detection.
+    fn upstream_failed(&mut self) {
+        self.outcome = Some(Outcome::FailedUpstream);
+        if let Some(b) = self.backend {
+            self.gw.backend_failed(b);
+        }
     }
 
     /// Ends the request in the scheduler (completion or cancel).

@@ -104,6 +104,9 @@ pub struct Decoder {
     ttft: HistogramWindow,
     e2e: HistogramWindow,
     sources: Sources,
+    /// Whether the Triton model is decoupled, from its model configuration
+    /// (`None`: not read).
+    decoupled: Option<bool>,
 }
 
 impl Decoder {
@@ -113,7 +116,14 @@ impl Decoder {
             ttft: HistogramWindow::new(),
             e2e: HistogramWindow::new(),
             sources: Sources::default(),
+            decoupled: None,
         }
+    }
+
+    /// The Triton model's transaction policy, read from its configuration
+    /// (`model_transaction_policy.decoupled`).
+    pub fn set_decoupled(&mut self, decoupled: bool) {
+        self.decoupled = Some(decoupled);
     }
 
     /// Where the last good reading's load signals came from.
@@ -144,7 +154,7 @@ impl Decoder {
                     .filter(|s| !s.name.ends_with("_created"))
                     .collect();
                 let signals = match dialect {
-                    MetricsDialect::Triton => triton(&samples),
+                    MetricsDialect::Triton => triton(&samples, self.decoupled),
                     MetricsDialect::Trtllm => trtllm(&samples),
                     MetricsDialect::Sglang => sglang(&samples),
                     MetricsDialect::Llamacpp => llamacpp(&samples),
@@ -232,6 +242,7 @@ impl Signals {
             && self.gpu_total.is_none()
             && self.ttft.is_empty()
             && self.e2e.is_empty()
+            && self.sources.waiting.is_none()
     }
 }
 
@@ -359,7 +370,9 @@ fn kv_from_blocks(
     }
 }
 
-fn triton(samples: &[&Sample]) -> Signals {
+/// `decoupled`: the model's transaction policy, where its configuration
+/// was read.
+fn triton(samples: &[&Sample], decoupled: Option<bool>) -> Signals {
     const KV: &str = "nv_trt_llm_kv_cache_block_metrics";
     const REQ: &str = "nv_trt_llm_request_metrics";
     const PENDING: &str = "nv_inference_pending_request_count";
@@ -398,15 +411,22 @@ fn triton(samples: &[&Sample]) -> Signals {
         s.sources.running = Some("nv_trt_llm_request_metrics active");
     }
     // The generic pending count is decremented when the backend's execute()
-    // is entered; decoupled LLM backends (Triton's vLLM backend, the
-    // TensorRT-LLM LLM-API model) return from it at once, so it reads about
-    // 0 under load. It is a queue only for classic models: with the vLLM
-    // backend's series present, the gateway's own in-flight count stands in.
-    let decoupled_vllm = samples.iter().any(|x| x.name.starts_with("vllm:"));
+    // is entered; decoupled models (Triton's vLLM backend, the TensorRT-LLM
+    // LLM-API model, a decoupled Python model) return from it at once, so
+    // it reads about 0 under load. It is a queue only for classic models:
+    // for a decoupled one (by its configuration, or the vLLM backend's
+    // series where the configuration was not read) the gateway's own
+    // in-flight count stands in.
+    let vllm_backend = samples.iter().any(|x| x.name.starts_with("vllm:"));
     if let Some(n) = sum(samples, REQ, req("waiting")) {
         s.waiting = Some(n);
         s.sources.waiting = Some("nv_trt_llm_request_metrics waiting");
-    } else if decoupled_vllm {
+    } else if decoupled == Some(true) && sum(samples, PENDING, None).is_some() {
+        // Triton's own series, read and set aside: a reading all the same.
+        s.sources.waiting = Some(
+            "none: decoupled model (its model configuration), the gateway's in-flight count is used",
+        );
+    } else if decoupled.is_none() && vllm_backend {
         s.sources.waiting = Some("none: decoupled model, the gateway's in-flight count is used");
     } else if let Some(n) = sum(samples, PENDING, None) {
         s.waiting = Some(n);

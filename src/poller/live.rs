@@ -18,6 +18,10 @@
 //!   and then every [`MODELS_EVERY`]: the LoRA adapters it lists (entries
 //!   with a `parent`) are served by its pool like those the policy names
 //!   ([`Sink::on_adapters`]). A failed read keeps the last list.
+//! - A Triton-protocol backend's model configuration
+//!   (`/v2/models/{model}/config`) is read likewise (every tick until it
+//!   answers): a decoupled model's pending count is not a queue (see the
+//!   `triton` dialect).
 //!
 //! Tasks are matched to backends by name; a reload that changes a
 //! backend's address, dialect or poller settings restarts its task (and
@@ -38,6 +42,7 @@ use crate::clock::Clock;
 use crate::config::{BackendTarget, MetricsDialect, Policy};
 use crate::core::reading::Reading;
 use crate::core::scheduler::PrefixEvent;
+use crate::core::spec::Api;
 use crate::net::client::Client;
 use crate::net::scrape::{ScrapeError, get};
 use crate::poller::Decoder;
@@ -63,6 +68,10 @@ struct Target {
     /// `http://…/v1/models`, for an OpenAI-protocol backend, and its
     /// pool's model.
     models: Option<(String, String)>,
+    /// `http://…/v2/models/{model}/config`, for a Triton-protocol
+    /// backend read in the `triton` dialect: whether the model is
+    /// decoupled.
+    config: Option<String>,
     interval: Duration,
     timeout: Duration,
 }
@@ -161,8 +170,13 @@ impl Pollers {
                     dialect: b.metrics,
                     metrics,
                     health: format!("http://{authority}{}", b.health_path),
-                    models: (b.protocol == crate::core::spec::Api::OpenAi)
+                    models: (b.protocol == Api::OpenAi)
                         .then(|| (format!("http://{authority}/v1/models"), pool.model.clone())),
+                    config: (b.protocol == Api::Triton && b.metrics == MetricsDialect::Triton)
+                        .then(|| {
+                            let model = b.served_model.as_deref().unwrap_or(&pool.model);
+                            format!("http://{authority}/v2/models/{model}/config")
+                        }),
                     interval: policy.poller.interval,
                     timeout: policy.poller.timeout,
                 },
@@ -319,6 +333,7 @@ async fn poll(
         .ceil()
         .max(1.0) as u64;
     let mut ticks = 0u64;
+    let mut config_read = false;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -331,6 +346,16 @@ async fn poll(
             && let Some(adapters) = from_models_list(&body)
         {
             sink.on_adapters(&name, model, adapters);
+        }
+        // A Triton model's configuration: at the first tick and then as
+        // often as the adapters, every tick until it is read.
+        if (ticks.is_multiple_of(models_every) || !config_read)
+            && let Some(url) = &target.config
+            && let Ok(body) = get(&via.client, url, target.timeout, 1 << 20).await
+            && let Some(decoupled) = crate::protocol::triton::decoupled(&body)
+        {
+            decoder.set_decoupled(decoupled);
+            config_read = true;
         }
         ticks += 1;
         let (probe, scrape) =

@@ -56,17 +56,31 @@ impl ModelPath<'_> {
 #[derive(Deserialize)]
 struct Generate {
     text_input: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "present")]
     max_tokens: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "present")]
     sampling_param_max_tokens: Option<serde_json::Value>,
     parameters: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-/// A count as Triton's JSON-to-tensor mapping takes it: a number, or a
-/// one-element array of one.
+/// A field that is present, `null` included (serde's `Option` would take
+/// `null` for absent).
+pub fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
+/// A count as Triton's JSON-to-tensor mapping takes it into an `INT32`
+/// tensor: an integer, or a one-element array of one. Triton refuses any
+/// other JSON there with a 500 ("Unable to parse 'data'"), and wraps an
+/// integer past `INT32` silently; a negative count is the model's to
+/// refuse or clamp.
 fn count(v: &serde_json::Value) -> Option<u32> {
     match v {
         serde_json::Value::Array(a) if a.len() == 1 => count(&a[0]),
-        v => v.as_u64().and_then(|n| u32::try_from(n).ok()),
+        v => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| i32::try_from(n).is_ok()),
     }
 }
 
@@ -74,7 +88,10 @@ fn count(v: &serde_json::Value) -> Option<u32> {
 /// estimated tokens (`text_input`, a string or a one-element array of
 /// one) and the output length (`max_tokens`, `parameters.max_tokens` or
 /// the LLM-API model's `sampling_param_max_tokens`). Other fields are the
-/// model's business. Malformed JSON is a 400.
+/// model's business. Malformed JSON is a 400, and so is an output length
+/// that is not a count from 0 to `INT32`'s largest: Triton would answer
+/// most of them with a 500, which is neither the client's answer nor the
+/// backend's fault.
 pub fn parse_generate(body: &[u8], model: &str, stream: bool) -> Result<RequestInfo, ApiError> {
     let text = std::str::from_utf8(body)
         .map_err(|e| ApiError::InvalidRequest(format!("Request body is not valid UTF-8: {e}")))?;
@@ -94,12 +111,28 @@ pub fn parse_generate(body: &[u8], model: &str, stream: bool) -> Result<RequestI
             .fold(0u32, u32::saturating_add),
         _ => 0,
     };
-    let max_tokens = g
-        .max_tokens
-        .as_ref()
-        .or(g.sampling_param_max_tokens.as_ref())
-        .or_else(|| g.parameters.as_ref().and_then(|p| p.get("max_tokens")))
-        .and_then(count);
+    let named = [
+        ("max_tokens", g.max_tokens.as_ref()),
+        (
+            "sampling_param_max_tokens",
+            g.sampling_param_max_tokens.as_ref(),
+        ),
+        (
+            "parameters.max_tokens",
+            g.parameters.as_ref().and_then(|p| p.get("max_tokens")),
+        ),
+    ];
+    let mut max_tokens = None;
+    for (name, v) in named {
+        let Some(v) = v else { continue };
+        let n = count(v).ok_or_else(|| {
+            ApiError::InvalidRequest(format!(
+                "`{name}` must be an integer from 0 to {} (or a one-element array of one), not {v}.",
+                i32::MAX
+            ))
+        })?;
+        max_tokens = max_tokens.or(Some(n));
+    }
     Ok(RequestInfo {
         model: model.to_owned(),
         stream,
@@ -161,19 +194,37 @@ pub fn parse_infer(
 }
 
 #[derive(Deserialize)]
-pub struct TritonLite {
+struct TritonLite {
     #[serde(default)]
-    pub text_output: Option<serde_json::Value>,
+    text_output: Option<serde_json::Value>,
     #[serde(default)]
-    pub num_output_tokens: Option<serde_json::Value>,
+    num_output_tokens: Option<serde_json::Value>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
 }
 
-/// The output tokens of one Triton response (or stream event): its
-/// `num_output_tokens` where the model returns it, else the estimate of
-/// its `text_output` (a string or a one-element array of one); `None` if
-/// it is not a response (an error event).
-pub fn triton_tokens(json: &[u8]) -> Option<u32> {
-    let r: TritonLite = serde_json::from_slice(json).ok()?;
+/// What one Triton response (or stream event) says.
+#[derive(Debug, PartialEq)]
+pub enum Answer {
+    /// A response, of this many output tokens: its `num_output_tokens`
+    /// where the model returns it, else the estimate of its `text_output`
+    /// (a string or a one-element array of one), at least one.
+    Tokens(u32),
+    /// Triton's error shape, `{"error": "<message>"}`. Triton sends it
+    /// under a 200 where the headers have gone: in a stream, and for a
+    /// `generate` call whose decoupled model sent more than one response
+    /// (a model asked to stream, or one that failed after its response:
+    /// Triton's message is the same).
+    Error(String),
+    /// Neither.
+    Other,
+}
+
+/// Reads one Triton response or stream event.
+pub fn answer(json: &[u8]) -> Answer {
+    let Ok(r) = serde_json::from_slice::<TritonLite>(json) else {
+        return Answer::Other;
+    };
     let first = |v: &serde_json::Value| match v {
         serde_json::Value::Array(a) if a.len() == 1 => a[0].clone(),
         v => v.clone(),
@@ -184,22 +235,54 @@ pub fn triton_tokens(json: &[u8]) -> Option<u32> {
         .map(first)
         .and_then(|v| v.as_u64())
     {
-        return Some(u32::try_from(n).unwrap_or(u32::MAX));
+        return Answer::Tokens(u32::try_from(n).unwrap_or(u32::MAX));
     }
-    match r.text_output.as_ref().map(first)? {
-        serde_json::Value::String(t) => Some(crate::tokens::estimate(&t).max(1)),
-        _ => None,
+    match (r.text_output.as_ref().map(first), r.error) {
+        (Some(serde_json::Value::String(t)), _) => {
+            Answer::Tokens(crate::tokens::estimate(&t).max(1))
+        }
+        (None, Some(serde_json::Value::String(e))) => Answer::Error(e),
+        (None, Some(e)) => Answer::Error(e.to_string()),
+        _ => Answer::Other,
     }
 }
 
-/// Adds one stream event's output tokens to `usage`.
-pub fn add_triton_event(event: &[u8], usage: &mut Option<Usage>) {
+/// Adds one stream event's output tokens to `usage`, and keeps the first
+/// error event's message in `error`.
+pub fn add_triton_event(event: &[u8], usage: &mut Option<Usage>, error: &mut Option<String>) {
     for data in data_lines(event) {
-        if let Some(n) = triton_tokens(data) {
-            let u = usage.get_or_insert(Usage::default());
-            u.completion_tokens = u.completion_tokens.saturating_add(n);
+        match answer(data) {
+            Answer::Tokens(n) => {
+                let u = usage.get_or_insert(Usage::default());
+                u.completion_tokens = u.completion_tokens.saturating_add(n);
+            }
+            Answer::Error(e) => {
+                error.get_or_insert(e);
+            }
+            Answer::Other => {}
         }
     }
+}
+
+/// Whether a model is decoupled, from its configuration (Triton's
+/// `GET /v2/models/{model}/config`): `model_transaction_policy.decoupled`,
+/// absent for a classic model. `None`: not a model configuration.
+pub fn decoupled(config: &[u8]) -> Option<bool> {
+    #[derive(Deserialize)]
+    struct Config {
+        /// Every configuration has one (a check that this is one).
+        #[serde(rename = "name")]
+        _name: String,
+        #[serde(default)]
+        model_transaction_policy: Option<Policy>,
+    }
+    #[derive(Deserialize)]
+    struct Policy {
+        #[serde(default)]
+        decoupled: bool,
+    }
+    let c: Config = serde_json::from_slice(config).ok()?;
+    Some(c.model_transaction_policy.is_some_and(|p| p.decoupled))
 }
 
 /// The event that ends a Triton stream the backend cut: Triton's own
@@ -283,7 +366,56 @@ mod tests {
         assert_eq!(info.model, "m");
         assert!(p("[1]").is_err());
         assert!(p("{").is_err());
+        // An output length Triton could not put in an INT32 tensor: 400
+        // here (Triton answers 500 to most, and wraps the too-large).
+        for bad in [
+            r#""8""#,
+            "1.5",
+            "null",
+            "true",
+            "-1",
+            "[1,2]",
+            "[]",
+            "4294967296",
+            "2147483648",
+        ] {
+            let e = p(&format!(r#"{{"text_input":"hi","max_tokens":{bad}}}"#)).unwrap_err();
+            assert!(e.to_string().contains("max_tokens"), "{bad}: {e}");
+            assert!(
+                p(&format!(
+                    r#"{{"text_input":"hi","parameters":{{"max_tokens":{bad}}}}}"#
+                ))
+                .is_err()
+            );
+        }
+        assert_eq!(
+            p(r#"{"text_input":"hi","max_tokens":2147483647}"#)
+                .unwrap()
+                .max_tokens,
+            Some(i32::MAX as u32)
+        );
+        assert_eq!(
+            p(r#"{"text_input":"hi","max_tokens":0}"#)
+                .unwrap()
+                .max_tokens,
+            Some(0)
+        );
         assert!(parse_generate(&[0xff, 0xfe], "m", false).is_err());
+    }
+
+    #[test]
+    fn decoupled_models_are_told_by_their_configuration() {
+        let stream = br#"{"name":"toy_stream","backend":"python","max_batch_size":0,"model_transaction_policy":{"decoupled":true}}"#;
+        assert_eq!(decoupled(stream), Some(true));
+        assert_eq!(
+            decoupled(br#"{"name":"toy","backend":"python"}"#),
+            Some(false)
+        );
+        assert_eq!(
+            decoupled(br#"{"name":"x","model_transaction_policy":{"decoupled":false}}"#),
+            Some(false)
+        );
+        assert_eq!(decoupled(br#"{"error":"Request for unknown model"}"#), None);
     }
 
     #[test]

@@ -372,6 +372,23 @@ fn triton_vllm_backend_histograms() {
     assert!(dur_approx(r.e2e_p99, 1.98));
 }
 
+#[test]
+fn a_decoupled_model_by_its_configuration_has_no_pending_queue() {
+    // A decoupled Python model: no vLLM series to tell it by.
+    let scrape = "nv_inference_pending_request_count{model=\"toy_stream\",version=\"1\"} 2\n\
+                  nv_inference_request_success{model=\"toy_stream\",version=\"1\"} 7\n";
+    let mut d = Decoder::new(MetricsDialect::Triton);
+    assert_eq!(d.decode(scrape, AT).unwrap().waiting, Some(2));
+    d.set_decoupled(true);
+    assert_eq!(d.decode(scrape, AT).unwrap().waiting, None);
+    assert!(d.sources().waiting.unwrap().contains("model configuration"));
+    // A classic model read as such, even beside the vLLM backend's series.
+    let mut d = Decoder::new(MetricsDialect::Triton);
+    d.set_decoupled(false);
+    let both = format!("{scrape}vllm:num_preemptions_total{{model=\"v\"}} 0\n");
+    assert_eq!(d.decode(&both, AT).unwrap().waiting, Some(2));
+}
+
 /// TRITON with the `kv_cache_block_type` lines replaced.
 fn triton_kv(lines: &[(&str, f64)]) -> String {
     let mut out: String = TRITON

@@ -21,6 +21,7 @@ use serde_json::json;
 use super::TOKEN_TEXT;
 use super::metrics::RequestMetrics;
 use crate::prom::{self, Kind};
+use crate::protocol::triton::present;
 use crate::sim::engine::EngineStats;
 
 /// Output tokens when the request names none (the vLLM backend's default).
@@ -73,6 +74,9 @@ impl TritonError {
 pub(super) struct Generate {
     pub prompt_tokens: u32,
     pub max_tokens: u32,
+    /// `"stream": true`: one response per token (a decoupled model's
+    /// streaming; on `generate`, Triton's error under a 200).
+    pub stream: bool,
     /// Tokens the simulated model will produce (`sim_output_tokens`, a
     /// simulator extension, else `max_tokens`).
     pub output_tokens: u32,
@@ -81,19 +85,37 @@ pub(super) struct Generate {
 #[derive(Deserialize)]
 struct RawGenerate {
     text_input: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "present")]
     max_tokens: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "present")]
     sampling_param_max_tokens: Option<serde_json::Value>,
     #[serde(default)]
     parameters: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    stream: Option<serde_json::Value>,
     sim_output_tokens: Option<u32>,
 }
 
-/// A count as Triton's JSON-to-tensor conversion takes it: a number, or a
-/// one-element array of one.
-fn count(v: &serde_json::Value) -> Option<u64> {
+/// A count as Triton's JSON-to-tensor conversion takes it into an `INT32`
+/// input: an integer, or a one-element array of one. As the real server
+/// answers: other JSON is a 500 ("Unable to parse 'data'"), an array of
+/// another length a 400; a count below 1 is the model's to refuse (400).
+fn count(v: &serde_json::Value) -> Result<u32, TritonError> {
     match v {
         serde_json::Value::Array(a) if a.len() == 1 => count(&a[0]),
-        v => v.as_u64(),
+        serde_json::Value::Array(_) => Err(TritonError::invalid(
+            "The schema can not convert input 'max_tokens' to tensor with proper shape",
+        )),
+        v => match v.as_i64() {
+            None => Err(TritonError {
+                status: 500,
+                message: "Unable to parse 'data': attempt to access JSON non-signed-integer as signed-integer".to_owned(),
+            }),
+            Some(n) => u32::try_from(n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| TritonError::invalid("max_tokens must be a positive integer")),
+        },
     }
 }
 
@@ -123,14 +145,17 @@ pub(super) fn parse_generate(body: &[u8]) -> Result<Generate, TritonError> {
         .or_else(|| raw.parameters.as_ref().and_then(|p| p.get("max_tokens")));
     let max_tokens = match named {
         None => DEFAULT_MAX_TOKENS,
-        Some(v) => count(v)
-            .and_then(|n| u32::try_from(n).ok())
-            .filter(|n| *n > 0)
-            .ok_or_else(|| TritonError::invalid("max_tokens must be a positive integer"))?,
+        Some(v) => count(v)?,
+    };
+    let stream = match &raw.stream {
+        None => false,
+        Some(serde_json::Value::Array(a)) if a.len() == 1 => a[0].as_bool().unwrap_or(false),
+        Some(v) => v.as_bool().unwrap_or(false),
     };
     Ok(Generate {
         prompt_tokens: crate::tokens::estimate(&text).max(1),
         max_tokens,
+        stream,
         output_tokens: raw
             .sim_output_tokens
             .map_or(max_tokens, |n| n.clamp(1, max_tokens)),
@@ -224,6 +249,43 @@ pub(super) fn model_metadata(model: &str, backend: Backend) -> Bytes {
         })
         .to_string(),
     )
+}
+
+/// `GET /v2/models/{model}/config`: the parts of the model's
+/// configuration a client reads: its backend, and the transaction policy
+/// (decoupled for the LLM backends, absent for a classic model, as Triton
+/// leaves it out).
+pub(super) fn model_config(model: &str, backend: Backend) -> Bytes {
+    let (name, decoupled) = match backend {
+        Backend::TensorRtLlm => ("tensorrtllm", true),
+        Backend::Vllm => ("vllm", true),
+        Backend::Tensor => ("onnxruntime", false),
+    };
+    let mut v = json!({
+        "name": model,
+        "platform": "",
+        "backend": name,
+        "max_batch_size": 0,
+        "input": [
+            {"name": "text_input", "data_type": "TYPE_STRING", "dims": [-1]},
+            {"name": "max_tokens", "data_type": "TYPE_INT32", "dims": [-1], "optional": true},
+            {"name": "stream", "data_type": "TYPE_BOOL", "dims": [-1], "optional": true},
+        ],
+        "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}],
+    });
+    if decoupled {
+        v["model_transaction_policy"] = json!({ "decoupled": true });
+    }
+    Bytes::from(v.to_string())
+}
+
+/// What Triton answers, under a 200, to `generate` on a decoupled model
+/// that sends more than one response.
+pub(super) fn several_responses() -> TritonError {
+    TritonError {
+        status: 200,
+        message: "generate expects model to produce exactly 1 response, use generate stream for model that generates various number of responses".to_owned(),
+    }
 }
 
 /// `GET /v2`: the server's metadata.
@@ -412,6 +474,18 @@ mod tests {
             400
         );
         assert_eq!(g("not json").unwrap_err().status, 400);
+        // As the real server answers a malformed INT32 input.
+        for bad in [r#""8""#, "1.5", "null", "true"] {
+            let body = format!(r#"{{"text_input":"hi","max_tokens":{bad}}}"#);
+            assert_eq!(g(&body).unwrap_err().status, 500, "{bad}");
+        }
+        assert_eq!(
+            g(r#"{"text_input":"hi","max_tokens":[1,2]}"#)
+                .unwrap_err()
+                .status,
+            400
+        );
+        assert!(g(r#"{"text_input":"hi","stream":true}"#).unwrap().stream);
         // Triton's error shape: a plain string under "error".
         let body: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
         assert!(body["error"].is_string(), "{body}");

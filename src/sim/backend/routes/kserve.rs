@@ -69,6 +69,7 @@ pub(super) async fn triton_routes(
     match (method, action) {
         (&Method::GET, "") => json(StatusCode::OK, triton::model_metadata(model, backend)),
         (&Method::GET, "ready") => empty(),
+        (&Method::GET, "config") => json(StatusCode::OK, triton::model_config(model, backend)),
         (&Method::POST, "infer") if backend == triton::Backend::Tensor => triton_infer(shared, req)
             .await
             .unwrap_or_else(|e| triton_error(&e)),
@@ -176,6 +177,10 @@ async fn triton_generate(
             completion_tokens, ..
         } = d
         {
+            if g.stream && completion_tokens > 1 {
+                // The decoupled model sent a response per token.
+                return Err(triton::several_responses());
+            }
             let text = triton::text(completion_tokens);
             return Ok(json(StatusCode::OK, triton::response(&shared.model, &text)));
         }
