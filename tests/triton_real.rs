@@ -410,6 +410,8 @@ async fn a_malformed_max_tokens_is_a_400_that_never_reaches_triton() {
     )
     .await;
     assert_eq!(direct.status, 500, "{}", direct.text());
+    // (Its counters settle after its answer.)
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let before = t.metrics().await;
     for bad in [r#""8""#, "1.5", "null", "-1", "[1,2]", "4294967296"] {
         let body = format!(r#"{{"text_input":"hi","max_tokens":{bad}}}"#);
@@ -421,9 +423,16 @@ async fn a_malformed_max_tokens_is_a_400_that_never_reaches_triton() {
             r.text()
         );
     }
-    // Triton saw none of them, and the backend is not held responsible.
-    let count = |m: &str| metric(m, "nv_inference_count{model=\"toy\"").unwrap_or(0.0);
-    assert_eq!(count(&t.metrics().await), count(&before));
+    // Triton saw none of them.
+    let seen = |m: &str| {
+        metric(m, "nv_inference_request_success{model=\"toy\"").unwrap_or(0.0)
+            + metric_sum(m, "nv_inference_request_failure{model=\"toy\"")
+    };
+    assert_eq!(seen(&t.metrics().await), seen(&before));
+    // Triton's own 400 (the model raises without its input) is refused by
+    // the backend, not its failure.
+    let r = send(&c, post(addr, "/v2/models/toy/generate", Some(KEY), r#"{"max_tokens":2}"#)).await;
+    assert_eq!(r.status, 400, "{}", r.text());
     // (Counted under model "unknown": a body refused before it is read
     // names no model the policy vouches for.)
     let m = scrape(&gw).await;
@@ -435,6 +444,8 @@ async fn a_malformed_max_tokens_is_a_400_that_never_reaches_triton() {
         Some(6.0),
         "{m}"
     );
+    assert_eq!(outcomes(&m, "toy", "refused"), 1.0, "{m}");
+    assert_eq!(outcomes(&m, "toy", "failed_upstream"), 0.0, "{m}");
     assert_eq!(
         metric(&m, "fairway_backend_ejections_total{backend=\"triton-toy\"").unwrap_or(0.0),
         0.0

@@ -44,8 +44,8 @@ pub enum BodyEnd {
         usage: Option<Usage>,
     },
     UpstreamError(String),
-    /// The body was an error under a 200 (Triton's, where its headers had
-    /// gone): the backend failed the request.
+    /// The body was an error (Triton's shape): under a 2xx (where Triton's
+    /// headers had gone), the backend failed the request.
     ErrorBody(String),
     /// A resumable batch item's stream, cut by a preemption (it had left
     /// the scheduler already).
@@ -305,10 +305,12 @@ impl Ticket {
                 tracing::warn!(backend = %self.backend_name, %cause, "stream from backend broke");
                 self.upstream_failed();
             }
-            BodyEnd::ErrorBody(message) => {
+            // Under an error status the outcome is already the status's.
+            BodyEnd::ErrorBody(message) if self.outcome.is_none() => {
                 tracing::warn!(backend = %self.backend_name, %message, "the backend answered 200 with an error");
                 self.upstream_failed();
             }
+            BodyEnd::ErrorBody(_) => {}
             BodyEnd::Preempted => {
                 self.preempted += 1;
                 self.outcome = Some(Outcome::Cancelled);
