@@ -7,7 +7,8 @@
 # users run it; wrk posts `/v2/models/bench/generate` (non-streaming) at
 # c=64 and reports req/s, p50/p99 and the proxy's CPU per request; then the
 # time to the first event of a 64-token `generate_stream` (20 ms decode
-# steps), median of 20.
+# steps), median of 20. BASE=path/to/an/older/fairway adds that build as
+# a row beside this one's, in the same rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -47,6 +48,11 @@ gateway_conf 18112 18122 18102 > $WORK/g20.toml
 RUST_LOG="fairway::access=info,warn" $BIN --log-json serve --config $WORK/g0.toml --watch-interval 0s >/dev/null 2>$WORK/g0.log &
 G0=$!
 RUST_LOG="fairway::access=info,warn" $BIN --log-json serve --config $WORK/g20.toml --watch-interval 0s >/dev/null 2>$WORK/g20.log &
+if [ -n "${BASE:-}" ]; then
+  gateway_conf 18113 18123 18101 > $WORK/gb.toml
+  RUST_LOG="fairway::access=info,warn" $BASE --log-json serve --config $WORK/gb.toml --watch-interval 0s >/dev/null 2>$WORK/gb.log &
+  GB=$!
+fi
 
 cat > $WORK/nginx.conf <<CONF
 worker_processes 2;
@@ -84,6 +90,7 @@ echo -e "target\treq/s\tp50_ms\tp99_ms\tproxy_cpu_us/req\tnon2xx"
 for r in $(seq $ROUNDS); do
   run direct http://127.0.0.1:18101/v2/models/bench/generate
   run fairway http://127.0.0.1:18111/v2/models/bench/generate $G0
+  [ -n "${BASE:-}" ] && run base http://127.0.0.1:18113/v2/models/bench/generate $GB
   run nginx http://127.0.0.1:18131/v2/models/bench/generate $(cat $WORK/nginx.pid)
 done
 echo
