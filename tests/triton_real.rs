@@ -431,7 +431,16 @@ async fn a_malformed_max_tokens_is_a_400_that_never_reaches_triton() {
     assert_eq!(seen(&t.metrics().await), seen(&before));
     // Triton's own 400 (the model raises without its input) is refused by
     // the backend, not its failure.
-    let r = send(&c, post(addr, "/v2/models/toy/generate", Some(KEY), r#"{"max_tokens":2}"#)).await;
+    let r = send(
+        &c,
+        post(
+            addr,
+            "/v2/models/toy/generate",
+            Some(KEY),
+            r#"{"max_tokens":2}"#,
+        ),
+    )
+    .await;
     assert_eq!(r.status, 400, "{}", r.text());
     // (Counted under model "unknown": a body refused before it is read
     // names no model the policy vouches for.)

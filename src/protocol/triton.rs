@@ -65,7 +65,9 @@ struct Generate {
 
 /// A field that is present, `null` included (serde's `Option` would take
 /// `null` for absent).
-pub fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+pub fn present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<serde_json::Value>, D::Error> {
     serde_json::Value::deserialize(d).map(Some)
 }
 
