@@ -82,6 +82,14 @@ def _descendants(pid):
     return out
 
 
+def _is_resource_tracker(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"resource_tracker" in f.read()
+    except OSError:
+        return False
+
+
 def _shutdown():
     """Stops the server and what it started, removes the workspace and the
     shared memory PyTriton made, and exits: PyTriton's own SIGTERM path
@@ -95,7 +103,9 @@ def _shutdown():
                 os.unlink(f"/dev/shm/{name}")
             except OSError:
                 pass
-    procs = _descendants(os.getpid())
+    # Not Python's resource tracker: once this process is gone it removes
+    # the shared memory PyTriton registered with it (/dev/shm/psm_*).
+    procs = [p for p in _descendants(os.getpid()) if not _is_resource_tracker(p)]
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 2.0)):
         for p in procs:
             try:
