@@ -128,8 +128,15 @@ pub fn parse_generate(body: &[u8], model: &str, stream: bool) -> Result<RequestI
     for (name, v) in named {
         let Some(v) = v else { continue };
         let n = count(v).ok_or_else(|| {
+            let was = match v {
+                serde_json::Value::Number(n) => n.to_string(),
+                serde_json::Value::String(_) => "a string".into(),
+                serde_json::Value::Array(a) => format!("an array of {}", a.len()),
+                serde_json::Value::Object(_) => "an object".into(),
+                v => v.to_string(),
+            };
             ApiError::InvalidRequest(format!(
-                "`{name}` must be an integer from 0 to {} (or a one-element array of one), not {v}.",
+                "`{name}` must be an integer from 0 to {} (or a one-element array of one), not {was}.",
                 i32::MAX
             ))
         })?;
