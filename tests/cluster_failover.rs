@@ -198,15 +198,6 @@ async fn a_stalled_store_holds_the_rate_as_a_dead_one_does() {
     }
 }
 
-/// A free port on 127.0.0.1.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A `redis-server` process (a node or, with `--sentinel`, a sentinel)
 /// with its own folder, killed when dropped.
 struct Node {

@@ -11,6 +11,7 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -27,14 +28,6 @@ struct Triton {
     _child: Child,
     http: u16,
     metrics: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn triton() -> Option<&'static Triton> {
@@ -139,6 +132,17 @@ fn policy(t: &Triton, extra: &str, llm_backends: usize) -> String {
     )
 }
 
+/// `POST`s `body` to `path` through the gateway at `addr`, with the
+/// tenant's key.
+async fn call(
+    c: &HttpClient,
+    addr: SocketAddr,
+    path: &str,
+    body: impl Into<bytes::Bytes>,
+) -> Reply {
+    send(c, post(addr, path, Some(KEY), body)).await
+}
+
 fn generate(text: &str, max_tokens: u32, stream: bool) -> String {
     format!(r#"{{"text_input": "{text}", "max_tokens": {max_tokens}, "stream": {stream}}}"#)
 }
@@ -159,27 +163,21 @@ async fn generate_stream_and_infer_pass_through_with_one_outcome_each() {
     let addr = gw.addr();
 
     // generate on the classic model and on the decoupled one.
-    let r = send(
+    let r = call(
         &c,
-        post(
-            addr,
-            "/v2/models/toy/generate",
-            Some(KEY),
-            generate("hi", 4, false),
-        ),
+        addr,
+        "/v2/models/toy/generate",
+        generate("hi", 4, false),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["text_output"], "hi0 hi1 hi2 hi3");
     assert_eq!(r.json()["model_name"], "toy");
-    let r = send(
+    let r = call(
         &c,
-        post(
-            addr,
-            "/v2/models/llm/generate",
-            Some(KEY),
-            generate("a b", 3, false),
-        ),
+        addr,
+        "/v2/models/llm/generate",
+        generate("a b", 3, false),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -192,18 +190,14 @@ async fn generate_stream_and_infer_pass_through_with_one_outcome_each() {
         post_to(&t.url(), "/v2/models/toy_stream/generate_stream", &body),
     )
     .await;
-    let through = send(
-        &c,
-        post(addr, "/v2/models/llm/generate_stream", Some(KEY), body),
-    )
-    .await;
+    let through = call(&c, addr, "/v2/models/llm/generate_stream", body).await;
     assert_eq!(through.status, 200);
     assert_eq!(through.body, direct.body);
     assert_eq!(through.text().matches("data: ").count(), 5);
 
     // infer with JSON tensors and with binary ones, the request's id echoed.
     let json = r#"{"id":"r1","inputs":[{"name":"text_input","datatype":"BYTES","shape":[1],"data":["p q"]},{"name":"max_tokens","datatype":"INT32","shape":[1],"data":[3]}]}"#;
-    let r = send(&c, post(addr, "/v2/models/toy/infer", Some(KEY), json)).await;
+    let r = call(&c, addr, "/v2/models/toy/infer", json).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["id"], "r1");
     assert_eq!(r.json()["outputs"][0]["data"][0], "p0 q1 p2");
@@ -227,7 +221,7 @@ async fn generate_stream_and_infer_pass_through_with_one_outcome_each() {
     assert_eq!(out["outputs"][0]["name"], "text_output");
     assert!(r.body[header_len..].ends_with(b"p0 q1"));
     // Triton's own 501 for infer on the decoupled model.
-    let r = send(&c, post(addr, "/v2/models/llm/infer", Some(KEY), json)).await;
+    let r = call(&c, addr, "/v2/models/llm/infer", json).await;
     assert_eq!(r.status, 501, "{}", r.text());
     assert!(r.text().contains("decoupled"));
 
@@ -317,16 +311,7 @@ async fn an_error_triton_sends_under_a_200_is_a_failure_held_against_the_backend
     let addr = gw.addr();
     // generate on the decoupled model asked to stream: Triton's 200 with
     // an error body, passed on as it is.
-    let r = send(
-        &c,
-        post(
-            addr,
-            "/v2/models/llm/generate",
-            Some(KEY),
-            generate("hi", 4, true),
-        ),
-    )
-    .await;
+    let r = call(&c, addr, "/v2/models/llm/generate", generate("hi", 4, true)).await;
     assert_eq!(r.status, 200);
     assert!(
         r.json()["error"]
@@ -337,14 +322,11 @@ async fn an_error_triton_sends_under_a_200_is_a_failure_held_against_the_backend
         r.text()
     );
     // A model failing mid-stream: Triton's error event after the first.
-    let r = send(
+    let r = call(
         &c,
-        post(
-            addr,
-            "/v2/models/llm/generate_stream",
-            Some(KEY),
-            generate("fail here", 4, true),
-        ),
+        addr,
+        "/v2/models/llm/generate_stream",
+        generate("fail here", 4, true),
     )
     .await;
     assert_eq!(r.status, 200);
@@ -352,14 +334,11 @@ async fn an_error_triton_sends_under_a_200_is_a_failure_held_against_the_backend
     // And after its one response, on generate (Triton's message is the
     // same as for the first case).
     for _ in 0..4 {
-        let r = send(
+        let r = call(
             &c,
-            post(
-                addr,
-                "/v2/models/llm/generate",
-                Some(KEY),
-                generate("fail again", 2, false),
-            ),
+            addr,
+            "/v2/models/llm/generate",
+            generate("fail again", 2, false),
         )
         .await;
         assert_eq!(r.status, 200);
@@ -380,14 +359,11 @@ async fn an_error_triton_sends_under_a_200_is_a_failure_held_against_the_backend
         "{m}"
     );
     // The classic model's backend is another: still served.
-    let r = send(
+    let r = call(
         &c,
-        post(
-            addr,
-            "/v2/models/toy/generate",
-            Some(KEY),
-            generate("ok", 1, false),
-        ),
+        addr,
+        "/v2/models/toy/generate",
+        generate("ok", 1, false),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -415,7 +391,7 @@ async fn a_malformed_max_tokens_is_a_400_that_never_reaches_triton() {
     let before = t.metrics().await;
     for bad in [r#""8""#, "1.5", "null", "-1", "[1,2]", "4294967296"] {
         let body = format!(r#"{{"text_input":"hi","max_tokens":{bad}}}"#);
-        let r = send(&c, post(addr, "/v2/models/toy/generate", Some(KEY), body)).await;
+        let r = call(&c, addr, "/v2/models/toy/generate", body).await;
         assert_eq!(r.status, 400, "{bad}: {}", r.text());
         assert!(
             r.json()["error"].as_str().unwrap().contains("max_tokens"),
@@ -431,16 +407,7 @@ async fn a_malformed_max_tokens_is_a_400_that_never_reaches_triton() {
     assert_eq!(seen(&t.metrics().await), seen(&before));
     // Triton's own 400 (the model raises without its input) is refused by
     // the backend, not its failure.
-    let r = send(
-        &c,
-        post(
-            addr,
-            "/v2/models/toy/generate",
-            Some(KEY),
-            r#"{"max_tokens":2}"#,
-        ),
-    )
-    .await;
+    let r = call(&c, addr, "/v2/models/toy/generate", r#"{"max_tokens":2}"#).await;
     assert_eq!(r.status, 400, "{}", r.text());
     // (Counted under model "unknown": a body refused before it is read
     // names no model the policy vouches for.)
@@ -459,14 +426,11 @@ async fn a_malformed_max_tokens_is_a_400_that_never_reaches_triton() {
         metric(&m, "fairway_backend_ejections_total{backend=\"triton-toy\"").unwrap_or(0.0),
         0.0
     );
-    let r = send(
+    let r = call(
         &c,
-        post(
-            addr,
-            "/v2/models/toy/generate",
-            Some(KEY),
-            generate("hi", 2, false),
-        ),
+        addr,
+        "/v2/models/toy/generate",
+        generate("hi", 2, false),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -557,14 +521,11 @@ async fn a_client_that_hangs_up_mid_stream_is_one_cancelled_request() {
         "{m}"
     );
     // The next call is served.
-    let r = send(
+    let r = call(
         &c,
-        post(
-            addr,
-            "/v2/models/llm/generate",
-            Some(KEY),
-            generate("hi", 2, false),
-        ),
+        addr,
+        "/v2/models/llm/generate",
+        generate("hi", 2, false),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());

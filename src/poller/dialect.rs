@@ -418,17 +418,18 @@ fn triton(samples: &[&Sample], decoupled: Option<bool>) -> Signals {
     // series where the configuration was not read) the gateway's own
     // in-flight count stands in.
     let vllm_backend = samples.iter().any(|x| x.name.starts_with("vllm:"));
+    let pending = sum(samples, PENDING, None);
     if let Some(n) = sum(samples, REQ, req("waiting")) {
         s.waiting = Some(n);
         s.sources.waiting = Some("nv_trt_llm_request_metrics waiting");
-    } else if decoupled == Some(true) && sum(samples, PENDING, None).is_some() {
+    } else if decoupled == Some(true) && pending.is_some() {
         // Triton's own series, read and set aside: a reading all the same.
         s.sources.waiting = Some(
             "none: decoupled model (its model configuration), the gateway's in-flight count is used",
         );
     } else if decoupled.is_none() && vllm_backend {
         s.sources.waiting = Some("none: decoupled model, the gateway's in-flight count is used");
-    } else if let Some(n) = sum(samples, PENDING, None) {
+    } else if let Some(n) = pending {
         s.waiting = Some(n);
         s.sources.waiting = Some(PENDING);
     }

@@ -41,6 +41,15 @@ pub async fn sim(model: &str, max_num_seqs: u32) -> SimHandle {
         .expect("sim backend starts")
 }
 
+/// A free port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Starts a gateway from a TOML policy; `{b0}`, `{b1}`… in the text are
 /// replaced by the given backends' `host:port`.
 pub async fn gateway(toml: &str, backends: &[&SimHandle]) -> Server {
@@ -391,11 +400,7 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!("fairway-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut r = RedisServer {
@@ -525,11 +530,7 @@ impl S3Server {
             eprintln!("skipped: no {} (run tests/run.sh)", bin.display());
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let child = std::process::Command::new(bin)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(std::process::Stdio::null())
