@@ -141,7 +141,7 @@ impl Batches {
     }
 
     /// Keeps an upload written to `tmp` as file `id` of `owner`, if the
-    /// tenant's quota allows it.
+    /// tenant's quota allows it; refused or failed, nothing of it stays.
     pub async fn finish_upload(
         &self,
         owner: &str,
@@ -154,21 +154,27 @@ impl Batches {
             self.limits.max_files_per_tenant,
             self.limits.max_bytes_per_tenant,
         );
-        let (files, held) = self.store.held_by(owner).await?;
-        if files >= max_files || held.saturating_add(bytes) > max_bytes {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(BatchError::TooLarge(format!(
-                "tenant '{owner}' keeps {files} files of {held} bytes; the limits are \
-                 {max_files} files and {max_bytes} bytes: delete some first"
-            )));
+        let kept = async {
+            let (files, held) = self.store.held_by(owner).await?;
+            if files >= max_files || held.saturating_add(bytes) > max_bytes {
+                return Err(BatchError::TooLarge(format!(
+                    "tenant '{owner}' keeps {files} files of {held} bytes; the limits are \
+                     {max_files} files and {max_bytes} bytes: delete some first"
+                )));
+            }
+            let f = StoredFile {
+                owner: owner.to_owned(),
+                file: FileObject::new(id, bytes, crate::clock::unix_seconds(), filename, &purpose),
+            };
+            let out = f.file.clone();
+            self.store.put_file(tmp.clone(), f).await?;
+            Ok(out)
         }
-        let f = StoredFile {
-            owner: owner.to_owned(),
-            file: FileObject::new(id, bytes, crate::clock::unix_seconds(), filename, &purpose),
-        };
-        let out = f.file.clone();
-        self.store.put_file(tmp, f).await?;
-        Ok(out)
+        .await;
+        if kept.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        kept
     }
 
     async fn stored_file(&self, scope: &Scope, id: &str) -> Result<StoredFile, BatchError> {

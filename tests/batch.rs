@@ -521,3 +521,134 @@ fn a_kill_mid_batch_loses_and_doubles_nothing() {
         assert_eq!(out.len(), 150);
     });
 }
+
+/// A tmpfs of `mib` MiB mounted at a fresh directory, unmounted when
+/// dropped; `None` (the test skips) where this process may not mount,
+/// except in CI, whose machine runs the tests as root.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(mib: u32) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs the tests as root, which may mount a tmpfs"
+            );
+            eprintln!("skipped: this process may not mount a tmpfs");
+            return None;
+        }
+        Some(Tmpfs { dir })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Writes a file until the file system is full.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.path().join("filler")).unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.flush();
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.path().join("filler")).unwrap();
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// The batch store's file system fills up under a running batch, then
+/// gets space again: while it is full the runner sends nothing new and
+/// keeps the results it could not store (the store says so in
+/// `/metrics`), an upload is answered 507 and leaves nothing behind;
+/// once freed the store opens itself again and the batch completes with
+/// every item once, the engines having been sent no more requests than
+/// the items and the retries the gateway reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_pauses_a_batch_and_it_completes_once_freed() {
+    let Some(fs) = Tmpfs::mount(16) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, b1) = (sim("m", 8).await, sim("m", 8).await);
+    let toml = policy(dir.path(), "").replace(
+        &dir.path().join("data").display().to_string(),
+        &fs.path().join("data").display().to_string(),
+    );
+    let gw = gateway(&toml, &[&b0, &b1]).await;
+    let addr = gw.addr();
+    let sent = || b0.stats().submitted_total + b1.stats().submitted_total;
+    let n = 400;
+    let id = start(addr, n, 48).await;
+    until_completed(addr, &id, 20).await;
+
+    fs.fill();
+    assert!(
+        eventually(Duration::from_secs(20), async || {
+            metric(&scrape(&gw).await, "fairway_batch_store_up ") == Some(0.0)
+        })
+        .await,
+        "the store never failed"
+    );
+    // Nothing new goes to the engines while the store cannot write (what
+    // was in flight finishes, and its results are held).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stalled = sent();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(sent(), stalled, "items were sent while the store failed");
+    let m = scrape(&gw).await;
+    assert!(
+        metric(&m, "fairway_batch_results_held ").unwrap() > 0.0,
+        "{m}"
+    );
+    // An upload now is refused for want of space, and leaves no bytes.
+    let r = upload(addr, "ke", "batch", &input(50, "m", 8)).await;
+    assert_eq!(r.status, StatusCode::INSUFFICIENT_STORAGE, "{}", r.text());
+    let data = fs.path().join("data");
+    assert_eq!(std::fs::read_dir(data.join("tmp")).unwrap().count(), 0);
+    let blobs = std::fs::read_dir(data.join("files")).unwrap().count();
+    assert_eq!(blobs, 1, "only the batch's input file");
+
+    fs.free();
+    let b = ended(addr, "ke", &id, Duration::from_secs(90)).await;
+    assert_eq!(b["status"], "completed", "{b}");
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": n, "completed": n, "failed": 0})
+    );
+    let out = lines(addr, "ke", b["output_file_id"].as_str().unwrap()).await;
+    assert_eq!(out.len(), n);
+    let m = scrape(&gw).await;
+    promtool_check(&m);
+    assert_eq!(metric(&m, "fairway_batch_store_up "), Some(1.0));
+    assert!(metric(&m, "fairway_batch_store_reopens_total ").unwrap() >= 1.0);
+    assert_eq!(metric(&m, "fairway_batch_results_held "), Some(0.0));
+    let retried = 0.0
+        + metric_sum(&m, "fairway_batch_items_retried_total")
+        + metric_sum(&m, "fairway_batch_items_restarted_total")
+        + metric_sum(&m, "fairway_batch_items_resumed_total");
+    eprintln!(
+        "engine requests {} for {n} items and {retried} retries; {} store failures",
+        sent(),
+        metric(&m, "fairway_batch_store_failures_total ").unwrap()
+    );
+    assert!(sent() as f64 <= n as f64 + retried, "{} sent", sent());
+}

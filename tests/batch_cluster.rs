@@ -267,6 +267,81 @@ fn a_replica_dies_mid_batch_and_the_other_finishes_it() {
         assert_eq!(out.len(), 60, "line {line} lost");
         assert!((0..60).all(|i| out.contains_key(&format!("q{i}"))));
     });
+    // The store full mid-batch (Redis refuses writes past its
+    // `maxmemory`): the runner sends nothing new and holds the results it
+    // could not write; once the store has room again the batch completes,
+    // each item once, the engines sent no item twice.
+    rt.block_on(async {
+        let sent = || b0.stats().submitted_total + b1.stats().submitted_total;
+        let n = 120;
+        let f = upload(back.addr, "ke", "batch", &input(n, "m", 24)).await;
+        let file = f.json()["id"].as_str().unwrap().to_owned();
+        let c = create(back.addr, "ke", &file).await;
+        assert_eq!(c.status, StatusCode::OK, "{}", c.text());
+        let id = c.json()["id"].as_str().unwrap().to_owned();
+        let before = sent();
+        let start = tokio::time::Instant::now();
+        while batch(back.addr, "ke", &id).await["request_counts"]["completed"]
+            .as_u64()
+            .unwrap()
+            < 10
+        {
+            assert!(start.elapsed() < Duration::from_secs(30), "no progress");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut con = redis::Client::open(redis.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let maxmemory = async |con: &mut redis::aio::MultiplexedConnection, v: &str| {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory")
+                .arg(v)
+                .query_async(con)
+                .await
+                .unwrap();
+        };
+        maxmemory(&mut con, "1").await;
+        let metrics = async || {
+            get(&client(), format!("http://{}/metrics", back.admin))
+                .await
+                .text()
+        };
+        assert!(
+            eventually(Duration::from_secs(20), async || {
+                metric(&metrics().await, "fairway_batch_store_up ") == Some(0.0)
+            })
+            .await,
+            "the store never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let stalled = sent();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(sent(), stalled, "items were sent while the store failed");
+        maxmemory(&mut con, "0").await;
+        let b = ended(back.addr, "ke", &id, Duration::from_secs(60)).await;
+        assert_eq!(b["status"], "completed", "{b}");
+        assert_eq!(
+            b["request_counts"],
+            json!({"total": n, "completed": n, "failed": 0}),
+            "{b}"
+        );
+        let out = lines(back.addr, "ke", b["output_file_id"].as_str().unwrap()).await;
+        assert_eq!(out.len(), n);
+        let m = metrics().await;
+        assert_eq!(metric(&m, "fairway_batch_store_up "), Some(1.0));
+        let retried = 0.0
+            + metric_sum(&m, "fairway_batch_items_retried_total")
+            + metric_sum(&m, "fairway_batch_items_restarted_total")
+            + metric_sum(&m, "fairway_batch_items_resumed_total");
+        let engine = sent() - before;
+        eprintln!(
+            "store full: {engine} engine requests for {n} items, {retried} retries since start"
+        );
+        assert!(engine as f64 <= n as f64 + retried, "{engine} sent");
+    });
     // The object store down: an upload is refused with the reason, and no
     // record names bytes that were never stored.
     drop(s3);

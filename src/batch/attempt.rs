@@ -61,6 +61,9 @@ pub struct Resumes {
     pub restarted: u64,
     /// Generated tokens a continuation kept (not generated again).
     pub tokens_saved: u64,
+    /// Items sent again after an answer that asked for it (a 429 or 503
+    /// with its `retry-after`, a 5xx, a broken answer).
+    pub retried: u64,
 }
 
 /// What came back from one request.

@@ -90,7 +90,7 @@ impl Batches {
         }
         let resumes = self.runner.resumes();
         type Field = fn(&attempt::Resumes) -> u64;
-        let families: [(&str, &str, Field); 4] = [
+        let families: [(&str, &str, Field); 5] = [
             (
                 "fairway_batch_items_preempted_total",
                 "Resumable batch items cut mid-answer by a preemption, by tenant.",
@@ -111,12 +111,47 @@ impl Batches {
                 "Generated tokens that resumed batch items kept rather than generated again, by tenant.",
                 |r| r.tokens_saved,
             ),
+            (
+                "fairway_batch_items_retried_total",
+                "Batch items sent again after an answer that asked for it (a 429 or 503, a 5xx, a broken answer), by tenant.",
+                |r| r.retried,
+            ),
         ];
         for (name, help, field) in families {
             prom::family(out, name, Kind::Counter, help);
             for (t, r) in &resumes {
                 let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", prom::escape(t), field(r));
             }
+        }
+        let (up, failures, held) = self.runner.store_writes();
+        for (name, kind, help, value) in [
+            (
+                "fairway_batch_store_up",
+                Kind::Gauge,
+                "1 while the batch store takes the runner's calls; 0 after a failure, until it does again (the runner then starts no items).",
+                u64::from(up),
+            ),
+            (
+                "fairway_batch_store_failures_total",
+                Kind::Counter,
+                "Calls of the batch runner's that the store failed.",
+                failures,
+            ),
+            (
+                "fairway_batch_store_reopens_total",
+                Kind::Counter,
+                "Times the embedded batch store's database was opened again after a failure of its file (a full disk freed since).",
+                self.store.reopens(),
+            ),
+            (
+                "fairway_batch_results_held",
+                Kind::Gauge,
+                "Batch items' results the store refused, held to be written once it works again (their items are not run again).",
+                held as u64,
+            ),
+        ] {
+            prom::family(out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
         }
         // The same, per running batch, since the runner picked it up.
         prom::family(

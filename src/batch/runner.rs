@@ -31,6 +31,13 @@
 //! After a restart the runner picks up every unfinished batch: an item
 //! that was in flight has no result and runs again; one with a result is
 //! not run again ([`super::store::Store::record`] writes a result once).
+//!
+//! When the store refuses a write (a full disk, its server down), the
+//! runner keeps the results it could not store and starts nothing new: it
+//! tries the store again after a backoff that doubles from 1 s to 30 s,
+//! writes what it kept, and goes on. An item whose result could not be
+//! stored is never sent to its backend again for that
+//! ([`StoreWrites`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -59,6 +66,66 @@ pub struct Runner {
     /// The unfinished batches as the last step read them (every replica's,
     /// with the shared store), for the scrapes.
     seen: Mutex<Vec<StoredBatch>>,
+    writes: Mutex<StoreWrites>,
+}
+
+/// Whether the store takes the runner's writes. After a failure the
+/// runner waits `backoff` (doubling from [`BACKOFF_MIN`] to
+/// [`BACKOFF_MAX`] while it keeps failing) before it looks at the store
+/// again, and says so once, not at every item.
+#[derive(Debug, Default)]
+pub struct StoreWrites {
+    /// Since when, and when to try again.
+    failing: Option<(tokio::time::Instant, tokio::time::Instant)>,
+    backoff: Duration,
+    /// Calls of the runner's that the store failed, since start.
+    pub failures_total: u64,
+}
+
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+impl StoreWrites {
+    /// Whether the runner may use the store now.
+    fn ready(&self, now: tokio::time::Instant) -> bool {
+        self.failing.is_none_or(|(_, next)| now >= next)
+    }
+
+    /// Whether the store took the runner's last call.
+    pub fn up(&self) -> bool {
+        self.failing.is_none()
+    }
+
+    /// A call failed: the runner's own look at the store (`step`), which
+    /// doubles the wait while the store keeps failing, or an item's
+    /// result (several at once when the store fails), which starts it.
+    fn failed(&mut self, e: &StoreError, step: bool) {
+        let now = tokio::time::Instant::now();
+        self.failures_total += 1;
+        let since = match self.failing {
+            None => {
+                tracing::warn!(error = %e, "batch runner: the store failed; starting no items and keeping their results until it works again");
+                self.backoff = BACKOFF_MIN;
+                now
+            }
+            Some((since, _)) if step => {
+                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                since
+            }
+            Some(_) => return,
+        };
+        self.failing = Some((since, now + self.backoff));
+    }
+
+    fn worked(&mut self) {
+        if let Some((since, _)) = self.failing.take() {
+            tracing::info!(
+                after_s = since.elapsed().as_secs_f64(),
+                failures = self.failures_total,
+                "batch runner: the store works again"
+            );
+        }
+    }
 }
 
 /// What the runner knows of a running batch now.
@@ -95,6 +162,14 @@ impl Runner {
         self.seen.lock().clone()
     }
 
+    /// Whether the store takes the runner's writes, its failures since
+    /// start, and the results held until it does.
+    pub fn store_writes(&self) -> (bool, u64, usize) {
+        let w = self.writes.lock();
+        let held = self.runs.lock().values().map(|r| r.unstored.len()).sum();
+        (w.up(), w.failures_total, held)
+    }
+
     /// Preemptions of items and what became of them since start, by
     /// tenant.
     pub fn resumes(&self) -> BTreeMap<String, Resumes> {
@@ -122,6 +197,8 @@ struct Run {
     items: Arc<Vec<Item>>,
     /// Lines with a result in the store.
     done: HashSet<u32>,
+    /// Results the store refused, written before anything new starts.
+    unstored: BTreeMap<u32, ItemResult>,
     in_flight: HashMap<u32, tokio::task::AbortHandle>,
     /// Lines waiting to be tried again, and when.
     retry_at: HashMap<u32, tokio::time::Instant>,
@@ -170,8 +247,12 @@ pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
                 continue;
             }
         }
-        if let Err(e) = step(&b).await {
-            tracing::warn!(error = %e, "batch runner: the store failed; retrying");
+        if !b.runner.writes.lock().ready(tokio::time::Instant::now()) {
+            continue;
+        }
+        match step(&b).await {
+            Ok(()) => b.runner.writes.lock().worked(),
+            Err(e) => b.runner.writes.lock().failed(&e, true),
         }
     }
     // Items in flight run again at the next start (or at the replica that
@@ -188,8 +269,10 @@ pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
     b.store.release(&held).await;
 }
 
-/// One look at every unfinished batch, earliest deadline first.
+/// One look at every unfinished batch, earliest deadline first, once the
+/// results the store refused before are written.
 async fn step(b: &Arc<Batches>) -> Result<(), StoreError> {
+    store_held(b).await?;
     let mut active = b.store.active_batches().await?;
     active.sort_by_key(|s| s.batch.expires_at);
     b.runner.seen.lock().clone_from(&active);
@@ -219,6 +302,29 @@ async fn step(b: &Arc<Batches>) -> Result<(), StoreError> {
             Status::Cancelling => finalize(b, sb, Status::Cancelled).await?,
             Status::Finalizing => finalize(b, sb, Status::Completed).await?,
             _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Writes the results the store refused before, each batch's in one call.
+async fn store_held(b: &Arc<Batches>) -> Result<(), StoreError> {
+    let held: Vec<(String, Vec<(u32, ItemResult)>)> = b
+        .runner
+        .runs
+        .lock()
+        .iter()
+        .filter(|(_, r)| !r.unstored.is_empty())
+        .map(|(id, r)| (id.clone(), r.unstored.clone().into_iter().collect()))
+        .collect();
+    for (id, results) in held {
+        let lines: Vec<u32> = results.iter().map(|(l, _)| *l).collect();
+        b.store.record_all(&id, results).await?;
+        if let Some(run) = b.runner.runs.lock().get_mut(&id) {
+            for line in lines {
+                run.unstored.remove(&line);
+                run.done.insert(line);
+            }
         }
     }
     Ok(())
@@ -333,6 +439,7 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
             items: Arc::new(items),
             done_at_start: done.len(),
             done,
+            unstored: BTreeMap::new(),
             in_flight: HashMap::new(),
             retry_at: HashMap::new(),
             tries: HashMap::new(),
@@ -358,6 +465,7 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
         let now = tokio::time::Instant::now();
         for item in run.items.iter() {
             if run.done.contains(&item.line)
+                || run.unstored.contains_key(&item.line)
                 || run.in_flight.contains_key(&item.line)
                 || run.retry_at.get(&item.line).is_some_and(|t| *t > now)
             {
@@ -369,7 +477,7 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
             start.push(item.clone());
         }
         (
-            run.done.len() >= total && run.in_flight.is_empty(),
+            run.done.len() >= total && run.in_flight.is_empty() && run.unstored.is_empty(),
             promoted,
         )
     };
@@ -459,31 +567,33 @@ async fn item_task(
     let tried = try_item(&b, &target, &item, tries).await;
     let line = item.line;
     let recorded = match &tried {
-        Tried::Done(result) => b
-            .store
-            .record(&id, line, result.clone())
-            .await
-            .map(|_| true),
-        Tried::Again(_) => Ok(false),
+        Tried::Done(result) => Some(b.store.record(&id, line, result.clone()).await),
+        Tried::Again(_) => {
+            b.runner.note(&target, |r| r.retried += 1);
+            None
+        }
     };
+    if let Some(Err(e)) = &recorded {
+        b.runner.writes.lock().failed(e, false);
+    }
     let mut runs = b.runner.runs.lock();
     if let Some(run) = runs.get_mut(&id) {
         run.in_flight.remove(&line);
         match (tried, recorded) {
-            (Tried::Done(_), Ok(true)) => {
+            (Tried::Done(_), Some(Ok(_))) => {
                 run.done.insert(line);
+            }
+            // Kept, and written once the store works again: the item is
+            // not sent again for the store's failure.
+            (Tried::Done(result), Some(Err(_))) => {
+                run.unstored.insert(line, result);
             }
             (Tried::Again(after), _) => {
                 run.tries.insert(line, tries);
                 run.retry_at
                     .insert(line, tokio::time::Instant::now() + after);
             }
-            (_, Err(e)) => {
-                tracing::warn!(batch = %id, line, error = %e, "batch item's result not stored; it runs again");
-                run.retry_at
-                    .insert(line, tokio::time::Instant::now() + Duration::from_secs(1));
-            }
-            _ => {}
+            (Tried::Done(_), None) => {}
         }
     }
     drop(runs);

@@ -34,11 +34,29 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The embedded database's file failed (a full disk among others);
+    /// it is opened again at its next use.
+    #[error("batch store database: {0}")]
+    Disk(std::io::Error),
     #[error("batch store: a stored record does not read back: {0}")]
     Corrupt(String),
     /// The shared store's Redis or object store failed.
     #[error("batch store ({0}): {1}")]
     Remote(&'static str, String),
+}
+
+impl StoreError {
+    /// Whether it failed for want of space (the API answers 507).
+    pub fn is_full(&self) -> bool {
+        let io = match self {
+            StoreError::Io { source, .. } | StoreError::Disk(source) => source,
+            _ => return false,
+        };
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        )
+    }
 }
 
 /// A file and the tenant it belongs to.
@@ -294,6 +312,16 @@ impl Store {
     pub async fn release(&self, ids: &[String]) {
         if let Store::Shared(s) = self {
             s.release(ids).await;
+        }
+    }
+
+    /// Times the embedded database was opened again after a failure of
+    /// its file since start (0 for the shared store, whose connections
+    /// reconnect on their own).
+    pub fn reopens(&self) -> u64 {
+        match self {
+            Store::Embedded(e) => e.reopens(),
+            Store::Shared(_) => 0,
         }
     }
 

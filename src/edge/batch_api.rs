@@ -76,9 +76,7 @@ fn answer(e: BatchError) -> Response<BoxBody> {
         ),
         BatchError::Store(s) => {
             tracing::error!(error = %s, "batch store");
-            let full = matches!(&s, crate::batch::store::StoreError::Io { source, .. }
-                if source.kind() == std::io::ErrorKind::StorageFull);
-            let status = if full {
+            let status = if s.is_full() {
                 StatusCode::INSUFFICIENT_STORAGE
             } else {
                 StatusCode::INTERNAL_SERVER_ERROR

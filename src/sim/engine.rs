@@ -161,6 +161,8 @@ pub struct EngineStats {
     pub block_size: u32,
     /// Recompute preemptions so far.
     pub preemptions_total: u64,
+    /// Requests the engine took (each submission, preempted or not).
+    pub submitted_total: u64,
     /// Prompt tokens of admitted requests, counted once per request.
     pub prompt_tokens_total: u64,
     /// Tokens generated so far.
@@ -308,6 +310,7 @@ impl Engine {
                 total_blocks: self.blocks_total,
             });
         }
+        self.stats.submitted_total += 1;
         self.waiting.push_back(Seq {
             id: req.id,
             prompt_tokens: req.prompt_tokens,

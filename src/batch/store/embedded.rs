@@ -15,6 +15,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::RwLock;
 use redb::{Database, ReadableTable, TableDefinition};
 
 use super::{ItemResult, StoreError, StoredBatch, StoredFile, decode, encode};
@@ -27,8 +30,29 @@ const RESULTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("resul
 /// step, whatever the number of ended batches kept.
 const ACTIVE: TableDefinition<&str, ()> = TableDefinition::new("active");
 
-fn failed<E: std::fmt::Display>(e: E) -> StoreError {
-    StoreError::Db(e.to_string())
+/// A `redb` failure as the store reports it: the database file's I/O
+/// (a full disk among others) as [`StoreError::Disk`], after which
+/// `redb` refuses every call until the database is opened again.
+fn failed(e: impl Into<redb::Error>) -> StoreError {
+    match e.into() {
+        redb::Error::Io(io) => StoreError::Disk(io),
+        redb::Error::PreviousIo => StoreError::Disk(std::io::Error::other(
+            "an earlier write to the database failed; it is opened again",
+        )),
+        e => StoreError::Db(e.to_string()),
+    }
+}
+
+/// Opens (or creates) the database in `dir` with its tables.
+fn open_db(dir: &Path) -> Result<Database, StoreError> {
+    let db = Database::create(dir.join("batches.redb")).map_err(failed)?;
+    let w = db.begin_write().map_err(failed)?;
+    w.open_table(FILES).map_err(failed)?;
+    w.open_table(BATCHES).map_err(failed)?;
+    w.open_table(RESULTS).map_err(failed)?;
+    w.open_table(ACTIVE).map_err(failed)?;
+    w.commit().map_err(failed)?;
+    Ok(db)
 }
 
 /// Writes batch `b` and keeps the index of batches not yet ended with it.
@@ -49,7 +73,16 @@ fn write_batch(w: &redb::WriteTransaction, b: &StoredBatch) -> Result<(), StoreE
 
 pub struct Embedded {
     dir: PathBuf,
-    db: Database,
+    /// `None` while it cannot be opened again after a failure.
+    db: RwLock<Option<Database>>,
+    /// A call failed on the database file's I/O: the next one opens it
+    /// again first (`redb` answers every call after such a failure with
+    /// an error until then).
+    broken: AtomicBool,
+    /// Times it was opened again since start.
+    reopens: AtomicU64,
+    /// Taken by each write for its whole transaction.
+    writer: parking_lot::Mutex<()>,
 }
 
 impl std::fmt::Debug for Embedded {
@@ -71,17 +104,82 @@ impl Embedded {
         let tmp = dir.join("tmp");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-        let db = Database::create(dir.join("batches.redb")).map_err(failed)?;
-        let w = db.begin_write().map_err(failed)?;
-        w.open_table(FILES).map_err(failed)?;
-        w.open_table(BATCHES).map_err(failed)?;
-        w.open_table(RESULTS).map_err(failed)?;
-        w.open_table(ACTIVE).map_err(failed)?;
-        w.commit().map_err(failed)?;
+        let db = open_db(dir)?;
         Ok(Embedded {
             dir: dir.to_path_buf(),
-            db,
+            db: RwLock::new(Some(db)),
+            broken: AtomicBool::new(false),
+            reopens: AtomicU64::new(0),
+            writer: parking_lot::Mutex::new(()),
         })
+    }
+
+    /// Times the database was opened again after a failure since start.
+    pub fn reopens(&self) -> u64 {
+        self.reopens.load(Ordering::Relaxed)
+    }
+
+    /// Runs a read of the database's.
+    fn reading<R>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        self.with(None, f)
+    }
+
+    /// Runs a write of the database's, one at a time: after a write fails
+    /// on the file's I/O, `redb` must not be written again until it is
+    /// opened again (it asserts so), and the next write opens it first.
+    fn writing<R>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let turn = self.writer.lock();
+        self.with(Some(turn), f)
+    }
+
+    /// Runs `f` on the database, opening it again first when a call
+    /// failed on its file's I/O since (what `redb` asks after such a
+    /// failure: a full disk freed since then leaves a working store, not
+    /// one that fails until a restart). A panic in `redb` is such a
+    /// failure too, not the caller's.
+    fn with<R>(
+        &self,
+        _turn: Option<parking_lot::MutexGuard<'_, ()>>,
+        f: impl FnOnce(&Database) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        if self.broken.load(Ordering::Acquire) {
+            self.reopen()?;
+        }
+        let db = self.db.read();
+        let Some(db) = db.as_ref() else {
+            return Err(StoreError::Db("the database is not open".into()));
+        };
+        let out =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(db))).unwrap_or_else(|_| {
+                Err(StoreError::Disk(std::io::Error::other(
+                    "the database failed",
+                )))
+            });
+        if let Err(StoreError::Disk(_)) = &out {
+            self.broken.store(true, Ordering::Release);
+        }
+        out
+    }
+
+    fn reopen(&self) -> Result<(), StoreError> {
+        let mut db = self.db.write();
+        if !self.broken.load(Ordering::Acquire) {
+            return Ok(()); // another call opened it meanwhile
+        }
+        // The old one first: `redb` locks its file while open.
+        *db = None;
+        let opened = open_db(&self.dir)?;
+        *db = Some(opened);
+        self.broken.store(false, Ordering::Release);
+        self.reopens.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(dir = %self.dir.display(), "batch store: the database was opened again after a write failure");
+        Ok(())
     }
 
     /// A fresh temporary file for an upload to be written into.
@@ -100,7 +198,8 @@ impl Embedded {
 
     /// Keeps the temporary file `tmp` (synced here) as file `f`'s bytes,
     /// then its record: a crash between the two leaves an orphan blob,
-    /// never a record without its bytes.
+    /// never a record without its bytes; a record that cannot be written
+    /// takes its bytes with it.
     pub fn put_file(&self, tmp: &Path, f: &StoredFile) -> Result<(), StoreError> {
         let path = self.blob(&f.file.id);
         let io = |source| StoreError::Io {
@@ -114,12 +213,19 @@ impl Embedded {
         if let Ok(d) = std::fs::File::open(self.dir.join("files")) {
             let _ = d.sync_all();
         }
-        let w = self.db.begin_write().map_err(failed)?;
-        w.open_table(FILES)
-            .map_err(failed)?
-            .insert(f.file.id.as_str(), encode(f).as_slice())
-            .map_err(failed)?;
-        w.commit().map_err(failed)
+        let recorded = self.writing(|db| {
+            let w = db.begin_write().map_err(failed)?;
+            w.open_table(FILES)
+                .map_err(failed)?
+                .insert(f.file.id.as_str(), encode(f).as_slice())
+                .map_err(failed)?;
+            w.commit().map_err(failed)
+        });
+        if recorded.is_err() {
+            // No record: its bytes go too.
+            let _ = std::fs::remove_file(&path);
+        }
+        recorded
     }
 
     /// Writes `lines` as a new file of `f`'s (its `bytes` set here).
@@ -145,27 +251,31 @@ impl Embedded {
     }
 
     pub fn file(&self, id: &str) -> Result<Option<StoredFile>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(FILES).map_err(failed)?;
-        t.get(id)
-            .map_err(failed)?
-            .map(|v| decode(v.value()))
-            .transpose()
+        self.reading(|db| {
+            let r = db.begin_read().map_err(failed)?;
+            let t = r.open_table(FILES).map_err(failed)?;
+            t.get(id)
+                .map_err(failed)?
+                .map(|v| decode(v.value()))
+                .transpose()
+        })
     }
 
     /// Every file, or `owner`'s.
     pub fn files(&self, owner: Option<&str>) -> Result<Vec<StoredFile>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(FILES).map_err(failed)?;
-        let mut out = Vec::new();
-        for e in t.iter().map_err(failed)? {
-            let (_, v) = e.map_err(failed)?;
-            let f: StoredFile = decode(v.value())?;
-            if owner.is_none_or(|o| o == f.owner) {
-                out.push(f);
+        self.reading(|db| {
+            let r = db.begin_read().map_err(failed)?;
+            let t = r.open_table(FILES).map_err(failed)?;
+            let mut out = Vec::new();
+            for e in t.iter().map_err(failed)? {
+                let (_, v) = e.map_err(failed)?;
+                let f: StoredFile = decode(v.value())?;
+                if owner.is_none_or(|o| o == f.owner) {
+                    out.push(f);
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// A file's bytes.
@@ -176,25 +286,29 @@ impl Embedded {
 
     /// Removes a file's record, then its bytes.
     pub fn delete_file(&self, id: &str) -> Result<bool, StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        let removed = w
-            .open_table(FILES)
-            .map_err(failed)?
-            .remove(id)
-            .map_err(failed)?
-            .is_some();
-        w.commit().map_err(failed)?;
-        if removed {
-            let _ = std::fs::remove_file(self.blob(id));
-        }
-        Ok(removed)
+        self.writing(|db| {
+            let w = db.begin_write().map_err(failed)?;
+            let removed = w
+                .open_table(FILES)
+                .map_err(failed)?
+                .remove(id)
+                .map_err(failed)?
+                .is_some();
+            w.commit().map_err(failed)?;
+            if removed {
+                let _ = std::fs::remove_file(self.blob(id));
+            }
+            Ok(removed)
+        })
     }
 
     /// Writes a new batch (changes go through [`Embedded::update`]).
     pub fn put_batch(&self, b: &StoredBatch) -> Result<(), StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        write_batch(&w, b)?;
-        w.commit().map_err(failed)
+        self.writing(|db| {
+            let w = db.begin_write().map_err(failed)?;
+            write_batch(&w, b)?;
+            w.commit().map_err(failed)
+        })
     }
 
     /// Changes batch `id` in one transaction (its counts and usage, which
@@ -205,63 +319,71 @@ impl Embedded {
         id: &str,
         f: impl FnOnce(&mut Batch),
     ) -> Result<Option<StoredBatch>, StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        let out = {
-            let t = w.open_table(BATCHES).map_err(failed)?;
-            let Some(mut b) = t
-                .get(id)
-                .map_err(failed)?
-                .map(|v| decode::<StoredBatch>(v.value()))
-                .transpose()?
-            else {
-                return Ok(None);
+        self.writing(|db| {
+            let w = db.begin_write().map_err(failed)?;
+            let out = {
+                let t = w.open_table(BATCHES).map_err(failed)?;
+                let Some(mut b) = t
+                    .get(id)
+                    .map_err(failed)?
+                    .map(|v| decode::<StoredBatch>(v.value()))
+                    .transpose()?
+                else {
+                    return Ok(None);
+                };
+                drop(t);
+                f(&mut b.batch);
+                write_batch(&w, &b)?;
+                b
             };
-            drop(t);
-            f(&mut b.batch);
-            write_batch(&w, &b)?;
-            b
-        };
-        w.commit().map_err(failed)?;
-        Ok(Some(out))
+            w.commit().map_err(failed)?;
+            Ok(Some(out))
+        })
     }
 
     /// The batches not yet ended.
     pub fn active_batches(&self) -> Result<Vec<StoredBatch>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let active = r.open_table(ACTIVE).map_err(failed)?;
-        let batches = r.open_table(BATCHES).map_err(failed)?;
-        let mut out = Vec::new();
-        for e in active.iter().map_err(failed)? {
-            let (id, _) = e.map_err(failed)?;
-            if let Some(v) = batches.get(id.value()).map_err(failed)? {
-                out.push(decode(v.value())?);
+        self.reading(|db| {
+            let r = db.begin_read().map_err(failed)?;
+            let active = r.open_table(ACTIVE).map_err(failed)?;
+            let batches = r.open_table(BATCHES).map_err(failed)?;
+            let mut out = Vec::new();
+            for e in active.iter().map_err(failed)? {
+                let (id, _) = e.map_err(failed)?;
+                if let Some(v) = batches.get(id.value()).map_err(failed)? {
+                    out.push(decode(v.value())?);
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     pub fn batch(&self, id: &str) -> Result<Option<StoredBatch>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(BATCHES).map_err(failed)?;
-        t.get(id)
-            .map_err(failed)?
-            .map(|v| decode(v.value()))
-            .transpose()
+        self.reading(|db| {
+            let r = db.begin_read().map_err(failed)?;
+            let t = r.open_table(BATCHES).map_err(failed)?;
+            t.get(id)
+                .map_err(failed)?
+                .map(|v| decode(v.value()))
+                .transpose()
+        })
     }
 
     /// Every batch, or `owner`'s.
     pub fn batches(&self, owner: Option<&str>) -> Result<Vec<StoredBatch>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(BATCHES).map_err(failed)?;
-        let mut out = Vec::new();
-        for e in t.iter().map_err(failed)? {
-            let (_, v) = e.map_err(failed)?;
-            let b: StoredBatch = decode(v.value())?;
-            if owner.is_none_or(|o| o == b.owner) {
-                out.push(b);
+        self.reading(|db| {
+            let r = db.begin_read().map_err(failed)?;
+            let t = r.open_table(BATCHES).map_err(failed)?;
+            let mut out = Vec::new();
+            for e in t.iter().map_err(failed)? {
+                let (_, v) = e.map_err(failed)?;
+                let b: StoredBatch = decode(v.value())?;
+                if owner.is_none_or(|o| o == b.owner) {
+                    out.push(b);
+                }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })
     }
 
     /// Records item `line` of batch `id`, once: its result, and its batch's
@@ -280,60 +402,64 @@ impl Embedded {
         id: &str,
         results: impl IntoIterator<Item = (u32, &'r ItemResult)>,
     ) -> Result<usize, StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        let mut new = 0;
-        {
-            let mut batches = w.open_table(BATCHES).map_err(failed)?;
-            let Some(mut b) = batches
-                .get(id)
-                .map_err(failed)?
-                .map(|v| decode::<StoredBatch>(v.value()))
-                .transpose()?
-            else {
-                return Ok(0);
-            };
-            let mut table = w.open_table(RESULTS).map_err(failed)?;
-            for (line, result) in results {
-                if table.get((id, line)).map_err(failed)?.is_some() {
-                    continue;
+        self.writing(|db| {
+            let w = db.begin_write().map_err(failed)?;
+            let mut new = 0;
+            {
+                let mut batches = w.open_table(BATCHES).map_err(failed)?;
+                let Some(mut b) = batches
+                    .get(id)
+                    .map_err(failed)?
+                    .map(|v| decode::<StoredBatch>(v.value()))
+                    .transpose()?
+                else {
+                    return Ok(0);
+                };
+                let mut table = w.open_table(RESULTS).map_err(failed)?;
+                for (line, result) in results {
+                    if table.get((id, line)).map_err(failed)?.is_some() {
+                        continue;
+                    }
+                    let c = &mut b.batch.request_counts;
+                    if result.ok {
+                        c.completed += 1;
+                    } else {
+                        c.failed += 1;
+                    }
+                    let (prompt, cached, completion, reasoning) = result.usage;
+                    let u = &mut b.batch.usage;
+                    u.input_tokens += prompt;
+                    u.input_tokens_details.cached_tokens += cached;
+                    u.output_tokens += completion;
+                    u.output_tokens_details.reasoning_tokens += reasoning;
+                    u.total_tokens += prompt + completion;
+                    table
+                        .insert((id, line), encode(result).as_slice())
+                        .map_err(failed)?;
+                    new += 1;
                 }
-                let c = &mut b.batch.request_counts;
-                if result.ok {
-                    c.completed += 1;
-                } else {
-                    c.failed += 1;
+                if new == 0 {
+                    return Ok(0);
                 }
-                let (prompt, cached, completion, reasoning) = result.usage;
-                let u = &mut b.batch.usage;
-                u.input_tokens += prompt;
-                u.input_tokens_details.cached_tokens += cached;
-                u.output_tokens += completion;
-                u.output_tokens_details.reasoning_tokens += reasoning;
-                u.total_tokens += prompt + completion;
-                table
-                    .insert((id, line), encode(result).as_slice())
-                    .map_err(failed)?;
-                new += 1;
+                batches.insert(id, encode(&b).as_slice()).map_err(failed)?;
             }
-            if new == 0 {
-                return Ok(0);
-            }
-            batches.insert(id, encode(&b).as_slice()).map_err(failed)?;
-        }
-        w.commit().map_err(failed)?;
-        Ok(new)
+            w.commit().map_err(failed)?;
+            Ok(new)
+        })
     }
 
     /// The results of batch `id`, by line.
     pub fn results(&self, id: &str) -> Result<BTreeMap<u32, ItemResult>, StoreError> {
-        let r = self.db.begin_read().map_err(failed)?;
-        let t = r.open_table(RESULTS).map_err(failed)?;
-        let mut out = BTreeMap::new();
-        for e in t.range((id, 0)..=(id, u32::MAX)).map_err(failed)? {
-            let (k, v) = e.map_err(failed)?;
-            out.insert(k.value().1, decode(v.value())?);
-        }
-        Ok(out)
+        self.reading(|db| {
+            let r = db.begin_read().map_err(failed)?;
+            let t = r.open_table(RESULTS).map_err(failed)?;
+            let mut out = BTreeMap::new();
+            for e in t.range((id, 0)..=(id, u32::MAX)).map_err(failed)? {
+                let (k, v) = e.map_err(failed)?;
+                out.insert(k.value().1, decode(v.value())?);
+            }
+            Ok(out)
+        })
     }
 
     /// Removes every batch that ended before `before` (Unix seconds): its
@@ -341,47 +467,49 @@ impl Embedded {
     /// transaction, then those files' bytes. Input files stay (their
     /// owners delete them). Returns how many batches went.
     pub fn purge(&self, before: u64) -> Result<usize, StoreError> {
-        let w = self.db.begin_write().map_err(failed)?;
-        let mut gone = Vec::new();
-        let n = {
-            let mut batches = w.open_table(BATCHES).map_err(failed)?;
-            let mut ended = Vec::new();
-            for e in batches.iter().map_err(failed)? {
-                let (k, v) = e.map_err(failed)?;
-                let b: StoredBatch = decode(v.value())?;
-                if b.batch.ended_at().is_some_and(|t| t < before) {
-                    ended.push((k.value().to_owned(), b));
-                }
-            }
-            let mut results = w.open_table(RESULTS).map_err(failed)?;
-            let mut files = w.open_table(FILES).map_err(failed)?;
-            for (id, b) in &ended {
-                batches.remove(id.as_str()).map_err(failed)?;
-                let lines: Vec<u32> = results
-                    .range((id.as_str(), 0)..=(id.as_str(), u32::MAX))
-                    .map_err(failed)?
-                    .map(|e| e.map(|(k, _)| k.value().1))
-                    .collect::<Result<_, _>>()
-                    .map_err(failed)?;
-                for line in lines {
-                    results.remove((id.as_str(), line)).map_err(failed)?;
-                }
-                for f in [&b.batch.output_file_id, &b.batch.error_file_id]
-                    .into_iter()
-                    .flatten()
-                {
-                    if files.remove(f.as_str()).map_err(failed)?.is_some() {
-                        gone.push(f.clone());
+        self.writing(|db| {
+            let w = db.begin_write().map_err(failed)?;
+            let mut gone = Vec::new();
+            let n = {
+                let mut batches = w.open_table(BATCHES).map_err(failed)?;
+                let mut ended = Vec::new();
+                for e in batches.iter().map_err(failed)? {
+                    let (k, v) = e.map_err(failed)?;
+                    let b: StoredBatch = decode(v.value())?;
+                    if b.batch.ended_at().is_some_and(|t| t < before) {
+                        ended.push((k.value().to_owned(), b));
                     }
                 }
+                let mut results = w.open_table(RESULTS).map_err(failed)?;
+                let mut files = w.open_table(FILES).map_err(failed)?;
+                for (id, b) in &ended {
+                    batches.remove(id.as_str()).map_err(failed)?;
+                    let lines: Vec<u32> = results
+                        .range((id.as_str(), 0)..=(id.as_str(), u32::MAX))
+                        .map_err(failed)?
+                        .map(|e| e.map(|(k, _)| k.value().1))
+                        .collect::<Result<_, _>>()
+                        .map_err(failed)?;
+                    for line in lines {
+                        results.remove((id.as_str(), line)).map_err(failed)?;
+                    }
+                    for f in [&b.batch.output_file_id, &b.batch.error_file_id]
+                        .into_iter()
+                        .flatten()
+                    {
+                        if files.remove(f.as_str()).map_err(failed)?.is_some() {
+                            gone.push(f.clone());
+                        }
+                    }
+                }
+                ended.len()
+            };
+            w.commit().map_err(failed)?;
+            for f in gone {
+                let _ = std::fs::remove_file(self.blob(&f));
             }
-            ended.len()
-        };
-        w.commit().map_err(failed)?;
-        for f in gone {
-            let _ = std::fs::remove_file(self.blob(&f));
-        }
-        Ok(n)
+            Ok(n)
+        })
     }
 }
 

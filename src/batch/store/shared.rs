@@ -243,7 +243,13 @@ impl Shared {
         .await;
         let _ = std::fs::remove_file(tmp);
         uploaded?;
-        self.put_record(f).await
+        let recorded = self.put_record(f).await;
+        if recorded.is_err() {
+            // No record: its bytes go too (best effort; the store is
+            // failing).
+            let _ = self.objects.delete(&self.object(&f.file.id)).await;
+        }
+        recorded
     }
 
     async fn put_record(&self, f: &StoredFile) -> Result<(), StoreError> {
