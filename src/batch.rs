@@ -260,6 +260,16 @@ impl Batches {
         Ok(bs)
     }
 
+    /// Every tenant's batches, newest first, each with its owner (the
+    /// operator's usage view: one read of the store for every tenant).
+    pub async fn batches_by_owner(&self) -> Result<Vec<(String, Batch)>, BatchError> {
+        let bs = self.store.batches(None).await?;
+        let (owners, mut bs): (Vec<String>, Vec<Batch>) =
+            bs.into_iter().map(|b| (b.owner, b.batch)).unzip();
+        self.project(&mut bs);
+        Ok(owners.into_iter().zip(bs).collect())
+    }
+
     /// Fills in the running batches' projections.
     fn project(&self, batches: &mut [Batch]) {
         let runs = self.runner.runs();

@@ -26,6 +26,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header
 use serde_json::{Value, json};
 
 use crate::batch::{Batches, Scope};
+use crate::protocol::batch::Batch;
 
 use crate::core::admission::LimitKind;
 use crate::core::ids::TenantId;
@@ -33,7 +34,7 @@ use crate::edge::admin::bears_token;
 use crate::gateway::handle::Gateway;
 use crate::gateway::live::Live;
 use crate::gateway::tenant::authenticate;
-use crate::gateway::usage_share::{LiveNumbers, UsageSource};
+use crate::gateway::usage_share::{Everyone, LiveNumbers, UsageSource};
 use crate::net::body::{self, BoxBody};
 use crate::outcome::Outcome;
 use crate::protocol::error::ApiError;
@@ -146,18 +147,55 @@ fn replica_scope(query: Option<&str>) -> bool {
 struct Source {
     /// By usage index, for the tenants reported.
     windows: HashMap<usize, (TenantWindows, usize)>,
-    /// By usage index, every tenant: each replica's live numbers, as
-    /// published within the last hour (this replica's own now).
-    numbers: Vec<Vec<LiveNumbers>>,
+    /// Every tenant's live numbers (read at most once a second for any
+    /// number of views).
+    everyone: Arc<Everyone>,
+    /// By usage index, the reported tenants' own numbers here, as of now.
+    own: HashMap<usize, LiveNumbers>,
     /// By usage index, reported tenants: what the cluster's store holds of
     /// the tenant's request and GPU-seconds buckets beside the replicas.
     store: HashMap<usize, (Option<f64>, Option<f64>)>,
-    /// How old live numbers may be to count as current (seconds).
-    fresh: f64,
     /// `cluster` or `replica`.
     scope: &'static str,
     /// Why the cluster's numbers could not be read, if they could not.
     error: Option<String>,
+}
+
+/// Every tenant's live numbers: the cluster's (each replica's as
+/// published) or this replica's alone. This replica's are read on the
+/// blocking pool: ten thousand tenants' take the scheduler's lock ten
+/// thousand times, briefly, and none of the request path's threads.
+async fn read_everyone(gw: &Arc<Gateway>, live: &Arc<Live>, cluster: bool, now: f64) -> Everyone {
+    let (g, l) = (gw.clone(), live.clone());
+    let own: Vec<LiveNumbers> = tokio::task::spawn_blocking(move || {
+        (0..l.usage.len())
+            .map(|i| UsageSource::numbers(&*g, &l, i, now))
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
+    let mut error = None;
+    if let Some(shared) = gw.shared_usage().filter(|_| cluster) {
+        match tokio::time::timeout(READ_TIMEOUT, shared.read_numbers(live, now, own.clone())).await
+        {
+            Ok(Ok(numbers)) => {
+                return Everyone {
+                    numbers,
+                    scope: "cluster",
+                    fresh: shared.fresh(),
+                    error: None,
+                };
+            }
+            Ok(Err(e)) => error = Some(format!("cluster store: {e}")),
+            Err(_) => error = Some("cluster store: no answer in time".to_owned()),
+        }
+    }
+    Everyone {
+        numbers: own.into_iter().map(|n| vec![n]).collect(),
+        scope: "replica",
+        fresh: f64::INFINITY,
+        error,
+    }
 }
 
 impl Source {
@@ -165,15 +203,18 @@ impl Source {
         gw: &Gateway,
         live: &Live,
         reported: &[usize],
-        cluster: bool,
+        everyone: Arc<Everyone>,
         now: f64,
     ) -> Source {
-        let own = |index| UsageSource::numbers(gw, live, index, now);
-        let mut error = None;
-        if let Some(shared) = gw.shared_usage().filter(|_| cluster) {
-            let read = tokio::time::timeout(READ_TIMEOUT, shared.read(live, reported, now, own));
+        let own = reported
+            .iter()
+            .map(|&i| (i, UsageSource::numbers(gw, live, i, now)))
+            .collect();
+        let mut error = everyone.error.clone();
+        if let Some(shared) = gw.shared_usage().filter(|_| everyone.scope == "cluster") {
+            let read = tokio::time::timeout(READ_TIMEOUT, shared.read_windows(live, reported));
             match read.await {
-                Ok(Ok((windows, numbers))) => {
+                Ok(Ok(windows)) => {
                     return Source {
                         store: reported
                             .iter()
@@ -185,8 +226,8 @@ impl Source {
                             .zip(windows)
                             .map(|(i, w)| (*i, (w.windows, w.replicas)))
                             .collect(),
-                        numbers,
-                        fresh: shared.fresh(),
+                        everyone,
+                        own,
                         scope: "cluster",
                         error: None,
                     };
@@ -200,11 +241,39 @@ impl Source {
                 .iter()
                 .map(|&i| (i, (live.usage[i].lock().clone(), 1)))
                 .collect(),
-            numbers: (0..live.usage.len()).map(|i| vec![own(i)]).collect(),
+            everyone,
+            own,
             store: HashMap::new(),
-            fresh: f64::INFINITY,
             scope: "replica",
             error,
+        }
+    }
+
+    /// Tenant `index`'s live numbers: its own here (as of now when it is
+    /// reported), then, in the cluster's scope, the other replicas'.
+    fn numbers(&self, index: usize) -> impl Iterator<Item = &LiveNumbers> {
+        let all = self
+            .everyone
+            .numbers
+            .get(index)
+            .map_or(&[][..], Vec::as_slice);
+        let (first, others) = all
+            .split_first()
+            .map_or((None, &[][..]), |(f, o)| (Some(f), o));
+        let others = if self.scope == "cluster" {
+            others
+        } else {
+            &[][..]
+        };
+        self.own.get(&index).or(first).into_iter().chain(others)
+    }
+
+    /// How old live numbers may be to count as current (seconds).
+    fn fresh(&self) -> f64 {
+        if self.scope == "cluster" {
+            self.everyone.fresh
+        } else {
+            f64::INFINITY
         }
     }
 }
@@ -212,6 +281,140 @@ impl Source {
 /// How long a report waits for the cluster's numbers before it answers
 /// with this replica's.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How the operator's view of every tenant is ordered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sort {
+    /// Worst SLO attainment over the hour first; nothing served last.
+    Slo,
+    /// Most requests refused over the hour first.
+    Refused,
+    /// Most GPU-seconds over the hour first.
+    GpuSeconds,
+    /// By name.
+    Name,
+}
+
+impl Sort {
+    fn as_str(self) -> &'static str {
+        match self {
+            Sort::Slo => "slo",
+            Sort::Refused => "refused",
+            Sort::GpuSeconds => "gpu_seconds",
+            Sort::Name => "name",
+        }
+    }
+}
+
+/// A page of the operator's view: `sort`, `limit` (1 to [`MAX_PAGE`],
+/// [`PAGE_SIZE`] unless given) and `offset`.
+struct Page {
+    sort: Sort,
+    limit: usize,
+    offset: usize,
+}
+
+/// Tenants in a page of the operator's view, unless asked for fewer, and
+/// at most.
+const PAGE_SIZE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+impl Page {
+    fn parse(query: Option<&str>) -> Result<Page, ApiError> {
+        let mut page = Page {
+            sort: Sort::Slo,
+            limit: PAGE_SIZE,
+            offset: 0,
+        };
+        for kv in query
+            .unwrap_or_default()
+            .split('&')
+            .filter(|kv| !kv.is_empty())
+        {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let number = |max: usize| {
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|n| *n <= max)
+                    .ok_or_else(|| {
+                        ApiError::InvalidRequest(format!("`{k}` takes a whole number up to {max}"))
+                    })
+            };
+            match k {
+                "sort" => {
+                    page.sort = match v {
+                        "slo" => Sort::Slo,
+                        "refused" => Sort::Refused,
+                        "gpu_seconds" => Sort::GpuSeconds,
+                        "name" => Sort::Name,
+                        _ => {
+                            return Err(ApiError::InvalidRequest(
+                                "`sort` is one of slo, refused, gpu_seconds, name".into(),
+                            ));
+                        }
+                    }
+                }
+                "limit" => page.limit = number(MAX_PAGE)?.max(1),
+                "offset" => page.offset = number(usize::MAX)?,
+                _ => {}
+            }
+        }
+        Ok(page)
+    }
+
+    /// The tenants of this page, in its order, from every tenant's live
+    /// numbers over the hour (each replica's, added).
+    fn select(&self, live: &Live, everyone: &[Subject], source: &Source) -> Vec<Subject> {
+        struct Key {
+            s: Subject,
+            attainment: Option<f64>,
+            refused: u64,
+            gpu: f64,
+        }
+        let mut keys: Vec<Key> = everyone
+            .iter()
+            .map(|&s| {
+                let (mut served, mut goodput, mut refused, mut gpu) = (0, 0, 0, 0.0);
+                for n in source.numbers(s.index) {
+                    served += n.served_1h;
+                    goodput += n.goodput_1h;
+                    refused += n.refused_1h;
+                    gpu += n.gpu_seconds_1h;
+                }
+                let attainment = (served > 0).then(|| goodput as f64 / served as f64);
+                Key {
+                    s,
+                    attainment,
+                    refused,
+                    gpu,
+                }
+            })
+            .collect();
+        let name = |s: Subject| {
+            live.policy
+                .tenants
+                .get(s.index)
+                .map_or("default", |t| t.name.as_str())
+        };
+        keys.sort_by(|a, b| {
+            let first = match self.sort {
+                Sort::Slo => a
+                    .attainment
+                    .unwrap_or(f64::INFINITY)
+                    .total_cmp(&b.attainment.unwrap_or(f64::INFINITY)),
+                Sort::Refused => b.refused.cmp(&a.refused),
+                Sort::GpuSeconds => b.gpu.total_cmp(&a.gpu),
+                Sort::Name => std::cmp::Ordering::Equal,
+            };
+            first.then_with(|| name(a.s).cmp(name(b.s)))
+        });
+        keys.into_iter()
+            .skip(self.offset)
+            .take(self.limit)
+            .map(|k| k.s)
+            .collect()
+    }
+}
 
 async fn usage<B>(
     gw: &Arc<Gateway>,
@@ -232,11 +435,20 @@ async fn usage<B>(
         let tenants = live.policy.tenants.iter().enumerate();
         tenants.map(|(index, _)| Subject { index }).collect()
     };
-    // Who is reported: every tenant (the operator), or one.
-    let reported: Vec<Subject> = match (&caller, name) {
-        (Caller::Operator, None) => everyone.clone(),
+    let operator = matches!(caller, Caller::Operator);
+    let page = match (operator, name) {
+        (true, None) => match Page::parse(req.uri().query()) {
+            Ok(p) => Some(p),
+            Err(e) => return e.into_response(),
+        },
+        _ => None,
+    };
+    // Who is reported: one tenant, or a page of every tenant (the
+    // operator's), chosen below from everyone's numbers.
+    let one: Option<Subject> = match (&caller, name) {
+        (Caller::Operator, None) => None,
         (Caller::Operator, Some(name)) => match subject_named(&live, name) {
-            Some(s) => vec![s],
+            Some(s) => Some(s),
             None => return ApiError::NotFound.into_response(),
         },
         (Caller::Tenant(id), name) => {
@@ -251,41 +463,82 @@ async fn usage<B>(
                 return ApiError::NotFound.into_response();
             }
             match subject_named(&live, own) {
-                Some(s) => vec![s],
+                Some(s) => Some(s),
                 None => return ApiError::NotFound.into_response(),
             }
         }
     };
-    let operator = matches!(caller, Caller::Operator);
     let cluster = !(operator && replica_scope(req.uri().query()));
+    let _turn = match page {
+        Some(_) => gw.everyone().page_turn().await,
+        None => None,
+    };
+    let all = gw
+        .everyone()
+        .get(&live, cluster, || read_everyone(gw, &live, cluster, now))
+        .await;
+    let reported: Vec<Subject> = match (one, &page) {
+        (Some(s), _) => vec![s],
+        (None, Some(page)) => {
+            let ordered = Source {
+                windows: HashMap::new(),
+                everyone: all.clone(),
+                own: HashMap::new(),
+                store: HashMap::new(),
+                scope: all.scope,
+                error: None,
+            };
+            page.select(&live, &everyone, &ordered)
+        }
+        (None, None) => Vec::new(),
+    };
     let indexes: Vec<usize> = reported.iter().map(|s| s.index).collect();
-    let source = Source::read(gw, &live, &indexes, cluster, now).await;
+    let source = Source::read(gw, &live, &indexes, all, now).await;
     let shares = Shares::of(&live, &everyone, &source);
     let mut reports: Vec<Value> = reported
         .iter()
         .map(|s| report(&live, *s, &shares, &source, now))
         .collect();
-    let mut body = if operator && name.is_none() {
-        // Worst attainment first; tenants with nothing served last.
-        let key = |v: &Value| {
-            v["windows"]["1h"]["slo_attainment"]
-                .as_f64()
-                .unwrap_or(f64::INFINITY)
-        };
-        reports.sort_by(|a, b| key(a).total_cmp(&key(b)));
-        json!({"generated_unix": now, "tenants": reports})
-    } else {
-        reports.pop().unwrap_or(Value::Null)
+    let mut body = match &page {
+        Some(page) => {
+            let total = everyone.len();
+            let next = page.offset.saturating_add(page.limit);
+            json!({
+                "generated_unix": now,
+                "sort": page.sort.as_str(),
+                "offset": page.offset,
+                "limit": page.limit,
+                "total": total,
+                "next_offset": (next < total).then_some(next),
+                "tenants": reports,
+            })
+        }
+        None => reports.pop().unwrap_or(Value::Null),
     };
     scope_fields(gw, &source, &mut body);
     if let Some(b) = batches {
         match body.get_mut("tenants").and_then(Value::as_array_mut) {
+            // One read of the store for the page.
             Some(all) => {
+                let list = b.batches_by_owner().await.unwrap_or_default();
+                let mut by_owner: HashMap<&str, Vec<&Batch>> = HashMap::new();
+                for (owner, batch) in &list {
+                    by_owner.entry(owner).or_default().push(batch);
+                }
                 for t in all {
-                    attach_batches(b, t).await;
+                    let name = t["tenant"].as_str().unwrap_or_default();
+                    let shown = by_owner.get(name).map_or(&[][..], Vec::as_slice);
+                    attach_batches(shown, t);
                 }
             }
-            None => attach_batches(b, &mut body).await,
+            None => {
+                let tenant = body["tenant"].as_str().map(str::to_owned);
+                let list = match tenant {
+                    Some(t) => b.batches(&Scope::Tenant(t)).await.unwrap_or_default(),
+                    None => Vec::new(),
+                };
+                attach_batches(&list.iter().collect::<Vec<_>>(), &mut body);
+            }
         }
     }
     let mut resp = Response::new(body::full(body.to_string()));
@@ -303,14 +556,11 @@ async fn usage<B>(
 const BATCHES_SHOWN: usize = 10;
 
 /// Adds a tenant report's `batches` (with the Batch API on): the
-/// tenant's [`BATCHES_SHOWN`] newest; empty when its store cannot be read.
-async fn attach_batches(b: &Arc<Batches>, report: &mut Value) {
-    let Some(name) = report["tenant"].as_str().map(str::to_owned) else {
-        return;
-    };
-    let list = b.batches(&Scope::Tenant(name)).await.unwrap_or_default();
+/// tenant's [`BATCHES_SHOWN`] newest of `list` (newest first); empty
+/// when its store cannot be read.
+fn attach_batches(list: &[&Batch], report: &mut Value) {
     let shown: Vec<Value> = list
-        .into_iter()
+        .iter()
         .take(BATCHES_SHOWN)
         .map(|x| {
             json!({
@@ -332,6 +582,8 @@ async fn attach_batches(b: &Arc<Batches>, report: &mut Value) {
 struct Shares {
     /// (weight, GPU-seconds in the hour, had a request in the hour).
     by_index: Vec<(f64, f64, bool)>,
+    /// The weights and GPU-seconds of the tenants active in the hour.
+    active: (f64, f64),
 }
 
 impl Shares {
@@ -339,26 +591,32 @@ impl Shares {
     /// replica's own now).
     fn of(live: &Live, everyone: &[Subject], source: &Source) -> Self {
         let mut by_index = vec![(0.0, 0.0, false); live.usage.len()];
+        let mut active = (0.0, 0.0);
         for s in everyone {
-            let numbers = source.numbers.get(s.index).map_or(&[][..], Vec::as_slice);
-            let gpu: f64 = numbers.iter().map(|n| n.gpu_seconds_1h).sum();
-            let requests: u64 = numbers.iter().map(|n| n.requests_1h).sum();
+            let (mut gpu, mut requests) = (0.0, 0);
+            for n in source.numbers(s.index) {
+                gpu += n.gpu_seconds_1h;
+                requests += n.requests_1h;
+            }
             let weight = live.policy.tenants.get(s.index).map_or(1.0, |t| t.weight);
             by_index[s.index] = (weight, gpu, requests > 0);
+            if requests > 0 {
+                active.0 += weight;
+                active.1 += gpu;
+            }
         }
-        Shares { by_index }
+        Shares { by_index, active }
     }
 
     /// `index`'s share of the weights of the tenants active in the hour
     /// (itself counted), and of the GPU-seconds they were served.
     fn of_tenant(&self, index: usize) -> (Option<f64>, Option<f64>) {
-        let (weight, gpu, _) = self.by_index.get(index).copied().unwrap_or_default();
-        let active = self
-            .by_index
-            .iter()
-            .enumerate()
-            .filter(|(i, (_, _, a))| *a || *i == index);
-        let (weights, gpus) = active.fold((0.0, 0.0), |(w, g), (_, e)| (w + e.0, g + e.1));
+        let (weight, gpu, was_active) = self.by_index.get(index).copied().unwrap_or_default();
+        let (mut weights, mut gpus) = self.active;
+        if !was_active {
+            weights += weight;
+            gpus += gpu;
+        }
         (
             (weights > 0.0).then(|| weight / weights),
             (gpus > 0.0).then(|| gpu / gpus),
@@ -399,11 +657,8 @@ fn report(live: &Live, s: Subject, shares: &Shares, source: &Source, now: f64) -
     // that stopped within the hour): what is in flight and queued, and
     // what their buckets hold.
     let numbers: Vec<&LiveNumbers> = source
-        .numbers
-        .get(s.index)
-        .map_or(&[][..], Vec::as_slice)
-        .iter()
-        .filter(|n| now - n.at <= source.fresh)
+        .numbers(s.index)
+        .filter(|n| now - n.at <= source.fresh())
         .collect();
     let sum = |f: fn(&LiveNumbers) -> Option<f64>| -> Option<f64> {
         numbers.iter().copied().filter_map(f).reduce(|a, b| a + b)

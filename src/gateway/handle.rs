@@ -21,7 +21,9 @@ use crate::gateway::adapters::Discovered;
 use crate::gateway::live::Live;
 use crate::gateway::origins::{ResponseOrigins, SharedOrigins};
 use crate::gateway::scheduling::Scheduling;
-use crate::gateway::usage_share::{LiveNumbers, SharedUsage, UsageSource, tenant_name};
+use crate::gateway::usage_share::{
+    EveryoneCache, LiveNumbers, SharedUsage, UsageSource, tenant_name,
+};
 use crate::net::client::Client;
 use crate::protocol::error::ApiError;
 use crate::telemetry::metrics::Metrics;
@@ -49,6 +51,8 @@ pub struct Gateway {
     shared_responses: Option<SharedOrigins>,
     /// The cluster's usage windows, with a `[cluster]` store.
     shared_usage: Option<Arc<SharedUsage>>,
+    /// Every tenant's live numbers as the usage views last read them.
+    everyone: EveryoneCache,
     /// The LoRA adapters the backends list.
     adapters: Discovered,
 }
@@ -93,6 +97,7 @@ impl Gateway {
             responses: ResponseOrigins::default(),
             shared_responses,
             shared_usage,
+            everyone: EveryoneCache::default(),
             adapters: Discovered::default(),
         }
     }
@@ -146,6 +151,11 @@ impl Gateway {
     /// The cluster's usage windows, when in a `[cluster]`.
     pub fn shared_usage(&self) -> Option<&Arc<SharedUsage>> {
         self.shared_usage.as_ref()
+    }
+
+    /// Every tenant's live numbers as the usage views last read them.
+    pub fn everyone(&self) -> &EveryoneCache {
+        &self.everyone
     }
 
     /// Notes that `backend` created Responses API response `id` for
@@ -348,7 +358,7 @@ impl UsageSource for Gateway {
         };
         let clock_now = self.now();
         let view = id.map(|id| self.sched().with(|s| s.tenant_view(clock_now, id)));
-        let (requests_1h, gpu_seconds_1h) = live.usage[index].lock().totals(now, 3600);
+        let hour = live.usage[index].lock().totals(now, 3600);
         LiveNumbers {
             at: now,
             in_flight: view.as_ref().map_or(0, |v| v.in_flight),
@@ -356,8 +366,11 @@ impl UsageSource for Gateway {
             preempted_total: view.as_ref().map_or(0, |v| v.preempted_total),
             rate_level: view.as_ref().and_then(|v| v.rate_level),
             gpu_seconds_level: view.as_ref().and_then(|v| v.gpu_seconds_level),
-            requests_1h,
-            gpu_seconds_1h,
+            requests_1h: hour.requests,
+            gpu_seconds_1h: hour.gpu_seconds,
+            served_1h: hour.served,
+            goodput_1h: hour.goodput,
+            refused_1h: hour.refused,
         }
     }
 }

@@ -56,6 +56,87 @@ pub struct LiveNumbers {
     /// (the tenants' shares of service).
     pub requests_1h: u64,
     pub gpu_seconds_1h: f64,
+    /// Over this replica's last hour: served, served within the SLO, and
+    /// refused (what the operator's view sorts the tenants by). Absent
+    /// from a replica of an earlier version: 0.
+    #[serde(default)]
+    pub served_1h: u64,
+    #[serde(default)]
+    pub goodput_1h: u64,
+    #[serde(default)]
+    pub refused_1h: u64,
+}
+
+/// Every tenant's live numbers, by usage index, as the usage views read
+/// them ([`EveryoneCache`]).
+#[derive(Debug)]
+pub struct Everyone {
+    /// Each replica's numbers published within the last hour, this
+    /// replica's own first.
+    pub numbers: Vec<Vec<LiveNumbers>>,
+    /// `cluster` (every replica's) or `replica` (this one's).
+    pub scope: &'static str,
+    /// How old a replica's numbers may be to count as current (seconds).
+    pub fresh: f64,
+    /// Why the cluster's numbers could not be read, if they could not.
+    pub error: Option<String>,
+}
+
+/// How long one read of every tenant's numbers serves the usage views.
+const EVERYONE_FOR: Duration = Duration::from_secs(1);
+
+/// The last read of every tenant's live numbers, by scope: any number of
+/// usage views costs one read a second (views that arrive during a read
+/// wait for it rather than make their own), so that the operator's view
+/// of ten thousand tenants, refreshed by many browsers, stays off the
+/// request path's back.
+pub struct EveryoneCache {
+    /// By scope (replica, cluster): when, for which policy, what.
+    slots: tokio::sync::Mutex<[Option<(tokio::time::Instant, usize, Arc<Everyone>)>; 2]>,
+    /// Operators' views of every tenant are built one at a time.
+    pages: tokio::sync::Semaphore,
+}
+
+impl Default for EveryoneCache {
+    fn default() -> Self {
+        EveryoneCache {
+            slots: tokio::sync::Mutex::default(),
+            pages: tokio::sync::Semaphore::new(1),
+        }
+    }
+}
+
+impl EveryoneCache {
+    /// Waits for the turn to build a page of the operator's view: one at
+    /// a time, so that any number of them keeps at most one of the
+    /// request path's threads busy.
+    pub async fn page_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.pages.acquire().await.ok()
+    }
+
+    /// The numbers of `live`'s tenants read within [`EVERYONE_FOR`], or
+    /// `read`'s now.
+    pub async fn get<F: Future<Output = Everyone>>(
+        &self,
+        live: &Live,
+        cluster: bool,
+        read: impl FnOnce() -> F,
+    ) -> Arc<Everyone> {
+        // A reloaded policy is another `Live`: its tenants are read anew.
+        let policy = std::ptr::from_ref(live) as usize;
+        let mut slots = self.slots.lock().await;
+        let slot = &mut slots[usize::from(cluster)];
+        if let Some((at, of, e)) = slot.as_ref()
+            && *of == policy
+            && at.elapsed() < EVERYONE_FOR
+            && e.numbers.len() == live.usage.len()
+        {
+            return e.clone();
+        }
+        let e = Arc::new(read().await);
+        *slot = Some((tokio::time::Instant::now(), policy, e.clone()));
+        e
+    }
 }
 
 /// One tenant's windows over the replicas that published them.
@@ -206,26 +287,56 @@ impl SharedUsage {
         }
     }
 
+    /// Every tenant's live numbers, by usage index, as each replica
+    /// published them within the last hour, this replica's `own` (by
+    /// usage index, as of now) first. One pipelined round trip; what it
+    /// reads is decoded on the blocking pool, off the request path's
+    /// threads.
+    pub async fn read_numbers(
+        &self,
+        live: &Live,
+        now: f64,
+        own: Vec<LiveNumbers>,
+    ) -> redis::RedisResult<Vec<Vec<LiveNumbers>>> {
+        let mut pipe = redis::pipe();
+        for index in 0..live.usage.len() {
+            pipe.hgetall(self.live_key(tenant_name(live, index)));
+        }
+        let mut con = self.con.clone();
+        let hashes: Vec<HashMap<String, Vec<u8>>> = pipe.query_async(&mut con).await?;
+        let replica = self.replica.clone();
+        let decode = move || {
+            own.into_iter()
+                .zip(hashes)
+                .map(|(own, hash)| {
+                    let mut all = vec![own];
+                    all.extend(
+                        hash.iter()
+                            .filter(|(r, _)| **r != replica)
+                            .filter_map(|(_, b)| serde_json::from_slice::<LiveNumbers>(b).ok())
+                            .filter(|n| now - n.at <= 3600.0),
+                    );
+                    all
+                })
+                .collect()
+        };
+        tokio::task::spawn_blocking(decode)
+            .await
+            .map_err(|e| redis::RedisError::from(std::io::Error::other(e.to_string())))
+    }
+
     /// The cluster's windows of each tenant in `tenants` (by usage index):
     /// its windows here with every other replica's published buckets
-    /// added, and what the store holds of its buckets; and, for every
-    /// tenant of the policy, each replica's live numbers published within
-    /// the last hour (this replica's own first, as of now, from `own`).
-    /// One pipelined round trip.
-    pub async fn read(
+    /// added, and what the store holds of its buckets. One pipelined
+    /// round trip.
+    pub async fn read_windows(
         &self,
         live: &Live,
         tenants: &[usize],
-        now: f64,
-        own: impl Fn(usize) -> LiveNumbers,
-    ) -> redis::RedisResult<(Vec<ClusterWindows>, Vec<Vec<LiveNumbers>>)> {
-        let everyone = live.usage.len();
+    ) -> redis::RedisResult<Vec<ClusterWindows>> {
         let mut pipe = redis::pipe();
         for &index in tenants {
             pipe.hgetall(self.key(tenant_name(live, index)));
-        }
-        for index in 0..everyone {
-            pipe.hgetall(self.live_key(tenant_name(live, index)));
         }
         pipe.cmd("TIME");
         for &index in tenants {
@@ -236,32 +347,17 @@ impl SharedUsage {
         }
         let mut con = self.con.clone();
         let mut values: Vec<redis::Value> = pipe.query_async(&mut con).await?;
-        let leases = values.split_off(tenants.len() + everyone + 1);
+        let leases = values.split_off(tenants.len() + 1);
         let (store_secs, micros): (u64, u64) =
             redis::from_redis_value(values.pop().unwrap_or(redis::Value::Nil))?;
         let store_now = store_secs as f64 + micros as f64 / 1e6;
-        let mut hashes = values
+        let hashes = values
             .into_iter()
             .map(redis::from_redis_value::<HashMap<String, Vec<u8>>>)
             .collect::<Result<Vec<_>, _>>()?;
-        let lives = hashes.split_off(tenants.len());
         let mut leases = leases
             .into_iter()
             .map(|v| redis::from_redis_value::<HashMap<String, String>>(v).unwrap_or_default());
-        let numbers = lives
-            .into_iter()
-            .enumerate()
-            .map(|(index, hash)| {
-                let mut all = vec![own(index)];
-                all.extend(
-                    hash.iter()
-                        .filter(|(replica, _)| **replica != self.replica)
-                        .filter_map(|(_, b)| serde_json::from_slice::<LiveNumbers>(b).ok())
-                        .filter(|n| now - n.at <= 3600.0),
-                );
-                all
-            })
-            .collect();
         let windows = tenants
             .iter()
             .zip(hashes)
@@ -303,7 +399,7 @@ impl SharedUsage {
                 }
             })
             .collect();
-        Ok((windows, numbers))
+        Ok(windows)
     }
 
     /// How long a replica's live numbers count as current: three

@@ -355,6 +355,18 @@ fn stats<'a>(buckets: impl Iterator<Item = &'a Slot>) -> WindowStats {
     out
 }
 
+/// A window's counts ([`TenantWindows::totals`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Totals {
+    pub requests: u64,
+    pub served: u64,
+    /// Served within the SLO.
+    pub goodput: u64,
+    /// Refused, for any reason.
+    pub refused: u64,
+    pub gpu_seconds: f64,
+}
+
 impl TenantWindows {
     /// Counts `r`, which ended at `now` (unix seconds).
     pub fn record(&mut self, now: f64, r: &UsageRecord) {
@@ -436,17 +448,26 @@ impl TenantWindows {
         stats(self.ring_for(seconds).within(now, seconds))
     }
 
-    /// The requests that ended in the last `seconds` before `now`, and the
-    /// GPU-seconds they were charged: [`Self::window`]'s counts without
-    /// its sketches' merging (what a replica publishes every sync).
-    pub fn totals(&self, now: f64, seconds: u64) -> (u64, f64) {
+    /// The counts of the requests that ended in the last `seconds` before
+    /// `now`: [`Self::window`]'s without its sketches' merging (what a
+    /// replica publishes every sync, and what the operator's view sorts
+    /// by).
+    pub fn totals(&self, now: f64, seconds: u64) -> Totals {
         let now = now.max(1.0) as u64;
-        self.ring_for(seconds)
-            .within(now, seconds)
-            .fold((0, 0.0), |(n, g), b| {
-                let requests: u32 = b.outcomes.iter().sum();
-                (n + u64::from(requests), g + b.gpu_seconds)
-            })
+        let mut t = Totals::default();
+        for b in self.ring_for(seconds).within(now, seconds) {
+            for o in Outcome::ALL {
+                let n = u64::from(b.outcomes[o.index()]);
+                t.requests += n;
+                if !o.reason().is_empty() {
+                    t.refused += n;
+                }
+            }
+            t.served += u64::from(b.outcomes[Outcome::Served.index()]);
+            t.goodput += u64::from(b.goodput);
+            t.gpu_seconds += b.gpu_seconds;
+        }
+        t
     }
 
     /// The ring a window of `seconds` is read from: the minutes up to an
@@ -562,7 +583,13 @@ mod tests {
         // The counts alone, as a replica publishes them, agree.
         for (at, secs) in [(120.0, 300), (120.0, 3600), (120.0, 86_400), (720.0, 300)] {
             let full = w.window(T0 + at, secs);
-            assert_eq!(w.totals(T0 + at, secs), (full.requests, full.gpu_seconds));
+            let t = w.totals(T0 + at, secs);
+            assert_eq!(
+                (t.requests, t.gpu_seconds),
+                (full.requests, full.gpu_seconds)
+            );
+            assert_eq!((t.served, t.goodput), (full.served, full.goodput));
+            assert_eq!(t.refused, full.refusals.values().sum::<u64>());
         }
         // Ten minutes on, the 5-minute window is empty; the hour is not.
         assert_eq!(w.window(T0 + 720.0, 300).requests, 0);
