@@ -431,3 +431,133 @@ kv_events = true
         scrape(&gw).await
     );
 }
+
+/// A chat template whose work grows with the square of the messages (the
+/// operator's) and a caller that sends thousands: the render stops at its
+/// budget, the request falls back to the byte keys and the estimate and
+/// is served, and a steady light load to another pool goes on meanwhile
+/// as it did alone. The common template (`m2`) renders as many messages
+/// within the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_past_its_budget_falls_back_and_holds_up_no_one() {
+    let dir = tempfile::tempdir().unwrap();
+    write_test_tokenizer(dir.path(), &["hello", "there"]);
+    let quadratic = dir.path().join("quadratic.jinja");
+    std::fs::write(
+        &quadratic,
+        "{% for m in messages %}{% for n in messages %}{{ '' }}{% endfor %}\
+         <|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+    )
+    .unwrap();
+    let roomy = |model: &'static str| {
+        SimBackend::builder(model)
+            .max_model_len(1 << 20)
+            .kv_tokens(4 << 20)
+            .decode_step(Duration::from_millis(2), Duration::from_micros(10))
+            .start()
+    };
+    let (b0, b1) = (roomy("m").await.unwrap(), roomy("m2").await.unwrap());
+    let b2 = sim("light", 8).await;
+    let tok = dir.path().join("tokenizer.json");
+    let cfg = dir.path().join("tokenizer_config.json");
+    let policy = format!(
+        r#"{SERVER}
+[[pools]]
+model = "m"
+tokenizer = "{tok}"
+tokenizer_config = "{cfg}"
+chat_template = "{quadratic}"
+backends = [{{ name = "b0", url = "http://{{b0}}" }}]
+
+[[pools]]
+model = "m2"
+tokenizer = "{tok}"
+tokenizer_config = "{cfg}"
+backends = [{{ name = "b1", url = "http://{{b1}}" }}]
+
+[[pools]]
+model = "light"
+backends = [{{ name = "b2", url = "http://{{b2}}" }}]
+
+[[tenants]]
+name = "alpha"
+api_keys = ["ka"]
+"#,
+        tok = tok.display(),
+        cfg = cfg.display(),
+        quadratic = quadratic.display(),
+    )
+    .replace("max_body_bytes = 65536", "max_body_bytes = 4194304");
+    let gw = gateway(&policy, &[&b0, &b1, &b2]).await;
+    let addr = gw.addr();
+    let long_chat = |model: &str| {
+        let messages: Vec<serde_json::Value> = (0..6000)
+            .map(|i| serde_json::json!({"role": "user", "content": format!("hello there {i}")}))
+            .collect();
+        serde_json::json!({"model": model, "max_tokens": 2, "messages": messages}).to_string()
+    };
+    let light = async || {
+        let start = std::time::Instant::now();
+        let r = send(
+            &client(),
+            post(
+                addr,
+                "/v1/chat/completions",
+                Some("ka"),
+                chat("light", 2, false),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, http::StatusCode::OK);
+        start.elapsed().as_secs_f64()
+    };
+    let mut alone = Vec::new();
+    for _ in 0..10 {
+        alone.push(light().await);
+    }
+    let heavy = tokio::spawn(async move {
+        let start = std::time::Instant::now();
+        let r = send(
+            &client(),
+            post(addr, "/v1/chat/completions", Some("ka"), long_chat("m")),
+        )
+        .await;
+        (r.status, start.elapsed().as_secs_f64())
+    });
+    let mut during = Vec::new();
+    while !heavy.is_finished() {
+        during.push(light().await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, took) = heavy.await.unwrap();
+    assert_eq!(status, http::StatusCode::OK, "{took}");
+    let r = send(
+        &client(),
+        post(addr, "/v1/chat/completions", Some("ka"), long_chat("m2")),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::OK);
+    let worst = during.iter().copied().fold(0.0, f64::max);
+    let worst_alone = alone.iter().copied().fold(0.0, f64::max);
+    eprintln!(
+        "6,000 messages through the quadratic template: {took:.2} s; a light request alone at worst {worst_alone:.4} s, {} meanwhile at worst {worst:.4} s",
+        during.len()
+    );
+    assert!(
+        worst < worst_alone + 0.25,
+        "a light request waited {worst} s"
+    );
+    let m = scrape(&gw).await;
+    promtool_check(&m);
+    let fallbacks = |model: &str, reason: &str| {
+        metric(
+            &m,
+            &format!(
+                "fairway_chat_template_fallbacks_total{{model=\"{model}\",reason=\"{reason}\"}}"
+            ),
+        )
+    };
+    assert_eq!(fallbacks("m", "budget"), Some(1.0), "{m}");
+    assert_eq!(fallbacks("m2", "budget"), Some(0.0));
+    assert_eq!(fallbacks("m2", "failed"), Some(0.0));
+}

@@ -160,6 +160,15 @@ pub fn snapshot(services: &Services) -> Snapshot {
     let now = gw.now();
     let live = gw.live();
     let pollers = services.pollers.lock();
+    let template_fallbacks = live
+        .policy
+        .pools
+        .iter()
+        .filter_map(|p| {
+            let (failed, over) = p.tokenizer.as_ref()?.loaded.fallbacks();
+            Some((p.model.clone(), failed, over))
+        })
+        .collect();
     gw.sched().with_fairness(|s, fairness| {
         let tenant_ids: Vec<_> = s.tenants().collect();
         let tenants = tenant_ids
@@ -240,6 +249,7 @@ pub fn snapshot(services: &Services) -> Snapshot {
             backends,
             queued_by_model,
             prefix,
+            template_fallbacks,
             jain_index: fairness.last(),
             cluster: gw.cluster().map(|c| c.view(s)),
         }

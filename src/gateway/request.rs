@@ -139,7 +139,7 @@ async fn run(
     if read.parts.headers.contains_key("x-fairway-debug-panic") {
         panic!("x-fairway-debug-panic");
     }
-    let (prefix, tokens) = prompt_tokens(live, &pool, &read, call);
+    let (prefix, tokens) = prompt_tokens(live, &pool, &read, call).await;
     let item = read.parts.extensions.get::<BatchItem>();
     let resumable = item.is_some_and(|i| i.resumable);
     let (pending, preemptible) = admit(
@@ -291,8 +291,16 @@ fn route(
 /// real token ids (the chat rendered with its template), and their count
 /// replaces the estimate in the request's cost: returned as the second
 /// value, `None` without a tokenizer or when the body cannot be rendered
-/// (the keys then fall back to the bytes).
-fn prompt_tokens(live: &Live, pool: &Pool, read: &Read, call: Call) -> (Vec<u64>, Option<u32>) {
+/// (the keys then fall back to the bytes). A body over
+/// [`INLINE_PROMPT_BYTES`] is rendered and tokenized on the blocking pool:
+/// a long conversation costs its own request time, not every other
+/// request's on the same thread.
+async fn prompt_tokens(
+    live: &Live,
+    pool: &Pool,
+    read: &Read<'_>,
+    call: Call,
+) -> (Vec<u64>, Option<u32>) {
     let policy = &live.policy.pools[pool.index];
     let routed = policy.routing == Strategy::PrefixAware;
     let tokenizer = policy.tokenizer.as_ref();
@@ -305,7 +313,16 @@ fn prompt_tokens(live: &Live, pool: &Pool, read: &Read, call: Call) -> (Vec<u64>
         return (Vec::new(), None);
     };
     let block = policy.prefix.block_tokens;
-    match tokenizer.and_then(|t| t.loaded.prompt_ids(body)) {
+    let ids = match tokenizer {
+        Some(t) if body.len() > INLINE_PROMPT_BYTES => {
+            let (t, body) = (t.loaded.clone(), body.clone());
+            let ids = tokio::task::spawn_blocking(move || t.prompt_ids(&body));
+            ids.await.ok().flatten()
+        }
+        Some(t) => t.loaded.prompt_ids(body),
+        None => None,
+    };
+    match ids {
         Some(p) => {
             let n = u32::try_from(p.ids.len()).unwrap_or(u32::MAX);
             let keys = if routed {
@@ -324,6 +341,11 @@ fn prompt_tokens(live: &Live, pool: &Pool, read: &Read, call: Call) -> (Vec<u64>
         None => (Vec::new(), None),
     }
 }
+
+/// The largest body whose prompt is rendered and tokenized where the
+/// request runs: about 100 µs of tokenizing, and a render bounded by the
+/// template's budget ([`crate::tokens::TEMPLATE_FUEL`]).
+const INLINE_PROMPT_BYTES: usize = 32 << 10;
 
 /// Admit: admission and the fair queue, under the scheduler's lock. The
 /// request is dispatched at once or waits for the decision a later event

@@ -25,6 +25,9 @@ pub struct Snapshot {
     pub cluster: Option<crate::cluster::View>,
     /// The prefix index of each pool that routes on prefixes.
     pub prefix: Vec<PrefixGauges>,
+    /// Per model with a tokenizer: chats whose template failed, and those
+    /// past its budget, since the policy loaded it.
+    pub template_fallbacks: Vec<(String, u64, u64)>,
 }
 
 /// A pool's prefix index.

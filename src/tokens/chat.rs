@@ -27,6 +27,16 @@
 //! so a turn that resends the conversation tokenizes only its new
 //! messages.
 //!
+//! **A render has a budget.** The template is the operator's, the number
+//! of messages the caller's: a template whose work grows with the square
+//! of the messages would let one request hold a thread for minutes. Each
+//! render may run [`TEMPLATE_FUEL`] template instructions (`minijinja`'s
+//! fuel); past that the request falls back to the byte approximation, as
+//! for a template that fails, and is counted
+//! ([`ChatTokenizer::fallbacks`]). The gateway renders and tokenizes a
+//! large body on the blocking pool, off the request path's threads
+//! (`gateway::request`).
+//!
 //! Not supported (the request falls back to the byte approximation, and
 //! is still routed): templates that call `strftime_now` or other
 //! functions `transformers` adds, and content given as a list of parts
@@ -39,6 +49,8 @@ use std::sync::Arc;
 use aho_corasick::{AhoCorasick, MatchKind};
 use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -47,6 +59,12 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// Pieces of rendered text whose ids are kept, per generation.
 pub const CACHE_PIECES: usize = 8192;
+
+/// Template instructions one render may run: about 20 ms of rendering,
+/// some tens of thousands of messages through a template whose work
+/// grows with their number (a few hundred instructions for a common one
+/// on a short chat).
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
 
 /// The template's name in its environment (no extension: no autoescape).
 const TEMPLATE: &str = "chat";
@@ -61,6 +79,10 @@ pub struct ChatTokenizer {
     /// The added tokens the rendered text is cut at, and their ids.
     cut: Option<(AhoCorasick, Vec<u32>)>,
     cache: Mutex<Pieces>,
+    /// Chats whose template failed, and those past [`TEMPLATE_FUEL`],
+    /// since load.
+    failed: AtomicU64,
+    over_budget: AtomicU64,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -190,12 +212,23 @@ impl ChatTokenizer {
             specials,
             cut,
             cache: Mutex::new(Pieces::default()),
+            failed: AtomicU64::new(0),
+            over_budget: AtomicU64::new(0),
         })
     }
 
     /// Whether it has a chat template (chats are rendered with it).
     pub fn has_template(&self) -> bool {
         self.env.is_some()
+    }
+
+    /// Chats that fell back to the byte approximation since load: those
+    /// whose template failed, and those past its budget.
+    pub fn fallbacks(&self) -> (u64, u64) {
+        (
+            self.failed.load(Ordering::Relaxed),
+            self.over_budget.load(Ordering::Relaxed),
+        )
     }
 
     /// The prompt of a request body as the engine's token ids: a chat
@@ -205,7 +238,18 @@ impl ChatTokenizer {
     pub fn prompt_ids(&self, body: &[u8]) -> Option<PromptIds> {
         let b: Body<'_> = serde_json::from_slice(body).ok()?;
         let ids = if b.messages.is_some() {
-            let text = self.render_chat(&b).ok()?;
+            let text = match self.render_chat(&b) {
+                Ok(t) => t,
+                Err(e) => {
+                    let counter = if e.kind() == ErrorKind::OutOfFuel {
+                        &self.over_budget
+                    } else {
+                        &self.failed
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+            };
             self.encode(&text).ok()?
         } else {
             let prompt = b.prompt?;
@@ -332,6 +376,7 @@ fn cut_points(tok: &Tokenizer) -> Option<(AhoCorasick, Vec<u32>)> {
 /// Jinja as `transformers` sets it up for chat templates.
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     if let Ok(syntax) = minijinja::syntax::SyntaxConfig::builder()
         .trim_blocks(true)
         .lstrip_blocks(true)

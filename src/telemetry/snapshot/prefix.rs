@@ -53,6 +53,21 @@ pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
             );
         }
     }
+    prom::family(
+        w,
+        "fairway_chat_template_fallbacks_total",
+        Kind::Counter,
+        "Chats whose prompt fell back to the byte approximation: their model's chat template failed on them (reason=\"failed\") or ran past its budget (reason=\"budget\").",
+    );
+    for (model, failed, over) in &snap.template_fallbacks {
+        for (reason, n) in [("failed", failed), ("budget", over)] {
+            let _ = writeln!(
+                w,
+                "fairway_chat_template_fallbacks_total{{model=\"{}\",reason=\"{reason}\"}} {n}",
+                prom::escape(model)
+            );
+        }
+    }
     type Count = fn(&BackendGauges) -> Option<u64>;
     let per_backend: [(&str, &str, Count); 3] = [
         (
