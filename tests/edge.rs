@@ -275,7 +275,12 @@ fn closed_without_answer(s: &mut std::net::TcpStream) -> bool {
     }
 }
 
-const RAW_REQUEST: &[u8] = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n";
+/// A request that authenticates (tenant `a`'s key): it proves its
+/// connection.
+const RAW_REQUEST: &[u8] =
+    b"GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-edge\r\n\r\n";
+/// The same without a key: answered, but proves nothing.
+const KEYLESS_REQUEST: &[u8] = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n";
 
 /// Reads one response to `RAW_REQUEST` on `s`, keeping the connection.
 fn read_one_response(s: &mut std::net::TcpStream) -> String {
@@ -323,6 +328,24 @@ async fn the_connection_cap_closes_extra_connections_and_the_gateway_keeps_servi
         let answer = read_one_response(&mut keyed);
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         drop(idle);
+        drop(keyed);
+        std::thread::sleep(Duration::from_millis(200));
+        // Ten connections each answered a request that needs no key
+        // (`GET /v1/models`), then idle: still unproven, they were pushed
+        // out in turn, and a keyed connection is served.
+        let keyless: Vec<_> = (0..10)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(KEYLESS_REQUEST).unwrap();
+                assert!(read_one_response(&mut s).starts_with("HTTP/1.1 200"));
+                s
+            })
+            .collect();
+        let mut keyed = std::net::TcpStream::connect(addr).unwrap();
+        keyed.write_all(RAW_REQUEST).unwrap();
+        let answer = read_one_response(&mut keyed);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        drop(keyless);
     })
     .await
     .unwrap();

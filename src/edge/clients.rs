@@ -93,7 +93,7 @@ where
                 return None;
             }
         };
-        let tracked = conn::Tracked::new(edge.clone(), activity.clone(), peer);
+        let tracked = conn::Tracked::new(edge.clone(), activity.clone(), peer, Some(gw.clone()));
         let svc = TowerToHyperService::new(tracked);
         let builders = builders.clone();
         let stop = drain.clone();
@@ -131,9 +131,10 @@ where
             };
             connection_ended(&conn_gw, peer, ended);
         };
-        // Until its first request, a connection may be pushed out by newer
-        // ones (`conn::Caps`) and has `header_read_timeout` to send it,
-        // HTTP/2 included (hyper's header timeout is HTTP/1's only).
+        // Until its first request that authenticates, a connection may be
+        // pushed out by newer ones (`conn::Caps`) and has
+        // `header_read_timeout` to send it, HTTP/2 included (hyper's
+        // header timeout is HTTP/1's only).
         let serve = async move {
             let unproven = async {
                 tokio::select! {
@@ -144,9 +145,9 @@ where
             let mut serve = std::pin::pin!(serve);
             tokio::select! {
                 () = serve.as_mut() => return,
-                () = unproven, if !first_request.started() => {}
+                () = unproven, if !first_request.proven() => {}
             }
-            if first_request.started() {
+            if first_request.proven() {
                 // Proven in the meantime: it keeps its slot.
                 serve.await;
             } else {

@@ -53,13 +53,15 @@ const UNPROVEN_SHARE: usize = 4;
 
 /// The client connection caps: a total, and optionally one per address.
 ///
-/// Slots are earned: a connection that has not sent a request yet is
-/// *unproven*, and the unproven ones hold at most a quarter of the total
-/// ([`UNPROVEN_SHARE`]); a new connection beyond that closes the oldest
-/// unproven one. So connections that send nothing (a flood, with no key
-/// and no address of its own behind a load balancer) cannot hold the
-/// listener: they churn within their quarter, while a client that sends
-/// its request as it connects is proven at once and keeps its slot.
+/// Slots are earned: a connection that has not sent a request that
+/// authenticated (a tenant's key, the admin token, or any request when
+/// the policy declares no tenants) is *unproven*, and the unproven ones
+/// hold at most a quarter of the total ([`UNPROVEN_SHARE`]); a new
+/// connection beyond that closes the oldest unproven one. So connections
+/// that send nothing, or only what answers without a key (`GET
+/// /v1/models`), cannot hold the listener: they churn within their
+/// quarter, while a client that sends its keyed request as it connects is
+/// proven at once and keeps its slot.
 pub struct Caps {
     total: Arc<Semaphore>,
     per_client: Option<usize>,
@@ -99,9 +101,9 @@ struct Unproven {
 type Held = Arc<Mutex<Option<OwnedSemaphorePermit>>>;
 
 impl Unproven {
-    /// Still open and without a request.
+    /// Still open and without a request that authenticated.
     fn waiting(&self) -> bool {
-        self.activity.upgrade().is_some_and(|a| !a.started())
+        self.activity.upgrade().is_some_and(|a| !a.proven())
     }
 
     /// Closes it and frees its slot now.
@@ -283,8 +285,8 @@ impl Drop for Slot {
 /// One connection's requests in flight and when the last one ended.
 pub struct Activity {
     base: Instant,
-    /// A request has come (the connection is proven).
-    started: std::sync::atomic::AtomicBool,
+    /// A request that authenticated has come (the connection is proven).
+    proven: std::sync::atomic::AtomicBool,
     in_flight: AtomicU32,
     /// Milliseconds from `base` to the end of the last request.
     last_ms: AtomicU64,
@@ -294,15 +296,21 @@ impl Activity {
     pub fn new() -> Arc<Self> {
         Arc::new(Activity {
             base: Instant::now(),
-            started: std::sync::atomic::AtomicBool::new(false),
+            proven: std::sync::atomic::AtomicBool::new(false),
             in_flight: AtomicU32::new(0),
             last_ms: AtomicU64::new(0),
         })
     }
 
-    /// Whether a request has come on the connection.
-    pub fn started(&self) -> bool {
-        self.started.load(Ordering::Acquire)
+    /// Whether a request that authenticated has come on the connection.
+    pub fn proven(&self) -> bool {
+        self.proven.load(Ordering::Acquire)
+    }
+
+    fn prove(&self) {
+        if !self.proven.load(Ordering::Relaxed) {
+            self.proven.store(true, Ordering::Release);
+        }
     }
 
     /// How long the connection has had no request in flight (`None`: one
@@ -322,9 +330,6 @@ pub struct InFlight(Arc<Activity>);
 
 impl InFlight {
     fn start(a: &Arc<Activity>) -> Self {
-        if !a.started.load(Ordering::Relaxed) {
-            a.started.store(true, Ordering::Release);
-        }
         a.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(a.clone())
     }
@@ -338,11 +343,15 @@ impl Drop for InFlight {
     }
 }
 
-/// The per-connection service: the edge, counting requests in flight.
+/// The per-connection service: the edge, counting requests in flight,
+/// and proving the connection with its first request that authenticates.
 #[derive(Clone)]
 pub struct Tracked<S> {
     inner: S,
     activity: Arc<Activity>,
+    /// Whose keys prove the connection; `None`: any request does (the
+    /// admin listener, whose connections are not capped).
+    keys: Option<Arc<Gateway>>,
     /// The client's address, appended to each request's
     /// `X-Forwarded-For` ([`crate::net::headers::forwarded_for`]), made
     /// once per connection.
@@ -350,12 +359,34 @@ pub struct Tracked<S> {
 }
 
 impl<S> Tracked<S> {
-    pub fn new(inner: S, activity: Arc<Activity>, peer: std::net::SocketAddr) -> Self {
+    pub fn new(
+        inner: S,
+        activity: Arc<Activity>,
+        peer: std::net::SocketAddr,
+        keys: Option<Arc<Gateway>>,
+    ) -> Self {
         Tracked {
             inner,
             activity,
+            keys,
             peer: http::HeaderValue::from_str(&peer.ip().to_string()).ok(),
         }
+    }
+
+    /// Whether `headers` authenticate: a tenant's key (or the trusted
+    /// tenant header, or nothing when the policy declares no tenants), or
+    /// the admin token. Asked only until the connection is proven.
+    fn authenticates(&self, headers: &http::HeaderMap) -> bool {
+        let Some(gw) = &self.keys else {
+            return true;
+        };
+        let live = gw.live();
+        crate::gateway::tenant::authenticate(&live, headers).is_ok()
+            || live
+                .policy
+                .server
+                .admin_token
+                .is_some_and(|want| crate::edge::admin::bears_token(headers, &want))
     }
 }
 
@@ -372,6 +403,9 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        if !self.activity.proven() && self.authenticates(req.headers()) {
+            self.activity.prove();
+        }
         if let Some(peer) = &self.peer {
             req.headers_mut()
                 .append(crate::net::headers::X_FORWARDED_FOR, peer.clone());

@@ -367,7 +367,8 @@ async fn run(
                 async move { Ok::<_, Infallible>(admin::route(services, req).await) }
             });
             let activity = conn::Activity::new();
-            let svc = TowerToHyperService::new(conn::Tracked::new(svc, activity.clone(), peer));
+            let svc =
+                TowerToHyperService::new(conn::Tracked::new(svc, activity.clone(), peer, None));
             let conn = builder
                 .serve_connection(TokioIo::new(stream), svc)
                 .into_owned();
