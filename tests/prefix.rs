@@ -561,3 +561,72 @@ api_keys = ["ka"]
     assert_eq!(fallbacks("m2", "budget"), Some(0.0));
     assert_eq!(fallbacks("m2", "failed"), Some(0.0));
 }
+
+/// An engine's event feed that sends its sequence numbers out of order
+/// at will (each older number reads as a restart) makes the gateway log
+/// a line at most every 10 s, with how many it left out; the counters
+/// have every one. A real `fairway serve` at its default log level, a
+/// feed the test publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_of_out_of_order_sequences_writes_a_few_log_lines_not_thousands() {
+    use zeromq::{Socket, SocketSend};
+    let port = free_port();
+    let mut feed = zeromq::PubSocket::new();
+    feed.bind(&format!("tcp://127.0.0.1:{port}")).await.unwrap();
+    let b = engine().await;
+    let text = policy("prefix_aware", "")
+        .replace(
+            "max_inflight = 8 },\n  {",
+            &format!("max_inflight = 8, kv_events = \"tcp://127.0.0.1:{port}\" }},\n  {{"),
+        )
+        .replace("{b0}", &b.addr().to_string())
+        .replace("{b1}", &b.addr().to_string());
+    let path = temp_policy("kv-flood", &text);
+    let mut gw = ServeProcess::start(&[], &[], &path, "info", std::process::Stdio::piped());
+    let batch = fairway::poller::kv_events::encode_batch(&fairway::poller::kv_events::EventBatch {
+        ts: 0.0,
+        events: Vec::new(),
+        data_parallel_rank: None,
+        skipped: 0,
+    });
+    let resets = async || {
+        let m = get(&client(), format!("http://{}/metrics", gw.admin))
+            .await
+            .text();
+        metric_sum(&m, "fairway_kv_events_resets_total")
+    };
+    let start = tokio::time::Instant::now();
+    let mut sent = 0u64;
+    while resets().await < 1000.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the feed was not followed"
+        );
+        for _ in 0..200 {
+            // 10, then 0: an older number, read as the engine restarting.
+            for seq in [10u64, 0] {
+                let frames = vec![
+                    bytes::Bytes::new(),
+                    bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
+                    bytes::Bytes::from(batch.clone()),
+                ];
+                feed.send(zeromq::ZmqMessage::try_from(frames).unwrap())
+                    .await
+                    .unwrap();
+                sent += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let counted = resets().await;
+    let _ = gw.child.kill();
+    let _ = gw.child.wait();
+    let mut log = String::new();
+    std::io::Read::read_to_string(gw.child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("relearning its cache"))
+        .count();
+    eprintln!("{sent} messages, {counted} resets counted, {lines} log lines");
+    assert!((1..=4).contains(&lines), "{lines} lines:\n{log}");
+}

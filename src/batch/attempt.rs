@@ -152,7 +152,11 @@ async fn resumable(
         match p.read(&stream) {
             Ended::Done => return done(t, item, StatusCode::OK, &p.answer(kind, body)),
             Ended::Broken(cause) => {
-                tracing::warn!(item = t.rid, %cause, "batch item's stream broke");
+                static LOG: crate::clock::Throttled =
+                    crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                if let Some(left_out) = LOG.allow() {
+                    tracing::warn!(item = t.rid, %cause, left_out, "batch item's stream broke");
+                }
                 if tries < TRIES {
                     return Tried::Again(Duration::from_secs(u64::from(tries)));
                 }

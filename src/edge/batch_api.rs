@@ -75,7 +75,12 @@ fn answer(e: BatchError) -> Response<BoxBody> {
             &msg,
         ),
         BatchError::Store(s) => {
-            tracing::error!(error = %s, "batch store");
+            // Every upload while the disk is full would write one.
+            static LOG: crate::clock::Throttled =
+                crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+            if let Some(left_out) = LOG.allow() {
+                tracing::error!(error = %s, left_out, "batch store");
+            }
             let status = if s.is_full() {
                 StatusCode::INSUFFICIENT_STORAGE
             } else {

@@ -323,9 +323,11 @@ async fn worker(
 
 /// Connections refused at a cap, logged at most once a minute (a flood
 /// would otherwise flood the log too).
-static REFUSALS_LOG: conn::Throttled = conn::Throttled::new(Duration::from_secs(60));
+static REFUSALS_LOG: crate::clock::Throttled =
+    crate::clock::Throttled::new(Duration::from_secs(60));
 /// Connections ended by a client's protocol error, likewise.
-static PROTOCOL_ERRORS_LOG: conn::Throttled = conn::Throttled::new(Duration::from_secs(60));
+static PROTOCOL_ERRORS_LOG: crate::clock::Throttled =
+    crate::clock::Throttled::new(Duration::from_secs(60));
 
 /// A connection refused at a cap: closed at once (the client sees a
 /// reset), counted, and logged at most once a minute.

@@ -564,51 +564,9 @@ pub fn is_protocol_error(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// A log line that is written at most once per interval, however often
-/// its event happens; the next line says how many were left out.
-pub struct Throttled {
-    every: Duration,
-    next: Mutex<Option<Instant>>,
-    left_out: AtomicU64,
-}
-
-impl Throttled {
-    pub const fn new(every: Duration) -> Self {
-        Throttled {
-            every,
-            next: Mutex::new(None),
-            left_out: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(n)` when a line may be written now (`n` events were left out
-    /// since the last one), `None` when this one is left out.
-    pub fn allow(&self) -> Option<u64> {
-        let now = Instant::now();
-        let mut next = self.next.lock();
-        if next.is_some_and(|t| now < t) {
-            self.left_out.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        *next = Some(now + self.every);
-        Some(self.left_out.swap(0, Ordering::Relaxed))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn throttled_logs_once_per_interval_and_counts_the_rest() {
-        let t = Throttled::new(Duration::from_secs(60));
-        assert_eq!(t.allow(), Some(0));
-        assert_eq!(t.allow(), None);
-        assert_eq!(t.allow(), None);
-        tokio::time::advance(Duration::from_secs(61)).await;
-        assert_eq!(t.allow(), Some(2));
-        assert_eq!(t.allow(), None);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn activity_is_idle_only_with_nothing_in_flight() {

@@ -141,7 +141,11 @@ pub async fn forward(
                         cause,
                     });
                 }
-                tracing::warn!(backend = %ticket.backend_name(), %cause, retried, "connection to backend failed; ejecting it");
+                static LOG: crate::clock::Throttled =
+                    crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                if let Some(left_out) = LOG.allow() {
+                    tracing::warn!(backend = %ticket.backend_name(), %cause, retried, left_out, "connection to backend failed; ejecting it");
+                }
                 let Some(id) = ticket.id() else {
                     return Err(ApiError::Internal("request left the scheduler".into()));
                 };

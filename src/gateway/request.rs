@@ -109,8 +109,14 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>, call: Call) -> 
         Ok((resp, mode, pending)) => relay(resp, mode, ticket, pending),
         Err(e) => {
             let status = e.status();
-            if status.is_server_error() {
-                tracing::warn!(error = %e, status = status.as_u16(), "request failed");
+            // A client or a backend can make these at will: at most one
+            // line every 10 s (the access log and the metrics have each).
+            static LOG: crate::clock::Throttled =
+                crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+            if status.is_server_error()
+                && let Some(left_out) = LOG.allow()
+            {
+                tracing::warn!(error = %e, status = status.as_u16(), left_out, "request failed");
             }
             ticket.failed(&e);
             let mut resp = call.error_response(e);

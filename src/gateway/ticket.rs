@@ -302,12 +302,20 @@ impl Ticket {
                 }
             }
             BodyEnd::UpstreamError(cause) => {
-                tracing::warn!(backend = %self.backend_name, %cause, "stream from backend broke");
+                static LOG: crate::clock::Throttled =
+                    crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                if let Some(left_out) = LOG.allow() {
+                    tracing::warn!(backend = %self.backend_name, %cause, left_out, "stream from backend broke");
+                }
                 self.upstream_failed();
             }
             // Under an error status the outcome is already the status's.
             BodyEnd::ErrorBody(message) if self.outcome.is_none() => {
-                tracing::warn!(backend = %self.backend_name, %message, "the backend answered 200 with an error");
+                static LOG: crate::clock::Throttled =
+                    crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                if let Some(left_out) = LOG.allow() {
+                    tracing::warn!(backend = %self.backend_name, %message, left_out, "the backend answered 200 with an error");
+                }
                 self.upstream_failed();
             }
             BodyEnd::ErrorBody(_) => {}

@@ -35,7 +35,11 @@ impl ResponseForPanic for PanicResponse {
             .map(|s| (*s).to_owned())
             .or_else(|| err.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "(no message)".to_owned());
-        tracing::error!(panic = %message, "request handler panicked");
+        static LOG: crate::clock::Throttled =
+            crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+        if let Some(left_out) = LOG.allow() {
+            tracing::error!(panic = %message, left_out, "request handler panicked");
+        }
         self.gw
             .metrics()
             .edge

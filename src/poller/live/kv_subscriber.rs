@@ -203,7 +203,13 @@ pub(super) async fn follow(
                 // already is a new process counting from 0 again, even
                 // when the old one had sent only that many.
                 Sequence::Old | Sequence::Restart => {
-                    tracing::info!(backend = %name, seq, "KV events: the engine restarted; relearning its cache");
+                    // A feed can send these at will: logged at most every
+                    // 10 s (the counters have them all).
+                    static LOG: crate::clock::Throttled =
+                        crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                    if let Some(left_out) = LOG.allow() {
+                        tracing::info!(backend = %name, seq, left_out, "KV events: the engine restarted; relearning its cache");
+                    }
                     add(&stats.resets, 1);
                     feed.reset();
                     out.push(PrefixEvent::Cleared);
@@ -218,7 +224,11 @@ pub(super) async fn follow(
                             }
                         }
                         None => {
-                            tracing::info!(backend = %name, missing, seq, "KV events: batches lost and not replayed; relearning its cache");
+                            static LOG: crate::clock::Throttled =
+                                crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                            if let Some(left_out) = LOG.allow() {
+                                tracing::info!(backend = %name, missing, seq, left_out, "KV events: batches lost and not replayed; relearning its cache");
+                            }
                             add(&stats.resets, 1);
                             feed.reset();
                             out.push(PrefixEvent::Cleared);
