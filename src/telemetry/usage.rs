@@ -175,37 +175,54 @@ impl Slot {
     }
 }
 
-/// A ring of `len` buckets of `width` seconds.
+/// A ring of up to `len` buckets of `width` seconds, spanning `len ×
+/// width` seconds back from its newest. Only the buckets in use are kept
+/// (oldest first): an idle tenant's ring holds nothing, one that sent a
+/// request once holds one bucket.
 #[derive(Clone, Debug)]
 struct Ring {
     width: u64,
-    buckets: Vec<Slot>,
+    len: usize,
+    buckets: std::collections::VecDeque<Slot>,
 }
 
 impl Ring {
     fn new(width: u64, len: usize) -> Self {
         Ring {
             width,
-            buckets: vec![Slot::default(); len],
+            len,
+            buckets: std::collections::VecDeque::new(),
         }
     }
 
-    /// The bucket of `now`, emptied first if it held an older period;
-    /// `None` for a time older than the ring holds (a clock stepped back).
+    /// The bucket of `now` (made if it is not kept yet), after dropping
+    /// those the ring no longer spans; `None` for a time older than the
+    /// ring holds (a clock stepped back).
     fn slot(&mut self, now: u64) -> Option<&mut Slot> {
         let start = now - now % self.width;
-        let len = self.buckets.len() as u64;
-        let b = &mut self.buckets[((now / self.width) % len) as usize];
-        if b.start > start {
+        let span = self.width * self.len as u64;
+        let newest = self.buckets.back().map_or(start, |b| b.start.max(start));
+        if start + span <= newest {
             return None;
         }
-        if b.start != start {
-            *b = Slot {
-                start,
-                ..Slot::default()
-            };
+        while self.buckets.front().is_some_and(|b| b.start + span <= newest) {
+            self.buckets.pop_front();
         }
-        Some(b)
+        let at = match self.buckets.binary_search_by_key(&start, |b| b.start) {
+            Ok(at) => at,
+            Err(at) => {
+                let fresh = Slot {
+                    start,
+                    ..Slot::default()
+                };
+                self.buckets.insert(at, fresh);
+                if self.buckets.capacity() > 2 * self.buckets.len().max(4) {
+                    self.buckets.shrink_to_fit();
+                }
+                at
+            }
+        };
+        self.buckets.get_mut(at)
     }
 
     /// Buckets that started within the last `seconds` before `now`.
@@ -417,9 +434,8 @@ impl TenantWindows {
             Bucket::Minute => &mut self.minutes,
             Bucket::Hour => &mut self.hours,
         };
-        // A bucket of a period the ring has left, or not yet reached
-        // here, is read only when its slot holds that period or an older
-        // one (which it then replaces).
+        // A bucket of a period the ring has left is not read; one it has
+        // not reached here yet moves the ring on.
         match ring.slot(start) {
             Some(slot) => {
                 slot.merge(&other);
@@ -684,8 +700,13 @@ mod tests {
             * (std::mem::size_of::<Slot>()
                 + 2 * (std::mem::size_of::<DDSketch>() + MAX_BINS as usize * 8));
         let mut tenants: Vec<TenantWindows> = (0..200).map(|_| TenantWindows::default()).collect();
-        let idle = tenants[0].heap_bytes();
-        assert!(idle < 20 * 1024, "{idle} bytes per idle tenant");
+        // An idle tenant keeps no bucket; one request keeps one of each
+        // ring, with its two sketches.
+        assert_eq!(tenants[0].heap_bytes(), 0, "an idle tenant's windows");
+        let mut once = TenantWindows::default();
+        once.record(T0, &served(0.2, true));
+        let one = once.heap_bytes();
+        assert!(one < 6 * 1024, "{one} bytes after one request");
         let mut now = T0;
         while now < T0 + 2.0 * 86_400.0 {
             for (i, t) in tenants.iter_mut().enumerate() {
@@ -708,7 +729,7 @@ mod tests {
             busy.record(T0 + f64::from(i), &served(ttft, true));
         }
         eprintln!(
-            "bytes per tenant: idle {idle}, busy {}, spread over five decades {most}, bound {bound}",
+            "bytes per tenant: idle 0, one request {one}, busy {}, spread over five decades {most}, bound {bound}",
             busy.heap_bytes()
         );
         for t in &tenants {
