@@ -284,11 +284,40 @@ pub struct TelemetryPolicy {
     /// default, `OTEL_TRACES_SAMPLER` or parent-based always-on.
     pub sample_ratio: Option<f64>,
     /// Latency histograms (TTFT, e2e, queue wait, time per output token)
-    /// by tenant and model (the default), or by model only (counters stay
-    /// per tenant either way): 4 histograms of up to 20 lines each per
-    /// tenant and model, against per model. Restart-only for the tenants
-    /// already seen.
-    pub per_tenant_histograms: bool,
+    /// by tenant and model, or by model only (counters stay per tenant
+    /// either way): 4 histograms of up to 20 lines each per tenant and
+    /// model, against per model. Restart-only for the tenants already
+    /// seen.
+    pub per_tenant_histograms: TenantHistograms,
+}
+
+/// `[telemetry] per_tenant_histograms`: `"auto"` (the default), `true`
+/// or `false`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TenantHistograms {
+    /// By tenant up to [`TenantHistograms::AUTO_TENANTS`] tenants, by
+    /// model beyond; past that number the per-tenant gauges also list
+    /// only the tenants with work queued or in flight.
+    Auto,
+    ByTenant,
+    ByModel,
+}
+
+impl TenantHistograms {
+    /// The most tenants a policy may declare for `Auto` to keep the
+    /// histograms and every gauge per tenant.
+    pub const AUTO_TENANTS: usize = 100;
+
+    /// Whether a policy of `tenants` tenants keeps its histograms per
+    /// tenant.
+    pub fn by_tenant(self, tenants: usize) -> bool {
+        match self {
+            TenantHistograms::Auto => tenants <= Self::AUTO_TENANTS,
+            TenantHistograms::ByTenant => true,
+            TenantHistograms::ByModel => false,
+        }
+    }
 }
 
 /// `[server]`: listeners and request limits.

@@ -27,7 +27,7 @@ use self::server::{read_server, read_tls};
 use super::file::{ConfigError, parse_document};
 use super::policy::{
     Discipline, OnStale, PlacementPolicy, Policy, PollerPolicy, PreemptionPolicy, PrefillCharge,
-    QueuePolicy, TelemetryPolicy,
+    QueuePolicy, TelemetryPolicy, TenantHistograms,
 };
 
 /// Looks an environment variable up; `None` when unset or not UTF-8.
@@ -379,8 +379,14 @@ fn read_telemetry(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> 
             Some(x)
         }),
         per_tenant_histograms: r
-            .opt(t, "per_tenant_histograms", Reader::boolean)
-            .unwrap_or(true),
+            .opt(t, "per_tenant_histograms", |r, v, path| {
+                r.boolean_or(v, path, "auto")
+            })
+            .map_or(TenantHistograms::Auto, |set| match set {
+                Some(true) => TenantHistograms::ByTenant,
+                Some(false) => TenantHistograms::ByModel,
+                None => TenantHistograms::Auto,
+            }),
     }
 }
 

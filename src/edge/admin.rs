@@ -169,12 +169,20 @@ pub fn snapshot(services: &Services) -> Snapshot {
             Some((p.model.clone(), failed, over))
         })
         .collect();
+    // With the histograms by model (many tenants), the per-tenant gauges
+    // list only the tenants with work queued or in flight now.
+    let every_tenant = live
+        .policy
+        .telemetry
+        .per_tenant_histograms
+        .by_tenant(live.policy.tenants.len());
     gw.sched().with_fairness(|s, fairness| {
         let tenant_ids: Vec<_> = s.tenants().collect();
         let tenants = tenant_ids
             .into_iter()
-            .map(|t| {
-                let v = s.tenant_view(now, t);
+            .map(|t| (t, s.tenant_view(now, t)))
+            .filter(|(_, v)| every_tenant || v.queued > 0 || v.in_flight > 0)
+            .map(|(t, v)| {
                 let slo = live
                     .tenant_policy
                     .get(&t)

@@ -487,7 +487,10 @@ impl Ticket {
                     end.tenant,
                     end.model,
                     Default::default(),
-                    live.policy.telemetry.per_tenant_histograms,
+                    live.policy
+                        .telemetry
+                        .per_tenant_histograms
+                        .by_tenant(live.policy.tenants.len()),
                 );
                 &looked_up
             }

@@ -205,7 +205,11 @@ impl Ring {
         if start + span <= newest {
             return None;
         }
-        while self.buckets.front().is_some_and(|b| b.start + span <= newest) {
+        while self
+            .buckets
+            .front()
+            .is_some_and(|b| b.start + span <= newest)
+        {
             self.buckets.pop_front();
         }
         let at = match self.buckets.binary_search_by_key(&start, |b| b.start) {

@@ -239,6 +239,23 @@ impl<'s> Reader<'s> {
         }
     }
 
+    /// A boolean, or the string `word` (`Some(None)`).
+    pub fn boolean_or(
+        &mut self,
+        value: &Value<'_>,
+        path: &str,
+        word: &str,
+    ) -> Option<Option<bool>> {
+        match value.get_ref() {
+            DeValue::Boolean(b) => Some(Some(*b)),
+            DeValue::String(s) if s == word => Some(None),
+            _ => {
+                self.wrong_type(value, path, &format!("true, false or \"{word}\""));
+                None
+            }
+        }
+    }
+
     /// A non-empty string.
     pub fn non_empty(&mut self, value: &Value<'_>, path: &str) -> Option<String> {
         let s = self.string(value, path)?;

@@ -835,7 +835,7 @@ fn minimal_file_gets_every_default() {
             service_name: "fairway".into(),
             fairness_window: Duration::from_secs(10),
             sample_ratio: None,
-            per_tenant_histograms: true,
+            per_tenant_histograms: TenantHistograms::Auto,
         },
         queue: QueuePolicy {
             discipline: Discipline::Drf,
@@ -1379,6 +1379,26 @@ fn sample_ratio_is_a_share_between_zero_and_one() {
     assert_eq!(errs.len(), 1, "{errs:#?}");
     assert_eq!(errs[0].path, "telemetry.sample_ratio");
     assert!(errs[0].message.contains("between 0 and 1"), "{}", errs[0]);
+}
+
+#[test]
+fn per_tenant_histograms_is_auto_unless_set() {
+    let h = |v: &str| {
+        parse(&format!("{POOL}[telemetry]\nper_tenant_histograms = {v}\n"))
+            .map(|p| p.telemetry.per_tenant_histograms)
+    };
+    assert_eq!(
+        parse(POOL).unwrap().telemetry.per_tenant_histograms,
+        TenantHistograms::Auto
+    );
+    assert_eq!(h("\"auto\"").unwrap(), TenantHistograms::Auto);
+    assert_eq!(h("true").unwrap(), TenantHistograms::ByTenant);
+    assert_eq!(h("false").unwrap(), TenantHistograms::ByModel);
+    let errs = h("\"sometimes\"").unwrap_err();
+    assert_eq!(errs[0].path, "telemetry.per_tenant_histograms");
+    assert!(errs[0].message.contains("\"auto\""), "{}", errs[0]);
+    assert!(TenantHistograms::Auto.by_tenant(100));
+    assert!(!TenantHistograms::Auto.by_tenant(101));
 }
 
 #[test]
