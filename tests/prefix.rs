@@ -497,7 +497,7 @@ api_keys = ["ka"]
         serde_json::json!({"model": model, "max_tokens": 2, "messages": messages}).to_string()
     };
     let light = async || {
-        let start = std::time::Instant::now();
+        let start = tokio::time::Instant::now();
         let r = send(
             &client(),
             post(
@@ -516,7 +516,7 @@ api_keys = ["ka"]
         alone.push(light().await);
     }
     let heavy = tokio::spawn(async move {
-        let start = std::time::Instant::now();
+        let start = tokio::time::Instant::now();
         let r = send(
             &client(),
             post(addr, "/v1/chat/completions", Some("ka"), long_chat("m")),

@@ -339,7 +339,7 @@ backends = [{{ name = "b0", url = "http://{{b0}}" }}]
     let b = sim("m", 8).await;
     let gw = gateway(&policy, &[&b]).await;
     let chat_time = async |key: &str| {
-        let start = std::time::Instant::now();
+        let start = tokio::time::Instant::now();
         assert_eq!(chat_as(&gw, key).await, StatusCode::OK);
         start.elapsed().as_secs_f64()
     };
@@ -353,7 +353,7 @@ backends = [{{ name = "b0", url = "http://{{b0}}" }}]
         alone.push(chat_time("k42").await);
     }
 
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let (status, page) = usage(&gw, "/fairway/usage?sort=refused", Some(ADMIN)).await;
     let one_view = started.elapsed().as_secs_f64();
     assert_eq!(status, StatusCode::OK);

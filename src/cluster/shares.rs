@@ -61,6 +61,10 @@ impl Shape {
     }
 }
 
+/// Arrivals per second below which a tenant's demand is not published
+/// (one request in about 17 minutes, smoothed).
+const IDLE_DEMAND: f64 = 1e-3;
+
 /// A replica's part: `here / all`; a replica with nothing here keeps
 /// [`IDLE_FLOOR`] of an even share; an even share when there is nothing
 /// anywhere. Over the replicas these add up to at most 1 + `IDLE_FLOOR`.
@@ -381,7 +385,8 @@ impl DemandMeter {
         out
     }
 
-    /// Each tenant's arrivals per second over the last `secs`, averaged.
+    /// Each tenant's arrivals per second over the last `secs`, averaged;
+    /// those under [`IDLE_DEMAND`] are not published.
     fn sample(&mut self, secs: f64, arrivals: Vec<(String, u64)>) -> Vec<(String, f64)> {
         let weight = 1.0 - (-secs / ARRIVALS_TAU_SECS).exp();
         let mut out = Vec::with_capacity(arrivals.len());
@@ -393,7 +398,12 @@ impl DemandMeter {
             };
             let r = self.rate.entry(t.clone()).or_insert(rate);
             *r += weight * (rate - *r);
-            out.push((t, *r));
+            // An idle tenant is left out: the shares read a tenant no
+            // replica lists as one with no demand, so the store's traffic
+            // grows with the active tenants, not the configured ones.
+            if *r >= IDLE_DEMAND {
+                out.push((t, *r));
+            }
         }
         out
     }

@@ -6,25 +6,32 @@
 use redis::Script;
 
 use crate::config::ClusterPolicy;
-use crate::core::admission::{LeaseAnswer, LeaseAsk};
+use crate::core::admission::{LeaseAnswer, LeaseAsk, LeaseKind};
 
 use super::connection::{Connection, connection};
 
 /// One sync of replica `ARGV[1]`, on the store's clock (`TIME`): renews
 /// its membership until now + `ARGV[2]` ms and drops the expired; stores
-/// its demand (`ARGV[5]` pairs after it) under `ARGV[3]` + replica; then
+/// its demand (`ARGV[6]` pairs after it) under `ARGV[3]` + replica; then
 /// settles its leases (8 values each: tenant, limit, capacity, rate, level,
 /// open, returned, want) in the hashes `ARGV[4]` + tenant + `:` + limit,
+/// kept at least `ARGV[5]` ms after their last ask,
 /// the steps of [`SharedLimit::sync`](crate::core::admission::SharedLimit::sync),
-/// dropping what expired replicas held. Returns the store's time (ms), the
-/// number of leases and for each what it gives and how short the others
-/// are, then every live replica's name, number of demand pairs and pairs.
+/// dropping what expired replicas held, and lists in `KEYS[2]` the limits
+/// a replica is short of (until its membership would expire). Returns the
+/// store's time (ms), whether the store had no replica before (restarted
+/// empty, or every replica expired), the number of leases and for each
+/// what it gives and how short the others are, the limits some replica is
+/// short of, then every live replica's name, number of demand pairs and
+/// pairs.
 const SYNC: &str = r"
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local me = ARGV[1]
 local ttl = tonumber(ARGV[2])
+local keep = tonumber(ARGV[5])
+local fresh = redis.call('EXISTS', KEYS[1]) == 0
 redis.call('ZADD', KEYS[1], now_ms + ttl, me)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 redis.call('PEXPIRE', KEYS[1], ttl * 2)
@@ -33,14 +40,20 @@ local live = {}
 for _, m in ipairs(members) do live[m] = true end
 
 local mine = ARGV[3] .. me
-local pairs_n = tonumber(ARGV[5])
+local pairs_n = tonumber(ARGV[6])
 redis.call('DEL', mine)
 if pairs_n > 0 then
-  redis.call('HSET', mine, unpack(ARGV, 6, 5 + 2 * pairs_n))
+  -- In parts: unpack puts its values on Lua's stack, which holds about
+  -- 8,000.
+  local last = 6 + 2 * pairs_n
+  for i = 7, last, 2000 do
+    redis.call('HSET', mine, unpack(ARGV, i, math.min(i + 1999, last)))
+  end
   redis.call('PEXPIRE', mine, ttl)
 end
 
-local function lease(key, kind, cap, rate, level, open, ret, want)
+local function lease(tenant, kind, cap, rate, level, open, ret, want)
+  local key = ARGV[4] .. tenant .. ':' .. kind
   local h = redis.call('HGETALL', key)
   local others, short, started, lvl, upd = 0, 0, false, 0, 0
   for i = 1, #h, 2 do
@@ -76,23 +89,36 @@ local function lease(key, kind, cap, rate, level, open, ret, want)
     redis.call('HSET', key, 'level', tostring(lvl), 'updated', tostring(upd))
     if rate > 0 then expire = expire + math.ceil(cap / rate * 1000) end
   end
-  redis.call('HSET', key, 'h:' .. me, tostring(held), 'u:' .. me, tostring(math.max(want - held, 0)))
-  redis.call('PEXPIRE', key, expire)
+  -- Short by less than a millionth of the limit (floats) is not short.
+  local unmet = want - held
+  if unmet <= 1e-6 * math.max(cap, 1) then unmet = 0 end
+  redis.call('HSET', key, 'h:' .. me, tostring(held), 'u:' .. me, tostring(unmet))
+  redis.call('PEXPIRE', key, math.max(expire, keep))
+  local listed = tenant .. '\31' .. kind .. '\31' .. me
+  if unmet > 0 then
+    redis.call('ZADD', KEYS[2], now_ms + ttl, listed)
+  else
+    redis.call('ZREM', KEYS[2], listed)
+  end
   return give, short
 end
 
-local out = {tostring(now_ms)}
-local first = 6 + 2 * pairs_n
+local out = {tostring(now_ms), fresh and '1' or '0'}
+local first = 7 + 2 * pairs_n
 local n = math.floor((#ARGV - first + 1) / 8)
 table.insert(out, tostring(n))
 for i = 0, n - 1 do
   local a = first + i * 8
-  local give, short = lease(ARGV[4] .. ARGV[a] .. ':' .. ARGV[a + 1], ARGV[a + 1],
+  local give, short = lease(ARGV[a], ARGV[a + 1],
     tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]),
     tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7]))
   table.insert(out, tostring(give))
   table.insert(out, tostring(short))
 end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+local short = redis.call('ZRANGE', KEYS[2], 0, -1)
+table.insert(out, tostring(#short))
+for _, s in ipairs(short) do table.insert(out, s) end
 for _, m in ipairs(members) do
   local d = redis.call('HGETALL', ARGV[3] .. m)
   table.insert(out, m)
@@ -106,11 +132,24 @@ return out
 /// second arriving there.
 pub type Demands = Vec<(String, Vec<(String, f64)>)>;
 
+/// How long the store keeps a lease's record after its last ask: three
+/// keepalives ([`crate::core::scheduler::LEASE_KEEPALIVE`], staggered),
+/// so that replicas whose tenants are idle ask only at their keepalives
+/// and the store never forgets what they hold.
+const LEASE_KEEP_MS: u64 = 3
+    * 1000
+    * (crate::core::scheduler::LEASE_KEEPALIVE.as_secs() + crate::core::scheduler::STAGGER_SECS);
+
 /// The store's answer to one sync.
 #[derive(Debug, Default, PartialEq)]
 pub struct Answer {
+    /// The store had no replica before this sync: it restarted empty (or
+    /// every replica expired), and has forgotten every lease.
+    pub fresh: bool,
     /// To each lease asked for, in order.
     pub leases: Vec<LeaseAnswer>,
+    /// The limits (tenant, limit) some replica is short of.
+    pub short: Vec<(String, LeaseKind)>,
     /// Every live replica's demand (the asking one's included).
     pub demands: Demands,
     /// The store's clock, milliseconds.
@@ -121,6 +160,8 @@ pub struct Answer {
 pub struct Store {
     con: Connection,
     replicas_key: String,
+    /// The limits some replica is short of (see [`SYNC`]).
+    short_key: String,
     demand_prefix: String,
     lease_prefix: String,
     replica: String,
@@ -182,6 +223,7 @@ impl Store {
         Ok(Store {
             con,
             replicas_key: format!("{tag}:replicas"),
+            short_key: format!("{tag}:short"),
             demand_prefix: format!("{tag}:demand:"),
             lease_prefix: lease_prefix(policy),
             replica: replica.to_owned(),
@@ -198,10 +240,12 @@ impl Store {
         leases: &[LeaseAsk],
     ) -> redis::RedisResult<Answer> {
         let mut call = self.sync.key(&self.replicas_key);
-        call.arg(&self.replica)
+        call.key(&self.short_key)
+            .arg(&self.replica)
             .arg(self.ttl_ms)
             .arg(&self.demand_prefix)
             .arg(&self.lease_prefix)
+            .arg(LEASE_KEEP_MS)
             .arg(demand.len());
         for (field, d) in demand {
             call.arg(field).arg(d.to_string());
@@ -230,17 +274,30 @@ impl Store {
     }
 }
 
-/// Reads the sync's answer: the store's time, the number of leases, give
-/// and short for each, then name, n, n pairs, name, …
+/// Reads the sync's answer: the store's time, whether it was fresh, the
+/// number of leases, give and short for each, the number of limits listed
+/// short and each (tenant␟limit␟replica), then name, n, n pairs, name, …
 fn parse_answer(flat: &[String]) -> Answer {
     let mut it = flat.iter();
     let now_ms = it.next().and_then(|t| t.parse().ok()).unwrap_or(0);
+    let fresh = it.next().is_some_and(|f| f == "1");
     let n: usize = it.next().and_then(|n| n.parse().ok()).unwrap_or(0);
     let mut num = || it.next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
     let answers = (0..n)
         .map(|_| LeaseAnswer {
             give: num(),
             short: num(),
+        })
+        .collect();
+    let listed: usize = it.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let short = it
+        .by_ref()
+        .take(listed)
+        .filter_map(|s| {
+            let mut parts = s.split('\u{1f}');
+            let (tenant, kind) = (parts.next()?, parts.next()?);
+            let kind = LeaseKind::ALL.into_iter().find(|k| k.as_str() == kind)?;
+            Some((tenant.to_owned(), kind))
         })
         .collect();
     let mut out = Vec::new();
@@ -256,7 +313,9 @@ fn parse_answer(flat: &[String]) -> Answer {
         out.push((name.clone(), pairs));
     }
     Answer {
+        fresh,
         leases: answers,
+        short,
         demands: out,
         now_ms,
     }
@@ -270,11 +329,15 @@ mod tests {
     fn demands_are_read_back() {
         let flat: Vec<String> = [
             "1700000000123",
+            "1",
             "2",
             "3",
             "0",
             "0.5",
             "1",
+            "2",
+            "t\u{1f}concurrency\u{1f}r2",
+            "t\u{1f}unknown\u{1f}r2",
             "r1",
             "2",
             "a",
@@ -288,10 +351,14 @@ mod tests {
         .map(|s| (*s).to_owned())
         .collect();
         let Answer {
+            fresh,
             leases,
+            short,
             demands,
             now_ms,
         } = parse_answer(&flat);
+        assert!(fresh);
+        assert_eq!(short, vec![("t".to_owned(), LeaseKind::Concurrency)]);
         assert_eq!(now_ms, 1_700_000_000_123);
         assert_eq!(
             leases,

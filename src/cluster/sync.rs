@@ -28,6 +28,8 @@ pub async fn join(policy: &ClusterPolicy) -> Result<(Syncer, Member), String> {
         interval: policy.sync_interval,
         lease_ahead: policy.lease_ahead,
         meter: DemandMeter::new(policy.sync_interval),
+        short: Vec::new(),
+        ask_all: false,
     };
     syncer.exchange(&member, &[], &[], &Shape::default()).await;
     Ok((syncer, member))
@@ -58,6 +60,11 @@ pub struct Syncer {
     interval: Duration,
     lease_ahead: Duration,
     meter: DemandMeter,
+    /// From the last answer: the limits some replica is short of, and
+    /// whether every lease must be asked for again (the store restarted
+    /// empty, or came back after this replica lost it).
+    short: Vec<(String, crate::core::admission::LeaseKind)>,
+    ask_all: bool,
 }
 
 impl Syncer {
@@ -75,8 +82,20 @@ impl Syncer {
         let shape = Shape::of(&replica.policy());
         let replicas = member.replicas();
         let (answers, changed) = self.exchange(member, &demand, &asks, &shape).await;
+        let (short, ask_all) = (
+            std::mem::take(&mut self.short),
+            std::mem::take(&mut self.ask_all),
+        );
+        if !answers.is_empty() || !short.is_empty() || ask_all {
+            replica.with_scheduler(&mut |_, sched| {
+                sched.lease_granted(&asks, &answers);
+                sched.lease_short_elsewhere(short.iter().map(|(t, k)| (t.as_str(), *k)));
+                if ask_all {
+                    sched.lease_ask_all();
+                }
+            });
+        }
         if !answers.is_empty() {
-            replica.with_scheduler(&mut |_, sched| sched.lease_granted(&asks, &answers));
             replica.leases_changed();
         }
         if changed {
@@ -105,7 +124,9 @@ impl Syncer {
         let was_up = member.store_up.load(Ordering::Relaxed);
         match result {
             Ok(Ok(Answer {
+                fresh,
                 leases: answers,
+                short,
                 demands,
                 now_ms,
             })) => {
@@ -146,6 +167,8 @@ impl Syncer {
                 } else {
                     Vec::new()
                 };
+                self.short = short;
+                self.ask_all = fresh || !was_up;
                 (answers, !was_up || old_n != n || changed)
             }
             failed => {

@@ -60,6 +60,7 @@ use crate::core::routing::Candidate;
 use crate::core::spec::{Api, Discipline, OnLate, PreemptionSpec, PrefillCharge, SchedulerSpec};
 use crate::core::time::Instant;
 
+pub use lease::{LEASE_KEEPALIVE, STAGGER_SECS};
 pub use outlier::{EjectReason, Ejection};
 pub use prefix_events::PrefixEvent;
 use state::{BackendState, Phase, PoolState, Req, Slab, TenantState, pool_capacity};

@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use serde_json::{Value, json};
@@ -34,11 +33,17 @@ use crate::edge::admin::bears_token;
 use crate::gateway::handle::Gateway;
 use crate::gateway::live::Live;
 use crate::gateway::tenant::authenticate;
-use crate::gateway::usage_share::{Everyone, LiveNumbers, UsageSource};
+use crate::gateway::usage_share::LiveNumbers;
 use crate::net::body::{self, BoxBody};
 use crate::outcome::Outcome;
 use crate::protocol::error::ApiError;
 use crate::telemetry::usage::TenantWindows;
+
+mod source;
+mod view;
+
+use source::{Shares, Source, read_everyone};
+use view::Page;
 
 /// The page.
 const PAGE: &str = include_str!("usage_page.html");
@@ -124,7 +129,7 @@ pub(crate) fn caller(live: &Live, headers: &HeaderMap) -> Result<Caller, ApiErro
 /// tenants, then "default").
 #[derive(Clone, Copy)]
 struct Subject {
-    index: usize,
+    pub(super) index: usize,
 }
 
 fn subject_named(live: &Live, name: &str) -> Option<Subject> {
@@ -140,280 +145,6 @@ fn subject_named(live: &Live, name: &str) -> Option<Subject> {
 /// (`scope=replica`; the operator's only).
 fn replica_scope(query: Option<&str>) -> bool {
     query.is_some_and(|q| q.split('&').any(|kv| kv == "scope=replica"))
-}
-
-/// The windows and live numbers a report is made of: this replica's, or
-/// the cluster's (every replica's published, added).
-struct Source {
-    /// By usage index, for the tenants reported.
-    windows: HashMap<usize, (TenantWindows, usize)>,
-    /// Every tenant's live numbers (read at most once a second for any
-    /// number of views).
-    everyone: Arc<Everyone>,
-    /// By usage index, the reported tenants' own numbers here, as of now.
-    own: HashMap<usize, LiveNumbers>,
-    /// By usage index, reported tenants: what the cluster's store holds of
-    /// the tenant's request and GPU-seconds buckets beside the replicas.
-    store: HashMap<usize, (Option<f64>, Option<f64>)>,
-    /// `cluster` or `replica`.
-    scope: &'static str,
-    /// Why the cluster's numbers could not be read, if they could not.
-    error: Option<String>,
-}
-
-/// Every tenant's live numbers: the cluster's (each replica's as
-/// published) or this replica's alone. This replica's are read on the
-/// blocking pool: ten thousand tenants' take the scheduler's lock ten
-/// thousand times, briefly, and none of the request path's threads.
-async fn read_everyone(gw: &Arc<Gateway>, live: &Arc<Live>, cluster: bool, now: f64) -> Everyone {
-    let (g, l) = (gw.clone(), live.clone());
-    let own: Vec<LiveNumbers> = tokio::task::spawn_blocking(move || {
-        (0..l.usage.len())
-            .map(|i| UsageSource::numbers(&*g, &l, i, now))
-            .collect()
-    })
-    .await
-    .unwrap_or_default();
-    let mut error = None;
-    if let Some(shared) = gw.shared_usage().filter(|_| cluster) {
-        match tokio::time::timeout(READ_TIMEOUT, shared.read_numbers(live, now, own.clone())).await
-        {
-            Ok(Ok(numbers)) => {
-                return Everyone {
-                    numbers,
-                    scope: "cluster",
-                    fresh: shared.fresh(),
-                    error: None,
-                };
-            }
-            Ok(Err(e)) => error = Some(format!("cluster store: {e}")),
-            Err(_) => error = Some("cluster store: no answer in time".to_owned()),
-        }
-    }
-    Everyone {
-        numbers: own.into_iter().map(|n| vec![n]).collect(),
-        scope: "replica",
-        fresh: f64::INFINITY,
-        error,
-    }
-}
-
-impl Source {
-    async fn read(
-        gw: &Gateway,
-        live: &Live,
-        reported: &[usize],
-        everyone: Arc<Everyone>,
-        now: f64,
-    ) -> Source {
-        let own = reported
-            .iter()
-            .map(|&i| (i, UsageSource::numbers(gw, live, i, now)))
-            .collect();
-        let mut error = everyone.error.clone();
-        if let Some(shared) = gw.shared_usage().filter(|_| everyone.scope == "cluster") {
-            let read = tokio::time::timeout(READ_TIMEOUT, shared.read_windows(live, reported));
-            match read.await {
-                Ok(Ok(windows)) => {
-                    return Source {
-                        store: reported
-                            .iter()
-                            .zip(&windows)
-                            .map(|(i, w)| (*i, (w.store_rate, w.store_gpu_seconds)))
-                            .collect(),
-                        windows: reported
-                            .iter()
-                            .zip(windows)
-                            .map(|(i, w)| (*i, (w.windows, w.replicas)))
-                            .collect(),
-                        everyone,
-                        own,
-                        scope: "cluster",
-                        error: None,
-                    };
-                }
-                Ok(Err(e)) => error = Some(format!("cluster store: {e}")),
-                Err(_) => error = Some("cluster store: no answer in time".to_owned()),
-            }
-        }
-        Source {
-            windows: reported
-                .iter()
-                .map(|&i| (i, (live.usage[i].lock().clone(), 1)))
-                .collect(),
-            everyone,
-            own,
-            store: HashMap::new(),
-            scope: "replica",
-            error,
-        }
-    }
-
-    /// Tenant `index`'s live numbers: its own here (as of now when it is
-    /// reported), then, in the cluster's scope, the other replicas'.
-    fn numbers(&self, index: usize) -> impl Iterator<Item = &LiveNumbers> {
-        let all = self
-            .everyone
-            .numbers
-            .get(index)
-            .map_or(&[][..], Vec::as_slice);
-        let (first, others) = all
-            .split_first()
-            .map_or((None, &[][..]), |(f, o)| (Some(f), o));
-        let others = if self.scope == "cluster" {
-            others
-        } else {
-            &[][..]
-        };
-        self.own.get(&index).or(first).into_iter().chain(others)
-    }
-
-    /// How old live numbers may be to count as current (seconds).
-    fn fresh(&self) -> f64 {
-        if self.scope == "cluster" {
-            self.everyone.fresh
-        } else {
-            f64::INFINITY
-        }
-    }
-}
-
-/// How long a report waits for the cluster's numbers before it answers
-/// with this replica's.
-const READ_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// How the operator's view of every tenant is ordered.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Sort {
-    /// Worst SLO attainment over the hour first; nothing served last.
-    Slo,
-    /// Most requests refused over the hour first.
-    Refused,
-    /// Most GPU-seconds over the hour first.
-    GpuSeconds,
-    /// By name.
-    Name,
-}
-
-impl Sort {
-    fn as_str(self) -> &'static str {
-        match self {
-            Sort::Slo => "slo",
-            Sort::Refused => "refused",
-            Sort::GpuSeconds => "gpu_seconds",
-            Sort::Name => "name",
-        }
-    }
-}
-
-/// A page of the operator's view: `sort`, `limit` (1 to [`MAX_PAGE`],
-/// [`PAGE_SIZE`] unless given) and `offset`.
-struct Page {
-    sort: Sort,
-    limit: usize,
-    offset: usize,
-}
-
-/// Tenants in a page of the operator's view, unless asked for fewer, and
-/// at most.
-const PAGE_SIZE: usize = 100;
-const MAX_PAGE: usize = 1000;
-
-impl Page {
-    fn parse(query: Option<&str>) -> Result<Page, ApiError> {
-        let mut page = Page {
-            sort: Sort::Slo,
-            limit: PAGE_SIZE,
-            offset: 0,
-        };
-        for kv in query
-            .unwrap_or_default()
-            .split('&')
-            .filter(|kv| !kv.is_empty())
-        {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            let number = |max: usize| {
-                v.parse::<usize>()
-                    .ok()
-                    .filter(|n| *n <= max)
-                    .ok_or_else(|| {
-                        ApiError::InvalidRequest(format!("`{k}` takes a whole number up to {max}"))
-                    })
-            };
-            match k {
-                "sort" => {
-                    page.sort = match v {
-                        "slo" => Sort::Slo,
-                        "refused" => Sort::Refused,
-                        "gpu_seconds" => Sort::GpuSeconds,
-                        "name" => Sort::Name,
-                        _ => {
-                            return Err(ApiError::InvalidRequest(
-                                "`sort` is one of slo, refused, gpu_seconds, name".into(),
-                            ));
-                        }
-                    }
-                }
-                "limit" => page.limit = number(MAX_PAGE)?.max(1),
-                "offset" => page.offset = number(usize::MAX)?,
-                _ => {}
-            }
-        }
-        Ok(page)
-    }
-
-    /// The tenants of this page, in its order, from every tenant's live
-    /// numbers over the hour (each replica's, added).
-    fn select(&self, live: &Live, everyone: &[Subject], source: &Source) -> Vec<Subject> {
-        struct Key {
-            s: Subject,
-            attainment: Option<f64>,
-            refused: u64,
-            gpu: f64,
-        }
-        let mut keys: Vec<Key> = everyone
-            .iter()
-            .map(|&s| {
-                let (mut served, mut goodput, mut refused, mut gpu) = (0, 0, 0, 0.0);
-                for n in source.numbers(s.index) {
-                    served += n.served_1h;
-                    goodput += n.goodput_1h;
-                    refused += n.refused_1h;
-                    gpu += n.gpu_seconds_1h;
-                }
-                let attainment = (served > 0).then(|| goodput as f64 / served as f64);
-                Key {
-                    s,
-                    attainment,
-                    refused,
-                    gpu,
-                }
-            })
-            .collect();
-        let name = |s: Subject| {
-            live.policy
-                .tenants
-                .get(s.index)
-                .map_or("default", |t| t.name.as_str())
-        };
-        keys.sort_by(|a, b| {
-            let first = match self.sort {
-                Sort::Slo => a
-                    .attainment
-                    .unwrap_or(f64::INFINITY)
-                    .total_cmp(&b.attainment.unwrap_or(f64::INFINITY)),
-                Sort::Refused => b.refused.cmp(&a.refused),
-                Sort::GpuSeconds => b.gpu.total_cmp(&a.gpu),
-                Sort::Name => std::cmp::Ordering::Equal,
-            };
-            first.then_with(|| name(a.s).cmp(name(b.s)))
-        });
-        keys.into_iter()
-            .skip(self.offset)
-            .take(self.limit)
-            .map(|k| k.s)
-            .collect()
-    }
 }
 
 async fn usage<B>(
@@ -576,52 +307,6 @@ fn attach_batches(list: &[&Batch], report: &mut Value) {
         })
         .collect();
     report["batches"] = Value::Array(shown);
-}
-
-/// Each tenant's weight and GPU-seconds over the last hour, for shares.
-struct Shares {
-    /// (weight, GPU-seconds in the hour, had a request in the hour).
-    by_index: Vec<(f64, f64, bool)>,
-    /// The weights and GPU-seconds of the tenants active in the hour.
-    active: (f64, f64),
-}
-
-impl Shares {
-    /// From every replica's last hour of each tenant (as published; this
-    /// replica's own now).
-    fn of(live: &Live, everyone: &[Subject], source: &Source) -> Self {
-        let mut by_index = vec![(0.0, 0.0, false); live.usage.len()];
-        let mut active = (0.0, 0.0);
-        for s in everyone {
-            let (mut gpu, mut requests) = (0.0, 0);
-            for n in source.numbers(s.index) {
-                gpu += n.gpu_seconds_1h;
-                requests += n.requests_1h;
-            }
-            let weight = live.policy.tenants.get(s.index).map_or(1.0, |t| t.weight);
-            by_index[s.index] = (weight, gpu, requests > 0);
-            if requests > 0 {
-                active.0 += weight;
-                active.1 += gpu;
-            }
-        }
-        Shares { by_index, active }
-    }
-
-    /// `index`'s share of the weights of the tenants active in the hour
-    /// (itself counted), and of the GPU-seconds they were served.
-    fn of_tenant(&self, index: usize) -> (Option<f64>, Option<f64>) {
-        let (weight, gpu, was_active) = self.by_index.get(index).copied().unwrap_or_default();
-        let (mut weights, mut gpus) = self.active;
-        if !was_active {
-            weights += weight;
-            gpus += gpu;
-        }
-        (
-            (weights > 0.0).then(|| weight / weights),
-            (gpus > 0.0).then(|| gpu / gpus),
-        )
-    }
 }
 
 fn refusals_in(windows: &crate::telemetry::usage::WindowStats, kind: LimitKind) -> u64 {

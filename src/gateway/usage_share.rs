@@ -39,6 +39,9 @@ pub trait UsageSource: Send + Sync {
 }
 
 const SEP: char = '\u{1f}';
+/// Live numbers that have not changed are published again after this
+/// long (seconds), well within [`KEEP_SECS`].
+const REPUBLISH_SECS: f64 = 6.0 * 3600.0;
 /// The hash outlives the longest window (a day and the hour under way).
 const KEEP_SECS: u64 = 26 * 3600;
 
@@ -82,6 +85,10 @@ pub struct Everyone {
     pub error: Option<String>,
 }
 
+/// One read of every tenant's numbers: when, for which policy (its
+/// `Live`'s address), what.
+type EveryoneRead = (tokio::time::Instant, usize, Arc<Everyone>);
+
 /// How long one read of every tenant's numbers serves the usage views.
 const EVERYONE_FOR: Duration = Duration::from_secs(1);
 
@@ -92,7 +99,7 @@ const EVERYONE_FOR: Duration = Duration::from_secs(1);
 /// request path's back.
 pub struct EveryoneCache {
     /// By scope (replica, cluster): when, for which policy, what.
-    slots: tokio::sync::Mutex<[Option<(tokio::time::Instant, usize, Arc<Everyone>)>; 2]>,
+    slots: tokio::sync::Mutex<[Option<EveryoneRead>; 2]>,
     /// Operators' views of every tenant are built one at a time.
     pages: tokio::sync::Semaphore,
 }
@@ -163,6 +170,8 @@ pub struct SharedUsage {
     interval: Duration,
     /// By usage index: the records counted at the last publication.
     published: Mutex<HashMap<usize, u64>>,
+    /// By usage index: the live numbers last published.
+    numbers_sent: Mutex<HashMap<usize, LiveNumbers>>,
 }
 
 impl std::fmt::Debug for SharedUsage {
@@ -195,7 +204,14 @@ impl SharedUsage {
             replica: replica.to_owned(),
             interval: policy.sync_interval,
             published: Mutex::new(HashMap::new()),
+            numbers_sent: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The hash of each replica's last publication (unix seconds), by
+    /// replica: its live numbers count as current while it beats.
+    fn beat_key(&self) -> String {
+        format!("{}-beat", self.prefix.trim_end_matches(':'))
     }
 
     fn key(&self, tenant: &str) -> String {
@@ -207,24 +223,40 @@ impl SharedUsage {
     }
 
     /// Publishes the buckets of the tenants with new records since the
-    /// last call, and every tenant's live numbers.
+    /// last call, the live numbers that changed since they were last
+    /// published (or were last published [`REPUBLISH_SECS`] ago), and this
+    /// replica's beat: an idle tenant costs the store nothing.
     pub async fn publish(&self, gw: &dyn UsageSource, now: f64) -> redis::RedisResult<()> {
         let live = gw.live();
         let mut pipe = redis::pipe();
         let mut done = Vec::new();
+        let mut sent = Vec::new();
+        let beat = self.beat_key();
+        pipe.hset(&beat, &self.replica, now).ignore();
+        pipe.expire(&beat, KEEP_SECS as i64).ignore();
         for (index, windows) in live.usage.iter().enumerate() {
             let name = tenant_name(&live, index);
             let key = self.key(name);
             let numbers = gw.numbers(&live, index, now);
-            let live_key = self.live_key(name);
-            pipe.hset(
-                &live_key,
-                &self.replica,
-                serde_json::to_vec(&numbers).unwrap_or_default(),
-            )
-            .ignore()
-            .expire(&live_key, KEEP_SECS as i64)
-            .ignore();
+            let unchanged = self.numbers_sent.lock().get(&index).is_some_and(|last| {
+                now - last.at < REPUBLISH_SECS
+                    && LiveNumbers {
+                        at: last.at,
+                        ..numbers
+                    } == *last
+            });
+            if !unchanged {
+                let live_key = self.live_key(name);
+                pipe.hset(
+                    &live_key,
+                    &self.replica,
+                    serde_json::to_vec(&numbers).unwrap_or_default(),
+                )
+                .ignore()
+                .expire(&live_key, KEEP_SECS as i64)
+                .ignore();
+                sent.push((index, numbers));
+            }
             let w = windows.lock();
             let records = w.records();
             if self.published.lock().get(&index) == Some(&records) {
@@ -245,14 +277,19 @@ impl SharedUsage {
             fields.push((format!("l{SEP}{}", self.replica), w.last_encoded()));
             done.push((index, records));
             drop(w);
-            pipe.hdel(&key, stale).ignore();
+            // An HDEL of no field is an error, which fails the whole
+            // pipeline (and so every publication of a tenant with no
+            // bucket yet).
+            if !stale.is_empty() {
+                pipe.hdel(&key, stale).ignore();
+            }
             pipe.hset_multiple(&key, &fields).ignore();
             pipe.expire(&key, KEEP_SECS as i64).ignore();
         }
         let mut con = self.con.clone();
         pipe.query_async::<()>(&mut con).await?;
-        let mut published = self.published.lock();
-        published.extend(done);
+        self.published.lock().extend(done);
+        self.numbers_sent.lock().extend(sent);
         Ok(())
     }
 
@@ -299,21 +336,37 @@ impl SharedUsage {
         own: Vec<LiveNumbers>,
     ) -> redis::RedisResult<Vec<Vec<LiveNumbers>>> {
         let mut pipe = redis::pipe();
+        pipe.hgetall(self.beat_key());
         for index in 0..live.usage.len() {
             pipe.hgetall(self.live_key(tenant_name(live, index)));
         }
         let mut con = self.con.clone();
-        let hashes: Vec<HashMap<String, Vec<u8>>> = pipe.query_async(&mut con).await?;
+        let (beats, hashes): (HashMap<String, f64>, Vec<HashMap<String, Vec<u8>>>) = {
+            let mut values: Vec<redis::Value> = pipe.query_async(&mut con).await?;
+            let hashes = values.split_off(1.min(values.len()));
+            let beats = values.pop().map(redis::from_redis_value).transpose()?;
+            let hashes = hashes
+                .into_iter()
+                .map(redis::from_redis_value)
+                .collect::<Result<_, _>>()?;
+            (beats.unwrap_or_default(), hashes)
+        };
         let replica = self.replica.clone();
         let decode = move || {
             own.into_iter()
                 .zip(hashes)
                 .map(|(own, hash)| {
                     let mut all = vec![own];
+                    // A replica publishes a tenant's numbers when they
+                    // change: they are current as of its last beat.
                     all.extend(
                         hash.iter()
                             .filter(|(r, _)| **r != replica)
-                            .filter_map(|(_, b)| serde_json::from_slice::<LiveNumbers>(b).ok())
+                            .filter_map(|(r, b)| {
+                                let mut n = serde_json::from_slice::<LiveNumbers>(b).ok()?;
+                                n.at = n.at.max(beats.get(r).copied().unwrap_or(0.0));
+                                Some(n)
+                            })
                             .filter(|n| now - n.at <= 3600.0),
                     );
                     all

@@ -36,6 +36,10 @@
 
 use std::collections::HashMap;
 
+/// The part of a limit below which a replica's unmet ask is not counted
+/// as short (see the store's script, which uses the same).
+pub const SHORT_TOLERANCE: f64 = 1e-6;
+
 /// Which limit a lease is of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LeaseKind {
@@ -172,7 +176,11 @@ impl SharedLimit {
             self.level = self.level.min(room(held));
             held
         };
-        let unmet = (ask.want - held).max(0.0);
+        // Short by less than a millionth of the limit (floats) is not
+        // short: three even parts of 10 add up to a little more than 10.
+        let unmet = Some(ask.want - held)
+            .filter(|u| *u > SHORT_TOLERANCE * ask.capacity.max(1.0))
+            .unwrap_or(0.0);
         self.held.insert(replica.to_owned(), (held, unmet));
         LeaseAnswer { give, short }
     }
@@ -185,6 +193,12 @@ impl SharedLimit {
     /// The store's level (what no replica holds), as of the last sync.
     pub fn level(&self) -> f64 {
         self.level
+    }
+
+    /// Whether a replica asked for more than it got at its last sync (the
+    /// store lists the limit as short, so that idle holders ask again).
+    pub fn is_short(&self) -> bool {
+        self.held.values().any(|(_, unmet)| *unmet > 0.0)
     }
 
     /// Everything the replicas hold, as last reported.

@@ -68,6 +68,25 @@ pub(super) struct TenantLease {
     /// By limit (`LeaseKind::index`): other replicas were short at the
     /// last sync, so this one keeps no spare request's worth.
     pub(super) others_short: [bool; 3],
+    /// By limit: the last ask sent, which an ask that would say the same
+    /// is not sent again before its keepalive (see `Scheduler::lease_asks`).
+    pub(super) sent: [Option<SentAsk>; 3],
+    /// By limit: this replica held less than it wanted after the last
+    /// grant.
+    pub(super) short_here: [bool; 3],
+    /// By limit: the store lists a replica short of it; ask at the next
+    /// sync, to learn how short and give back what is spare.
+    pub(super) short_elsewhere: [bool; 3],
+}
+
+/// What an ask told the store, and when.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SentAsk {
+    pub(super) at: Instant,
+    pub(super) replicas: u32,
+    pub(super) level: f64,
+    pub(super) open: f64,
+    pub(super) want: f64,
 }
 
 impl TenantState {

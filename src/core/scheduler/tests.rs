@@ -1020,9 +1020,10 @@ impl Leased {
         c
     }
 
-    fn sync(&mut self, r: usize, ms: u64) {
+    /// Replica `r`'s sync at `ms`; how many asks it sent.
+    fn sync(&mut self, r: usize, ms: u64) -> usize {
         if !self.alive[r] {
-            return;
+            return 0;
         }
         let n = self.replicas.len() as u32;
         let asks = self.replicas[r].lease_asks(t(ms), Duration::from_millis(200), n);
@@ -1036,6 +1037,9 @@ impl Leased {
             })
             .collect();
         self.replicas[r].lease_granted(&asks, &answers);
+        let short = self.store.iter().filter(|(_, l)| l.is_short());
+        self.replicas[r].lease_short_elsewhere(short.map(|(k, _)| ("a", *k)));
+        asks.len()
     }
 
     /// One arrival at replica `r`, held in flight for `hold` ms.
@@ -1099,6 +1103,59 @@ fn leased_rate_and_concurrency_hold_for_the_cluster_under_moving_ingress() {
     }
     // Not starved either: within a few syncs' worth of the limit.
     assert!(c.admitted >= 100, "{}", c.admitted);
+}
+
+/// Issue 48: once the leases of an idle tenant have settled, a replica
+/// asks for nothing until the keepalive; when a burst at one replica runs
+/// short, the store's list of short limits makes the idle holders ask
+/// again and give back their even floors, so the busy replica gets them
+/// within a few syncs.
+#[test]
+fn idle_leases_go_unasked_until_a_replica_is_short_or_the_keepalive() {
+    let mut p = tenant("a", 1.0);
+    p.rate = Some(1.0);
+    p.burst = Some(30.0);
+    p.max_concurrency = Some(9);
+    let mut c = Leased::new(3, p, 1000);
+    for ms in (100..=2000).step_by(100) {
+        for r in 0..3 {
+            c.sync(r, ms);
+        }
+    }
+    // Settled: every replica holds its even part and asks nothing.
+    let asks: usize = (0..3).map(|r| c.sync(r, 2100)).sum();
+    assert_eq!(asks, 0, "an idle tenant's leases were asked for");
+    // A burst at r0: it spends its 10 and runs short; the others, told
+    // by the store, give back their floors.
+    let mut admitted = 0;
+    for ms in (2200..4000).step_by(10) {
+        if ms % 100 == 0 {
+            for r in 0..3 {
+                c.sync(r, ms);
+            }
+        }
+        admitted += usize::from(c.arrive(0, ms, 0).is_ok());
+        c.finish_until(ms);
+    }
+    assert!(
+        admitted >= 25,
+        "{admitted} of the burst's 30 admitted at r0"
+    );
+    // Idle again: the bucket refills at 1 a second into the replicas'
+    // floors (asking meanwhile); once settled, quiet until the keepalive,
+    // which asks.
+    for ms in (4000..=60_000).step_by(100) {
+        for r in 0..3 {
+            c.sync(r, ms);
+        }
+    }
+    let quiet: usize = (0..3).map(|r| c.sync(r, 60_100)).sum();
+    assert_eq!(quiet, 0);
+    let later = 60_100
+        + crate::core::scheduler::LEASE_KEEPALIVE.as_millis() as u64
+        + crate::core::scheduler::STAGGER_SECS * 1000;
+    let kept: usize = (0..3).map(|r| c.sync(r, later)).sum();
+    assert_eq!(kept, 6, "each replica's two leases at their keepalive");
 }
 
 #[test]
@@ -1182,7 +1239,7 @@ proptest! {
             ms += dt;
             c.finish_until(ms);
             match op {
-                0 => c.sync(r, ms),
+                0 => { c.sync(r, ms); }
                 _ => { let _ = c.arrive(r, ms, dt * 7); }
             }
             prop_assert!(c.active() <= 5);

@@ -41,6 +41,9 @@ impl Sim<'_> {
                 })
                 .collect();
             self.scheds[r].lease_granted(&asks, &answers);
+            // The limits some replica is short of, as the store lists them.
+            let short = self.limits.iter().filter(|(_, l)| l.is_short());
+            self.scheds[r].lease_short_elsewhere(short.map(|((t, k), _)| (t.as_str(), *k)));
             let shares = crate::cluster::shares(name, &demands, &shape, round);
             let even = PoolPart::share(1.0 / f64::from(n));
             let spec = self.policy.scheduler_spec().leased(n, |p| {
