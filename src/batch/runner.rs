@@ -36,8 +36,7 @@
 //! runner keeps the results it could not store and starts nothing new: it
 //! tries the store again after a backoff that doubles from 1 s to 30 s,
 //! writes what it kept, and goes on. An item whose result could not be
-//! stored is never sent to its backend again for that
-//! ([`StoreWrites`]).
+//! stored is never sent to its backend again for that (`writes`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -110,8 +109,8 @@ impl Runner {
     /// Whether the store takes the runner's writes, its failures since
     /// start, and the results held until it does.
     pub fn store_writes(&self) -> (bool, u64, usize) {
-        let w = self.writes.lock();
         let held = self.runs.lock().values().map(|r| r.unstored.len()).sum();
+        let w = self.writes.lock();
         (w.up(), w.failures_total, held)
     }
 
