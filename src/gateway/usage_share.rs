@@ -341,16 +341,17 @@ impl SharedUsage {
             pipe.hgetall(self.live_key(tenant_name(live, index)));
         }
         let mut con = self.con.clone();
-        let (beats, hashes): (HashMap<String, f64>, Vec<HashMap<String, Vec<u8>>>) = {
-            let mut values: Vec<redis::Value> = pipe.query_async(&mut con).await?;
-            let hashes = values.split_off(1.min(values.len()));
-            let beats = values.pop().map(redis::from_redis_value).transpose()?;
-            let hashes = hashes
-                .into_iter()
-                .map(redis::from_redis_value)
-                .collect::<Result<_, _>>()?;
-            (beats.unwrap_or_default(), hashes)
-        };
+        let mut values: Vec<redis::Value> = pipe.query_async(&mut con).await?;
+        let hashes = values.split_off(1.min(values.len()));
+        let beats: HashMap<String, f64> = values
+            .pop()
+            .map(redis::from_redis_value)
+            .transpose()?
+            .unwrap_or_default();
+        let hashes: Vec<HashMap<String, Vec<u8>>> = hashes
+            .into_iter()
+            .map(redis::from_redis_value)
+            .collect::<Result<_, _>>()?;
         let replica = self.replica.clone();
         let decode = move || {
             own.into_iter()
