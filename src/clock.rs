@@ -73,6 +73,10 @@ pub struct Throttled {
     left_out: AtomicU64,
 }
 
+/// How often a line that a remote party can cause is written at most,
+/// unless a site says otherwise.
+pub const REMOTE_LOG_EVERY: Duration = Duration::from_secs(10);
+
 impl Throttled {
     pub const fn new(every: Duration) -> Self {
         Throttled {

@@ -302,15 +302,16 @@ async fn the_connection_cap_closes_extra_connections_and_the_gateway_keeps_servi
     let addr = gw.addr();
     let gw_metrics = gw.admin_addr();
     tokio::task::spawn_blocking(move || {
+        // A connection whose `request` was answered 200, kept open.
+        let served = |request: &[u8]| {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(request).unwrap();
+            let answer = read_one_response(&mut s);
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            s
+        };
         // Four connections that were served, kept open, take every slot.
-        let held: Vec<_> = (0..4)
-            .map(|_| {
-                let mut s = std::net::TcpStream::connect(addr).unwrap();
-                s.write_all(RAW_REQUEST).unwrap();
-                assert!(read_one_response(&mut s).starts_with("HTTP/1.1 200"));
-                s
-            })
-            .collect();
+        let held: Vec<_> = (0..4).map(|_| served(RAW_REQUEST)).collect();
         let mut fifth = std::net::TcpStream::connect(addr).unwrap();
         let _ = fifth.write_all(RAW_REQUEST);
         assert!(closed_without_answer(&mut fifth));
@@ -323,28 +324,15 @@ async fn the_connection_cap_closes_extra_connections_and_the_gateway_keeps_servi
             .map(|_| std::net::TcpStream::connect(addr).unwrap())
             .collect();
         std::thread::sleep(Duration::from_millis(200));
-        let mut keyed = std::net::TcpStream::connect(addr).unwrap();
-        keyed.write_all(RAW_REQUEST).unwrap();
-        let answer = read_one_response(&mut keyed);
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let keyed = served(RAW_REQUEST);
         drop(idle);
         drop(keyed);
         std::thread::sleep(Duration::from_millis(200));
         // Ten connections each answered a request that needs no key
         // (`GET /v1/models`), then idle: still unproven, they were pushed
         // out in turn, and a keyed connection is served.
-        let keyless: Vec<_> = (0..10)
-            .map(|_| {
-                let mut s = std::net::TcpStream::connect(addr).unwrap();
-                s.write_all(KEYLESS_REQUEST).unwrap();
-                assert!(read_one_response(&mut s).starts_with("HTTP/1.1 200"));
-                s
-            })
-            .collect();
-        let mut keyed = std::net::TcpStream::connect(addr).unwrap();
-        keyed.write_all(RAW_REQUEST).unwrap();
-        let answer = read_one_response(&mut keyed);
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let keyless: Vec<_> = (0..10).map(|_| served(KEYLESS_REQUEST)).collect();
+        served(RAW_REQUEST);
         drop(keyless);
     })
     .await

@@ -16,15 +16,12 @@ use support::*;
 const ADMIN: &str = "operator-token-for-tests";
 static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// Three tenants: `alpha` (no limits), `beta` (a burst of one request),
-/// `gamma` (a GPU-seconds budget a single request spends); the admin token
-/// in a file.
-async fn start() -> (SimHandle, Server) {
-    let dir = std::env::temp_dir().join(format!("fairway-usage-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A policy's start: the admin token in a file in `dir`, the batch store
+/// in `data_dir`, one pool of one backend serving `m`; tenants follow.
+fn policy_head(dir: &std::path::Path, data_dir: &std::path::Path) -> String {
     let token = dir.join("admin-token");
     std::fs::write(&token, ADMIN).unwrap();
-    let policy = format!(
+    format!(
         r#"{SERVER}admin_token_file = "{}"
 
 [batch]
@@ -33,11 +30,29 @@ data_dir = "{}"
 [[pools]]
 model = "m"
 backends = [{{ name = "b0", url = "http://{{b0}}" }}]
+"#,
+        token.display(),
+        data_dir.display()
+    )
+}
 
+/// Three tenants: `alpha` (no limits), `beta` (a burst of one request),
+/// `gamma` (a GPU-seconds budget a single request spends); the admin token
+/// in a file.
+async fn start() -> (SimHandle, Server) {
+    let dir = std::env::temp_dir().join(format!("fairway-usage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // One store a gateway: the tests of this file run at once.
+    let data_dir = dir.join(format!(
+        "batches-{}",
+        STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let policy = policy_head(&dir, &data_dir)
+        + r#"
 [[tenants]]
 name = "alpha"
 api_keys = ["ka"]
-slo = {{ ttft = "5s", e2e = "30s" }}
+slo = { ttft = "5s", e2e = "30s" }
 
 [[tenants]]
 name = "beta"
@@ -49,15 +64,7 @@ burst = 1
 name = "gamma"
 api_keys = ["kc"]
 gpu_seconds_per_hour = 0.0001
-"#,
-        token.display(),
-        // One store a gateway: the tests of this file run at once.
-        dir.join(format!(
-            "batches-{}",
-            STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ))
-        .display()
-    );
+"#;
     let b = sim("m", 8).await;
     let gw = gateway(&policy, &[&b]).await;
     (b, gw)
@@ -315,21 +322,7 @@ async fn the_page_in_a_real_browser() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_tenants_viewed_at_once_leave_keyed_requests_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("admin-token");
-    std::fs::write(&token, ADMIN).unwrap();
-    let mut policy = format!(
-        r#"{SERVER}admin_token_file = "{}"
-
-[batch]
-data_dir = "{}"
-
-[[pools]]
-model = "m"
-backends = [{{ name = "b0", url = "http://{{b0}}" }}]
-"#,
-        token.display(),
-        dir.path().join("batches").display()
-    );
+    let mut policy = policy_head(dir.path(), &dir.path().join("batches"));
     for i in 0..10_000 {
         let rate = if i == 7 { 0.01 } else { 1000.0 };
         policy.push_str(&format!(

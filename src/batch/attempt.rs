@@ -153,7 +153,7 @@ async fn resumable(
             Ended::Done => return done(t, item, StatusCode::OK, &p.answer(kind, body)),
             Ended::Broken(cause) => {
                 static LOG: crate::clock::Throttled =
-                    crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                    crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
                 if let Some(left_out) = LOG.allow() {
                     tracing::warn!(item = t.rid, %cause, left_out, "batch item's stream broke");
                 }

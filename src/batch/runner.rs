@@ -461,6 +461,17 @@ async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(
     Ok(())
 }
 
+/// What one try of an item came to, for its run.
+enum Ended {
+    /// Its result is in the store.
+    Stored,
+    /// The store refused its result: kept, and written once the store
+    /// works again (the item is not sent again for the store's failure).
+    Held(ItemResult),
+    /// Tried again after a while.
+    Again(Duration),
+}
+
 /// Runs one item and keeps what it came to.
 async fn item_task(
     b: Arc<Batches>,
@@ -487,34 +498,34 @@ async fn item_task(
     };
     let tried = try_item(&b, &target, &item, tries).await;
     let line = item.line;
-    let recorded = match &tried {
-        Tried::Done(result) => Some(b.store.record(&id, line, result.clone()).await),
-        Tried::Again(_) => {
+    let ended = match tried {
+        Tried::Done(result) => match b.store.record(&id, line, result.clone()).await {
+            Ok(_) => Ended::Stored,
+            Err(e) => {
+                b.runner.writes.lock().failed(&e, false);
+                Ended::Held(result)
+            }
+        },
+        Tried::Again(after) => {
             b.runner.note(&target, |r| r.retried += 1);
-            None
+            Ended::Again(after)
         }
     };
-    if let Some(Err(e)) = &recorded {
-        b.runner.writes.lock().failed(e, false);
-    }
     let mut runs = b.runner.runs.lock();
     if let Some(run) = runs.get_mut(&id) {
         run.in_flight.remove(&line);
-        match (tried, recorded) {
-            (Tried::Done(_), Some(Ok(_))) => {
+        match ended {
+            Ended::Stored => {
                 run.done.insert(line);
             }
-            // Kept, and written once the store works again: the item is
-            // not sent again for the store's failure.
-            (Tried::Done(result), Some(Err(_))) => {
+            Ended::Held(result) => {
                 run.unstored.insert(line, result);
             }
-            (Tried::Again(after), _) => {
+            Ended::Again(after) => {
                 run.tries.insert(line, tries);
                 run.retry_at
                     .insert(line, tokio::time::Instant::now() + after);
             }
-            (Tried::Done(_), None) => {}
         }
     }
     drop(runs);

@@ -635,6 +635,15 @@ pub struct Slo {
 }
 
 impl Policy {
+    /// Whether the latency histograms are kept per tenant (and every
+    /// tenant's gauges listed), as `[telemetry] per_tenant_histograms`
+    /// says for this policy's number of tenants.
+    pub fn histograms_by_tenant(&self) -> bool {
+        self.telemetry
+            .per_tenant_histograms
+            .by_tenant(self.tenants.len())
+    }
+
     /// What the core's scheduler is configured with. A reading goes stale
     /// after three poll intervals.
     pub fn scheduler_spec(&self) -> SchedulerSpec {

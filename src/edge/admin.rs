@@ -171,11 +171,7 @@ pub fn snapshot(services: &Services) -> Snapshot {
         .collect();
     // With the histograms by model (many tenants), the per-tenant gauges
     // list only the tenants with work queued or in flight now.
-    let every_tenant = live
-        .policy
-        .telemetry
-        .per_tenant_histograms
-        .by_tenant(live.policy.tenants.len());
+    let every_tenant = live.policy.histograms_by_tenant();
     gw.sched().with_fairness(|s, fairness| {
         let tenant_ids: Vec<_> = s.tenants().collect();
         let tenants = tenant_ids

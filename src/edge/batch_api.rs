@@ -77,7 +77,7 @@ fn answer(e: BatchError) -> Response<BoxBody> {
         BatchError::Store(s) => {
             // Every upload while the disk is full would write one.
             static LOG: crate::clock::Throttled =
-                crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
             if let Some(left_out) = LOG.allow() {
                 tracing::error!(error = %s, left_out, "batch store");
             }

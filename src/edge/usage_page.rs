@@ -210,17 +210,7 @@ async fn usage<B>(
         .await;
     let reported: Vec<Subject> = match (one, &page) {
         (Some(s), _) => vec![s],
-        (None, Some(page)) => {
-            let ordered = Source {
-                windows: HashMap::new(),
-                everyone: all.clone(),
-                own: HashMap::new(),
-                store: HashMap::new(),
-                scope: all.scope,
-                error: None,
-            };
-            page.select(&live, &everyone, &ordered)
-        }
+        (None, Some(page)) => page.select(&live, &everyone, &all),
         (None, None) => Vec::new(),
     };
     let indexes: Vec<usize> = reported.iter().map(|s| s.index).collect();

@@ -142,7 +142,7 @@ pub async fn forward(
                     });
                 }
                 static LOG: crate::clock::Throttled =
-                    crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                    crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
                 if let Some(left_out) = LOG.allow() {
                     tracing::warn!(backend = %ticket.backend_name(), %cause, retried, left_out, "connection to backend failed; ejecting it");
                 }

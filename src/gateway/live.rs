@@ -142,6 +142,7 @@ pub fn derive_live(
     } else {
         None
     };
+    let by_tenant = policy.histograms_by_tenant();
     let series = policy
         .tenants
         .iter()
@@ -155,10 +156,6 @@ pub fn derive_live(
         .chain([("default", SloTargets::default())])
         .map(|(t, slo)| {
             let pools = policy.pools.iter();
-            let by_tenant = policy
-                .telemetry
-                .per_tenant_histograms
-                .by_tenant(policy.tenants.len());
             pools
                 .map(|p| metrics.series(t, &p.model, slo, by_tenant))
                 .collect()

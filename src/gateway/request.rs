@@ -112,7 +112,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>, call: Call) -> 
             // A client or a backend can make these at will: at most one
             // line every 10 s (the access log and the metrics have each).
             static LOG: crate::clock::Throttled =
-                crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
             if status.is_server_error()
                 && let Some(left_out) = LOG.allow()
             {

@@ -303,7 +303,7 @@ impl Ticket {
             }
             BodyEnd::UpstreamError(cause) => {
                 static LOG: crate::clock::Throttled =
-                    crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                    crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
                 if let Some(left_out) = LOG.allow() {
                     tracing::warn!(backend = %self.backend_name, %cause, left_out, "stream from backend broke");
                 }
@@ -312,7 +312,7 @@ impl Ticket {
             // Under an error status the outcome is already the status's.
             BodyEnd::ErrorBody(message) if self.outcome.is_none() => {
                 static LOG: crate::clock::Throttled =
-                    crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                    crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
                 if let Some(left_out) = LOG.allow() {
                     tracing::warn!(backend = %self.backend_name, %message, left_out, "the backend answered 200 with an error");
                 }
@@ -487,10 +487,7 @@ impl Ticket {
                     end.tenant,
                     end.model,
                     Default::default(),
-                    live.policy
-                        .telemetry
-                        .per_tenant_histograms
-                        .by_tenant(live.policy.tenants.len()),
+                    live.policy.histograms_by_tenant(),
                 );
                 &looked_up
             }

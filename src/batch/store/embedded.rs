@@ -124,7 +124,7 @@ impl Embedded {
         &self,
         f: impl FnOnce(&Database) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
-        self.with(None, f)
+        self.with(f)
     }
 
     /// Runs a write of the database's, one at a time: after a write fails
@@ -134,8 +134,8 @@ impl Embedded {
         &self,
         f: impl FnOnce(&Database) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
-        let turn = self.writer.lock();
-        self.with(Some(turn), f)
+        let _turn = self.writer.lock();
+        self.with(f)
     }
 
     /// Runs `f` on the database, opening it again first when a call
@@ -143,11 +143,7 @@ impl Embedded {
     /// failure: a full disk freed since then leaves a working store, not
     /// one that fails until a restart). A panic in `redb` is such a
     /// failure too, not the caller's.
-    fn with<R>(
-        &self,
-        _turn: Option<parking_lot::MutexGuard<'_, ()>>,
-        f: impl FnOnce(&Database) -> Result<R, StoreError>,
-    ) -> Result<R, StoreError> {
+    fn with<R>(&self, f: impl FnOnce(&Database) -> Result<R, StoreError>) -> Result<R, StoreError> {
         if self.broken.load(Ordering::Acquire) {
             self.reopen()?;
         }

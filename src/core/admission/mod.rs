@@ -9,4 +9,4 @@ pub mod shared_limit;
 
 pub use bucket::Bucket;
 pub use refusal::*;
-pub use shared_limit::{LeaseAnswer, LeaseAsk, LeaseKind, SHORT_TOLERANCE, SharedLimit};
+pub use shared_limit::{LeaseAnswer, LeaseAsk, LeaseKind, SharedLimit, dust};

@@ -36,9 +36,13 @@
 
 use std::collections::HashMap;
 
-/// The part of a limit below which a replica's unmet ask is not counted
-/// as short (see the store's script, which uses the same).
-pub const SHORT_TOLERANCE: f64 = 1e-6;
+/// What is float dust, not an amount, of a limit of `capacity`: a
+/// millionth of it. A replica short by less is not short, and returns
+/// nothing smaller (three even parts of 10 add up to 10.000000000000002;
+/// the store's script uses the same bound).
+pub fn dust(capacity: f64) -> f64 {
+    1e-6 * capacity.max(1.0)
+}
 
 /// Which limit a lease is of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -176,10 +180,8 @@ impl SharedLimit {
             self.level = self.level.min(room(held));
             held
         };
-        // Short by less than a millionth of the limit (floats) is not
-        // short: three even parts of 10 add up to a little more than 10.
         let unmet = Some(ask.want - held)
-            .filter(|u| *u > SHORT_TOLERANCE * ask.capacity.max(1.0))
+            .filter(|u| *u > dust(ask.capacity))
             .unwrap_or(0.0);
         self.held.insert(replica.to_owned(), (held, unmet));
         LeaseAnswer { give, short }

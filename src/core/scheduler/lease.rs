@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::core::admission::{LeaseAnswer, LeaseAsk, LeaseKind, SHORT_TOLERANCE};
+use crate::core::admission::{LeaseAnswer, LeaseAsk, LeaseKind, dust};
 use crate::core::time::Instant;
 
 use super::Scheduler;
@@ -200,8 +200,7 @@ impl Scheduler {
             // took over is part of the give, not of the holding).
             let debt = (-ask.level).max(0.0);
             let held = ask.level.max(0.0) + ask.open + (give - debt).max(0.0);
-            let tolerance = SHORT_TOLERANCE * ask.capacity.max(1.0);
-            l.short_here[ask.kind.index()] = ask.want - held > tolerance;
+            l.short_here[ask.kind.index()] = ask.want - held > dust(ask.capacity);
             // The next ask of an idle tenant reports the level the grant
             // left: the same, not worth sending.
             if let Some(sent) = &mut l.sent[ask.kind.index()] {
@@ -250,12 +249,12 @@ impl Scheduler {
     }
 }
 
-/// What `level` holds beyond `keep`, less float dust (a millionth of the
-/// limit): three even parts of a limit, granted and returned, would
-/// otherwise leave a replica returning 1e-15 at every sync.
+/// What `level` holds beyond `keep`, unless it is float dust ([`dust`]):
+/// three even parts of a limit, granted and returned, would otherwise
+/// leave a replica returning 1e-15 at every sync.
 fn beyond(level: f64, keep: f64, capacity: f64) -> f64 {
     Some(level - keep)
-        .filter(|r| *r > SHORT_TOLERANCE * capacity.max(1.0))
+        .filter(|r| *r > dust(capacity))
         .unwrap_or(0.0)
 }
 

@@ -36,7 +36,7 @@ impl ResponseForPanic for PanicResponse {
             .or_else(|| err.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "(no message)".to_owned());
         static LOG: crate::clock::Throttled =
-            crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+            crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
         if let Some(left_out) = LOG.allow() {
             tracing::error!(panic = %message, left_out, "request handler panicked");
         }

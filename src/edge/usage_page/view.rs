@@ -4,8 +4,9 @@
 use crate::gateway::live::Live;
 use crate::protocol::error::ApiError;
 
+use crate::gateway::usage_share::Everyone;
+
 use super::Subject;
-use super::source::Source;
 
 /// How the operator's view of every tenant is ordered.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -89,12 +90,7 @@ impl Page {
 
     /// The tenants of this page, in its order, from every tenant's live
     /// numbers over the hour (each replica's, added).
-    pub(super) fn select(
-        &self,
-        live: &Live,
-        everyone: &[Subject],
-        source: &Source,
-    ) -> Vec<Subject> {
+    pub(super) fn select(&self, live: &Live, everyone: &[Subject], all: &Everyone) -> Vec<Subject> {
         struct Key {
             s: Subject,
             attainment: Option<f64>,
@@ -105,7 +101,7 @@ impl Page {
             .iter()
             .map(|&s| {
                 let (mut served, mut goodput, mut refused, mut gpu) = (0, 0, 0, 0.0);
-                for n in source.numbers(s.index) {
+                for n in all.numbers.get(s.index).into_iter().flatten() {
                     served += n.served_1h;
                     goodput += n.goodput_1h;
                     refused += n.refused_1h;

@@ -206,7 +206,7 @@ pub(super) async fn follow(
                     // A feed can send these at will: logged at most every
                     // 10 s (the counters have them all).
                     static LOG: crate::clock::Throttled =
-                        crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                        crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
                     if let Some(left_out) = LOG.allow() {
                         tracing::info!(backend = %name, seq, left_out, "KV events: the engine restarted; relearning its cache");
                     }
@@ -225,7 +225,7 @@ pub(super) async fn follow(
                         }
                         None => {
                             static LOG: crate::clock::Throttled =
-                                crate::clock::Throttled::new(std::time::Duration::from_secs(10));
+                                crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
                             if let Some(left_out) = LOG.allow() {
                                 tracing::info!(backend = %name, missing, seq, left_out, "KV events: batches lost and not replayed; relearning its cache");
                             }
