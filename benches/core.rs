@@ -160,8 +160,9 @@ fn routing(c: &mut Criterion) {
                 window: 16,
                 kv_usage: Some(f64::from(i % 10) / 10.0),
                 cached_tokens: (i % 4) * 256,
-                pending_prefill: u64::from(i % 5) * 300,
-                held_blocks: (i % 3) as usize,
+                home_tokens: (i % 5) * 256,
+                homed: f64::from(i % 3) / 10.0,
+                need: 0.05,
             })
             .collect();
         for strategy in [

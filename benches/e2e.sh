@@ -26,6 +26,9 @@
 # WORKERS=n sets [server] workers on every gateway (default: one per core).
 # BASE=path/to/an/older/fairway adds that build as a fourth target
 # ("base"), run in the same rounds, for a before/after in one session.
+# OFF=on instead adds this build with `routing = "least_outstanding"` and
+# the tenant's `prefix_cache = "shared"` as the fourth target ("off"): the
+# cost of prefix routing and the cache salt, on by default, side by side.
 # CLUSTER=on instead adds this build with a [cluster] section (a local
 # redis-server on :18040, started here) as the fourth target ("cluster"):
 # the cost of cluster mode, side by side.
@@ -65,6 +68,7 @@ ${WORKERS:+workers = $WORKERS}
 discipline = "drf"
 [[pools]]
 model = "bench"
+$POOL_CONF
 CONF
   for b in "$@"; do
     printf '[[pools.backends]]\nurl = "http://127.0.0.1:%s"\nmax_inflight = 20000\n' $b
@@ -73,6 +77,14 @@ CONF
 }
 BASE_NAME=base
 CLUSTER_CONF=""
+POOL_CONF=""
+if [ "${OFF:-off}" = on ]; then
+  # This build with prefix routing and the tenant's cache salt off, as
+  # the fourth target ("off"): what the defaults cost, side by side.
+  BASE=$BIN
+  BASE_NAME=off
+  CLUSTER_CONF=$'prefix_cache = "shared"\n'
+fi
 if [ "${CLUSTER:-off}" = on ]; then
   redis-server --port 18040 --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
   BASE=$BIN
@@ -100,6 +112,7 @@ gateway slow "$BIN" "" 18013 18023 18002
 gateway hold "$BIN" warn 18014 18024 18006
 if [ -n "${BASE:-}" ]; then
   EXTRA_CONF=$CLUSTER_CONF
+  [ "$BASE_NAME" = off ] && POOL_CONF='routing = "least_outstanding"'
   gateway bship "$BASE" "" 18015 18025 18001 18003
   gateway bmin "$BASE" warn 18016 18026 18005
   gateway bslow "$BASE" "" 18017 18027 18002

@@ -50,7 +50,7 @@ fn long_chat() -> String {
 }
 
 fn keys_of(body: &[u8]) -> Vec<u64> {
-    prompt::keys(body, "bench", 64)
+    prompt::keys(body, "bench", None, 64)
 }
 
 fn keys(c: &mut Criterion) {

@@ -164,6 +164,70 @@ async fn a_hot_prefix_spills_to_the_other_engine_when_its_holder_is_loaded() {
     drop(open_streams);
 }
 
+/// Tenants' caches are kept apart by the salt the gateway sets
+/// (`prefix_cache`): a private tenant shares nothing with another, a
+/// group shares within itself, shared tenants with each other; a client's
+/// own salt separates its requests and never reaches another namespace.
+#[tokio::test]
+async fn tenants_caches_are_kept_apart_by_the_gateway() {
+    let (b0, b1) = (engine().await, engine().await);
+    let mut text = policy("prefix_aware", "");
+    for (name, key, cache) in [
+        ("beta", "kb", "private"),
+        ("gamma", "kc", "group:team"),
+        ("delta", "kd", "group:team"),
+        ("eps", "ke", "shared"),
+        ("zeta", "kf", "shared"),
+    ] {
+        text += &format!(
+            "\n[[tenants]]\nname = \"{name}\"\napi_keys = [\"{key}\"]\nprefix_cache = \"{cache}\"\n"
+        );
+    }
+    let gw = gateway(&text, &[&b0, &b1]).await;
+    let c = client();
+    let as_tenant = async |key: &str, body: String| {
+        let r = send(&c, post(gw.addr(), "/v1/chat/completions", Some(key), body)).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let sys = system(5);
+    let chat = |q: &str, extra: &str| chat_with("m", &sys, q, 2, extra);
+    // alpha (private by default) and beta: each its own.
+    assert_eq!(as_tenant("ka", chat("a", "")).await, 0);
+    assert!(as_tenant("ka", chat("b", "")).await > 500);
+    assert_eq!(
+        as_tenant("kb", chat("c", "")).await,
+        0,
+        "beta found alpha's"
+    );
+    assert!(as_tenant("kb", chat("d", "")).await > 500);
+    // The same client salt in two namespaces shares nothing either.
+    let salted = r#","cache_salt":"x""#;
+    assert_eq!(as_tenant("ka", chat("e", salted)).await, 0);
+    assert!(as_tenant("ka", chat("f", salted)).await > 500);
+    assert_eq!(
+        as_tenant("kb", chat("g", salted)).await,
+        0,
+        "beta's x found alpha's"
+    );
+    // A group shares within itself, shared tenants with each other, and
+    // neither with a private tenant.
+    assert_eq!(as_tenant("kc", chat("h", "")).await, 0);
+    assert!(as_tenant("kd", chat("i", "")).await > 500);
+    assert_eq!(as_tenant("ke", chat("j", "")).await, 0);
+    assert!(as_tenant("kf", chat("k", "")).await > 500);
+    // Every request went where the index predicted its namespace's blocks.
+    let scraped = scrape(&gw).await;
+    let predicted = metric_sum(&scraped, "fairway_prefix_predicted_cached_tokens_total{");
+    let reported = metric_sum(&scraped, "fairway_backend_cached_prompt_tokens_total{");
+    assert!(
+        (reported - predicted).abs() <= 0.05 * predicted,
+        "reported {reported}, predicted {predicted}"
+    );
+}
+
 #[tokio::test]
 async fn an_adapter_and_a_salt_never_match_the_base_models_blocks() {
     let (b0, b1) = (engine().await, engine().await);

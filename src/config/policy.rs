@@ -374,6 +374,11 @@ pub struct ServerPolicy {
     /// whoever reaches the admin listener. Reloadable (rotates the token).
     #[serde(skip)]
     pub admin_token: Option<[u8; 32]>,
+    /// SHA-256 of a secret the tenants' `cache_salt`s are derived from
+    /// too (the variable `cache_salt_secret_env` names); `None`: from the
+    /// namespace and the client's salt alone.
+    #[serde(skip)]
+    pub cache_salt_secret: Option<[u8; 32]>,
     /// `/metrics` requires the admin token too (default `false`).
     pub admin_token_for_metrics: bool,
 }
@@ -614,6 +619,11 @@ pub struct TenantPolicy {
     pub on_late: OnLate,
     /// The LoRA adapters it may call; `None`: every adapter.
     pub adapters: Option<Vec<String>>,
+    /// The prefix-cache namespace its requests are salted into
+    /// (`prefix_cache`): its own (`"tenant:<name>"`, the default), a group
+    /// it shares with other tenants (`"group:<name>"`), or `None`: no
+    /// salt set, the engines' caches shared with every such tenant.
+    pub cache_namespace: Option<String>,
 }
 
 impl TenantPolicy {

@@ -30,6 +30,10 @@ use std::time::Duration;
 use crate::core::ids::BackendId;
 use crate::core::time::Instant;
 
+pub mod homes;
+
+pub use homes::Homes;
+
 /// Backends remembered per block (a new one takes the slot that ends first).
 pub const HOLDERS: usize = 4;
 

@@ -12,6 +12,7 @@ pub mod passthrough;
 pub mod pool;
 pub mod relay;
 pub mod request;
+pub mod salt;
 pub mod scheduling;
 pub mod spans;
 pub mod stop;

@@ -145,7 +145,8 @@ async fn run(
     if read.parts.headers.contains_key("x-fairway-debug-panic") {
         panic!("x-fairway-debug-panic");
     }
-    let (prefix, tokens) = prompt_tokens(live, &pool, &read, call).await;
+    let salt = cache_salt(live, tenant, call, &read.info);
+    let (prefix, tokens) = prompt_tokens(live, &pool, &read, call, salt.as_deref()).await;
     let item = read.parts.extensions.get::<BatchItem>();
     let resumable = item.is_some_and(|i| i.resumable);
     let (pending, preemptible) = admit(
@@ -162,6 +163,14 @@ async fn run(
     let payload = match read.payload {
         Payload::Whole(b) if strip_usage => Payload::Whole(openai::with_usage_requested(&b)),
         body => body,
+    };
+    let payload = match (payload, &salt) {
+        (Payload::Whole(b), Some(salt)) => Payload::Whole(openai::with_cache_salt(
+            &b,
+            salt,
+            read.info.cache_salt.is_some(),
+        )),
+        (body, _) => body,
     };
     let out = Outgoing {
         parts: &read.parts,
@@ -229,6 +238,7 @@ async fn read<'p>(
             max_tokens: None,
             choices: 1,
             prompt_tokens: a.prompt_tokens,
+            cache_salt: None,
         };
         return Ok(Read {
             parts,
@@ -287,10 +297,27 @@ fn route(
     Ok(Pool { id, index, adapter })
 }
 
+/// The `cache_salt` the gateway sets on a chat or completions request of
+/// `tenant` (`gateway::salt`): `None` when its tenant shares the engines'
+/// caches (`prefix_cache = "shared"`, or no tenants declared).
+fn cache_salt(live: &Live, tenant: TenantId, call: Call, info: &RequestInfo) -> Option<String> {
+    if call != Call::Completions {
+        return None;
+    }
+    let policy = &live.policy.tenants[*live.tenant_policy.get(&tenant)?];
+    let namespace = policy.cache_namespace.as_deref()?;
+    Some(super::salt::salt(
+        live.policy.server.cache_salt_secret.as_ref(),
+        namespace,
+        info.cache_salt.as_deref(),
+    ))
+}
+
 /// The keys of the request's prompt blocks, when its pool routes on
 /// cached prefixes (`routing = "prefix_aware"`): its prompt's bytes
 /// (`protocol::prompt`) as approximate token ids, keyed by its model or
-/// adapter and its `cache_salt`. Computed before the scheduler's lock is
+/// adapter and its `cache_salt` (the gateway's `salt` where it sets one).
+/// Computed before the scheduler's lock is
 /// taken. Empty for calls with no prompt text to share.
 ///
 /// With the pool's tokenizer (`tokenizer`), the keys are of the prompt's
@@ -306,6 +333,7 @@ async fn prompt_tokens(
     pool: &Pool,
     read: &Read<'_>,
     call: Call,
+    salt: Option<&str>,
 ) -> (Vec<u64>, Option<u32>) {
     let policy = &live.policy.pools[pool.index];
     let routed = policy.routing == Strategy::PrefixAware;
@@ -334,7 +362,7 @@ async fn prompt_tokens(
             let keys = if routed {
                 crate::tokens::request_keys(
                     &read.info.model,
-                    p.cache_salt.as_deref(),
+                    salt.or(p.cache_salt.as_deref()),
                     &p.ids,
                     block,
                 )
@@ -343,7 +371,7 @@ async fn prompt_tokens(
             };
             (keys, Some(n))
         }
-        None if routed => (prompt::keys(body, &read.info.model, block), None),
+        None if routed => (prompt::keys(body, &read.info.model, salt, block), None),
         None => (Vec::new(), None),
     }
 }

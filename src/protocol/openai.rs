@@ -29,6 +29,9 @@ pub struct RequestInfo {
     pub choices: u32,
     /// Estimated prompt tokens.
     pub prompt_tokens: u32,
+    /// The client's `cache_salt` (vLLM's: requests with different salts
+    /// share no cached block).
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -48,6 +51,8 @@ struct Lite {
     n: Option<u32>,
     #[serde(default)]
     best_of: Option<u32>,
+    #[serde(default)]
+    cache_salt: Option<String>,
     #[serde(default)]
     messages: Option<Vec<Message>>,
     // Each of these is prompt text where the route has it.
@@ -295,6 +300,7 @@ pub fn parse(body: &[u8]) -> Result<RequestInfo, ApiError> {
             .or(lite.max_output_tokens),
         choices: lite.n.max(lite.best_of).unwrap_or(1).max(1),
         prompt_tokens,
+        cache_salt: lite.cache_salt,
     })
 }
 
@@ -341,6 +347,38 @@ pub fn with_usage_requested(body: &Bytes) -> Bytes {
         return body.clone();
     };
     fields.insert("stream_options".to_owned(), options);
+    serde_json::to_vec(&fields).map_or_else(|_| body.clone(), Bytes::from)
+}
+
+/// The body with `cache_salt` set to `salt`. The request's parse refuses
+/// a body naming a field twice, so a body without one (`had` false) gets
+/// the key spliced after its opening brace, every other byte unchanged;
+/// a body with one is re-serialised with it replaced.
+pub fn with_cache_salt(body: &Bytes, salt: &str, had: bool) -> Bytes {
+    let Ok(value) = serde_json::value::to_raw_value(salt) else {
+        return body.clone();
+    };
+    if !had
+        && let Some(pos) = body.iter().position(|b| !b.is_ascii_whitespace())
+        && body[pos] == b'{'
+    {
+        let rest = &body[pos + 1..];
+        let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+        let mut out = Vec::with_capacity(body.len() + salt.len() + 16);
+        out.extend_from_slice(&body[..=pos]);
+        out.extend_from_slice(b"\"cache_salt\":");
+        out.extend_from_slice(value.get().as_bytes());
+        if !empty {
+            out.push(b',');
+        }
+        out.extend_from_slice(rest);
+        return Bytes::from(out);
+    }
+    type Fields = std::collections::BTreeMap<String, Box<RawValue>>;
+    let Ok(mut fields) = serde_json::from_slice::<Fields>(body) else {
+        return body.clone();
+    };
+    fields.insert("cache_salt".to_owned(), value);
     serde_json::to_vec(&fields).map_or_else(|_| body.clone(), Bytes::from)
 }
 
@@ -427,7 +465,8 @@ mod tests {
                 include_usage: false,
                 max_tokens: Some(7),
                 choices: 1,
-                prompt_tokens: 6
+                prompt_tokens: 6,
+                cache_salt: None
             }
         );
         let info = parse(

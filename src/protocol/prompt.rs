@@ -73,10 +73,15 @@ pub fn read(body: &[u8]) -> Option<Prompt> {
 /// The keys of a JSON request body's prompt blocks, `block_tokens` each
 /// (`crate::tokens::text_keys`), rooted in `model` (the model or adapter
 /// it names) and its `cache_salt`: how the gateway keys a request, and the
-/// simulated engine its cache. Empty when the body is not a JSON object.
-pub fn keys(body: &[u8], model: &str, block_tokens: u32) -> Vec<u64> {
+/// simulated engine its cache; `salt`, where given, in place of the
+/// body's (the one the gateway sets). Empty when the body is not a JSON
+/// object.
+pub fn keys(body: &[u8], model: &str, salt: Option<&str>, block_tokens: u32) -> Vec<u64> {
     match read(body) {
-        Some(p) => crate::tokens::text_keys(model, p.cache_salt.as_deref(), &p.text, block_tokens),
+        Some(p) => {
+            let salt = salt.or(p.cache_salt.as_deref());
+            crate::tokens::text_keys(model, salt, &p.text, block_tokens)
+        }
         None => Vec::new(),
     }
 }
@@ -227,14 +232,14 @@ mod tests {
         let body = br#"{"model":"m","prompt":"0123456789abcdef","cache_salt":"s"}"#;
         // 17 bytes with the newline: five tokens (the last padded), a block
         // each.
-        let k = keys(body, "m", 1);
+        let k = keys(body, "m", None, 1);
         assert_eq!(
             k,
             crate::tokens::text_keys("m", Some("s"), b"0123456789abcdef\n", 1)
         );
         assert_eq!(k.len(), 5);
-        assert_ne!(k, keys(body, "other", 1));
-        assert!(keys(b"[1]", "m", 1).is_empty());
+        assert_ne!(k, keys(body, "other", None, 1));
+        assert!(keys(b"[1]", "m", None, 1).is_empty());
     }
 
     #[test]

@@ -150,6 +150,7 @@ pub fn parse_generate(body: &[u8], model: &str, stream: bool) -> Result<RequestI
         max_tokens,
         choices: 1,
         prompt_tokens: prompt,
+        cache_salt: None,
     })
 }
 
@@ -199,6 +200,7 @@ pub fn parse_infer(
         prompt_tokens: u32::try_from(body.len().div_ceil(4))
             .unwrap_or(u32::MAX)
             .max(1),
+        cache_salt: None,
     })
 }
 

@@ -26,6 +26,9 @@
 //! [[tenants]]
 //! name = "evals"
 //! arrivals = { batch = { at = "30s", count = 4000 } }
+//! # or a closed loop: 4 clients, each sending its next request when its
+//! # previous one ends, 240 in all
+//! # arrivals = { closed = { clients = 4, requests = 240 } }
 //! prefix = { groups = 3, tokens = 1500 }    # optional: each prompt starts with one of 3 shared 1,500-token headers
 //!
 //! [[tenants]]
@@ -136,6 +139,10 @@ pub enum Arrivals {
         at: Duration,
         count: u32,
     },
+    /// A closed loop: `clients` clients from the start, each sending its
+    /// next request as soon as its previous one ends, `requests` in all
+    /// (the duration does not stop them).
+    Closed { clients: u32, requests: u32 },
 }
 
 /// The reference workload (DESIGN.md): `api` steady Poisson with a tight
@@ -219,6 +226,12 @@ impl Scenario {
                 Arrivals::Bursts { every, .. } if every.is_zero() => {
                     return Err(format!("tenant {}: bursts need every > 0", t.name));
                 }
+                Arrivals::Closed { clients: 0, .. } => {
+                    return Err(format!(
+                        "tenant {}: a closed loop needs clients ≥ 1",
+                        t.name
+                    ));
+                }
                 _ => {}
             }
             if t.prefix.as_ref().is_some_and(|p| p.groups == 0) {
@@ -274,7 +287,22 @@ impl Scenario {
                         times.extend(std::iter::repeat_n(at.as_secs_f64(), *count as usize));
                     }
                 }
+                Arrivals::Closed { requests, .. } => {
+                    // Order only: each waits for its client's previous
+                    // request (a conversation's turns one after another).
+                    let turns = t.conversation.as_ref().map_or(1, |c| c.turns);
+                    times.extend((0..*requests).map(|n| f64::from(n * turns) * 1e-9));
+                }
             }
+            // Request n of a closed loop is client n mod clients's.
+            let client = |n: usize| match t.arrivals {
+                Arrivals::Closed { clients, .. } => Some(stream_id(
+                    &t.name,
+                    "client",
+                    (n % clients.max(1) as usize) as u64,
+                )),
+                _ => None,
+            };
             let model = t.model.as_deref().unwrap_or(model);
             for (n, at) in times.into_iter().enumerate() {
                 if t.prefix.is_none() && t.conversation.is_none() {
@@ -288,6 +316,7 @@ impl Scenario {
                         stream: t.stream,
                         prefix: Vec::new(),
                         batch: t.batch_api,
+                        client: client(n),
                     });
                     continue;
                 }
@@ -305,8 +334,13 @@ impl Scenario {
                     .map_or((1, 0.0), |c| (c.turns, c.gap.as_secs_f64()));
                 let conversation = stream_id(&t.name, "conversation", seed ^ n as u64);
                 let mut history = 0u32;
+                let closed = matches!(t.arrivals, Arrivals::Closed { .. });
                 for k in 0..turns {
-                    let at = at + f64::from(k) * gap;
+                    let at = if closed {
+                        at + f64::from(k) * 1e-9
+                    } else {
+                        at + f64::from(k) * gap
+                    };
                     let question = rng.random_range(t.prompt_tokens[0]..=t.prompt_tokens[1]);
                     let output = rng.random_range(t.output_tokens[0]..=t.output_tokens[1]);
                     if at >= end {
@@ -334,6 +368,7 @@ impl Scenario {
                         stream: t.stream,
                         prefix,
                         batch: t.batch_api,
+                        client: client(n),
                     });
                     history += question + output;
                 }

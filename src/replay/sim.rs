@@ -19,8 +19,10 @@
 //! than the gateway's clock, as the live simulated backend does.
 //!
 //! The loop and its state are here; the events of a step in `events`, the
-//! cluster sync, readings and samples in `periodic`.
+//! cluster sync, readings, samples and the prefix counters in `periodic`,
+//! closed-loop clients in `clients`.
 
+mod clients;
 mod events;
 mod periodic;
 
@@ -261,37 +263,8 @@ struct Sim<'p> {
     adapter_names: Vec<String>,
     /// Some request of the workload shares a prefix segment.
     shares_prefixes: bool,
-}
-
-impl Sim<'_> {
-    /// The engines' and indexes' prefix counters, when prefixes mattered.
-    fn prefix_trace(&mut self, end: Instant) -> Option<PrefixTrace> {
-        let routed = self
-            .scheds
-            .iter()
-            .any(|s| s.pools().any(|p| s.prefix_view(p).is_some()));
-        if !(routed || self.shares_prefixes) {
-            return None;
-        }
-        let mut t = PrefixTrace::default();
-        for b in &self.backends {
-            let s = b.engine.stats();
-            t.prompt_tokens += s.prefix_cache_queries_total;
-            t.cached_tokens += s.prefix_cache_hits_total;
-            t.prefill_tokens += s.prefill_tokens_total;
-        }
-        for s in &mut self.scheds {
-            let ids: Vec<_> = s.backends().collect();
-            for b in ids {
-                t.predicted_tokens += s.backend_view(end, b).predicted_cached_tokens;
-            }
-            let pools: Vec<_> = s.pools().collect();
-            for p in pools {
-                t.local_dispatches += s.prefix_view(p).map_or(0, |v| v.local);
-            }
-        }
-        Some(t)
-    }
+    /// Closed-loop clients' requests, each sent when the one before ends.
+    clients: clients::Clients,
 }
 
 impl<'p> Sim<'p> {
@@ -447,6 +420,7 @@ impl<'p> Sim<'p> {
             adapter_of,
             adapter_names,
             shares_prefixes: workload.iter().any(|w| !w.prefix.is_empty()),
+            clients: clients::Clients::new(workload),
         }
     }
 
@@ -465,7 +439,10 @@ impl<'p> Sim<'p> {
             let arrival_at = workload
                 .get(next_arrival)
                 .map(|w| Instant::from_secs_f64(w.t));
-            let busy = arrival_at.is_some() || self.scheds.iter().any(|s| s.live_requests() > 0);
+            let released_at = self.clients.next_at();
+            let busy = arrival_at.is_some()
+                || released_at.is_some()
+                || self.scheds.iter().any(|s| s.live_requests() > 0);
             if !busy {
                 break;
             }
@@ -475,11 +452,18 @@ impl<'p> Sim<'p> {
                 .filter_map(|b| b.engine.next_event_at().map(|e| to_gateway(e, b.scale)))
                 .min();
             let wakeup = self.scheds.iter().filter_map(Scheduler::next_wakeup).min();
-            let now = [arrival_at, engine_at, wakeup, Some(next_poll), next_sync]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(next_poll);
+            let now = [
+                arrival_at,
+                released_at,
+                engine_at,
+                wakeup,
+                Some(next_poll),
+                next_sync,
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(next_poll);
 
             // 1. Engines, in backend order.
             for i in 0..self.backends.len() {
@@ -496,8 +480,15 @@ impl<'p> Sim<'p> {
                 if Instant::from_secs_f64(w.t) > now {
                     break;
                 }
-                self.arrive(now, next_arrival, w);
+                // A closed-loop client's later requests come when its
+                // previous one ends (`clients`).
+                if !self.clients.waits(next_arrival) {
+                    self.arrive(now, next_arrival, w);
+                }
                 next_arrival += 1;
+            }
+            while let Some(i) = self.clients.due(now) {
+                self.arrive(now, i, &workload[i]);
             }
             // 3. Deadlines.
             for r in 0..self.scheds.len() {

@@ -52,6 +52,10 @@ pub struct WorkRequest {
     /// it waits in the pools' batch lane, within the batch's 24 hours.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub batch: bool,
+    /// A closed-loop client's: sent when the client's previous request in
+    /// the workload ended (its `t` is then when it may go at the earliest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<u64>,
 }
 
 /// Tokens `0..tokens` of token stream `stream` (see the module docs).
@@ -229,6 +233,7 @@ pub fn from_access_log(text: &str) -> Result<(Vec<WorkRequest>, usize), LineErro
                 stream: f["stream"].as_bool().unwrap_or(false),
                 prefix: Vec::new(),
                 batch: false,
+                client: None,
             },
         ));
     }
@@ -264,6 +269,7 @@ mod tests {
             stream: false,
             prefix,
             batch: false,
+            client: None,
         };
         let seg = |stream, tokens| Segment { stream, tokens };
         let a = req(100, vec![seg(7, 60)]);

@@ -148,9 +148,7 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
             seen.models.insert(model.clone(), t.path.clone());
         }
     }
-    let routing = r
-        .opt(t, "routing", |r, v, p| r.choice(v, p, STRATEGIES))
-        .unwrap_or(Strategy::LeastOutstanding);
+    let routing = r.opt(t, "routing", |r, v, p| r.choice(v, p, STRATEGIES));
     let timeout = r
         .opt(t, "timeout", |r, v, p| r.duration(v, p, Zero::Refused))
         .unwrap_or(Duration::from_secs(60));
@@ -224,6 +222,15 @@ fn read_pool(r: &mut Reader<'_>, t: &Table<'_, '_>, seen: &mut Seen) -> Option<P
                 .collect()
         }
     };
+    // Prefix-aware by default where the backends speak OpenAI's protocol
+    // (approximate mode without a tokenizer): it costs nothing on prompts
+    // that share nothing (docs/benchmarks/2026-12-07-prefix.md); a
+    // Triton pool routes on load.
+    let routing = routing.unwrap_or(if backends.iter().all(|b| b.protocol == Api::OpenAi) {
+        Strategy::PrefixAware
+    } else {
+        Strategy::LeastOutstanding
+    });
     check_kv_events(r, t, routing, &backends);
     Some(PoolPolicy {
         model: model?,

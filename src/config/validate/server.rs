@@ -24,6 +24,7 @@ pub(super) const SERVER_KEYS: &[&str] = &[
     "idle_timeout",
     "body_read_timeout",
     "admin_token_env",
+    "cache_salt_secret_env",
     "admin_token_file",
     "admin_token_for_metrics",
 ];
@@ -103,6 +104,20 @@ pub(super) fn read_server(
             })
             .unwrap_or(Duration::from_secs(30)),
         admin_token: read_admin_token(r, t, env),
+        cache_salt_secret: r.opt(t, "cache_salt_secret_env", |r, v, p| {
+            let var = r.non_empty(v, p)?;
+            match env(&var).map(|k| k.trim().to_owned()) {
+                Some(secret) if !secret.is_empty() => Some(tenants::sha256(&secret)),
+                _ => {
+                    r.error(
+                        v.span(),
+                        p,
+                        format!("environment variable `{var}` is not set or empty"),
+                    );
+                    None
+                }
+            }
+        }),
         admin_token_for_metrics: r
             .opt(t, "admin_token_for_metrics", Reader::boolean)
             .unwrap_or(false),

@@ -29,6 +29,7 @@ pub(super) const TENANT_KEYS: &[&str] = &[
     "slo",
     "on_late",
     "adapters",
+    "prefix_cache",
 ];
 const SLO_KEYS: &[&str] = &["ttft", "e2e"];
 const PRIORITIES: &[(&str, Priority)] = &[
@@ -127,6 +128,10 @@ fn read_tenant(
         .opt(t, "on_late", |r, v, p| r.choice(v, p, ON_LATE))
         .unwrap_or(OnLate::default_for(priority));
     let adapters = r.opt(t, "adapters", |r, v, p| r.array(v, p, Reader::non_empty));
+    let cache_namespace = match r.opt(t, "prefix_cache", read_prefix_cache) {
+        Some(ns) => ns,
+        None => name.as_ref().map(|n| format!("tenant:{n}")),
+    };
     Some(TenantPolicy {
         name: name?,
         key_digests,
@@ -139,7 +144,30 @@ fn read_tenant(
         slo,
         on_late,
         adapters,
+        cache_namespace,
     })
+}
+
+/// `prefix_cache`: `"private"` (the tenant's own namespace; `None` here,
+/// filled by the caller), `"shared"` (`Some(None)`: no namespace) or
+/// `"group:<name>"`.
+fn read_prefix_cache(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<Option<String>> {
+    let s = r.string(v, path)?;
+    match s.as_str() {
+        "private" => None,
+        "shared" => Some(None),
+        _ if s.strip_prefix("group:").is_some_and(|g| !g.is_empty()) => Some(Some(s)),
+        _ => {
+            r.error(
+                v.span(),
+                path,
+                format!(
+                    "\"{s}\" is not a prefix-cache namespace: \"private\" (the tenant's own), \"shared\" (no salt: every shared tenant's prompts share the engines' caches) or \"group:<name>\""
+                ),
+            );
+            None
+        }
+    }
 }
 
 const DEFAULT_TTFT: Duration = Duration::from_secs(1);

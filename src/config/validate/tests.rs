@@ -808,6 +808,7 @@ fn minimal_file_gets_every_default() {
             idle_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(30),
             admin_token: None,
+            cache_salt_secret: None,
             admin_token_for_metrics: false,
         },
         poller: PollerPolicy {
@@ -853,7 +854,7 @@ fn minimal_file_gets_every_default() {
         },
         pools: vec![PoolPolicy {
             model: "m".into(),
-            routing: Strategy::LeastOutstanding,
+            routing: Strategy::PrefixAware,
             timeout: Duration::from_secs(60),
             kv_high_watermark: 0.8,
             ttft_p99_threshold: Duration::from_millis(150),
@@ -1028,6 +1029,7 @@ burst = 3
             },
             on_late: OnLate::BestEffort,
             adapters: None,
+            cache_namespace: Some("tenant:t-1".into()),
         }
     );
     assert_eq!(
@@ -1047,7 +1049,35 @@ burst = 3
             },
             on_late: OnLate::Refuse,
             adapters: None,
+            cache_namespace: Some("tenant:t_2".into()),
         }
+    );
+}
+
+#[test]
+fn prefix_cache_namespaces() {
+    let src = format!(
+        "{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\n\
+         [[tenants]]\nname = \"b\"\napi_keys = [\"l\"]\nprefix_cache = \"shared\"\n\
+         [[tenants]]\nname = \"c\"\napi_keys = [\"m\"]\nprefix_cache = \"group:evals\"\n"
+    );
+    let ns: Vec<_> = parse(&src)
+        .unwrap()
+        .tenants
+        .into_iter()
+        .map(|t| t.cache_namespace)
+        .collect();
+    assert_eq!(
+        ns,
+        [Some("tenant:a".into()), None, Some("group:evals".into())]
+    );
+    let src =
+        format!("{POOL}[[tenants]]\nname = \"a\"\napi_keys = [\"k\"]\nprefix_cache = \"group:\"\n");
+    let errs = parse(&src).unwrap_err();
+    assert!(
+        errs[0].to_string().contains("prefix-cache namespace"),
+        "{}",
+        errs[0]
     );
 }
 
@@ -1678,8 +1708,14 @@ fn kv_events_name_an_engines_publisher_and_need_prefix_routing() {
         "pools[0].backends[0].kv_events.endpoint",
         "missing required key",
     );
+    // Prefix-aware by default; not under another routing.
     let plain = "[[pools]]\nmodel = \"m\"\n[[pools.backends]]\nurl = \"http://10.0.0.5:8000\"\nkv_events = \"tcp://e:5557\"\n";
-    let errs = errors(plain);
+    assert!(parse(plain).is_ok());
+    let plain = plain.replace(
+        "model = \"m\"",
+        "model = \"m\"\nrouting = \"least_outstanding\"",
+    );
+    let errs = errors(&plain);
     assert_eq!(errs.len(), 1, "{errs:#?}");
     assert!(errs[0].message.contains("prefix_aware"), "{errs:#?}");
 }

@@ -17,12 +17,14 @@ pub struct Candidate {
     /// Prompt tokens of this request it holds cached, by the pool's prefix
     /// index (0 without one).
     pub cached_tokens: u32,
-    /// Uncached prompt tokens Fairway sent it that have not started
-    /// answering: the prefill queued ahead of this request.
-    pub pending_prefill: u64,
-    /// Blocks the pool's prefix index records it holding: a cold prefix
-    /// goes where it crowds the fewest others.
-    pub held_blocks: usize,
+    /// Prompt tokens of this request whose blocks have it as their home
+    /// (`crate::core::prefix::Homes`; 0 without).
+    pub home_tokens: u32,
+    /// Its share of the pool's partition: blocks homed on it over its
+    /// cache's blocks (a new prefix goes where it fits).
+    pub homed: f64,
+    /// This request's prompt, in the same unit.
+    pub need: f64,
 }
 
 impl Candidate {

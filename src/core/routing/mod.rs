@@ -13,4 +13,4 @@ mod prefix;
 
 pub use candidate::Candidate;
 pub use pick::*;
-pub use prefix::{SPILL_GAP, prefix_aware, prefix_greedy};
+pub use prefix::{Placement, SPILL_GAP, prefix_aware, prefix_greedy};

@@ -20,7 +20,9 @@ pub fn pick(
     }
     Some(match strategy {
         Strategy::LeastOutstanding => least_outstanding(cands, rng),
-        Strategy::PrefixAware => super::prefix_aware(cands, prompt_tokens, rng).0,
+        // Without the request's prefix (the scheduler routes prefixes
+        // itself): where a prompt with no full block goes.
+        Strategy::PrefixAware => super::prefix_aware(cands, prompt_tokens, None, 0, rng).0,
         Strategy::PrefixGreedy => super::prefix_greedy(cands, rng),
         Strategy::P2c => {
             // Power of two choices (Mitzenmacher, 2001): two at random, the less loaded.
@@ -82,8 +84,9 @@ mod tests {
             window,
             kv_usage: Some(kv),
             cached_tokens: 0,
-            pending_prefill: 0,
-            held_blocks: 0,
+            home_tokens: 0,
+            homed: 0.0,
+            need: 0.0,
         }
     }
 

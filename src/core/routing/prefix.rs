@@ -1,66 +1,196 @@
-//! The prefix-aware strategy: the backend where the request would wait and
-//! prefill least, weighing the prefill its cached prefix saves against the
-//! prefill already queued there (Dynamo's cost, not a raw match ratio).
+//! The prefix-aware strategy: each prefix keeps a home, and goes back
+//! there while the home's load is within [`SPILL_GAP`] of the least
+//! loaded backend's.
 //!
-//! cost(b) = prompt tokens b has not cached + uncached prompt tokens
-//! Fairway has sent b that have not started answering.
+//! An engine's cache holds part of a pool's prefix set; what keeps hits
+//! high when the set does not fit in one cache is a stable partition
+//! (the peers' `cache_aware` keeps one in its trees). A score of cached
+//! tokens, or of the prefill a cached prefix saves against the prefill
+//! queued, keeps none: it copies a prefix to another engine as soon as
+//! its holder has a miss queued or evicts it, and each copy evicts
+//! another prefix there. So, for a request whose prompt has blocks:
 //!
-//! With the guards the peers added after users hit them:
-//! - **spill**: when the cheapest backend's load (outstanding requests
-//!   over its window) exceeds the least loaded one's by more than
-//!   [`SPILL_GAP`], the request goes to the least loaded instead, which
-//!   then holds the prefix too: a hot prefix replicates rather than
-//!   queueing behind one engine;
-//! - **ties** go to the lower load, then to the backend holding the fewest
-//!   indexed blocks (a prefix no one holds spreads over the pool rather
-//!   than piling onto one engine, as llm-d's no-hit LRU scorer does), then
-//!   at random: a burst of cold requests does not herd;
-//! - in-flight work counts **at dispatch** (the caller adds each request's
-//!   uncached prompt to its backend's pending prefill as it sends it), not
-//!   at the next poll.
+//! - **at home**: when a backend is the home of at least half its prompt
+//!   (`Homes`: where earlier requests of that prefix went, whether or
+//!   not the engine still holds them), it goes to the home within
+//!   [`SPILL_GAP`] of the least loaded backend's load (outstanding
+//!   requests over its window) that holds the most of it, then the least
+//!   loaded; but when that home holds none of it and another backend
+//!   holds at least half (another replica placed it there), that one is
+//!   *adopted* as a home, so that replicas converge on one partition;
+//! - **spill**: with no home within the bound, it goes to the least loaded
+//!   backend, for this request only, as it does when its home cannot
+//!   take a request now (a full window, no headroom): a copy made for a peak does not become a home,
+//!   so the partition does not drift (a prefix whose demand exceeds what
+//!   one engine serves within the bound is served by both, its home first);
+//! - **adopted**: with no home, a backend holding at least half its prompt
+//!   now (its engine's events, or another replica's requests) becomes its
+//!   home, if within the bound;
+//! - **new**: else it gets a home where it fits: among the backends
+//!   within the bound, one whose cache the prompt does not fit beside what
+//!   is homed there (homed blocks over its cache) is passed over; of the
+//!   rest the least loaded, so that new prefixes balance the pool as load
+//!   alone would, then the one with the smallest share of the partition,
+//!   then by rendezvous hashing of the prompt's family (its block halfway
+//!   in, the same for every request sharing that half), so that replicas
+//!   seeing the same loads and shares agree;
+//!
+//! ties at random. A prompt without a full block goes to the least loaded.
 
 use rand::Rng;
 
 use super::Candidate;
 
-/// Load gap (in windows) past which the cheapest backend spills to the
-/// least loaded one.
+/// Load gap (in windows) past which a request leaves its home for the
+/// least loaded backend.
 pub const SPILL_GAP: f64 = 0.5;
 
-/// The candidate's cost in prefill tokens.
-fn cost(c: &Candidate, prompt: u32) -> u64 {
-    u64::from(prompt.saturating_sub(c.cached_tokens)) + c.pending_prefill
+/// How a request's backend relates to its prefix's homes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Its home.
+    Home,
+    /// The least loaded, its home being too busy or full: for this
+    /// request only.
+    Spill,
+    /// A backend holding its prompt, which had no home: its home now.
+    Adopted,
+    /// A new home.
+    New,
+    /// The least loaded: no full block to place.
+    Unplaced,
 }
 
-/// Picks the index of a candidate (`cands` is not empty). Returns it and
-/// whether the spill guard chose it.
-pub fn prefix_aware(cands: &[Candidate], prompt: u32, rng: &mut impl Rng) -> (usize, bool) {
-    let key = |c: &Candidate| (cost(c, prompt), c.load(), c.held_blocks);
-    let mut best = 0;
+/// Picks the index of a candidate (`cands` is not empty) for a request of
+/// `prompt` tokens whose family hashes to `family` (`None`: no full
+/// block), `homed` of them homed on some backend of the pool (a candidate
+/// or not), and how it relates to the request's homes.
+pub fn prefix_aware(
+    cands: &[Candidate],
+    prompt: u32,
+    family: Option<u64>,
+    homed: u32,
+    rng: &mut impl Rng,
+) -> (usize, Placement) {
+    let least = cands
+        .iter()
+        .map(Candidate::load)
+        .fold(f64::INFINITY, f64::min);
+    let within = |c: &Candidate| c.load() - least <= SPILL_GAP;
+    let half = prompt / 2;
+    let Some(family) = family else {
+        let i = pick_by(cands, rng, |c| Some((c.load(), 0.0))).unwrap_or(0);
+        return (i, Placement::Unplaced);
+    };
+    let deepest = cands.iter().map(|c| c.home_tokens).max().unwrap_or(0);
+    if homed > deepest && homed >= half {
+        // Its home cannot take it now (a full window, no headroom).
+        return (lent(cands, rng), Placement::Spill);
+    }
+    // A backend within the bound holding at least half the prompt now
+    // (its engine's events, or this replica's own sends), the least
+    // loaded of those holding the most.
+    let holds = cands.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
+    let holder = |rng: &mut _| {
+        pick_by(cands, rng, |c| {
+            (within(c) && c.cached_tokens == holds).then(|| (c.load(), 0.0))
+        })
+        .filter(|_| holds > 0 && holds >= half)
+    };
+    if deepest > 0 && deepest >= half {
+        // The home of the deepest homed prefix within the bound holding
+        // the most of it, then the least loaded.
+        let home = pick_by(cands, rng, |c| {
+            (c.home_tokens == deepest && within(c)).then(|| (-f64::from(c.cached_tokens), c.load()))
+        });
+        let Some(home) = home else {
+            return (lent(cands, rng), Placement::Spill);
+        };
+        // Its home holds none of it and another backend does (another
+        // replica placed it there): that one becomes a home, so that
+        // replicas converge on one partition; a home that evicted it
+        // and has no rival holder keeps it.
+        if cands[home].cached_tokens == 0
+            && let Some(i) = holder(rng)
+        {
+            return (i, Placement::Adopted);
+        }
+        return (home, Placement::Home);
+    }
+    if let Some(i) = holder(rng) {
+        return (i, Placement::Adopted);
+    }
+    (new_home(cands, family, &within), Placement::New)
+}
+
+/// Where a request goes for itself only, its home being too busy or
+/// full: the least loaded, the one holding more of the prompt first.
+fn lent(cands: &[Candidate], rng: &mut impl Rng) -> usize {
+    pick_by(cands, rng, |c| {
+        Some((c.load(), -f64::from(c.cached_tokens)))
+    })
+    .unwrap_or(0)
+}
+
+/// Among the candidates `within` the load bound, those whose cache the
+/// prompt fits beside what is homed there (else all): the least loaded
+/// (new prefixes balance the pool as load alone would), then the one
+/// with the smallest share of the partition, then by rendezvous hashing
+/// of `family` (replicas seeing the same loads and shares agree).
+fn new_home(cands: &[Candidate], family: u64, within: &impl Fn(&Candidate) -> bool) -> usize {
+    let fits = |c: &Candidate| c.homed + c.need <= 1.0;
+    let any_fits = cands.iter().any(|c| within(c) && fits(c));
+    cands
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| within(c) && (fits(c) || !any_fits))
+        .min_by(|(_, a), (_, b)| {
+            a.load()
+                .total_cmp(&b.load())
+                .then(a.homed.total_cmp(&b.homed))
+                .then_with(|| rendezvous(family, b.id.0).cmp(&rendezvous(family, a.id.0)))
+        })
+        .map_or(0, |(i, _)| i)
+}
+
+/// The rendezvous (highest random weight) score of `backend` for `family`.
+fn rendezvous(family: u64, backend: u32) -> u64 {
+    // splitmix64's finalizer over the pair: uniform, and the same on
+    // every replica.
+    let mut z = family ^ (u64::from(backend).wrapping_add(1)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The candidate with the smallest `key` among those with one, ties at
+/// random; `None` when none has one.
+fn pick_by(
+    cands: &[Candidate],
+    rng: &mut impl Rng,
+    key: impl Fn(&Candidate) -> Option<(f64, f64)>,
+) -> Option<usize> {
+    let mut best: Option<(usize, (f64, f64))> = None;
     let mut ties = 1u32;
-    for (i, c) in cands.iter().enumerate().skip(1) {
-        let (k, b) = (key(c), key(&cands[best]));
-        let better = k.0 < b.0 || (k.0 == b.0 && (k.1 < b.1 || (k.1 == b.1 && k.2 < b.2)));
-        if better {
-            best = i;
-            ties = 1;
-        } else if k == b {
-            ties += 1;
-            if rng.random_range(0..ties) == 0 {
-                best = i;
+    for (i, c) in cands.iter().enumerate() {
+        let Some(k) = key(c) else {
+            continue;
+        };
+        match best {
+            Some((_, b)) if k > b => {}
+            Some((_, b)) if k == b => {
+                ties += 1;
+                if rng.random_range(0..ties) == 0 {
+                    best = Some((i, k));
+                }
+            }
+            _ => {
+                best = Some((i, k));
+                ties = 1;
             }
         }
     }
-    let least = cands
-        .iter()
-        .enumerate()
-        .min_by(|a, b| a.1.load().total_cmp(&b.1.load()))
-        .map_or(best, |(i, _)| i);
-    if cands[best].load() - cands[least].load() > SPILL_GAP {
-        (least, true)
-    } else {
-        (best, false)
-    }
+    best.map(|(i, _)| i)
 }
 
 /// The replay's oracle (`Strategy::PrefixGreedy`): the candidate with
@@ -105,7 +235,7 @@ mod tests {
     use super::*;
     use crate::core::ids::BackendId;
 
-    fn cand(id: u32, in_flight: u32, cached: u32, pending: u64) -> Candidate {
+    fn cand(id: u32, in_flight: u32, cached: u32, home: u32) -> Candidate {
         Candidate {
             id: BackendId(id),
             in_flight,
@@ -113,53 +243,153 @@ mod tests {
             window: 8,
             kv_usage: None,
             cached_tokens: cached,
-            pending_prefill: pending,
-            held_blocks: 0,
+            home_tokens: home,
+            homed: 0.0,
+            need: 0.1,
         }
     }
 
+    const FAMILY: Option<u64> = Some(0xfeed);
+
     #[test]
-    fn the_holder_wins_while_the_prefill_it_saves_outweighs_its_queue() {
+    fn a_prefix_goes_home_after_its_engine_evicts_it() {
         let mut rng = SmallRng::seed_from_u64(1);
-        // 1,000-token prompt, 900 cached on backend 1.
-        let c = [cand(0, 1, 0, 0), cand(1, 2, 900, 500)];
-        assert_eq!(prefix_aware(&c, 1000, &mut rng), (1, false));
-        // Its queued prefill now costs more than the saving.
-        let c = [cand(0, 1, 0, 0), cand(1, 2, 900, 1000)];
-        assert_eq!(prefix_aware(&c, 1000, &mut rng), (0, false));
+        // Home on 1, evicted there, held nowhere: still 1, busier by up
+        // to the gap.
+        let c = [cand(0, 1, 0, 0), cand(1, 5, 0, 900)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
+            (1, Placement::Home)
+        );
+        // Held by 0 (another replica placed it there): 0 is adopted.
+        let c = [cand(0, 1, 900, 0), cand(1, 5, 0, 900)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
+            (0, Placement::Adopted)
+        );
+        // Held by both: its home.
+        let c = [cand(0, 1, 900, 0), cand(1, 5, 900, 900)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
+            (1, Placement::Home)
+        );
     }
 
     #[test]
-    fn a_loaded_holder_spills_to_the_least_loaded() {
+    fn a_busy_home_spills_to_the_least_loaded() {
         let mut rng = SmallRng::seed_from_u64(1);
-        // Backend 1 holds everything but has 7 of 8 slots busy; 0 has 2.
-        let c = [cand(0, 2, 0, 0), cand(1, 7, 1000, 0)];
-        assert_eq!(prefix_aware(&c, 1000, &mut rng), (0, true));
-        let c = [cand(0, 4, 0, 0), cand(1, 7, 1000, 0)];
-        assert_eq!(prefix_aware(&c, 1000, &mut rng), (1, false));
+        let c = [cand(0, 2, 0, 0), cand(1, 7, 1000, 1000)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
+            (0, Placement::Spill)
+        );
+        // Two homes within the bound: the one holding it, then the less
+        // loaded.
+        let c = [cand(0, 3, 0, 1000), cand(1, 5, 1000, 1000)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
+            (1, Placement::Home)
+        );
+        let c = [cand(0, 3, 1000, 1000), cand(1, 5, 1000, 1000)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
+            (0, Placement::Home)
+        );
     }
 
     #[test]
-    fn a_cold_prefix_goes_where_fewest_blocks_are_held() {
+    fn a_home_that_cannot_take_it_now_lends_the_request_out() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        // Homed on a backend that is not a candidate (its window is full):
+        // the least loaded, for this request only.
+        let c = [cand(0, 3, 0, 0), cand(1, 1, 0, 0)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 900, &mut rng),
+            (1, Placement::Spill)
+        );
+    }
+
+    #[test]
+    fn a_short_shared_head_is_no_home() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        // Backend 1 is home to the first 128 tokens of a 1,000-token
+        // prompt (a common template head): the prompt is new.
+        let c = [cand(0, 1, 0, 0), cand(1, 1, 128, 128)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng).1,
+            Placement::New
+        );
+    }
+
+    #[test]
+    fn an_engine_holding_a_homeless_prompt_adopts_it() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let c = [cand(0, 1, 0, 0), cand(1, 3, 900, 0)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
+            (1, Placement::Adopted)
+        );
+        // Not past the bound.
+        let c = [cand(0, 1, 0, 0), cand(1, 7, 900, 0)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
+            (0, Placement::New)
+        );
+    }
+
+    #[test]
+    fn new_prefixes_go_to_the_least_loaded_where_they_fit() {
         let mut rng = SmallRng::seed_from_u64(1);
         let mut c = [cand(0, 1, 0, 0), cand(1, 1, 0, 0), cand(2, 1, 0, 0)];
-        c[0].held_blocks = 40;
-        c[1].held_blocks = 7;
-        c[2].held_blocks = 12;
-        for _ in 0..100 {
-            assert_eq!(prefix_aware(&c, 100, &mut rng).0, 1);
+        // Among equals, the same family, the same home, whatever the
+        // order of the candidates.
+        let first = c[prefix_aware(&c, 1000, FAMILY, 0, &mut rng).0].id;
+        c.reverse();
+        assert_eq!(c[prefix_aware(&c, 1000, FAMILY, 0, &mut rng).0].id, first);
+        // Families spread over the pool.
+        let mut seen = [0; 3];
+        for f in 0..3000u64 {
+            seen[prefix_aware(&c, 1000, Some(f), 0, &mut rng).0] += 1;
         }
+        assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
+        // One request busier: the others, as load alone would.
+        let mut busy = c;
+        for x in busy.iter_mut().filter(|x| x.id == first) {
+            x.in_flight = 2;
+        }
+        assert_ne!(
+            busy[prefix_aware(&busy, 1000, FAMILY, 0, &mut rng).0].id,
+            first
+        );
+        // A backend the prompt does not fit beside its homes is passed
+        // over, even the least loaded.
+        for x in c.iter_mut() {
+            x.homed = if x.id == first { 0.95 } else { 0.9 };
+            x.need = if x.id == first { 0.1 } else { 0.01 };
+            x.in_flight = if x.id == first { 0 } else { 1 };
+        }
+        for _ in 0..100 {
+            assert_ne!(c[prefix_aware(&c, 1000, FAMILY, 0, &mut rng).0].id, first);
+        }
+        // Nowhere fits: the least loaded.
+        for x in c.iter_mut() {
+            x.homed = 1.5;
+        }
+        assert_eq!(c[prefix_aware(&c, 1000, FAMILY, 0, &mut rng).0].id, first);
     }
 
     #[test]
-    fn cold_requests_spread_by_load_then_at_random() {
+    fn without_a_full_block_the_least_loaded_at_random() {
         let mut rng = SmallRng::seed_from_u64(1);
         let c = [cand(0, 3, 0, 0), cand(1, 1, 0, 0), cand(2, 2, 0, 0)];
-        assert_eq!(prefix_aware(&c, 100, &mut rng).0, 1);
+        assert_eq!(
+            prefix_aware(&c, 100, None, 0, &mut rng),
+            (1, Placement::Unplaced)
+        );
         let c = [cand(0, 1, 0, 0), cand(1, 1, 0, 0), cand(2, 1, 0, 0)];
         let mut seen = [0; 3];
         for _ in 0..3000 {
-            seen[prefix_aware(&c, 100, &mut rng).0] += 1;
+            seen[prefix_aware(&c, 100, None, 0, &mut rng).0] += 1;
         }
         assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
     }
@@ -167,8 +397,8 @@ mod tests {
     #[test]
     fn the_oracle_sends_to_the_holder_while_it_has_room() {
         let mut rng = SmallRng::seed_from_u64(1);
-        // The holder is busier and has a long queue of prefill: still it.
-        let c = [cand(0, 1, 0, 0), cand(1, 7, 900, 5000)];
+        // The holder is busier: still it.
+        let c = [cand(0, 1, 0, 0), cand(1, 7, 900, 0)];
         assert_eq!(prefix_greedy(&c, &mut rng), 1);
         // Full: the least loaded, whatever it holds.
         let c = [cand(0, 3, 0, 0), cand(1, 8, 900, 0), cand(2, 2, 100, 0)];

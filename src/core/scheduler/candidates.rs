@@ -49,8 +49,9 @@ impl Scheduler {
                 window: b.window,
                 kv_usage: fresh.and_then(|r| r.kv_usage),
                 cached_tokens: 0,
-                pending_prefill: 0,
-                held_blocks: 0,
+                home_tokens: 0,
+                homed: 0.0,
+                need: 0.0,
             };
             if headroom.latency {
                 // Ahead of the slow ones, which are dropped below if any

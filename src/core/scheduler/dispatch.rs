@@ -2,7 +2,7 @@
 //! queue, requeue, shedding, and undoing what a dispatch counted.
 
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId};
-use crate::core::routing::{pick, prefix_aware, prefix_greedy};
+use crate::core::routing::{Placement, pick, prefix_aware, prefix_greedy};
 use crate::core::spec::{Discipline, PrefillCharge, Strategy};
 use crate::core::time::Instant;
 
@@ -91,9 +91,11 @@ impl Scheduler {
             let ps = &mut self.pools[p];
             // `best` ≥ 1 as there are candidates, so a strategy has one.
             let i = if ps.strategy == Strategy::PrefixAware {
-                self.match_prefix(now, pool, id, best);
-                let (i, spilled) = prefix_aware(&self.scratch[..best], prompt, &mut self.rng);
-                self.pools[p].prefix_spills += u64::from(spilled);
+                let homed = self.match_prefix(now, pool, id, best);
+                let family = self.requests.get(id).and_then(|r| family(&r.prefix));
+                let (i, placed) =
+                    prefix_aware(&self.scratch[..best], prompt, family, homed, &mut self.rng);
+                self.settle_home(now, pool, id, self.scratch[i].id, placed);
                 i
             } else if ps.strategy == Strategy::PrefixGreedy {
                 self.match_prefix(now, pool, id, best);
@@ -238,27 +240,67 @@ impl Scheduler {
     }
 
     /// Fills the first `n` candidates' `cached_tokens` for request `id`
-    /// from `pool`'s prefix index, and their `pending_prefill`.
-    fn match_prefix(&mut self, now: Instant, pool: PoolId, id: RequestId, n: usize) {
+    /// from `pool`'s prefix index, and their `home_tokens` and `homed`
+    /// from its homes. Returns the prompt tokens homed on any of the
+    /// pool's backends, candidate or not.
+    fn match_prefix(&mut self, now: Instant, pool: PoolId, id: RequestId, n: usize) -> u32 {
         let Some(req) = self.requests.get(id) else {
-            return;
+            return 0;
         };
         let ps = &mut self.pools[pool.0 as usize];
         let block = ps.prefix_spec.block_tokens;
         let ids: Vec<BackendId> = self.scratch[..n].iter().map(|c| c.id).collect();
-        let mut blocks = Vec::with_capacity(n);
+        let (mut blocks, mut homed) = (Vec::with_capacity(n), Vec::with_capacity(n));
         if let Some(ix) = ps.prefix.as_mut() {
             ix.matched(now, &req.prefix, &ids, &mut blocks);
         }
-        let ix = ps.prefix.as_ref();
-        for (i, c) in self.scratch[..n].iter_mut().enumerate() {
-            c.held_blocks = ix.map_or(0, |ix| ix.held(c.id));
-            let matched = blocks.get(i).copied().unwrap_or(0);
-            // An engine recomputes at least the prompt's last token.
-            c.cached_tokens = matched
+        let mut anywhere = Vec::with_capacity(ps.backends.len());
+        if let Some(h) = ps.homes.as_mut() {
+            h.matched(now, &req.prefix, &ids, &mut homed);
+            h.matched(now, &req.prefix, &ps.backends, &mut anywhere);
+        }
+        // An engine recomputes at least the prompt's last token.
+        let tokens = |blocks: Option<&u32>| {
+            blocks
+                .copied()
+                .unwrap_or(0)
                 .saturating_mul(block)
-                .min(req.prompt_tokens.saturating_sub(1));
-            c.pending_prefill = self.backends[c.id.0 as usize].pending_prefill;
+                .min(req.prompt_tokens.saturating_sub(1))
+        };
+        for (i, c) in self.scratch[..n].iter_mut().enumerate() {
+            c.cached_tokens = tokens(blocks.get(i));
+            c.home_tokens = tokens(homed.get(i));
+            let b = &self.backends[c.id.0 as usize];
+            let capacity = b
+                .reading
+                .as_ref()
+                .and_then(|r| r.kv_tokens)
+                .unwrap_or(b.kv_tokens)
+                .max(1);
+            c.homed = ps.homes.as_ref().map_or(0.0, |h| {
+                (h.footprint(c.id) as f64 * f64::from(block)) / capacity as f64
+            });
+            c.need = f64::from(req.prompt_tokens) / capacity as f64;
+        }
+        tokens(anywhere.iter().max())
+    }
+
+    /// Records where the prefix strategy sent request `id`: `backend` is
+    /// a home of its prefix from now on (or still), and a spill counts.
+    fn settle_home(
+        &mut self,
+        now: Instant,
+        pool: PoolId,
+        id: RequestId,
+        backend: BackendId,
+        placed: Placement,
+    ) {
+        let ps = &mut self.pools[pool.0 as usize];
+        ps.prefix_spills += u64::from(placed == Placement::Spill);
+        if let (Some(h), Some(req)) = (ps.homes.as_mut(), self.requests.get(id))
+            && !matches!(placed, Placement::Unplaced | Placement::Spill)
+        {
+            h.settle(now, backend, &req.prefix);
         }
     }
 
@@ -313,7 +355,6 @@ impl Scheduler {
             b.lora.sent(a, now);
         }
         let prefill = req.prompt_tokens.saturating_sub(cached);
-        b.pending_prefill += u64::from(prefill);
         let paced = req.resumable;
         if paced {
             b.batch_prefill += u64::from(prefill);
@@ -504,4 +545,11 @@ impl Scheduler {
             self.deadlines.retain(|(_, r)| *r != id);
         }
     }
+}
+
+/// A request's prefix family, which a new prefix's home is hashed on:
+/// the block halfway into its chain, shared by every request with the
+/// same first half (`None`: no full block).
+fn family(keys: &[u64]) -> Option<u64> {
+    keys.get(keys.len().saturating_sub(1) / 2).copied()
 }

@@ -108,8 +108,12 @@ impl Scheduler {
                 let b = &mut self.backends[bid.0 as usize];
                 if b.pool != pid {
                     // Moved to another pool: keep accounting, reset routing state.
-                    if let Some(ix) = self.pools[b.pool.0 as usize].prefix.as_mut() {
+                    let old = &mut self.pools[b.pool.0 as usize];
+                    if let Some(ix) = old.prefix.as_mut() {
                         ix.cleared(bid);
+                    }
+                    if let Some(h) = old.homes.as_mut() {
+                        h.left(bid);
                     }
                     b.pool = pid;
                     b.reading = None;

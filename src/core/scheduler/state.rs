@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::core::accounting::GpuClock;
 use crate::core::admission::{Bucket, BucketState, RateLimits};
 use crate::core::ids::{AdapterId, BackendId, PoolId, RequestId, TenantId};
-use crate::core::prefix::PrefixIndex;
+use crate::core::prefix::{Homes, PrefixIndex};
 use crate::core::queue::FairQueue;
 use crate::core::queue::cost::PoolCapacity;
 use crate::core::reading::Reading;
@@ -153,11 +153,14 @@ pub(super) struct PoolState {
     pub(super) preemptible: BTreeSet<(Instant, RequestId)>,
     /// When the current success-rate interval started.
     pub(super) rate_window_start: Option<Instant>,
-    /// Which backend holds which prefix (`Strategy::PrefixAware` only).
+    /// Which backend holds which prefix (strategies routing on prefixes
+    /// only).
     pub(super) prefix: Option<PrefixIndex>,
+    /// Where each prefix belongs (`Strategy::PrefixAware` only).
+    pub(super) homes: Option<Homes>,
     pub(super) prefix_spec: PrefixSpec,
-    /// Requests the prefix strategy sent to the least loaded backend
-    /// rather than the one holding their prefix.
+    /// Requests the prefix strategy sent to the least loaded backend,
+    /// for themselves only, their prefix's home being too busy or full.
     pub(super) prefix_spills: u64,
     /// Requests served out of discipline order for their cached prefix
     /// (`QueueSpec::locality`).
@@ -193,6 +196,7 @@ impl PoolState {
             preemptible: BTreeSet::new(),
             rate_window_start: None,
             prefix: None,
+            homes: None,
             prefix_spec: pp.prefix,
             prefix_spills: 0,
             local_dispatches: 0,
@@ -221,6 +225,14 @@ impl PoolState {
             _ if strategy.routes_on_prefixes() => {
                 Some(PrefixIndex::new(spec.index_blocks, Some(spec.ttl)))
             }
+            _ => None,
+        };
+        self.homes = match self.homes.take() {
+            Some(mut h) if keep && strategy == Strategy::PrefixAware => {
+                h.reconfigure(spec.index_blocks);
+                Some(h)
+            }
+            _ if strategy == Strategy::PrefixAware => Some(Homes::new(spec.index_blocks)),
             _ => None,
         };
         self.prefix_spec = spec;
@@ -311,11 +323,9 @@ pub(super) struct BackendState {
     pub(super) gpu_cost: super::cost_model::GpuCostModel,
     /// The LoRA adapters it is known or believed to have loaded.
     pub(super) lora: super::adapters::LoraState,
-    /// Uncached prompt tokens of the requests Fairway sent it that have not
-    /// started answering (the prefix strategy's queued prefill).
-    pub(super) pending_prefill: u64,
-    /// Of those, the resumable batch items' (`QueueSpec::batch_prefill_ahead`
-    /// paces them), counted until their first token.
+    /// Uncached prompt tokens of the resumable batch items Fairway sent it
+    /// (`QueueSpec::batch_prefill_ahead` paces them), counted until their
+    /// first token.
     pub(super) batch_prefill: u64,
     /// Prompt tokens the prefix index predicted it held, over the
     /// requests sent to it.
@@ -356,7 +366,6 @@ impl BackendState {
             window_failed: 0,
             gpu_cost: Default::default(),
             lora: Default::default(),
-            pending_prefill: 0,
             batch_prefill: 0,
             predicted_cached_tokens: 0,
             reported_cached_tokens: 0,
@@ -368,7 +377,6 @@ impl BackendState {
     /// A request's `prefill` tokens (`paced`: a resumable batch item's)
     /// are no longer waiting for the engine.
     pub(super) fn prefill_started(&mut self, prefill: u32, paced: bool) {
-        self.pending_prefill = self.pending_prefill.saturating_sub(u64::from(prefill));
         if paced {
             self.batch_prefill = self.batch_prefill.saturating_sub(u64::from(prefill));
         }
@@ -390,9 +398,9 @@ pub(super) enum Phase {
         charged: f64,
         /// Its backend's concurrency class at dispatch (`cost_model`).
         class: u8,
-        /// Its uncached prompt tokens, counted in its backend's
-        /// `pending_prefill` until its response starts (a resumable batch
-        /// item's until its first token, and in `batch_prefill` too), then 0.
+        /// Its uncached prompt tokens until its response starts (a
+        /// resumable batch item's until its first token, counted in its
+        /// backend's `batch_prefill` until then), then 0.
         prefill: u32,
         /// A resumable batch item: `prefill` counts in `batch_prefill` too.
         paced: bool,

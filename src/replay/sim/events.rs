@@ -358,5 +358,6 @@ impl Sim<'_> {
             good,
         });
         self.finished += 1;
+        self.clients.ended(i, end);
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{QueueSample, Sim};
+use super::{PrefixTrace, QueueSample, Sim};
 use crate::cluster::Shape;
 use crate::core::ids::{BackendId, TenantId};
 use crate::core::reading::{LoraReading, Reading};
@@ -146,4 +146,35 @@ fn window_p99(samples: &mut Vec<f64>, bounds: &[f64]) -> Option<Duration> {
     buckets.sort_by(|a, b| a.le.total_cmp(&b.le));
     samples.clear();
     quantile(0.99, &buckets).map(Duration::from_secs_f64)
+}
+
+impl Sim<'_> {
+    /// The engines' and indexes' prefix counters, when prefixes mattered.
+    pub(super) fn prefix_trace(&mut self, end: Instant) -> Option<PrefixTrace> {
+        let routed = self
+            .scheds
+            .iter()
+            .any(|s| s.pools().any(|p| s.prefix_view(p).is_some()));
+        if !(routed || self.shares_prefixes) {
+            return None;
+        }
+        let mut t = PrefixTrace::default();
+        for b in &self.backends {
+            let s = b.engine.stats();
+            t.prompt_tokens += s.prefix_cache_queries_total;
+            t.cached_tokens += s.prefix_cache_hits_total;
+            t.prefill_tokens += s.prefill_tokens_total;
+        }
+        for s in &mut self.scheds {
+            let ids: Vec<_> = s.backends().collect();
+            for b in ids {
+                t.predicted_tokens += s.backend_view(end, b).predicted_cached_tokens;
+            }
+            let pools: Vec<_> = s.pools().collect();
+            for p in pools {
+                t.local_dispatches += s.prefix_view(p).map_or(0, |v| v.local);
+            }
+        }
+        Some(t)
+    }
 }

@@ -32,7 +32,7 @@ pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
         (
             "fairway_prefix_spills_total",
             Kind::Counter,
-            "Requests sent to the least loaded backend instead of the loaded holder of their prefix.",
+            "Requests sent to the least loaded backend, for themselves only, because the home of their prefix was too busy or full.",
             |p| p.spills as f64,
         ),
         (
