@@ -101,6 +101,12 @@ impl Sim<'_> {
             match d {
                 Decision::Dispatch { id, backend } => {
                     let Some(&i) = self.by_req.get(&(r, id)) else {
+                        // It ended already (its engine finished it at the
+                        // instant the scheduler preempted it): the
+                        // scheduler lets it go, or it would hold a slot
+                        // forever.
+                        let (_, d) = self.scheds[r].on_cancel(now, id);
+                        self.pending.extend(d.into_iter().map(|d| (r, d)));
                         continue;
                     };
                     let w = &workload[i];
