@@ -105,18 +105,7 @@ pub(super) fn read_server(
             .unwrap_or(Duration::from_secs(30)),
         admin_token: read_admin_token(r, t, env),
         cache_salt_secret: r.opt(t, "cache_salt_secret_env", |r, v, p| {
-            let var = r.non_empty(v, p)?;
-            match env(&var).map(|k| k.trim().to_owned()) {
-                Some(secret) if !secret.is_empty() => Some(tenants::sha256(&secret)),
-                _ => {
-                    r.error(
-                        v.span(),
-                        p,
-                        format!("environment variable `{var}` is not set or empty"),
-                    );
-                    None
-                }
-            }
+            secret_from_env(r, v, p, env)
         }),
         admin_token_for_metrics: r
             .opt(t, "admin_token_for_metrics", Reader::boolean)
@@ -152,24 +141,35 @@ fn read_header_name(r: &mut Reader<'_>, v: &reader::Value<'_>, path: &str) -> Op
     Some(name)
 }
 
+/// The SHA-256 of the secret in the environment variable `v` names; an
+/// error where it is unset or empty.
+fn secret_from_env(
+    r: &mut Reader<'_>,
+    v: &reader::Value<'_>,
+    p: &str,
+    env: EnvLookup<'_>,
+) -> Option<[u8; 32]> {
+    let var = r.non_empty(v, p)?;
+    match env(&var).map(|k| k.trim().to_owned()) {
+        Some(secret) if !secret.is_empty() => Some(tenants::sha256(&secret)),
+        _ => {
+            r.error(
+                v.span(),
+                p,
+                format!("environment variable `{var}` is not set or empty"),
+            );
+            None
+        }
+    }
+}
+
 /// The admin token's SHA-256, from `admin_token_env` (a variable's name)
 /// or `admin_token_file` (a file holding the token; relative to the policy
 /// file's directory; read again at each reload, so replacing the file and
 /// reloading rotates the token).
 fn read_admin_token(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> Option<[u8; 32]> {
     let from_env = r.opt(t, "admin_token_env", |r, v, p| {
-        let var = r.non_empty(v, p)?;
-        match env(&var).map(|k| k.trim().to_owned()) {
-            Some(token) if !token.is_empty() => Some(tenants::sha256(&token)),
-            _ => {
-                r.error(
-                    v.span(),
-                    p,
-                    format!("environment variable `{var}` is not set or empty"),
-                );
-                None
-            }
-        }
+        secret_from_env(r, v, p, env)
     });
     let from_file = r.opt(t, "admin_token_file", |r, v, p| {
         let name = r.non_empty(v, p)?;
