@@ -24,6 +24,12 @@ pub struct EngineParams {
     pub max_num_batched_tokens: u32,
     /// Prefill throughput: prompt tokens processed per simulated second.
     pub prefill_tokens_per_s: f64,
+    /// Fixed time of a step that prefills, beyond its tokens' time (a
+    /// forward pass's own cost: small on a GPU, tens of milliseconds on
+    /// vLLM's CPU build, where a prompt whose prefix is cached still
+    /// takes that long to its first token).
+    #[serde(skip)]
+    pub prefill_step_base: Duration,
     /// Decode step time with one sequence in the batch.
     #[serde(skip)]
     pub decode_step_base: Duration,
@@ -48,6 +54,7 @@ impl Default for EngineParams {
             max_model_len: 8192,
             max_num_batched_tokens: 8192,
             prefill_tokens_per_s: 20_000.0,
+            prefill_step_base: Duration::ZERO,
             decode_step_base: Duration::from_millis(10),
             decode_step_per_seq: Duration::from_micros(200),
             time_scale: 1.0,

@@ -39,6 +39,10 @@ pub struct Live {
     /// Metric series by `[tenant][pool]`: `policy.tenants` by index, then
     /// "default" (undeclared tenants); `policy.pools` by index.
     pub series: Vec<Vec<Arc<Series>>>,
+    /// By `policy.tenants` index: the `cache_salt` of its requests that
+    /// bring none (`gateway::salt`, computed once per policy: the one a
+    /// request usually gets); `None` where the tenant shares the caches.
+    pub salts: Vec<Option<Arc<str>>>,
     /// Usage windows by tenant, indexed as `series`.
     pub usage: Vec<Arc<parking_lot::Mutex<crate::telemetry::usage::TenantWindows>>>,
     /// Hex SHA-256 of the policy file text, and when it was loaded (unix seconds).
@@ -168,10 +172,20 @@ pub fn derive_live(
         .chain(["default"])
         .map(|t| metrics.usage(t))
         .collect();
+    let salts = policy
+        .tenants
+        .iter()
+        .map(|t| {
+            let namespace = t.cache_namespace.as_deref()?;
+            let secret = policy.server.cache_salt_secret.as_ref();
+            Some(super::salt::salt(secret, namespace, None).into())
+        })
+        .collect();
     Live {
         policy,
         keys,
         series,
+        salts,
         usage,
         tenant_names,
         tenant_policy,

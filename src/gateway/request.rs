@@ -300,17 +300,23 @@ fn route(
 /// The `cache_salt` the gateway sets on a chat or completions request of
 /// `tenant` (`gateway::salt`): `None` when its tenant shares the engines'
 /// caches (`prefix_cache = "shared"`, or no tenants declared).
-fn cache_salt(live: &Live, tenant: TenantId, call: Call, info: &RequestInfo) -> Option<String> {
+fn cache_salt(live: &Live, tenant: TenantId, call: Call, info: &RequestInfo) -> Option<Arc<str>> {
     if call != Call::Completions {
         return None;
     }
-    let policy = &live.policy.tenants[*live.tenant_policy.get(&tenant)?];
-    let namespace = policy.cache_namespace.as_deref()?;
-    Some(super::salt::salt(
-        live.policy.server.cache_salt_secret.as_ref(),
-        namespace,
-        info.cache_salt.as_deref(),
-    ))
+    let index = *live.tenant_policy.get(&tenant)?;
+    let Some(client) = info.cache_salt.as_deref() else {
+        return live.salts[index].clone();
+    };
+    let namespace = live.policy.tenants[index].cache_namespace.as_deref()?;
+    Some(
+        super::salt::salt(
+            live.policy.server.cache_salt_secret.as_ref(),
+            namespace,
+            Some(client),
+        )
+        .into(),
+    )
 }
 
 /// The keys of the request's prompt blocks, when its pool routes on

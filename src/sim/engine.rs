@@ -11,9 +11,10 @@
 //!   or right when the previous step ends. At step start the head of the
 //!   waiting queue is admitted while the batch has room and the KV pool has
 //!   blocks for its tokens plus one; nobody skips the head.
-//! - Step time = prefill tokens this step / `prefill_tokens_per_s`, plus one
-//!   decode step (`decode_step_base + decode_step_per_seq × (batch − 1)`)
-//!   when any sequence in the batch is decoding.
+//! - Step time = prefill tokens this step / `prefill_tokens_per_s`, plus
+//!   `prefill_step_base` when it prefills any, plus one decode step
+//!   (`decode_step_base + decode_step_per_seq × (batch − 1)`) when any
+//!   sequence in the batch is decoding.
 //! - At step end every sequence in the batch emits one token (a newly
 //!   prefilled one its first). A sequence that needs a new block when none is
 //!   free preempts the most recently admitted running sequence, which goes
@@ -589,6 +590,9 @@ impl Engine {
         let is_decoding = self.running.iter().any(|s| !s.is_prefilling);
         let mut nanos = prefill_tokens as f64 * self.prefill_ns_per_token
             + (self.params.lora_load_time * loads).as_nanos() as f64;
+        if prefill_tokens > 0 {
+            nanos += self.params.prefill_step_base.as_nanos() as f64;
+        }
         if is_decoding {
             let extra = (self.running.len() - 1) as u32;
             let decode = self.params.decode_step_base + self.params.decode_step_per_seq * extra;

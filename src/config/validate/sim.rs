@@ -11,6 +11,7 @@ const SIM_KEYS: &[&str] = &[
     "max_model_len",
     "max_num_batched_tokens",
     "prefill_tokens_per_s",
+    "prefill_step_base",
     "decode_step_base",
     "decode_step_per_seq",
     "time_scale",
@@ -41,6 +42,11 @@ pub(super) fn read_sim(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<
     }
     if let Some(v) = r.opt(&t, "prefill_tokens_per_s", Reader::positive) {
         params.prefill_tokens_per_s = v;
+    }
+    if let Some(v) = r.opt(&t, "prefill_step_base", |r, v, p| {
+        r.duration(v, p, Zero::Allowed)
+    }) {
+        params.prefill_step_base = v;
     }
     if let Some(v) = r.opt(&t, "decode_step_base", |r, v, p| {
         r.duration(v, p, Zero::Refused)

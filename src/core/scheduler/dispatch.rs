@@ -91,14 +91,15 @@ impl Scheduler {
             let ps = &mut self.pools[p];
             // `best` ≥ 1 as there are candidates, so a strategy has one.
             let i = if ps.strategy == Strategy::PrefixAware {
-                let homed = self.match_prefix(now, pool, id, best);
+                self.match_cached(now, pool, id, best);
+                let homed = self.match_homes(now, pool, id, best);
                 let family = self.requests.get(id).and_then(|r| family(&r.prefix));
                 let (i, placed) =
                     prefix_aware(&self.scratch[..best], prompt, family, homed, &mut self.rng);
                 self.settle_home(now, pool, id, self.scratch[i].id, placed);
                 i
             } else if ps.strategy == Strategy::PrefixGreedy {
-                self.match_prefix(now, pool, id, best);
+                self.match_cached(now, pool, id, best);
                 prefix_greedy(&self.scratch[..best], &mut self.rng)
             } else {
                 pick(
@@ -148,7 +149,7 @@ impl Scheduler {
                 best = best.or(Some((0, i)));
                 continue;
             }
-            self.match_prefix(now, pool, id, n);
+            self.match_cached(now, pool, id, n);
             let cached = self.scratch[..n]
                 .iter()
                 .map(|c| c.cached_tokens)
@@ -240,36 +241,39 @@ impl Scheduler {
     }
 
     /// Fills the first `n` candidates' `cached_tokens` for request `id`
-    /// from `pool`'s prefix index, and their `home_tokens` and `homed`
-    /// from its homes. Returns the prompt tokens homed on any of the
-    /// pool's backends, candidate or not.
-    fn match_prefix(&mut self, now: Instant, pool: PoolId, id: RequestId, n: usize) -> u32 {
+    /// from `pool`'s prefix index.
+    fn match_cached(&mut self, now: Instant, pool: PoolId, id: RequestId, n: usize) {
+        let Some(req) = self.requests.get(id) else {
+            return;
+        };
+        let ps = &mut self.pools[pool.0 as usize];
+        let mut blocks = Vec::with_capacity(n);
+        if let Some(ix) = ps.prefix.as_mut() {
+            let ids: Vec<BackendId> = self.scratch[..n].iter().map(|c| c.id).collect();
+            ix.matched(now, &req.prefix, &ids, &mut blocks);
+        }
+        for (i, c) in self.scratch[..n].iter_mut().enumerate() {
+            c.cached_tokens = cached_tokens(req, ps.prefix_spec.block_tokens, blocks.get(i));
+        }
+    }
+
+    /// Fills the first `n` candidates' `home_tokens`, `homed` and `need`
+    /// for request `id` from `pool`'s homes. Returns the prompt tokens
+    /// homed on any of the pool's backends, candidate or not.
+    fn match_homes(&mut self, now: Instant, pool: PoolId, id: RequestId, n: usize) -> u32 {
         let Some(req) = self.requests.get(id) else {
             return 0;
         };
         let ps = &mut self.pools[pool.0 as usize];
         let block = ps.prefix_spec.block_tokens;
-        let ids: Vec<BackendId> = self.scratch[..n].iter().map(|c| c.id).collect();
-        let (mut blocks, mut homed) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        if let Some(ix) = ps.prefix.as_mut() {
-            ix.matched(now, &req.prefix, &ids, &mut blocks);
-        }
-        let mut anywhere = Vec::with_capacity(ps.backends.len());
+        // One walk over the pool's backends; the candidates are among them.
+        let mut homed = Vec::with_capacity(ps.backends.len());
         if let Some(h) = ps.homes.as_mut() {
-            h.matched(now, &req.prefix, &ids, &mut homed);
-            h.matched(now, &req.prefix, &ps.backends, &mut anywhere);
+            h.matched(now, &req.prefix, &ps.backends, &mut homed);
         }
-        // An engine recomputes at least the prompt's last token.
-        let tokens = |blocks: Option<&u32>| {
-            blocks
-                .copied()
-                .unwrap_or(0)
-                .saturating_mul(block)
-                .min(req.prompt_tokens.saturating_sub(1))
-        };
-        for (i, c) in self.scratch[..n].iter_mut().enumerate() {
-            c.cached_tokens = tokens(blocks.get(i));
-            c.home_tokens = tokens(homed.get(i));
+        for c in self.scratch[..n].iter_mut() {
+            let at = ps.backends.iter().position(|b| *b == c.id);
+            c.home_tokens = cached_tokens(req, block, at.and_then(|i| homed.get(i)));
             let b = &self.backends[c.id.0 as usize];
             let capacity = b
                 .reading
@@ -282,7 +286,7 @@ impl Scheduler {
             });
             c.need = f64::from(req.prompt_tokens) / capacity as f64;
         }
-        tokens(anywhere.iter().max())
+        cached_tokens(req, block, homed.iter().max())
     }
 
     /// Records where the prefix strategy sent request `id`: `backend` is
@@ -552,4 +556,14 @@ impl Scheduler {
 /// same first half (`None`: no full block).
 fn family(keys: &[u64]) -> Option<u64> {
     keys.get(keys.len().saturating_sub(1) / 2).copied()
+}
+
+/// Tokens of `req`'s prompt in its first `blocks` blocks of `block`
+/// tokens; an engine recomputes at least the prompt's last token.
+fn cached_tokens(req: &Req, block: u32, blocks: Option<&u32>) -> u32 {
+    blocks
+        .copied()
+        .unwrap_or(0)
+        .saturating_mul(block)
+        .min(req.prompt_tokens.saturating_sub(1))
 }

@@ -15,6 +15,7 @@ fn params() -> EngineParams {
         max_model_len: 4096,
         max_num_batched_tokens: 16 * 1024,
         prefill_tokens_per_s: 10_000.0,
+        prefill_step_base: Duration::ZERO,
         decode_step_base: Duration::from_millis(10),
         decode_step_per_seq: Duration::from_millis(1),
         time_scale: 1.0,
