@@ -599,3 +599,21 @@ fn reset_drops_the_idle_cache() {
     run_to_idle(&mut e, &mut out);
     assert_eq!(cached_of(&out, 2), 0);
 }
+
+#[test]
+fn a_prefilling_step_costs_its_base_and_its_tokens() {
+    // 1,000 prompt tokens at 10,000/s: 100 ms; with a base of 15 ms, 115
+    // ms to the first token; the decode steps after it pay no base.
+    let run = |base: Duration| {
+        let mut e = Engine::new(EngineParams {
+            prefill_step_base: base,
+            ..params()
+        });
+        e.submit(Instant::ZERO, req(1, 1000, 2)).unwrap();
+        let mut out = Vec::new();
+        run_to_idle(&mut e, &mut out);
+        finish_time(&out, 1).as_nanos() / MS
+    };
+    assert_eq!(run(Duration::ZERO), 100 + 10);
+    assert_eq!(run(Duration::from_millis(15)), 115 + 10);
+}
