@@ -17,10 +17,14 @@
 //! cleared by the engine's evictions: only by the backend leaving the
 //! pool.
 //!
-//! A backend's share of the partition is the blocks homed on it. Traffic
-//! sharing nothing soon homes more blocks on every backend than its cache
-//! holds: no new prefix then fits anywhere, and new ones go by load
-//! alone (`crate::core::routing::prefix_aware`).
+//! A backend's share of the partition is the blocks homed on it. A
+//! request sent to its home refreshes only the blocks already homed
+//! there, so the part of each prompt that follows its shared prefix is
+//! homed once per prefix, not once per request
+//! (`Scheduler::settle_home`). Traffic sharing nothing still homes more
+//! blocks on every backend than its cache holds: no new prefix then fits
+//! anywhere, and new ones go by load alone
+//! (`crate::core::routing::prefix_aware`).
 
 use std::time::Duration;
 

@@ -96,7 +96,10 @@ impl Scheduler {
                 let family = self.requests.get(id).and_then(|r| family(&r.prefix));
                 let (i, placed) =
                     prefix_aware(&self.scratch[..best], prompt, family, homed, &mut self.rng);
-                self.settle_home(now, pool, id, self.scratch[i].id, placed);
+                let c = &self.scratch[i];
+                let block = self.pools[p].prefix_spec.block_tokens.max(1);
+                let home_blocks = c.home_tokens.div_ceil(block);
+                self.settle_home(now, pool, id, c.id, placed, home_blocks as usize);
                 i
             } else if ps.strategy == Strategy::PrefixGreedy {
                 self.match_cached(now, pool, id, best);
@@ -291,6 +294,14 @@ impl Scheduler {
 
     /// Records where the prefix strategy sent request `id`: `backend` is
     /// a home of its prefix from now on (or still), and a spill counts.
+    /// A request sent to its home refreshes the `home_blocks` homed there
+    /// and homes none of its own further blocks: what follows the shared
+    /// prefix (a question, a document) is most often the request's alone,
+    /// and homed it would count in the backend's share of the partition
+    /// for [`HOME_LIFE`](crate::core::prefix::homes::HOME_LIFE), until
+    /// every cache looked full and new prefixes went by load alone. A
+    /// conversation that outgrows twice its homed part is adopted by
+    /// where it is cached, which homes all of it again.
     fn settle_home(
         &mut self,
         now: Instant,
@@ -298,14 +309,19 @@ impl Scheduler {
         id: RequestId,
         backend: BackendId,
         placed: Placement,
+        home_blocks: usize,
     ) {
         let ps = &mut self.pools[pool.0 as usize];
         ps.prefix_spills += u64::from(placed == Placement::Spill);
-        if let (Some(h), Some(req)) = (ps.homes.as_mut(), self.requests.get(id))
-            && !matches!(placed, Placement::Unplaced | Placement::Spill)
-        {
-            h.settle(now, backend, &req.prefix);
-        }
+        let Some((h, req)) = ps.homes.as_mut().zip(self.requests.get(id)) else {
+            return;
+        };
+        let keys = match placed {
+            Placement::Unplaced | Placement::Spill => return,
+            Placement::Home => &req.prefix[..home_blocks.min(req.prefix.len())],
+            Placement::Adopted | Placement::New => &req.prefix[..],
+        };
+        h.settle(now, backend, keys);
     }
 
     /// Sends queued request `id` of `tenant`, just popped from `pool`'s

@@ -1730,3 +1730,29 @@ fn resumable_items_go_to_a_backend_no_faster_than_it_prefills_them() {
         [ids[3]]
     );
 }
+
+#[test]
+fn a_request_at_home_homes_none_of_its_own_blocks() {
+    // 100-token prompts, ten 10-token blocks: nine shared, the tenth each
+    // request's own.
+    let mut s = prefix_scheduler(crate::core::spec::PrefillCharge::Full);
+    let base = arrival(&s, "a");
+    let mut home = None;
+    for n in 0..5u64 {
+        let mut keys: Vec<u64> = (1..=9).collect();
+        keys.push(100 + n);
+        let a = Arrival {
+            prefix: keys,
+            lane: super::Lane::Live,
+            ..base.clone()
+        };
+        let (id, ds) = s.on_arrival(t(n), a).unwrap();
+        let b = dispatched(&ds)[0].1;
+        assert_eq!(*home.get_or_insert(b), b, "request {n} went home");
+        s.on_completion(t(n) + Duration::from_millis(500), id, None)
+            .unwrap();
+    }
+    // The first request's ten blocks; the others refreshed nine of them.
+    let homes = s.pools[0].homes.as_ref().unwrap();
+    assert_eq!(homes.footprint(home.unwrap()), 10);
+}
