@@ -173,7 +173,10 @@ impl Scheduling {
         let (ended, decisions) = match (s.served, s.usage) {
             (true, usage @ Some(_)) => match core.sched.on_completion(now, s.id, usage) {
                 Some((e, d)) => (Some(e), d),
-                None => (None, Vec::new()),
+                // Not in flight: preempted at the instant its response
+                // ended, and queued again. It is done: out of the queue,
+                // or a later dispatch would hold a slot no task ends.
+                None => core.sched.on_cancel(now, s.id),
             },
             _ => core.sched.on_cancel(now, s.id),
         };

@@ -1756,3 +1756,21 @@ fn a_request_at_home_homes_none_of_its_own_blocks() {
     let homes = s.pools[0].homes.as_ref().unwrap();
     assert_eq!(homes.footprint(home.unwrap()), 10);
 }
+
+#[test]
+fn a_preempted_request_whose_response_ended_anyway_is_cancelled_not_run_again() {
+    // The gateway's settle of a served request the scheduler had just
+    // preempted: `on_completion` finds it queued, `on_cancel` takes it
+    // out, and no later dispatch holds a slot for a task that has ended.
+    let (mut s, [old, young]) = full_of_batch(|_| {});
+    let (app, ds) = s.on_arrival(t(20), arrival(&s, "app")).unwrap();
+    assert_eq!(preempted(&ds), [young]);
+    assert!(s.on_completion(t(21), young, None).is_none());
+    let (ended, ds) = s.on_cancel(t(21), young);
+    assert!(ended.is_none() && ds.is_empty(), "{ds:?}");
+    let jobs = s.tenant("jobs").unwrap();
+    assert_eq!(s.tenant_view(t(21), jobs).queued, 0);
+    let (_, ds) = s.on_completion(t(40), old, None).unwrap();
+    let (_, ds2) = s.on_completion(t(50), app, None).unwrap();
+    assert!(dispatched(&ds).is_empty() && dispatched(&ds2).is_empty());
+}
