@@ -310,28 +310,14 @@ pub fn parse(body: &[u8]) -> Result<RequestInfo, ApiError> {
 /// spliced in after the opening brace and every other byte is unchanged;
 /// otherwise the object is re-serialised.
 pub fn with_usage_requested(body: &Bytes) -> Bytes {
-    let has_options = memfind(body, b"\"stream_options\"");
-    if !has_options
-        && let Some(pos) = body.iter().position(|b| !b.is_ascii_whitespace())
-        && body[pos] == b'{'
+    if !memfind(body, b"\"stream_options\"")
+        && let Some(out) = spliced(body, &[b"\"stream_options\":{\"include_usage\":true}"])
     {
-        let rest = &body[pos + 1..];
-        let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-        let insert: &[u8] = if empty {
-            b"\"stream_options\":{\"include_usage\":true}"
-        } else {
-            b"\"stream_options\":{\"include_usage\":true},"
-        };
-        let mut out = Vec::with_capacity(body.len() + insert.len());
-        out.extend_from_slice(&body[..=pos]);
-        out.extend_from_slice(insert);
-        out.extend_from_slice(rest);
-        return Bytes::from(out);
+        return out;
     }
     // Re-serialised field by field: every value but `stream_options` keeps
     // its bytes (the raw text; a parse into values would also refuse what
     // the backend may accept, such as a lone surrogate escape).
-    type Fields = std::collections::BTreeMap<String, Box<RawValue>>;
     let Ok(mut fields) = serde_json::from_slice::<Fields>(body) else {
         return body.clone();
     };
@@ -350,6 +336,32 @@ pub fn with_usage_requested(body: &Bytes) -> Bytes {
     serde_json::to_vec(&fields).map_or_else(|_| body.clone(), Bytes::from)
 }
 
+/// A JSON object's fields, each value's raw text kept.
+type Fields = std::collections::BTreeMap<String, Box<RawValue>>;
+
+/// `body` with a field (`"key":value`, in `parts`) spliced in after its
+/// opening brace, every other byte unchanged; `None` when it is not an
+/// object.
+fn spliced(body: &[u8], parts: &[&[u8]]) -> Option<Bytes> {
+    let pos = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[pos] != b'{' {
+        return None;
+    }
+    let rest = &body[pos + 1..];
+    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let len = parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(body.len() + len + 1);
+    out.extend_from_slice(&body[..=pos]);
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    Some(Bytes::from(out))
+}
+
 /// The body with `cache_salt` set to `salt`. The request's parse refuses
 /// a body naming a field twice, so a body without one (`had` false) gets
 /// the key spliced after its opening brace, every other byte unchanged;
@@ -358,23 +370,9 @@ pub fn with_cache_salt(body: &Bytes, salt: &str, had: bool) -> Bytes {
     let Ok(value) = serde_json::value::to_raw_value(salt) else {
         return body.clone();
     };
-    if !had
-        && let Some(pos) = body.iter().position(|b| !b.is_ascii_whitespace())
-        && body[pos] == b'{'
-    {
-        let rest = &body[pos + 1..];
-        let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-        let mut out = Vec::with_capacity(body.len() + salt.len() + 16);
-        out.extend_from_slice(&body[..=pos]);
-        out.extend_from_slice(b"\"cache_salt\":");
-        out.extend_from_slice(value.get().as_bytes());
-        if !empty {
-            out.push(b',');
-        }
-        out.extend_from_slice(rest);
-        return Bytes::from(out);
+    if !had && let Some(out) = spliced(body, &[b"\"cache_salt\":", value.get().as_bytes()]) {
+        return out;
     }
-    type Fields = std::collections::BTreeMap<String, Box<RawValue>>;
     let Ok(mut fields) = serde_json::from_slice::<Fields>(body) else {
         return body.clone();
     };
@@ -551,6 +549,22 @@ mod tests {
         let body = Bytes::from_static(br#"{"model":"m","stream_options":{"include_usage":false}}"#);
         let v: serde_json::Value = serde_json::from_slice(&with_usage_requested(&body)).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
+    }
+
+    #[test]
+    fn the_cache_salt_is_spliced_in_or_replaced() {
+        let body = Bytes::from_static(br#" {"model":"m"}"#);
+        assert_eq!(
+            &with_cache_salt(&body, "s1", false)[..],
+            br#" {"cache_salt":"s1","model":"m"}"#
+        );
+        assert_eq!(
+            &with_cache_salt(&Bytes::from_static(b"{ }"), "s1", false)[..],
+            br#"{"cache_salt":"s1" }"#
+        );
+        let body = Bytes::from_static(br#"{"model":"m","cache_salt":"mine"}"#);
+        let out = with_cache_salt(&body, "s1", true);
+        assert_eq!(parse(&out).unwrap().cache_salt.as_deref(), Some("s1"));
     }
 
     /// The prompt count as [`Text`]'s doc states it, over a parsed value.
