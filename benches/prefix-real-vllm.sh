@@ -16,7 +16,8 @@
 #   vrouter   vllm-router 0.1.17 (PyPI), --policy cache_aware
 #   oracle    the client pins each system prompt (conversation) to one engine
 #   approx3, precise3  three Fairway replicas in front of the same engines,
-#             the client sending to each in turn
+#             sharing a redis-server as a cluster store, the client
+#             sending to each in turn
 #   private2, shared2  precise, two tenants sending the same system prompts
 #             in turn, with prefix_cache = "private" (each tenant's own
 #             cache_salt) or "shared" (no salt)
@@ -47,7 +48,7 @@ LOAD_ARGS=(--prefixes "${PREFIXES:-12}" --prefix-tokens "${PREFIX_TOKENS:-900}"
 E1=http://127.0.0.1:8111 E2=http://127.0.0.1:8112
 WORK=$(mktemp -d)
 cleanup() {
-  kill $(jobs -p) 2>/dev/null || true
+  kill $(jobs -p) ${STORE_PID:-} 2>/dev/null || true
   [[ -n ${KEEP_ENGINES:-} ]] || { "$TOOL" stop 8111 >/dev/null 2>&1 || true; "$TOOL" stop 8112 >/dev/null 2>&1 || true; }
   rm -rf "$WORK"
 }
@@ -64,7 +65,14 @@ for i in 1 2; do
     "$TOOL" start "$port" >&2
 done
 
-# A gateway for router $1 on port $2 (admin on $2+1), its log $3.
+# The replicas' store.
+STORE_PORT=$((19600 + RANDOM % 300))
+redis-server --port "$STORE_PORT" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 &
+STORE_PID=$!
+disown "$STORE_PID" # not one of the runs' jobs, which each run ends
+
+# A gateway for router $1 on port $2 (admin on $2+1); with $3, a replica
+# of a cluster whose keys start with $3.
 gateway() {
   local routing=least_outstanding extra="" kv1="" kv2="" cache=private
   if [[ $1 != lo ]]; then
@@ -77,10 +85,19 @@ prefix_block_tokens = 128"
     kv2=", kv_events = { endpoint = \"tcp://127.0.0.1:8212\", replay = \"tcp://127.0.0.1:8312\" }"
   fi
   [[ $1 == shared2 ]] && cache=shared
+  local cluster=""
+  # Replicas share the policy's state, and where each prefix lives,
+  # through a store (docs/cluster.md).
+  [[ -n ${3:-} ]] && cluster="[cluster]
+store = \"redis://127.0.0.1:$STORE_PORT\"
+replica = \"r$2\"
+key_prefix = \"$3\""
   cat > "$WORK/policy-$2.toml" <<TOML
 [server]
 listen = "127.0.0.1:$2"
 admin_listen = "127.0.0.1:$(($2 + 1))"
+
+$cluster
 
 [[pools]]
 model = "mid"
@@ -128,10 +145,11 @@ for load in $LOADS; do
           target=http://127.0.0.1:$port ;;
         *3)
           # Three replicas, each following the engines (precise) or its
-          # own history (approx); the client sends to them in turn.
+          # own history (approx), sharing a store (a key prefix of their
+          # own each run); the client sends to them in turn.
           target=spread:
           for k in 0 2 4; do
-            gateway "${r%3}" $((port + k))
+            gateway "${r%3}" $((port + k)) "fw$r$round"
             target+=http://127.0.0.1:$((port + k)),
           done
           target=${target%,} ;;

@@ -1049,3 +1049,90 @@ async fn an_idle_tenant_costs_the_store_nothing_between_keepalives() {
         "{busy} commands a second for 10 active tenants"
     );
 }
+
+/// Prefix-aware routing over replicas that each route on their own
+/// history (no KV events): the replicas share where each prefix lives
+/// through the store, so a prefix placed at one replica goes to the same
+/// engine from every other, and finds its blocks cached there.
+#[tokio::test]
+async fn replicas_send_each_prefix_to_the_engine_one_of_them_placed_it_on() {
+    let _serial = SERIAL.lock().await;
+    let redis = RedisServer::start();
+    let mut engines = Vec::new();
+    for _ in 0..2 {
+        engines.push(
+            fairway::sim::backend::SimBackend::builder(M)
+                .max_num_seqs(16)
+                .kv_tokens(64 * 1024)
+                .decode_step(Duration::from_millis(2), Duration::ZERO)
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    let text = |replica: &str| {
+        format!(
+            "{SERVER}\n[cluster]\nstore = \"{}\"\nreplica = \"{replica}\"\nsync_interval = \"100ms\"\nreplica_ttl = \"600ms\"\n\
+             [[pools]]\nmodel = \"{M}\"\nrouting = \"prefix_aware\"\nprefix_block_tokens = 16\n\
+             [[pools.backends]]\nname = \"e0\"\nurl = \"http://{}\"\n[[pools.backends]]\nname = \"e1\"\nurl = \"http://{}\"\n\
+             [[tenants]]\nname = \"a\"\napi_keys = [\"{KEY}\"]\nprefix_cache = \"shared\"\n",
+            redis.url(),
+            engines[0].addr(),
+            engines[1].addr()
+        )
+    };
+    let gws = [
+        gateway(&text("r1"), &[]).await,
+        gateway(&text("r2"), &[]).await,
+        gateway(&text("r3"), &[]).await,
+    ];
+    let c = client();
+    // Prompts of about 600 tokens, distinct per `n`.
+    let chat = |n: u32, q: &str| {
+        let system = format!("You are assistant number {n}. ").repeat(80);
+        format!(
+            r#"{{"model":"{M}","max_tokens":2,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{q}"}}]}}"#
+        )
+    };
+    let cached = async |gw: &Server, body: String| {
+        let r = send(&c, post(gw.addr(), "/v1/chat/completions", Some(KEY), body)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    // Eight prefixes, each first sent to replica 1.
+    for n in 0..8 {
+        assert_eq!(cached(&gws[0], chat(n, "first")).await, 0);
+    }
+    let homes = async |gw: &Server, replica: &str, way: &str| {
+        let m = scrape(gw).await;
+        metric(
+            &m,
+            &format!("fairway_cluster_prefix_homes_total{{replica=\"{replica}\",way=\"{way}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            homes(&gws[1], "r2", "learned").await >= 8.0
+                && homes(&gws[2], "r3", "learned").await >= 8.0
+        })
+        .await,
+        "the other replicas never learned the homes"
+    );
+    assert_eq!(homes(&gws[0], "r1", "published").await, 8.0);
+    // The others send each prefix where replica 1 placed it (in another
+    // order than replica 1 saw them, which placed by its own history
+    // would give some another engine): every request finds its prefix.
+    for (i, gw) in gws[1..].iter().enumerate() {
+        for n in (0..8).rev() {
+            let got = cached(gw, chat(n, &format!("from {i}"))).await;
+            assert!(got > 500, "prefix {n} at replica {}: {got} cached", i + 2);
+        }
+    }
+    assert_eq!(homes(&gws[1], "r2", "published").await, 0.0);
+    assert_eq!(homes(&gws[0], "r1", "moved").await, 0.0);
+    let m = scrape(&gws[1]).await;
+    promtool_check(&m);
+}

@@ -168,3 +168,38 @@ fn the_replay_predicts_the_real_engines_ratios_within_15_percent() {
     }
     assert!(failed.is_empty(), "{failed:?}");
 }
+
+/// Three replicas routing on their own history (approximate mode) keep
+/// one replica's hit rate on the closed load within 5 %: they share
+/// where each prefix lives (`cluster::homes`), as the real bench's
+/// replicas do through the store.
+#[test]
+fn three_approximate_replicas_keep_one_replicas_hit_rate() {
+    let p = policy();
+    let work = scenario("closed").generate("mid", 1);
+    let all = variants(&p, Some(Compare::Routing));
+    let run = |replicas| {
+        let opts = RunOptions {
+            seed: 1,
+            progress: None,
+            replicas,
+            ingress: Default::default(),
+        };
+        run_variant(&p, &work, all[1], &opts).0
+    };
+    let (one, three) = (run(1), run(3));
+    let hit = |r: &RunReport| r.prefix.as_ref().unwrap().hit_rate;
+    println!(
+        "approximate: one replica {:.3} hit, {:.2} req/s; three {:.3} hit, {:.2} req/s",
+        hit(&one),
+        one.throughput_rps,
+        hit(&three),
+        three.throughput_rps
+    );
+    assert!(
+        hit(&three) >= 0.95 * hit(&one),
+        "{} against {}",
+        hit(&three),
+        hit(&one)
+    );
+}

@@ -22,6 +22,11 @@ pub struct Member {
     pub(super) store_errors: AtomicU64,
     /// Syncs that succeeded: the store round trips.
     pub(super) syncs: AtomicU64,
+    /// Prefix homes this replica published, took from others, and moved
+    /// (its own lost to an earlier one): [`super::homes`].
+    pub(super) homes_published: AtomicU64,
+    pub(super) homes_learned: AtomicU64,
+    pub(super) homes_moved: AtomicU64,
     /// Woken when a request was refused for want of a lease.
     pub(super) starved: tokio::sync::Notify,
     /// Per tenant: this replica's share of its limits, its demand here and
@@ -85,12 +90,26 @@ pub struct View {
     pub store_errors: u64,
     /// Successful syncs (store round trips) so far.
     pub syncs: u64,
+    /// Prefix homes shared with the other replicas.
+    pub homes: HomesShared,
     /// Whether the limits are leased from the store (else shared locally).
     pub leasing: bool,
     pub tenants: std::collections::BTreeMap<String, TenantShare>,
     pub pools: std::collections::BTreeMap<String, PoolShare>,
     /// What this replica holds of each leased limit.
     pub leases: Vec<LeaseHeld>,
+}
+
+/// Prefix homes shared with the other replicas ([`super::homes`]), since
+/// start.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct HomesShared {
+    /// Homes this replica gave new prefixes, published.
+    pub published: u64,
+    /// Homes other replicas gave first, taken here.
+    pub learned: u64,
+    /// Homes of this replica's that another's came before, moved there.
+    pub moved: u64,
 }
 
 /// One leased limit held here.
@@ -111,6 +130,9 @@ impl Member {
             rtt_micros: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            homes_published: AtomicU64::new(0),
+            homes_learned: AtomicU64::new(0),
+            homes_moved: AtomicU64::new(0),
             starved: tokio::sync::Notify::new(),
             tenants: Mutex::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
@@ -171,6 +193,11 @@ impl Member {
             store_rtt_seconds: self.rtt_micros.load(Ordering::Relaxed) as f64 / 1e6,
             store_errors: self.store_errors.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
+            homes: HomesShared {
+                published: self.homes_published.load(Ordering::Relaxed),
+                learned: self.homes_learned.load(Ordering::Relaxed),
+                moved: self.homes_moved.load(Ordering::Relaxed),
+            },
             leasing: self.store_up(),
             tenants: self
                 .tenants

@@ -12,15 +12,20 @@
 //! the store is unreachable (`on_store_failure = "local"`) a replica keeps
 //! the last shares it computed, logs the change once and counts it in
 //! `fairway_cluster_store_up`; when the store returns it registers again
-//! and resyncs. `docs/cluster.md` has the design and the bounds.
+//! and resyncs. The replicas also share where each prefix lives
+//! (`homes`), so that prefix-aware routing keeps one partition of the
+//! prefixes over the engines. `docs/cluster.md` has the design and the
+//! bounds.
 
 mod connection;
+mod homes;
 mod member;
 mod shares;
 mod store;
 mod sync;
 
 pub use connection::{Connection, connection};
+pub use homes::{Entry, Ledger};
 pub use member::*;
 pub use shares::{DemandMeter, Shape, apportion, shares, water_fill};
 pub use store::{Answer, Demands, Store, lease_prefix, undistributed};

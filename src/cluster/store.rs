@@ -9,6 +9,7 @@ use crate::config::ClusterPolicy;
 use crate::core::admission::{LeaseAnswer, LeaseAsk, LeaseKind};
 
 use super::connection::{Connection, connection};
+use super::homes::{Entry, HomesStream};
 
 /// One sync of replica `ARGV[1]`, on the store's clock (`TIME`): renews
 /// its membership until now + `ARGV[2]` ms and drops the expired; stores
@@ -167,6 +168,7 @@ pub struct Store {
     replica: String,
     ttl_ms: u64,
     sync: Script,
+    homes: HomesStream,
 }
 
 impl std::fmt::Debug for Store {
@@ -229,6 +231,7 @@ impl Store {
             replica: replica.to_owned(),
             ttl_ms: u64::try_from(policy.replica_ttl.as_millis()).unwrap_or(u64::MAX),
             sync: Script::new(SYNC),
+            homes: HomesStream::new(&tag),
         })
     }
 
@@ -262,6 +265,17 @@ impl Store {
         }
         let flat: Vec<String> = call.invoke_async(&mut self.con).await?;
         Ok(parse_answer(&flat))
+    }
+
+    /// Publishes the homes this replica gave new prefixes and reads every
+    /// replica's since the last call ([`super::homes`]).
+    pub async fn exchange_homes(
+        &mut self,
+        placed: &[crate::core::scheduler::PlacedHome],
+    ) -> redis::RedisResult<Vec<Entry>> {
+        self.homes
+            .exchange(&mut self.con, &self.replica, placed)
+            .await
     }
 
     /// Leaves the cluster.

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ClusterPolicy;
 use crate::core::admission::{LeaseAnswer, LeaseAsk};
 
+use super::homes::Ledger;
 use super::member::{Member, default_replica_name};
 use super::shares::{DemandMeter, Shape, shares};
 use super::store::{Answer, Store};
@@ -30,6 +31,7 @@ pub async fn join(policy: &ClusterPolicy) -> Result<(Syncer, Member), String> {
         meter: DemandMeter::new(policy.sync_interval),
         short: Vec::new(),
         ask_all: false,
+        ledger: Ledger::default(),
     };
     syncer.exchange(&member, &[], &[], &Shape::default()).await;
     Ok((syncer, member))
@@ -50,6 +52,11 @@ pub trait Replica: Send + Sync {
     /// The membership or the demand moved: hands the scheduler this
     /// replica's new shares of the policy.
     fn apply_share(&self);
+    /// The homes this replica's prefix strategy gave new prefixes since
+    /// the last call.
+    fn placed_homes(&self) -> Vec<crate::core::scheduler::PlacedHome>;
+    /// What the cluster decided of the prefixes' homes ([`super::homes`]).
+    fn homes_changed(&self, changes: &[crate::core::prefix::homes::HomeChange]);
 }
 
 /// A replica's link to the store: its connection and what it measures
@@ -65,6 +72,8 @@ pub struct Syncer {
     /// empty, or came back after this replica lost it).
     short: Vec<(String, crate::core::admission::LeaseKind)>,
     ask_all: bool,
+    /// The first home of each prefix, as published ([`super::homes`]).
+    ledger: Ledger,
 }
 
 impl Syncer {
@@ -105,6 +114,47 @@ impl Syncer {
             }
             replica.apply_share();
         }
+        self.share_homes(member, replica).await;
+    }
+
+    /// Publishes the homes this replica gave new prefixes and takes what
+    /// the cluster decided of every replica's ([`super::homes`]), when a
+    /// pool routes on prefixes. While the store is down the placements
+    /// are dropped: they are hints, and each replica keeps its own homes.
+    async fn share_homes(&mut self, member: &Member, replica: &dyn Replica) {
+        let routed = replica
+            .policy()
+            .pools
+            .iter()
+            .any(|p| p.routing == crate::core::spec::Strategy::PrefixAware);
+        let placed = replica.placed_homes();
+        if !routed || !member.store_up() {
+            return;
+        }
+        let exchanged = tokio::time::timeout(self.interval, self.store.exchange_homes(&placed));
+        let entries = match exchanged.await {
+            Ok(Ok(entries)) => entries,
+            Ok(Err(e)) => {
+                tracing::debug!(replica = %member.replica, cause = %e, "prefix homes not shared");
+                return;
+            }
+            Err(_) => return,
+        };
+        member
+            .homes_published
+            .fetch_add(placed.len() as u64, Ordering::Relaxed);
+        let changes = self.ledger.read(&member.replica, entries);
+        if changes.is_empty() {
+            return;
+        }
+        for c in &changes {
+            let counter = match c {
+                crate::core::prefix::homes::HomeChange::Placed { .. } => &member.homes_learned,
+                crate::core::prefix::homes::HomeChange::Moved { .. } => &member.homes_moved,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        replica.homes_changed(&changes);
     }
 
     /// One round trip, publishing `demand` and settling `asks`; updates

@@ -41,6 +41,7 @@ mod outlier;
 mod preemption;
 mod prefix_events;
 mod registry;
+mod shared_homes;
 mod slo;
 mod state;
 mod views;
@@ -63,6 +64,7 @@ use crate::core::time::Instant;
 pub use lease::{LEASE_KEEPALIVE, STAGGER_SECS};
 pub use outlier::{EjectReason, Ejection};
 pub use prefix_events::PrefixEvent;
+pub use shared_homes::PlacedHome;
 use state::{BackendState, Phase, PoolState, Req, Slab, TenantState, pool_capacity};
 pub use views::{BackendView, PrefixView, TenantView};
 
@@ -213,6 +215,9 @@ pub struct Scheduler {
     rng: SmallRng,
     scratch: Vec<Candidate>,
     adapters: adapters::Adapters,
+    /// New homes for the other replicas of a cluster, by the next sync
+    /// (`shared_homes`); `None` when not shared.
+    placed: Option<Vec<(BackendId, Vec<u64>)>>,
 }
 
 impl Scheduler {
@@ -246,6 +251,7 @@ impl Scheduler {
             rng: SmallRng::seed_from_u64(seed),
             scratch: Vec::new(),
             adapters: adapters::Adapters::default(),
+            placed: None,
         };
         s.apply_policy(spec, now);
         s

@@ -143,7 +143,10 @@ impl Server {
             None => (None, None),
         };
         let spec = crate::gateway::handle::cluster_spec(&policy, cluster.as_deref());
-        let sched = Scheduler::new(&spec, clock.now(), rand::random());
+        let mut sched = Scheduler::new(&spec, clock.now(), rand::random());
+        if cluster.is_some() {
+            sched.share_homes();
+        }
         let fairness = FairnessMeter::new(policy.telemetry.fairness_window);
         let policy_telemetry = policy.telemetry.clone();
         let metrics = Metrics::new();

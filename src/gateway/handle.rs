@@ -419,4 +419,13 @@ impl crate::cluster::Replica for Gateway {
     fn apply_share(&self) {
         self.apply_cluster_share();
     }
+
+    fn placed_homes(&self) -> Vec<crate::core::scheduler::PlacedHome> {
+        self.sched.with(|s| s.placed_homes())
+    }
+
+    fn homes_changed(&self, changes: &[crate::core::prefix::homes::HomeChange]) {
+        let now = self.clock.now();
+        self.sched.with(|s| s.homes_changed(now, changes));
+    }
 }

@@ -219,6 +219,9 @@ struct Sim<'p> {
     lease_ahead: Duration,
     /// The store's side of every leased limit, by tenant and limit.
     limits: HashMap<(String, LeaseKind), SharedLimit>,
+    /// Each replica's ledger of the prefixes' first homes, as the live
+    /// sync keeps it (`crate::cluster::Ledger`).
+    ledgers: Vec<crate::cluster::Ledger>,
     backends: Vec<Backend>,
     /// (Replica, scheduler request) → workload index.
     by_req: HashMap<(usize, RequestId), usize>,
@@ -276,10 +279,12 @@ impl<'p> Sim<'p> {
         } else {
             policy.scheduler_spec()
         };
-        let scheds: Vec<Scheduler> = (0..u64::from(n))
+        let mut scheds: Vec<Scheduler> = (0..u64::from(n))
             .map(|r| Scheduler::new(&spec, Instant::ZERO, opts.seed.wrapping_add(r)))
             .collect();
-        let mut scheds = scheds;
+        if n > 1 {
+            scheds.iter_mut().for_each(Scheduler::share_homes);
+        }
         let mut backends = Vec::new();
         let ids: Vec<BackendId> = scheds[0].backends().collect();
         for b in ids {
@@ -386,6 +391,7 @@ impl<'p> Sim<'p> {
                 .as_ref()
                 .map_or(Duration::from_secs(2), |c| c.lease_ahead),
             limits: HashMap::new(),
+            ledgers: (0..n).map(|_| crate::cluster::Ledger::default()).collect(),
             replica_of,
             scheds,
             backends,

@@ -370,6 +370,22 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     );
     prom::family(
         w,
+        "fairway_cluster_prefix_homes_total",
+        Kind::Counter,
+        "Prefix homes shared with the other replicas: published (given to new prefixes here), learned (given first by another replica), moved (given here after another replica's, moved to it).",
+    );
+    for (way, n) in [
+        ("published", c.homes.published),
+        ("learned", c.homes.learned),
+        ("moved", c.homes.moved),
+    ] {
+        let _ = writeln!(
+            w,
+            "fairway_cluster_prefix_homes_total{{replica=\"{replica}\",way=\"{way}\"}} {n}"
+        );
+    }
+    prom::family(
+        w,
         "fairway_cluster_leasing",
         Kind::Gauge,
         "1 while tenants' limits are leased from the store (exact for the cluster); 0 while this replica enforces its share locally (store unreachable).",

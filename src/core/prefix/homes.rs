@@ -72,6 +72,12 @@ impl Homes {
         self.table.stored(now, backend, keys);
     }
 
+    /// `backend` is no longer a home of `keys` (another replica's home
+    /// for them came first).
+    pub fn unsettle(&mut self, backend: BackendId, keys: &[u64]) {
+        self.table.removed(backend, keys);
+    }
+
     /// Blocks homed on `backend` (until their slots are reused): its
     /// share of the partition.
     pub fn footprint(&self, backend: BackendId) -> usize {
@@ -96,4 +102,21 @@ impl Homes {
     pub fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
+}
+
+/// What the cluster decided of a prefix's home, by backend name (the
+/// replicas' ids differ): handed to each replica's scheduler
+/// (`Scheduler::homes_changed`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HomeChange {
+    /// Another replica gave the prefix of `keys` (a chain) a home on
+    /// `backend`, first.
+    Placed { backend: String, keys: Vec<u64> },
+    /// This replica's home for `keys` on `from` lost to an earlier one on
+    /// `to`.
+    Moved {
+        from: String,
+        to: String,
+        keys: Vec<u64>,
+    },
 }

@@ -14,10 +14,13 @@
 //!   (`Homes`: where earlier requests of that prefix went, whether or
 //!   not the engine still holds them), it goes to the home within
 //!   [`SPILL_GAP`] of the least loaded backend's load (outstanding
-//!   requests over its window) that holds the most of it, then the least
-//!   loaded; but when that home holds none of it and another backend
-//!   holds at least half (another replica placed it there), that one is
-//!   *adopted* as a home, so that replicas converge on one partition;
+//!   requests over its whole window, [`Candidate::whole_load`]: in a
+//!   cluster each replica holds a share of the window, and half of a
+//!   third of a window is one request) that holds the most of it, then
+//!   the least loaded; but when that home's engine reports it holds none
+//!   of it and another backend holds at least half (another replica
+//!   placed it there), that one is *adopted* as a home, so that replicas
+//!   converge on one partition;
 //! - **spill**: with no home within the bound, it goes to the least loaded
 //!   backend, for this request only, as it does when its home cannot
 //!   take a request now (a full window, no headroom): a copy made for a peak does not become a home,
@@ -72,11 +75,13 @@ pub fn prefix_aware(
     homed: u32,
     rng: &mut impl Rng,
 ) -> (usize, Placement) {
+    // The bound in requests over the backends' whole windows: the same
+    // for one replica as for several, each of whose windows is a share.
     let least = cands
         .iter()
-        .map(Candidate::load)
+        .map(Candidate::whole_load)
         .fold(f64::INFINITY, f64::min);
-    let within = |c: &Candidate| c.load() - least <= SPILL_GAP;
+    let within = |c: &Candidate| c.whole_load() - least <= SPILL_GAP;
     let half = prompt / 2;
     let Some(family) = family else {
         let i = pick_by(cands, rng, |c| Some((c.load(), 0.0))).unwrap_or(0);
@@ -106,11 +111,14 @@ pub fn prefix_aware(
         let Some(home) = home else {
             return (lent(cands, rng), Placement::Spill);
         };
-        // Its home holds none of it and another backend does (another
-        // replica placed it there): that one becomes a home, so that
-        // replicas converge on one partition; a home that evicted it
-        // and has no rival holder keeps it.
+        // Its home's engine says it holds none of it and another backend
+        // does (another replica placed it there): that one becomes a
+        // home, so that replicas converge on one partition; a home that
+        // evicted it and has no rival holder keeps it. Without the
+        // engine's word, the home keeps it: this replica's sends alone
+        // do not say what other replicas sent there.
         if cands[home].cached_tokens == 0
+            && cands[home].events
             && let Some(i) = holder(rng)
         {
             return (i, Placement::Adopted);
@@ -241,8 +249,10 @@ mod tests {
             in_flight,
             waiting: 0,
             window: 8,
+            window_share: 1.0,
             kv_usage: None,
             cached_tokens: cached,
+            events: true,
             home_tokens: home,
             homed: 0.0,
             need: 0.1,
@@ -269,6 +279,14 @@ mod tests {
         );
         // Held by both: its home.
         let c = [cand(0, 1, 900, 0), cand(1, 5, 900, 900)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
+            (1, Placement::Home)
+        );
+        // Only this replica's sends say 0 holds it (no events): its home
+        // may hold it from another replica's, and keeps it.
+        let mut c = [cand(0, 1, 900, 0), cand(1, 5, 0, 900)];
+        c.iter_mut().for_each(|c| c.events = false);
         assert_eq!(
             prefix_aware(&c, 1000, FAMILY, 0, &mut rng),
             (1, Placement::Home)

@@ -322,6 +322,13 @@ impl Scheduler {
             Placement::Adopted | Placement::New => &req.prefix[..],
         };
         h.settle(now, backend, keys);
+        // A new home, for the other replicas (`shared_homes`).
+        if placed == Placement::New
+            && let Some(shared) = self.placed.as_mut()
+            && shared.len() < super::shared_homes::PLACED_CAP
+        {
+            shared.push((backend, keys.to_vec()));
+        }
     }
 
     /// Sends queued request `id` of `tenant`, just popped from `pool`'s

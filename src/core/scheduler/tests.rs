@@ -1774,3 +1774,82 @@ fn a_preempted_request_whose_response_ended_anyway_is_cancelled_not_run_again() 
     let (_, ds2) = s.on_completion(t(50), app, None).unwrap();
     assert!(dispatched(&ds).is_empty() && dispatched(&ds2).is_empty());
 }
+
+#[test]
+fn homes_shared_by_a_cluster_are_handed_out_taken_and_moved() {
+    use crate::core::prefix::homes::HomeChange;
+    let mut s = prefix_scheduler(crate::core::spec::PrefillCharge::Full);
+    s.share_homes();
+    let base = arrival(&s, "a");
+    let mut at = 0;
+    let mut send = |s: &mut Scheduler, keys: Vec<u64>| {
+        let a = Arrival {
+            prefix: keys,
+            lane: super::Lane::Live,
+            ..base.clone()
+        };
+        at += 1;
+        let (id, ds) = s.on_arrival(t(at), a).unwrap();
+        let b = dispatched(&ds)[0].1;
+        s.on_completion(t(at) + Duration::from_millis(500), id, None)
+            .unwrap();
+        b
+    };
+    let chain = |first: u64, last: u64| -> Vec<u64> { (first..first + 9).chain([last]).collect() };
+    let name = |s: &Scheduler, b: BackendId| s.backend_name(b).to_owned();
+    // A new prefix is placed here and handed to the sync, once.
+    let home = send(&mut s, chain(1, 100));
+    let placed = s.placed_homes();
+    assert_eq!(
+        placed,
+        vec![PlacedHome {
+            backend: name(&s, home),
+            keys: chain(1, 100)
+        }]
+    );
+    assert!(s.placed_homes().is_empty());
+    // Its next request goes home, and homes nothing new.
+    assert_eq!(send(&mut s, chain(1, 101)), home);
+    assert!(s.placed_homes().is_empty());
+    // Another replica's home for it came first, on the other backend:
+    // this replica's moves there, and so do its requests (what it sent
+    // `home` is forgotten, or the prefix would be adopted there again).
+    let other = BackendId(1 - home.0);
+    s.homes_changed(
+        t(10),
+        &[HomeChange::Moved {
+            from: name(&s, home),
+            to: name(&s, other),
+            keys: chain(1, 100),
+        }],
+    );
+    assert_eq!(send(&mut s, chain(1, 102)), other);
+    // Prefixes another replica placed first, all on one backend: their
+    // first requests here go there, although new prefixes would have
+    // been spread.
+    for p in 0..4 {
+        s.homes_changed(
+            t(20),
+            &[HomeChange::Placed {
+                backend: name(&s, home),
+                keys: chain(1000 * (p + 1), 200),
+            }],
+        );
+    }
+    for p in 0..4 {
+        assert_eq!(
+            send(&mut s, chain(1000 * (p + 1), 300 + p)),
+            home,
+            "prefix {p}"
+        );
+    }
+    assert!(s.placed_homes().is_empty(), "none of them was new here");
+    // Names it does not know change nothing.
+    s.homes_changed(
+        t(30),
+        &[HomeChange::Placed {
+            backend: "gone".into(),
+            keys: chain(9000, 1),
+        }],
+    );
+}

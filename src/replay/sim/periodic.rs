@@ -55,6 +55,34 @@ impl Sim<'_> {
             let d = self.scheds[r].apply_policy(&spec, now);
             self.pending.extend(d.into_iter().map(|d| (r, d)));
         }
+        self.share_homes(now, &names);
+    }
+
+    /// The replicas' new prefix homes, appended to the store's stream in
+    /// replica order and read by every replica, as the live sync does
+    /// (`crate::cluster::homes`).
+    fn share_homes(&mut self, now: Instant, names: &[String]) {
+        let ms = now.as_nanos() / 1_000_000;
+        let mut entries = Vec::new();
+        for (sched, name) in self.scheds.iter_mut().zip(names) {
+            entries.extend(
+                sched
+                    .placed_homes()
+                    .into_iter()
+                    .map(|placed| crate::cluster::Entry {
+                        ms,
+                        replica: name.clone(),
+                        placed,
+                    }),
+            );
+        }
+        if entries.is_empty() {
+            return;
+        }
+        for ((sched, ledger), name) in self.scheds.iter_mut().zip(&mut self.ledgers).zip(names) {
+            let changes = ledger.read(name, entries.clone());
+            sched.homes_changed(now, &changes);
+        }
     }
 
     /// After every step: the fairness measure's sample when the set of
