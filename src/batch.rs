@@ -12,6 +12,7 @@
 //! let another replica take over a batch whose replica died.
 
 pub mod attempt;
+mod messages;
 mod metrics;
 pub mod runner;
 pub mod store;

@@ -652,3 +652,31 @@ async fn a_full_disk_pauses_a_batch_and_it_completes_once_freed() {
     );
     assert!(sent() as f64 <= n as f64 + retried, "{} sent", sent());
 }
+
+/// Items refused at once by their owner's rate limit (a 429 before any
+/// backend is asked) end within microseconds of their start, before the
+/// runner could have recorded them if it recorded after spawning: each is
+/// tried again after its `retry-after`, and the batch completes with
+/// every item once (a record left behind by an item that ended first
+/// would hold the batch open until it expired).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_refused_at_once_are_tried_again_and_the_batch_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, b1) = (sim("m", 8).await, sim("m", 8).await);
+    // Not resumable: a resumable item waits out a 429 in its own task.
+    let text = policy(dir.path(), "resume = false").replace(
+        "name = \"evals\"\napi_keys = [\"ke\"]",
+        "name = \"evals\"\napi_keys = [\"ke\"]\nrate = 10\nburst = 1",
+    );
+    let gw = gateway(&text, &[&b0, &b1]).await;
+    let addr = gw.addr();
+    let id = start(addr, 12, 4).await;
+    let b = ended(addr, "ke", &id, Duration::from_secs(20)).await;
+    assert_eq!(b["status"], "completed", "{b}");
+    assert_eq!(b["request_counts"]["completed"], 12, "{b}");
+    let out = lines(addr, "ke", b["output_file_id"].as_str().unwrap()).await;
+    assert_eq!(out.len(), 12);
+    let m = scrape(&gw).await;
+    let retried = metric(&m, "fairway_batch_items_retried_total{tenant=\"evals\"}").unwrap();
+    assert!(retried > 0.0, "no item was refused at once: {m}");
+}

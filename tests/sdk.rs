@@ -33,6 +33,19 @@ async fn official_sdks_work_through_the_gateway() {
 /// against a gateway with `[batch]` on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdk_runs_batches_through_the_gateway() {
+    batch_sdk("batches.py", "batch sdk checks ok").await;
+}
+
+/// The `anthropic` SDK's Message Batches calls
+/// (`tests/sdk/message_batches.py`) against the same gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_anthropic_sdk_runs_message_batches_through_the_gateway() {
+    batch_sdk("message_batches.py", "message batch sdk checks ok").await;
+}
+
+/// Runs `tests/sdk/{script}` against a gateway with `[batch]` on: tenants
+/// `api` (`ka`) and `evals` (`ke`), two simulated backends of `m`.
+async fn batch_sdk(script: &str, ok_line: &str) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = std::env::var_os("FAIRWAY_SDK_PYTHON")
         .map_or_else(|| root.join("target/sdk-venv/bin/python"), Into::into);
@@ -67,8 +80,8 @@ api_keys = ["ke"]
     );
     let gw = gateway(&policy, &[&b0, &b1]).await;
     let url = format!("http://{}", gw.addr());
-    let script = root.join("tests/sdk/batches.py");
+    let script = root.join("tests/sdk").join(script);
     let (ok, text) = run_python(python, script, vec![url.into()]).await;
     assert!(ok, "batch SDK checks failed:\n{text}");
-    assert!(text.contains("batch sdk checks ok"), "{text}");
+    assert!(text.contains(ok_line), "{text}");
 }

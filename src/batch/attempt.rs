@@ -193,6 +193,7 @@ fn call_of(endpoint: &str) -> Call {
     match endpoint {
         "/v1/responses" => Call::Responses,
         "/v1/embeddings" => Call::Pooling,
+        "/v1/messages" => Call::Messages,
         _ => Call::Completions,
     }
 }

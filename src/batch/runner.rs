@@ -37,17 +37,26 @@
 //! tries the store again after a backoff that doubles from 1 s to 30 s,
 //! writes what it kept, and goes on. An item whose result could not be
 //! stored is never sent to its backend again for that (`writes`).
+//!
+//! The runner's task owns the running batches (`Runs`) and its items'
+//! tasks (`items`): an item's task runs it and stores its result, and the
+//! runner takes what it came to from the set it spawned it in. What the
+//! API and the scrapes read of it is published after each change
+//! ([`Runner`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+mod items;
 mod writes;
 
-use writes::{StoreWrites, store_held};
+use items::ItemSet;
+use writes::StoreWrites;
 
 use super::Batches;
 use super::attempt::{Resumes, Target, Tried, try_item};
@@ -59,17 +68,24 @@ const TICK: Duration = Duration::from_millis(250);
 /// How often ended batches past their retention are removed (at most).
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 
-/// The runner's state: what each running batch has in flight.
+/// What the runner shows the API and the scrapes, and how they wake it.
+/// Its own state is its task's (`Runs`).
 #[derive(Default)]
 pub struct Runner {
     wake: tokio::sync::Notify,
-    runs: Mutex<HashMap<String, Run>>,
+    /// Each running batch's view, as the runner last published it.
+    views: Mutex<HashMap<String, RunView>>,
     /// Since start, by tenant.
     resumes: Mutex<BTreeMap<String, Resumes>>,
+    /// Each running batch's, since the runner picked it up.
+    batch_resumes: Mutex<HashMap<String, Resumes>>,
     /// The unfinished batches as the last step read them (every replica's,
     /// with the shared store), for the scrapes.
     seen: Mutex<Vec<StoredBatch>>,
     writes: Mutex<StoreWrites>,
+    /// Results the store refused, held until it takes them, as last
+    /// published.
+    held: AtomicUsize,
 }
 
 /// What the runner knows of a running batch now.
@@ -87,18 +103,13 @@ pub struct RunView {
 impl Runner {
     /// Each running batch's view, by id.
     pub fn runs(&self) -> HashMap<String, RunView> {
-        self.runs
-            .lock()
-            .iter()
-            .map(|(id, r)| {
-                let view = RunView {
-                    in_flight: u32::try_from(r.in_flight.len()).unwrap_or(u32::MAX),
-                    projected: r.projected,
-                    resumes: r.resumes,
-                };
-                (id.clone(), view)
-            })
-            .collect()
+        let mut views = self.views.lock().clone();
+        for (id, r) in self.batch_resumes.lock().iter() {
+            if let Some(v) = views.get_mut(id) {
+                v.resumes = *r;
+            }
+        }
+        views
     }
 
     /// The unfinished batches as the last look read them.
@@ -109,9 +120,8 @@ impl Runner {
     /// Whether the store takes the runner's writes, its failures since
     /// start, and the results held until it does.
     pub fn store_writes(&self) -> (bool, u64, usize) {
-        let held = self.runs.lock().values().map(|r| r.unstored.len()).sum();
         let w = self.writes.lock();
-        (w.up(), w.failures_total, held)
+        (w.up(), w.failures_total, self.held.load(Ordering::Relaxed))
     }
 
     /// Preemptions of items and what became of them since start, by
@@ -124,8 +134,8 @@ impl Runner {
     /// its tenant and its batch.
     pub(super) fn note(&self, t: &Target<'_>, f: impl Fn(&mut Resumes)) {
         f(self.resumes.lock().entry(t.owner.to_owned()).or_default());
-        if let Some(run) = self.runs.lock().get_mut(t.batch) {
-            f(&mut run.resumes);
+        if let Some(r) = self.batch_resumes.lock().get_mut(t.batch) {
+            f(r);
         }
     }
 
@@ -136,6 +146,14 @@ impl Runner {
     }
 }
 
+/// The runner's own state: the running batches, and their items in
+/// flight.
+#[derive(Default)]
+struct Runs {
+    runs: HashMap<String, Run>,
+    items: ItemSet<ItemEnd>,
+}
+
 /// A running batch.
 struct Run {
     items: Arc<Vec<Item>>,
@@ -143,7 +161,6 @@ struct Run {
     done: HashSet<u32>,
     /// Results the store refused, written before anything new starts.
     unstored: BTreeMap<u32, ItemResult>,
-    in_flight: HashMap<u32, tokio::task::AbortHandle>,
     /// Lines waiting to be tried again, and when.
     retry_at: HashMap<u32, tokio::time::Instant>,
     tries: HashMap<u32, u32>,
@@ -152,8 +169,6 @@ struct Run {
     done_at_start: usize,
     /// When its last item is projected to have a result (Unix seconds).
     projected: Option<u64>,
-    /// Its items' preemptions since the runner picked it up.
-    resumes: Resumes,
 }
 
 impl Run {
@@ -176,11 +191,18 @@ pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
     let retention = b.limits.retention;
     let mut purge = tokio::time::interval(retention.min(PURGE_EVERY));
     purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut state = Runs::default();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             () = b.runner.wake.notified() => {}
             _ = tick.tick() => {}
+            Some(ended) = state.items.next(), if !state.items.is_empty() => {
+                state.item_ended(ended);
+                while let Some(ended) = state.items.try_next() {
+                    state.item_ended(ended);
+                }
+            }
             _ = purge.tick() => {
                 let before = crate::clock::unix_seconds().saturating_sub(retention.as_secs());
                 match b.store.purge(before).await {
@@ -191,64 +213,114 @@ pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
                 continue;
             }
         }
-        if !b.runner.writes.lock().ready(tokio::time::Instant::now()) {
-            continue;
+        if b.runner.writes.lock().ready(tokio::time::Instant::now()) {
+            match state.step(&b).await {
+                Ok(()) => b.runner.writes.lock().worked(),
+                Err(e) => b.runner.writes.lock().failed(&e, true),
+            }
         }
-        match step(&b).await {
-            Ok(()) => b.runner.writes.lock().worked(),
-            Err(e) => b.runner.writes.lock().failed(&e, true),
-        }
+        state.publish(&b.runner);
     }
     // Items in flight run again at the next start (or at the replica that
     // takes the batch over): they have no result.
-    let held: Vec<String> = {
-        let runs = b.runner.runs.lock();
-        for run in runs.values() {
-            for h in run.in_flight.values() {
-                h.abort();
-            }
-        }
-        runs.keys().cloned().collect()
-    };
+    state.items.stop_all();
+    let held: Vec<String> = state.runs.keys().cloned().collect();
     b.store.release(&held).await;
 }
 
-/// One look at every unfinished batch, earliest deadline first, once the
-/// results the store refused before are written.
-async fn step(b: &Arc<Batches>) -> Result<(), StoreError> {
-    store_held(b).await?;
-    let mut active = b.store.active_batches().await?;
-    active.sort_by_key(|s| s.batch.expires_at);
-    b.runner.seen.lock().clone_from(&active);
-    b.refresh_ended().await;
-    let ids: Vec<String> = active.iter().map(|s| s.batch.id.clone()).collect();
-    let mine = b.store.claim(&ids).await?;
-    // A batch that ended, or that another replica took over (this one
-    // missed renewing its lease): its items here stop.
-    b.runner.runs.lock().retain(|id, run| {
-        let keep = mine.contains(id);
-        if !keep {
-            for h in run.in_flight.values() {
-                h.abort();
+impl Runs {
+    /// One look at every unfinished batch, earliest deadline first, once
+    /// the results the store refused before are written.
+    async fn step(&mut self, b: &Arc<Batches>) -> Result<(), StoreError> {
+        self.store_held(b).await?;
+        let mut active = b.store.active_batches().await?;
+        active.sort_by_key(|s| s.batch.expires_at);
+        b.runner.seen.lock().clone_from(&active);
+        b.refresh_ended().await;
+        let ids: Vec<String> = active.iter().map(|s| s.batch.id.clone()).collect();
+        let mine = b.store.claim(&ids).await?;
+        // A batch that ended, or that another replica took over (this one
+        // missed renewing its lease): its items here stop.
+        let gone: Vec<String> = self
+            .runs
+            .keys()
+            .filter(|id| !mine.contains(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            self.forget(&b.runner, &id);
+        }
+        let now = crate::clock::unix_seconds();
+        let mut room = Room::default();
+        for sb in active.into_iter().filter(|sb| mine.contains(&sb.batch.id)) {
+            let expired = sb.batch.expires_at.is_some_and(|e| now >= e);
+            match sb.batch.status {
+                Status::Validating if expired => self.finalize(b, sb, Status::Expired).await?,
+                Status::Validating => validate(b, sb).await?,
+                Status::InProgress if expired => self.finalize(b, sb, Status::Expired).await?,
+                Status::InProgress => self.advance(b, sb, &mut room).await?,
+                Status::Cancelling => self.finalize(b, sb, Status::Cancelled).await?,
+                Status::Finalizing => self.finalize(b, sb, Status::Completed).await?,
+                _ => {}
             }
         }
-        keep
-    });
-    let now = crate::clock::unix_seconds();
-    let mut room = Room::default();
-    for sb in active.into_iter().filter(|sb| mine.contains(&sb.batch.id)) {
-        let expired = sb.batch.expires_at.is_some_and(|e| now >= e);
-        match sb.batch.status {
-            Status::Validating if expired => finalize(b, sb, Status::Expired).await?,
-            Status::Validating => validate(b, sb).await?,
-            Status::InProgress if expired => finalize(b, sb, Status::Expired).await?,
-            Status::InProgress => advance(b, sb, &mut room).await?,
-            Status::Cancelling => finalize(b, sb, Status::Cancelled).await?,
-            Status::Finalizing => finalize(b, sb, Status::Completed).await?,
-            _ => {}
+        Ok(())
+    }
+
+    /// Stops a batch here: its items in flight, its run (returned).
+    fn forget(&mut self, runner: &Runner, id: &str) -> Option<Run> {
+        self.items.stop(id);
+        runner.batch_resumes.lock().remove(id);
+        self.runs.remove(id)
+    }
+
+    /// What the API and the scrapes read of the runner, now.
+    fn publish(&self, runner: &Runner) {
+        let views = self
+            .runs
+            .iter()
+            .map(|(id, r)| {
+                let view = RunView {
+                    in_flight: u32::try_from(self.items.in_flight(id)).unwrap_or(u32::MAX),
+                    projected: r.projected,
+                    resumes: Resumes::default(),
+                };
+                (id.clone(), view)
+            })
+            .collect();
+        *runner.views.lock() = views;
+        let held = self.runs.values().map(|r| r.unstored.len()).sum();
+        runner.held.store(held, Ordering::Relaxed);
+    }
+
+    /// What an item's try came to, into its run (a panicked try is tried
+    /// again after a while).
+    fn item_ended(&mut self, (id, line, ended): items::Ended<ItemEnd>) {
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        let (tries, ended) = match ended {
+            Ok(ItemEnd { tries, ended }) => (tries, ended),
+            Err(e) => {
+                tracing::error!(batch = %id, line, error = %e, "batch item's task failed; it runs again");
+                let tries = run.tries.get(&line).copied().unwrap_or(0) + 1;
+                (tries, Ended::Again(Duration::from_secs(1)))
+            }
+        };
+        match ended {
+            Ended::Stored => {
+                run.done.insert(line);
+            }
+            Ended::Held(result) => {
+                run.unstored.insert(line, result);
+            }
+            Ended::Again(after) => {
+                run.tries.insert(line, tries);
+                run.retry_at
+                    .insert(line, tokio::time::Instant::now() + after);
+            }
         }
     }
-    Ok(())
 }
 
 /// The input file's items, checked against the policy now (`models`: that
@@ -349,116 +421,125 @@ impl Room {
     }
 }
 
-async fn advance(b: &Arc<Batches>, sb: StoredBatch, room: &mut Room) -> Result<(), StoreError> {
-    let id = sb.batch.id.clone();
-    if !b.runner.runs.lock().contains_key(&id) {
-        // It read when the batch started; only a file removed from under
-        // the store fails here, and then the batch ends when it expires.
-        let items = read_items(b, &sb, false).await.unwrap_or_default();
-        let done: HashSet<u32> = b.store.results(&id).await?.into_keys().collect();
-        b.runner.runs.lock().entry(id.clone()).or_insert(Run {
-            items: Arc::new(items),
-            done_at_start: done.len(),
-            done,
-            unstored: BTreeMap::new(),
-            in_flight: HashMap::new(),
-            retry_at: HashMap::new(),
-            tries: HashMap::new(),
-            started: tokio::time::Instant::now(),
-            projected: None,
-            resumes: Resumes::default(),
-        });
-    }
-    let mut start = Vec::new();
-    let total = usize::try_from(sb.batch.request_counts.total).unwrap_or(usize::MAX);
-    let (finished, promoted) = {
-        let mut runs = b.runner.runs.lock();
-        let Some(run) = runs.get_mut(&id) else {
-            return Ok(());
-        };
-        run.projected = run.projection(total, crate::clock::unix_seconds());
-        // Its window cannot be met at this rate: its items go in their
-        // owner's live lane, by its weight, rather than in the batch lane.
-        let promoted = run
-            .projected
-            .zip(sb.batch.expires_at)
-            .is_some_and(|(p, e)| p > e);
-        let now = tokio::time::Instant::now();
-        for item in run.items.iter() {
-            if run.done.contains(&item.line)
-                || run.unstored.contains_key(&item.line)
-                || run.in_flight.contains_key(&item.line)
-                || run.retry_at.get(&item.line).is_some_and(|t| *t > now)
-            {
-                continue;
-            }
-            if !room.take(b, &item.model) {
-                continue;
-            }
-            start.push(item.clone());
+impl Runs {
+    async fn advance(
+        &mut self,
+        b: &Arc<Batches>,
+        sb: StoredBatch,
+        room: &mut Room,
+    ) -> Result<(), StoreError> {
+        let id = sb.batch.id.clone();
+        if !self.runs.contains_key(&id) {
+            // It read when the batch started; only a file removed from under
+            // the store fails here, and then the batch ends when it expires.
+            let items = read_items(b, &sb, false).await.unwrap_or_default();
+            let done: HashSet<u32> = b.store.results(&id).await?.into_keys().collect();
+            self.runs.entry(id.clone()).or_insert(Run {
+                items: Arc::new(items),
+                done_at_start: done.len(),
+                done,
+                unstored: BTreeMap::new(),
+                retry_at: HashMap::new(),
+                tries: HashMap::new(),
+                started: tokio::time::Instant::now(),
+                projected: None,
+            });
+            b.runner.batch_resumes.lock().entry(id.clone()).or_default();
         }
-        (
-            run.done.len() >= total && run.in_flight.is_empty() && run.unstored.is_empty(),
-            promoted,
-        )
-    };
-    if finished {
-        // Finalized from the store's results, not from what this runner
-        // counted: a store whose primary failed over may have lost the
-        // last results written to it (replication is asynchronous). What
-        // it lacks runs again rather than going missing from the output.
-        let stored: HashSet<u32> = b.store.results(&id).await?.into_keys().collect();
-        if stored.len() < total {
-            let mut runs = b.runner.runs.lock();
-            if let Some(run) = runs.get_mut(&id) {
-                let before = run.done.len();
-                run.done.retain(|line| stored.contains(line));
-                tracing::warn!(
-                    batch = %id,
-                    lost = before - run.done.len(),
-                    "batch items' results missing from the store; they run again"
-                );
-            }
-            drop(runs);
-            b.runner.wake();
-            return Ok(());
-        }
-        let now = crate::clock::unix_seconds();
-        let moved = b
-            .store
-            .update(&id, move |batch| {
-                if batch.status == Status::InProgress {
-                    batch.status = Status::Finalizing;
-                    batch.finalizing_at = Some(now);
+        let mut start = Vec::new();
+        let total = usize::try_from(sb.batch.request_counts.total).unwrap_or(usize::MAX);
+        let (finished, promoted) = {
+            let Some(run) = self.runs.get_mut(&id) else {
+                return Ok(());
+            };
+            run.projected = run.projection(total, crate::clock::unix_seconds());
+            // Its window cannot be met at this rate: its items go in their
+            // owner's live lane, by its weight, rather than in the batch lane.
+            let promoted = run
+                .projected
+                .zip(sb.batch.expires_at)
+                .is_some_and(|(p, e)| p > e);
+            let now = tokio::time::Instant::now();
+            for item in run.items.iter() {
+                if run.done.contains(&item.line)
+                    || run.unstored.contains_key(&item.line)
+                    || self.items.running(&id, item.line)
+                    || run.retry_at.get(&item.line).is_some_and(|t| *t > now)
+                {
+                    continue;
                 }
-            })
-            .await?;
-        return match moved {
-            Some(sb) if sb.batch.status == Status::Finalizing => {
-                finalize(b, sb, Status::Completed).await
+                if !room.take(b, &item.model) {
+                    continue;
+                }
+                start.push(item.clone());
             }
-            _ => Ok(()),
+            (
+                run.done.len() >= total
+                    && self.items.in_flight(&id) == 0
+                    && run.unstored.is_empty(),
+                promoted,
+            )
         };
-    }
-    let deadline = Duration::from_secs(
-        sb.batch
-            .expires_at
-            .unwrap_or(0)
-            .saturating_sub(crate::clock::unix_seconds()),
-    );
-    for item in start {
-        let line = item.line;
-        let task = tokio::spawn(item_task(
-            b.clone(),
-            (id.clone(), sb.owner.clone(), sb.batch.endpoint.clone()),
-            item,
-            (deadline, promoted),
-        ));
-        if let Some(run) = b.runner.runs.lock().get_mut(&id) {
-            run.in_flight.insert(line, task.abort_handle());
+        if finished {
+            // Finalized from the store's results, not from what this runner
+            // counted: a store whose primary failed over may have lost the
+            // last results written to it (replication is asynchronous). What
+            // it lacks runs again rather than going missing from the output.
+            let stored: HashSet<u32> = b.store.results(&id).await?.into_keys().collect();
+            if stored.len() < total {
+                if let Some(run) = self.runs.get_mut(&id) {
+                    let before = run.done.len();
+                    run.done.retain(|line| stored.contains(line));
+                    tracing::warn!(
+                        batch = %id,
+                        lost = before - run.done.len(),
+                        "batch items' results missing from the store; they run again"
+                    );
+                }
+                b.runner.wake();
+                return Ok(());
+            }
+            let now = crate::clock::unix_seconds();
+            let moved = b
+                .store
+                .update(&id, move |batch| {
+                    if batch.status == Status::InProgress {
+                        batch.status = Status::Finalizing;
+                        batch.finalizing_at = Some(now);
+                    }
+                })
+                .await?;
+            return match moved {
+                Some(sb) if sb.batch.status == Status::Finalizing => {
+                    self.finalize(b, sb, Status::Completed).await
+                }
+                _ => Ok(()),
+            };
         }
+        let deadline = Duration::from_secs(
+            sb.batch
+                .expires_at
+                .unwrap_or(0)
+                .saturating_sub(crate::clock::unix_seconds()),
+        );
+        for item in start {
+            let line = item.line;
+            let tries = self
+                .runs
+                .get(&id)
+                .and_then(|r| r.tries.get(&line).copied())
+                .unwrap_or(0)
+                + 1;
+            let task = item_task(
+                b.clone(),
+                (id.clone(), sb.owner.clone(), sb.batch.endpoint.clone()),
+                item,
+                (deadline, promoted, tries),
+            );
+            self.items.start(&id, line, task);
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// What one try of an item came to, for its run.
@@ -472,21 +553,19 @@ enum Ended {
     Again(Duration),
 }
 
-/// Runs one item and keeps what it came to.
+/// An item's task's value: its try's number and what it came to.
+struct ItemEnd {
+    tries: u32,
+    ended: Ended,
+}
+
+/// Runs one try of an item (its `tries`th) and stores its result.
 async fn item_task(
     b: Arc<Batches>,
     (id, owner, endpoint): (String, String, String),
     item: Item,
-    (deadline, promoted): (Duration, bool),
-) {
-    let tries = b
-        .runner
-        .runs
-        .lock()
-        .get(&id)
-        .and_then(|r| r.tries.get(&item.line).copied())
-        .unwrap_or(0)
-        + 1;
+    (deadline, promoted, tries): (Duration, bool, u32),
+) -> ItemEnd {
     let rid = item_id(&id, item.line);
     let target = Target {
         batch: &id,
@@ -497,9 +576,8 @@ async fn item_task(
         promoted,
     };
     let tried = try_item(&b, &target, &item, tries).await;
-    let line = item.line;
     let ended = match tried {
-        Tried::Done(result) => match b.store.record(&id, line, result.clone()).await {
+        Tried::Done(result) => match b.store.record(&id, item.line, result.clone()).await {
             Ok(_) => Ended::Stored,
             Err(e) => {
                 b.runner.writes.lock().failed(&e, false);
@@ -511,25 +589,7 @@ async fn item_task(
             Ended::Again(after)
         }
     };
-    let mut runs = b.runner.runs.lock();
-    if let Some(run) = runs.get_mut(&id) {
-        run.in_flight.remove(&line);
-        match ended {
-            Ended::Stored => {
-                run.done.insert(line);
-            }
-            Ended::Held(result) => {
-                run.unstored.insert(line, result);
-            }
-            Ended::Again(after) => {
-                run.tries.insert(line, tries);
-                run.retry_at
-                    .insert(line, tokio::time::Instant::now() + after);
-            }
-        }
-    }
-    drop(runs);
-    b.runner.wake();
+    ItemEnd { tries, ended }
 }
 
 /// The item's id in its output line and its request's `x-request-id`.
@@ -540,89 +600,91 @@ fn item_id(batch: &str, line: u32) -> String {
 /// Ends a batch as `target`: items that never got an answer get an error
 /// line (cancelled, expired), then the output and error files are
 /// written and the batch takes its final status.
-async fn finalize(b: &Arc<Batches>, sb: StoredBatch, target: Status) -> Result<(), StoreError> {
-    let id = sb.batch.id.clone();
-    // Stop what is in flight: those items get their cancelled or expired
-    // line below.
-    let run = b.runner.runs.lock().remove(&id);
-    if let Some(run) = &run {
-        for h in run.in_flight.values() {
-            h.abort();
+impl Runs {
+    async fn finalize(
+        &mut self,
+        b: &Arc<Batches>,
+        sb: StoredBatch,
+        target: Status,
+    ) -> Result<(), StoreError> {
+        let id = sb.batch.id.clone();
+        // Stop what is in flight: those items get their cancelled or expired
+        // line below.
+        let run = self.forget(&b.runner, &id);
+        let mut total = None;
+        if target != Status::Completed {
+            let items = match run {
+                Some(r) => r.items,
+                None => Arc::new(read_items(b, &sb, false).await.unwrap_or_default()),
+            };
+            let (code, message) = if target == Status::Expired {
+                ("batch_expired", "the batch's completion window ended first")
+            } else {
+                ("batch_cancelled", "the batch was cancelled first")
+            };
+            // A batch cancelled or expired while validating counts its items
+            // here.
+            total = Some(u32::try_from(items.len()).unwrap_or(u32::MAX));
+            // Every item without a result gets its line, in one transaction.
+            let lines: Vec<(u32, ItemResult)> = items
+                .iter()
+                .map(|item| {
+                    let line = error_line(&item_id(&id, item.line), &item.custom_id, code, message);
+                    let result = ItemResult {
+                        ok: false,
+                        line,
+                        usage: (0, 0, 0, 0),
+                    };
+                    (item.line, result)
+                })
+                .collect();
+            b.store.record_all(&id, lines).await?;
         }
-    }
-    let mut total = None;
-    if target != Status::Completed {
-        let items = match run {
-            Some(r) => r.items,
-            None => Arc::new(read_items(b, &sb, false).await.unwrap_or_default()),
-        };
-        let (code, message) = if target == Status::Expired {
-            ("batch_expired", "the batch's completion window ended first")
-        } else {
-            ("batch_cancelled", "the batch was cancelled first")
-        };
-        // A batch cancelled or expired while validating counts its items
-        // here.
-        total = Some(u32::try_from(items.len()).unwrap_or(u32::MAX));
-        // Every item without a result gets its line, in one transaction.
-        let lines: Vec<(u32, ItemResult)> = items
-            .iter()
-            .map(|item| {
-                let line = error_line(&item_id(&id, item.line), &item.custom_id, code, message);
-                let result = ItemResult {
-                    ok: false,
-                    line,
-                    usage: (0, 0, 0, 0),
-                };
-                (item.line, result)
+        let results = b.store.results(&id).await?;
+        let now = crate::clock::unix_seconds();
+        let (mut output, mut errors) = (None, None);
+        for (ok, suffix) in [(true, "output"), (false, "errors")] {
+            let lines: Vec<String> = results
+                .values()
+                .filter(|r| r.ok == ok)
+                .map(|r| r.line.clone())
+                .collect();
+            if lines.is_empty() {
+                continue;
+            }
+            // One id per batch and kind: finalizing again after a crash
+            // rewrites the same file.
+            let file = StoredFile {
+                owner: sb.owner.clone(),
+                file: FileObject::new(
+                    format!("file-{}-{suffix}", id.trim_start_matches("batch_")),
+                    0,
+                    now,
+                    format!("{id}_{suffix}.jsonl"),
+                    "batch_output",
+                ),
+            };
+            let written = b.store.write_file(file, lines).await?;
+            *if ok { &mut output } else { &mut errors } = Some(written.file.id);
+        }
+        b.store
+            .update(&id, move |batch| {
+                if let Some(t) = total.filter(|_| batch.request_counts.total == 0) {
+                    batch.request_counts.total = t;
+                }
+                batch.output_file_id.clone_from(&output);
+                batch.error_file_id.clone_from(&errors);
+                batch.status = target;
+                match target {
+                    Status::Completed => batch.completed_at = Some(now),
+                    Status::Expired => batch.expired_at = Some(now),
+                    Status::Cancelled => batch.cancelled_at = Some(now),
+                    _ => {}
+                }
             })
-            .collect();
-        b.store.record_all(&id, lines).await?;
+            .await?;
+        b.ended_now(&sb.owner, target);
+        b.store.release(std::slice::from_ref(&id)).await;
+        Ok(())
     }
-    let results = b.store.results(&id).await?;
-    let now = crate::clock::unix_seconds();
-    let (mut output, mut errors) = (None, None);
-    for (ok, suffix) in [(true, "output"), (false, "errors")] {
-        let lines: Vec<String> = results
-            .values()
-            .filter(|r| r.ok == ok)
-            .map(|r| r.line.clone())
-            .collect();
-        if lines.is_empty() {
-            continue;
-        }
-        // One id per batch and kind: finalizing again after a crash
-        // rewrites the same file.
-        let file = StoredFile {
-            owner: sb.owner.clone(),
-            file: FileObject::new(
-                format!("file-{}-{suffix}", id.trim_start_matches("batch_")),
-                0,
-                now,
-                format!("{id}_{suffix}.jsonl"),
-                "batch_output",
-            ),
-        };
-        let written = b.store.write_file(file, lines).await?;
-        *if ok { &mut output } else { &mut errors } = Some(written.file.id);
-    }
-    b.store
-        .update(&id, move |batch| {
-            if let Some(t) = total.filter(|_| batch.request_counts.total == 0) {
-                batch.request_counts.total = t;
-            }
-            batch.output_file_id.clone_from(&output);
-            batch.error_file_id.clone_from(&errors);
-            batch.status = target;
-            match target {
-                Status::Completed => batch.completed_at = Some(now),
-                Status::Expired => batch.expired_at = Some(now),
-                Status::Cancelled => batch.cancelled_at = Some(now),
-                _ => {}
-            }
-        })
-        .await?;
-    b.ended_now(&sb.owner, target);
-    b.store.release(std::slice::from_ref(&id)).await;
-    Ok(())
 }

@@ -101,14 +101,14 @@ fn ok<T: Serialize>(v: &T) -> Response<BoxBody> {
 }
 
 /// Who is asking, as the usage page reads it, with the tenant by name.
-fn scope(gw: &Gateway, headers: &HeaderMap) -> Result<Scope, ApiError> {
+pub(super) fn scope(gw: &Gateway, headers: &HeaderMap) -> Result<Scope, ApiError> {
     Ok(match caller(&gw.live(), headers)? {
         Caller::Operator => Scope::Operator,
         Caller::Tenant(t) => Scope::Tenant(gw.sched().with(|s| s.tenant_name(t).to_owned())),
     })
 }
 
-fn query(req: &Request<RequestBody>) -> HashMap<String, String> {
+pub(super) fn query(req: &Request<RequestBody>) -> HashMap<String, String> {
     req.uri()
         .query()
         .unwrap_or_default()
@@ -206,10 +206,14 @@ pub async fn route(
                 "batches belong to a tenant: create them with its API key".into(),
             )),
         },
-        (Method::GET, ["v1", "batches"]) => b
-            .batches(&who)
-            .await
-            .map(|bs| page(bs, |x| x.id.as_str(), &q, 100)),
+        // Anthropic's message batches are listed on their own route.
+        (Method::GET, ["v1", "batches"]) => b.batches(&who).await.map(|mut bs| {
+            bs.retain(|x| {
+                !x.id
+                    .starts_with(crate::protocol::message_batches::ID_PREFIX)
+            });
+            page(bs, |x| x.id.as_str(), &q, 100)
+        }),
         (Method::GET, ["v1", "batches", id]) => b.batch(&who, id).await.map(|x| ok(&x)),
         (Method::POST, ["v1", "batches", id, "cancel"]) => b.cancel(&who, id).await.map(|x| ok(&x)),
         _ => return ApiError::NotFound.into_response(),
@@ -217,7 +221,10 @@ pub async fn route(
     result.unwrap_or_else(answer)
 }
 
-async fn read_json(req: Request<RequestBody>, limit: usize) -> Result<Vec<u8>, ApiError> {
+pub(super) async fn read_json(
+    req: Request<RequestBody>,
+    limit: usize,
+) -> Result<Vec<u8>, ApiError> {
     let body = http_body_util::Limited::new(req.into_body(), limit)
         .collect()
         .await

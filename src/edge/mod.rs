@@ -8,6 +8,7 @@ mod clients;
 pub mod conn;
 pub mod layers;
 pub mod listeners;
+pub mod message_batches;
 pub mod reload;
 pub mod server;
 pub mod services;

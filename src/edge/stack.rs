@@ -112,6 +112,9 @@ async fn route(
             request::handle(gw, req, Call::Triton).await
         }
         (&Method::GET, "/v1/models") => admin::models(&gw, req.headers()),
+        (_, path) if crate::edge::message_batches::owns(path) => {
+            crate::edge::message_batches::route(&gw, batches.as_ref(), req).await
+        }
         (_, path) if crate::edge::batch_api::owns(path) => {
             crate::edge::batch_api::route(&gw, batches.as_ref(), req).await
         }

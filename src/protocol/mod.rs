@@ -12,6 +12,7 @@ pub mod anthropic;
 pub mod audio;
 pub mod batch;
 pub mod error;
+pub mod message_batches;
 pub mod openai;
 pub mod prompt;
 pub mod read;

@@ -66,25 +66,18 @@ impl StoreWrites {
     }
 }
 
-/// Writes the results the store refused before, each batch's in one call.
-pub(super) async fn store_held(b: &Arc<Batches>) -> Result<(), StoreError> {
-    let held: Vec<(String, Vec<(u32, ItemResult)>)> = b
-        .runner
-        .runs
-        .lock()
-        .iter()
-        .filter(|(_, r)| !r.unstored.is_empty())
-        .map(|(id, r)| (id.clone(), r.unstored.clone().into_iter().collect()))
-        .collect();
-    for (id, results) in held {
-        let lines: Vec<u32> = results.iter().map(|(l, _)| *l).collect();
-        b.store.record_all(&id, results).await?;
-        if let Some(run) = b.runner.runs.lock().get_mut(&id) {
-            for line in lines {
-                run.unstored.remove(&line);
+impl super::Runs {
+    /// Writes the results the store refused before, each batch's in one
+    /// call.
+    pub(super) async fn store_held(&mut self, b: &Arc<Batches>) -> Result<(), StoreError> {
+        for (id, run) in self.runs.iter_mut().filter(|(_, r)| !r.unstored.is_empty()) {
+            let results: Vec<(u32, ItemResult)> =
+                run.unstored.iter().map(|(l, r)| (*l, r.clone())).collect();
+            b.store.record_all(id, results).await?;
+            for (line, _) in std::mem::take(&mut run.unstored) {
                 run.done.insert(line);
             }
         }
+        Ok(())
     }
-    Ok(())
 }
