@@ -10,6 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ClusterPolicy;
 use crate::core::admission::{LeaseAnswer, LeaseAsk};
+use crate::core::prefix::homes::HomeChange;
+use crate::core::scheduler::PlacedHome;
 
 use super::homes::Ledger;
 use super::member::{Member, default_replica_name};
@@ -54,9 +56,9 @@ pub trait Replica: Send + Sync {
     fn apply_share(&self);
     /// The homes this replica's prefix strategy gave new prefixes since
     /// the last call.
-    fn placed_homes(&self) -> Vec<crate::core::scheduler::PlacedHome>;
+    fn placed_homes(&self) -> Vec<PlacedHome>;
     /// What the cluster decided of the prefixes' homes ([`super::homes`]).
-    fn homes_changed(&self, changes: &[crate::core::prefix::homes::HomeChange]);
+    fn homes_changed(&self, changes: &[HomeChange]);
 }
 
 /// A replica's link to the store: its connection and what it measures
@@ -149,8 +151,8 @@ impl Syncer {
         }
         for c in &changes {
             let counter = match c {
-                crate::core::prefix::homes::HomeChange::Placed { .. } => &member.homes_learned,
-                crate::core::prefix::homes::HomeChange::Moved { .. } => &member.homes_moved,
+                HomeChange::Placed { .. } => &member.homes_learned,
+                HomeChange::Moved { .. } => &member.homes_moved,
             };
             counter.fetch_add(1, Ordering::Relaxed);
         }
