@@ -61,8 +61,10 @@ impl Batches {
         };
         self.store.put_batch(b.clone()).await?;
         self.runner.wake();
-        let mut counts = Counts::running(&b.batch);
-        counts.processing = u32::try_from(requests.len()).unwrap_or(u32::MAX);
+        let counts = Counts {
+            processing: u32::try_from(requests.len()).unwrap_or(u32::MAX),
+            ..Counts::default()
+        };
         Ok(mb::message_batch(&b.batch, counts))
     }
 

@@ -91,7 +91,7 @@ fn answer(e: BatchError) -> Response<BoxBody> {
     }
 }
 
-fn ok<T: Serialize>(v: &T) -> Response<BoxBody> {
+pub(super) fn ok<T: Serialize>(v: &T) -> Response<BoxBody> {
     let mut resp = Response::new(body::full(serde_json::to_vec(v).unwrap_or_default()));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use serde_json::json;
 
-use super::batch_api::{query, read_json, scope};
+use super::batch_api::{ok, query, read_json, scope};
 use crate::batch::{BatchError, Batches, Scope};
 use crate::gateway::handle::Gateway;
 use crate::net::body::{self, BoxBody, RequestBody};
@@ -32,10 +32,6 @@ fn error(status: StatusCode, kind: &str, message: &str) -> Response<BoxBody> {
         "error": {"type": kind, "message": message},
     })));
     *resp.status_mut() = status;
-    json_type(resp)
-}
-
-fn json_type(mut resp: Response<BoxBody>) -> Response<BoxBody> {
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
@@ -56,10 +52,6 @@ fn answer(e: BatchError) -> Response<BoxBody> {
             error(StatusCode::INTERNAL_SERVER_ERROR, "api_error", &msg)
         }
     }
-}
-
-fn ok(v: &serde_json::Value) -> Response<BoxBody> {
-    json_type(Response::new(body::json(v)))
 }
 
 /// Routes a Message Batches call.
@@ -122,15 +114,14 @@ pub async fn route(
         (Method::GET, ["v1", "messages", "batches", id]) => {
             b.message_batch(&who, id).await.map(|x| ok(&x))
         }
-        (Method::POST, ["v1", "messages", "batches", id, "cancel"]) => {
-            match b.message_batch(&who, id).await {
-                Ok(_) => match b.cancel(&who, id).await {
-                    Ok(_) => b.message_batch(&who, id).await.map(|x| ok(&x)),
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(e),
-            }
+        (Method::POST, ["v1", "messages", "batches", id, "cancel"]) => async {
+            // A message batch's (an OpenAI batch's id is not found here).
+            b.message_batch(&who, id).await?;
+            b.cancel(&who, id).await?;
+            b.message_batch(&who, id).await
         }
+        .await
+        .map(|x| ok(&x)),
         (Method::GET, ["v1", "messages", "batches", id, "results"]) => {
             b.message_results(&who, id).await.map(|jsonl| {
                 let mut resp = Response::new(body::full(Bytes::from(jsonl)));
