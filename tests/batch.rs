@@ -522,6 +522,120 @@ fn a_kill_mid_batch_loses_and_doubles_nothing() {
     });
 }
 
+/// Generated tokens the sims `b` counted (`vllm:generation_tokens_total`).
+async fn engine_tokens(b: &[&fairway::sim::backend::SimHandle]) -> f64 {
+    let mut n = 0.0;
+    for b in b {
+        let text = get(&client(), format!("http://{}/metrics", b.addr()))
+            .await
+            .text();
+        n += metric_sum(&text, "vllm:generation_tokens_total");
+    }
+    n
+}
+
+/// Items preempted and resumed mid-answer, the gateway killed with
+/// `kill -9` while they answer, restarted on the same store: every item
+/// once, each answer as one uninterrupted call gives it, and the engines
+/// generated again no more than what the kill cut, at most
+/// `checkpoint_tokens` an item in flight (each preemption's cut costs a
+/// few tokens more: those the engine made before it saw the stream go).
+#[test]
+fn a_kill_mid_item_costs_no_more_than_its_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (b0, b1) = rt.block_on(async { (sim("m", 2).await, sim("m", 2).await) });
+    let checkpoint = 32;
+    let extra = format!("checkpoint_tokens = {checkpoint}\n\n[preemption]\nmin_wait = \"10ms\"\n");
+    // Two slots a backend: the items fill all four.
+    let text = policy(dir.path(), &extra)
+        .replace("}\" }", "}\", max_inflight = 2 }")
+        .replace("{b0}", &b0.addr().to_string())
+        .replace("{b1}", &b1.addr().to_string());
+    let path = dir.path().join("policy.toml");
+    std::fs::write(&path, text).unwrap();
+    let gw = ServeProcess::start(&[], &[], &path, "warn", std::process::Stdio::null());
+    let (addr, admin) = (gw.addr, gw.admin);
+    // 1,000 tokens at 2 ms: each item answers for two seconds.
+    let (n, max_tokens) = (8, 1000);
+    let (id, live) = rt.block_on(async {
+        let id = start(addr, n, max_tokens).await;
+        // Live work keeps arriving: each request waits for a slot that
+        // only a preemption frees.
+        let live = tokio::spawn(async move {
+            let c = client();
+            let mut ok = 0;
+            for _ in 0..6 {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let r = send(
+                    &c,
+                    post(
+                        addr,
+                        "/v1/chat/completions",
+                        Some("ka"),
+                        chat("m", 4, false),
+                    ),
+                )
+                .await;
+                ok += u32::from(r.status == StatusCode::OK);
+            }
+            ok
+        });
+        let resumed = format!(
+            "fairway_batch_running_preemptions{{tenant=\"evals\",batch=\"{id}\",what=\"resumed\"}}"
+        );
+        let t0 = tokio::time::Instant::now();
+        loop {
+            let m = get(&client(), format!("http://{admin}/metrics"))
+                .await
+                .text();
+            if metric(&m, &resumed).unwrap_or(0.0) >= 1.0 {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "no item resumed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let live = live.await.unwrap();
+        // The items answer on: each in flight is hundreds of tokens in.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let b = batch(addr, "ke", &id).await;
+        assert!(
+            b["request_counts"]["completed"].as_u64().unwrap() < n as u64,
+            "{b}"
+        );
+        (id, live)
+    });
+    drop(gw); // SIGKILL, items mid-answer
+    let gw = ServeProcess::start(&[], &[], &path, "warn", std::process::Stdio::null());
+    let addr = gw.addr;
+    rt.block_on(async {
+        let b = ended(addr, "ke", &id, Duration::from_secs(60)).await;
+        assert_eq!(b["status"], "completed", "{b}");
+        assert_eq!(b["request_counts"]["completed"], n);
+        let out = lines(addr, "ke", b["output_file_id"].as_str().unwrap()).await;
+        assert_eq!(out.len(), n);
+        for (cid, l) in &out {
+            let body = &l["response"]["body"];
+            let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+            assert_eq!(text, " tok".repeat(max_tokens as usize), "{cid}");
+            assert_eq!(body["choices"][0]["finish_reason"], "length", "{cid}");
+            assert_eq!(body["usage"]["completion_tokens"], max_tokens, "{cid}");
+        }
+        // What the engines generated beyond the answers: the kill's cut,
+        // at most a checkpoint's worth for each of the four slots, and a
+        // few tokens a preemption.
+        let again = engine_tokens(&[&b0, &b1]).await
+            - f64::from(max_tokens) * n as f64
+            - f64::from(4 * live);
+        eprintln!("tokens generated again: {again}");
+        assert!(again >= 0.0, "{again}");
+        assert!(
+            again <= f64::from(4 * checkpoint + 64),
+            "{again} tokens generated again"
+        );
+    });
+}
+
 /// A tmpfs of `mib` MiB mounted at a fresh directory, unmounted when
 /// dropped; `None` (the test skips) where this process may not mount,
 /// except in CI, whose machine runs the tests as root.

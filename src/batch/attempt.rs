@@ -11,6 +11,11 @@
 //! asked: a restart, counted. Any other item is sent as asked, in the
 //! batch lane: preempted only before its answer starts, then sent again
 //! from zero by the request path.
+//!
+//! A resumable item's progress is kept in the batch store at each
+//! preemption and every `checkpoint_tokens` it generates, until its
+//! result is recorded: a gateway killed mid-item, or the replica that
+//! takes its batch over, continues it from there rather than from zero.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +28,7 @@ use serde_json::Value;
 use super::Batches;
 use super::store::ItemResult;
 use crate::gateway::request::{BatchItem, Call};
-use crate::net::body::RequestBody;
+use crate::net::body::{BoxBody, RequestBody};
 use crate::protocol::batch::{Item, answer_usage, output_line};
 use crate::protocol::resume::{self, Ended, Kind, Progress};
 
@@ -41,6 +46,8 @@ pub(super) enum Tried {
 /// Whose item, where, under which id, until when.
 pub(super) struct Target<'a> {
     pub batch: &'a str,
+    /// The item's line in its batch's input.
+    pub line: u32,
     pub owner: &'a str,
     pub endpoint: &'a str,
     pub rid: &'a str,
@@ -72,6 +79,13 @@ struct Answer {
     retry_after: Duration,
     /// The whole body; `Err` when it broke off or was too large.
     body: Result<Vec<u8>, ()>,
+}
+
+/// One request's answer, its body not yet read.
+struct Reply {
+    status: StatusCode,
+    retry_after: Duration,
+    body: BoxBody,
 }
 
 pub(super) async fn try_item(b: &Arc<Batches>, t: &Target<'_>, item: &Item, tries: u32) -> Tried {
@@ -113,7 +127,8 @@ fn done(t: &Target<'_>, item: &Item, status: StatusCode, body: &[u8]) -> Tried {
 }
 
 /// A resumable item: streamed, resumed after each preemption, its
-/// stitched answer the result.
+/// stitched answer the result; from the progress the store keeps for it,
+/// if any.
 async fn resumable(
     b: &Arc<Batches>,
     t: &Target<'_>,
@@ -122,18 +137,35 @@ async fn resumable(
     tries: u32,
 ) -> Tried {
     let first = Bytes::from(resume::streamed(body));
-    let mut p = Progress::default();
+    let mut p = kept_progress(b, t).await;
     let mut next = (t.endpoint, first.clone());
+    if p.generated() > 0 {
+        // Cut by a kill, or on another replica: continued.
+        if p.finished() || p.at_limit(body) {
+            return done(t, item, StatusCode::OK, &p.answer(kind, body));
+        }
+        match p.continuation(body) {
+            Some(c) => {
+                let k = p.generated();
+                b.runner.note(t, |r| {
+                    r.resumed += 1;
+                    r.tokens_saved += k;
+                });
+                next = ("/v1/completions", Bytes::from(c));
+            }
+            None => p.restart(),
+        }
+    }
     loop {
         let continuing = p.generated() > 0;
-        let a = send(b, t, next.0, next.1.clone(), true).await;
-        if matches!(a.status.as_u16(), 429 | 503) {
+        let r = request(b, t, next.0, next.1.clone(), true).await;
+        if matches!(r.status.as_u16(), 429 | 503) {
             // Not admitted or not dispatched in time: the same request
             // again after its wait, the progress kept.
-            tokio::time::sleep(a.retry_after).await;
+            tokio::time::sleep(r.retry_after).await;
             continue;
         }
-        if !a.status.is_success() {
+        if !r.status.is_success() {
             if continuing {
                 // The backend takes no token-id prompt: start again.
                 b.runner.note(t, |r| r.restarted += 1);
@@ -146,10 +178,7 @@ async fn resumable(
             let a = send(b, t, t.endpoint, item.body.clone(), false).await;
             return judge(t, item, a, tries);
         }
-        let Ok(stream) = a.body else {
-            return judge(t, item, a, tries);
-        };
-        match p.read(&stream) {
+        match follow(b, t, r.body, &mut p).await {
             Ended::Done => return done(t, item, StatusCode::OK, &p.answer(kind, body)),
             Ended::Broken(cause) => {
                 static LOG: crate::clock::Throttled =
@@ -158,6 +187,7 @@ async fn resumable(
                     tracing::warn!(item = t.rid, %cause, left_out, "batch item's stream broke");
                 }
                 if tries < TRIES {
+                    // Tried again from the progress last kept.
                     return Tried::Again(Duration::from_secs(u64::from(tries)));
                 }
                 let body = crate::protocol::openai::stream_broken(&cause).to_string();
@@ -168,6 +198,7 @@ async fn resumable(
                 if p.at_limit(body) {
                     return done(t, item, StatusCode::OK, &p.answer(kind, body));
                 }
+                checkpoint(b, t, &p).await;
                 match p.continuation(body) {
                     Some(c) => {
                         let k = p.generated();
@@ -185,6 +216,64 @@ async fn resumable(
                 }
             }
         }
+    }
+}
+
+/// Reads one attempt's stream into `p` as it comes, keeping `p` in the
+/// store every `checkpoint_tokens` generated tokens: how it ended.
+async fn follow(b: &Batches, t: &Target<'_>, mut body: BoxBody, p: &mut Progress) -> Ended {
+    let every = b.limits.checkpoint_tokens;
+    let mut kept = p.generated();
+    let mut buf = Vec::new();
+    let mut read = 0;
+    p.begin();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Ended::Broken("the answer broke off".into());
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        read += data.len();
+        if read > MAX_ANSWER_BYTES {
+            return Ended::Broken("the answer is larger than the gateway keeps".into());
+        }
+        buf.extend_from_slice(&data);
+        match p.feed(&buf) {
+            Ok(n) => drop(buf.drain(..n)),
+            Err(ended) => return ended,
+        }
+        if every > 0 && p.generated() >= kept + every && !p.finished() {
+            kept = p.generated();
+            checkpoint(b, t, p).await;
+        }
+    }
+    p.end(&buf)
+}
+
+/// The progress the store keeps for the item (a gateway before this one,
+/// or another replica, ran it); none when it keeps none or cannot say.
+async fn kept_progress(b: &Batches, t: &Target<'_>) -> Progress {
+    let kept = match b.store.progress(t.batch, t.line).await {
+        Ok(kept) => kept,
+        Err(e) => {
+            b.runner.store_failed(&e);
+            None
+        }
+    };
+    kept.and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+/// Keeps `p` in the store as the item's progress (a failure is counted
+/// with the store's others: the item goes on, and a kill would cost it
+/// more tokens).
+async fn checkpoint(b: &Batches, t: &Target<'_>, p: &Progress) {
+    let Ok(bytes) = serde_json::to_vec(p) else {
+        return;
+    };
+    if let Err(e) = b.store.save_progress(t.batch, t.line, bytes).await {
+        b.runner.store_failed(&e);
     }
 }
 
@@ -206,6 +295,22 @@ async fn send(
     body: Bytes,
     resumable: bool,
 ) -> Answer {
+    let r = request(b, t, path, body, resumable).await;
+    Answer {
+        status: r.status,
+        retry_after: r.retry_after,
+        body: read_answer(r.body).await,
+    }
+}
+
+/// Sends `body` to `path` as the item's request.
+async fn request(
+    b: &Arc<Batches>,
+    t: &Target<'_>,
+    path: &str,
+    body: Bytes,
+    resumable: bool,
+) -> Reply {
     let mut req = Request::new(RequestBody::local(body));
     *req.method_mut() = Method::POST;
     *req.uri_mut() = http::Uri::from_maybe_shared(Bytes::from(path.to_owned())).unwrap_or_default();
@@ -232,17 +337,16 @@ async fn send(
         .map_or(Duration::from_secs(1), |s| {
             Duration::from_secs(s.clamp(1, 60))
         });
-    let body = read_answer(resp.into_body()).await;
-    Answer {
+    Reply {
         status,
         retry_after,
-        body,
+        body: resp.into_body(),
     }
 }
 
 /// An answer's body, whole and within [`MAX_ANSWER_BYTES`]; `Err` when
 /// it broke off or is larger.
-async fn read_answer(mut body: crate::net::body::BoxBody) -> Result<Vec<u8>, ()> {
+async fn read_answer(mut body: BoxBody) -> Result<Vec<u8>, ()> {
     let mut out = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(drop)?;

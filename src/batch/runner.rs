@@ -131,6 +131,11 @@ impl Runner {
         self.resumes.lock().clone()
     }
 
+    /// An item's call to the store failed (its result, its progress).
+    pub(super) fn store_failed(&self, e: &StoreError) {
+        self.writes.lock().failed(e, false);
+    }
+
     /// Counts a preemption (or what became of it) of an item of `t`'s, for
     /// its tenant and its batch.
     pub(super) fn note(&self, t: &Target<'_>, f: impl Fn(&mut Resumes)) {
@@ -570,6 +575,7 @@ async fn item_task(
     let rid = item_id(&id, item.line);
     let target = Target {
         batch: &id,
+        line: item.line,
         owner: &owner,
         endpoint: &endpoint,
         rid: &rid,
@@ -581,7 +587,7 @@ async fn item_task(
         Tried::Done(result) => match b.store.record(&id, item.line, result.clone()).await {
             Ok(_) => Ended::Stored,
             Err(e) => {
-                b.runner.writes.lock().failed(&e, false);
+                b.runner.store_failed(&e);
                 Ended::Held(result)
             }
         },

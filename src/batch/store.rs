@@ -240,7 +240,7 @@ impl Store {
     }
 
     /// Records item `line` of batch `id`, once: its result, and its batch's
-    /// counts and usage, together. `false` (and nothing written) when the
+    /// counts and usage, together (and drops its progress). `false` (and nothing written) when the
     /// item already has a result or the batch is gone.
     pub async fn record(
         &self,
@@ -269,6 +269,32 @@ impl Store {
                 .await
             }
             Store::Shared(s) => s.record_all(&id, &results).await,
+        }
+    }
+
+    /// Keeps `progress` (what item `line` of batch `id` has generated so
+    /// far, as the runner serializes it) until the item's result is
+    /// recorded, so that whoever runs the item next continues from it;
+    /// nothing when it has a result already.
+    pub async fn save_progress(
+        &self,
+        id: &str,
+        line: u32,
+        progress: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.save_progress(&id, line, &progress)).await,
+            Store::Shared(s) => s.save_progress(&id, line, &progress).await,
+        }
+    }
+
+    /// What [`Store::save_progress`] kept for item `line` of batch `id`.
+    pub async fn progress(&self, id: &str, line: u32) -> Result<Option<Vec<u8>>, StoreError> {
+        let id = id.to_owned();
+        match self {
+            Store::Embedded(e) => blocking(e, move |s| s.progress(&id, line)).await,
+            Store::Shared(s) => s.progress(&id, line).await,
         }
     }
 

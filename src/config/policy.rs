@@ -140,6 +140,11 @@ pub struct BatchPolicy {
     /// when preempted mid-answer (`protocol::resume`); off, every item is
     /// sent as asked and a preemption restarts it.
     pub resume: bool,
+    /// Generated tokens after which a resumable item's progress is kept in
+    /// the store again as it answers (0: only when it is preempted), so
+    /// that a gateway killed mid-item, or another replica, continues it
+    /// from what it had.
+    pub checkpoint_tokens: u64,
     /// The share of each pool's slots batch items leave to live work.
     pub live_reserve: f64,
     /// Prompt tokens of resumable items a backend may have waiting for
@@ -171,6 +176,10 @@ impl BatchPolicy {
     /// one engine step's worth at vLLM's default chunked-prefill budget
     /// (`max_num_batched_tokens`).
     pub const PREFILL_AHEAD: u64 = 2048;
+    /// `checkpoint_tokens` by default: a few writes to the store a second
+    /// per item at an engine's decode rate, at most 256 tokens a kill
+    /// makes an item generate again.
+    pub const CHECKPOINT_TOKENS: u64 = 256;
 }
 
 /// `[cluster]`: several gateway replicas sharing one policy through a

@@ -180,8 +180,10 @@ pub enum Ended {
     Broken(String),
 }
 
-/// What an item's attempts have produced so far.
-#[derive(Debug, Default, Clone)]
+/// What an item's attempts have produced so far. It is kept in the batch
+/// store as the item answers (serialized), so that a gateway that
+/// restarts, or another replica, continues the item from it.
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Progress {
     id: Option<Value>,
     created: Option<Value>,
@@ -202,6 +204,13 @@ pub struct Progress {
     before: u64,
     /// Some chunk had no token ids, or reasoning or tool-call deltas.
     not_resumable: bool,
+    /// The current attempt is the item's first (its chunks carry the
+    /// answer's id and the prompt's token ids).
+    #[serde(skip)]
+    first: bool,
+    /// The current attempt's stream sent `[DONE]`.
+    #[serde(skip)]
+    done: bool,
 }
 
 impl Progress {
@@ -212,40 +221,75 @@ impl Progress {
 
     /// Reads one attempt's whole stream body.
     pub fn read(&mut self, body: &[u8]) -> Ended {
-        let first = self.prompt_ids.is_none() && self.ids.is_empty();
-        self.usage = None;
-        let mut rest = body;
-        let mut done = false;
-        while !rest.is_empty() {
-            let end = event_end(rest).unwrap_or(rest.len());
-            let (event, tail) = rest.split_at(end);
-            rest = tail;
-            for data in data_lines(event) {
-                if data == b"[DONE]" {
-                    done = true;
-                    continue;
-                }
-                let Ok(v) = serde_json::from_slice::<Value>(data) else {
-                    return Ended::Broken("an event that is not JSON".into());
-                };
-                if let Some(e) = v.get("error") {
-                    if e.get("code").and_then(Value::as_str) == Some(super::openai::PREEMPTED) {
-                        return Ended::Preempted;
-                    }
-                    let m = e.get("message").and_then(Value::as_str).unwrap_or("error");
-                    return Ended::Broken(m.to_owned());
-                }
-                self.chunk(&v, first);
-            }
+        self.begin();
+        match self.feed(body) {
+            Ok(n) => self.end(&body[n..]),
+            Err(ended) => ended,
         }
-        if done || self.finish.is_some() {
+    }
+
+    /// Starts reading an attempt's stream ([`Self::feed`], then
+    /// [`Self::end`]).
+    pub fn begin(&mut self) {
+        self.first = self.prompt_ids.is_none() && self.ids.is_empty();
+        self.usage = None;
+        self.done = false;
+    }
+
+    /// Reads the whole events at the start of `buf`, a part of the
+    /// stream: how many bytes they took (the rest waits for more), or how
+    /// the stream ended (a preemption, an error event).
+    pub fn feed(&mut self, buf: &[u8]) -> Result<usize, Ended> {
+        let mut at = 0;
+        while let Some(end) = event_end(&buf[at..]) {
+            self.event(&buf[at..at + end])?;
+            at += end;
+        }
+        Ok(at)
+    }
+
+    /// Reads the stream's last bytes (`rest`, what [`Self::feed`] left):
+    /// how it ended.
+    pub fn end(&mut self, rest: &[u8]) -> Ended {
+        if let Err(ended) = self.event(rest) {
+            return ended;
+        }
+        if self.done || self.finish.is_some() {
             Ended::Done
         } else {
             Ended::Broken("the stream ended before its answer did".into())
         }
     }
 
-    fn chunk(&mut self, v: &Value, first: bool) {
+    /// Whether the answer has finished (a finish reason came): nothing is
+    /// left to continue.
+    pub fn finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    fn event(&mut self, event: &[u8]) -> Result<(), Ended> {
+        for data in data_lines(event) {
+            if data == b"[DONE]" {
+                self.done = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_slice::<Value>(data) else {
+                return Err(Ended::Broken("an event that is not JSON".into()));
+            };
+            if let Some(e) = v.get("error") {
+                if e.get("code").and_then(Value::as_str) == Some(super::openai::PREEMPTED) {
+                    return Err(Ended::Preempted);
+                }
+                let m = e.get("message").and_then(Value::as_str).unwrap_or("error");
+                return Err(Ended::Broken(m.to_owned()));
+            }
+            self.chunk(&v);
+        }
+        Ok(())
+    }
+
+    fn chunk(&mut self, v: &Value) {
+        let first = self.first;
         let choice = v.get("choices").and_then(|c| c.get(0));
         if first {
             for (slot, key) in [

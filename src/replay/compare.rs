@@ -160,6 +160,7 @@ pub fn run_variant(
                 max_files_per_tenant: 0,
                 max_bytes_per_tenant: 0,
                 resume: false,
+                checkpoint_tokens: 0,
                 live_reserve: 0.0,
                 prefill_ahead: crate::config::policy::BatchPolicy::PREFILL_AHEAD,
                 window: std::time::Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS),

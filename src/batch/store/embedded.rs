@@ -26,6 +26,8 @@ use crate::protocol::batch::Batch;
 const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
 const BATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("batches");
 const RESULTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("results");
+/// What items answering have generated so far, until their results.
+const PROGRESS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("progress");
 /// The ids of the batches not yet ended: what the runner reads every
 /// step, whatever the number of ended batches kept.
 const ACTIVE: TableDefinition<&str, ()> = TableDefinition::new("active");
@@ -50,6 +52,7 @@ fn open_db(dir: &Path) -> Result<Database, StoreError> {
     w.open_table(FILES).map_err(failed)?;
     w.open_table(BATCHES).map_err(failed)?;
     w.open_table(RESULTS).map_err(failed)?;
+    w.open_table(PROGRESS).map_err(failed)?;
     w.open_table(ACTIVE).map_err(failed)?;
     w.commit().map_err(failed)?;
     Ok(db)
@@ -412,7 +415,9 @@ impl Embedded {
                     return Ok(0);
                 };
                 let mut table = w.open_table(RESULTS).map_err(failed)?;
+                let mut progress = w.open_table(PROGRESS).map_err(failed)?;
                 for (line, result) in results {
+                    progress.remove((id, line)).map_err(failed)?;
                     if table.get((id, line)).map_err(failed)?.is_some() {
                         continue;
                     }
@@ -441,6 +446,38 @@ impl Embedded {
             }
             w.commit().map_err(failed)?;
             Ok(new)
+        })
+    }
+
+    /// Keeps `progress` for item `line` of batch `id` until its result is
+    /// recorded; nothing when it has one.
+    pub fn save_progress(&self, id: &str, line: u32, progress: &[u8]) -> Result<(), StoreError> {
+        self.writing(|db| {
+            let w = db.begin_write().map_err(failed)?;
+            {
+                if w.open_table(RESULTS)
+                    .map_err(failed)?
+                    .get((id, line))
+                    .map_err(failed)?
+                    .is_some()
+                {
+                    return Ok(());
+                }
+                let mut t = w.open_table(PROGRESS).map_err(failed)?;
+                t.insert((id, line), progress).map_err(failed)?;
+            }
+            w.commit().map_err(failed)
+        })
+    }
+
+    /// What [`Self::save_progress`] kept for item `line` of batch `id`.
+    pub fn progress(&self, id: &str, line: u32) -> Result<Option<Vec<u8>>, StoreError> {
+        self.reading(|db| {
+            let r = db.begin_read().map_err(failed)?;
+            let t = r.open_table(PROGRESS).map_err(failed)?;
+            Ok(t.get((id, line))
+                .map_err(failed)?
+                .map(|v| v.value().to_vec()))
         })
     }
 
@@ -477,18 +514,16 @@ impl Embedded {
                     }
                 }
                 let mut results = w.open_table(RESULTS).map_err(failed)?;
+                let mut progress = w.open_table(PROGRESS).map_err(failed)?;
                 let mut files = w.open_table(FILES).map_err(failed)?;
                 for (id, b) in &ended {
                     batches.remove(id.as_str()).map_err(failed)?;
-                    let lines: Vec<u32> = results
-                        .range((id.as_str(), 0)..=(id.as_str(), u32::MAX))
-                        .map_err(failed)?
-                        .map(|e| e.map(|(k, _)| k.value().1))
-                        .collect::<Result<_, _>>()
+                    let range = (id.as_str(), 0)..=(id.as_str(), u32::MAX);
+                    results
+                        .retain_in(range.clone(), |_, _| false)
                         .map_err(failed)?;
-                    for line in lines {
-                        results.remove((id.as_str(), line)).map_err(failed)?;
-                    }
+                    // Items cut at the batch's end keep none.
+                    progress.retain_in(range, |_, _| false).map_err(failed)?;
                     for f in [&b.batch.output_file_id, &b.batch.error_file_id]
                         .into_iter()
                         .flatten()

@@ -47,14 +47,15 @@ return 1
 ";
 
 /// Records results of batch `ARGV[1]` (`KEYS`: batches, its results, its
-/// counts): after it, 7 values per item (line, result JSON, ok 1/0,
-/// prompt, cached, completion and reasoning tokens); each item without a
-/// result gets it and moves the counts. How many were new (0 when the
-/// batch is gone).
+/// counts, its items' progress): after it, 7 values per item (line,
+/// result JSON, ok 1/0, prompt, cached, completion and reasoning tokens);
+/// each item without a result gets it and moves the counts, and its
+/// progress goes. How many were new (0 when the batch is gone).
 const RECORD: &str = r"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 local new = 0
 for i = 2, #ARGV, 7 do
+  redis.call('HDEL', KEYS[4], ARGV[i])
   if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
     new = new + 1
     if ARGV[i + 2] == '1' then redis.call('HINCRBY', KEYS[3], 'completed', 1)
@@ -67,6 +68,14 @@ for i = 2, #ARGV, 7 do
   end
 end
 return new
+";
+
+/// Keeps progress `ARGV[2]` of item `ARGV[1]` (`KEYS`: the batch's
+/// results, its items' progress) unless the item has a result.
+const PROGRESS: &str = r"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
 ";
 
 /// Takes or renews the leases `KEYS` for replica `ARGV[1]` for `ARGV[2]`
@@ -120,6 +129,7 @@ pub struct Shared {
     tmp: PathBuf,
     cas: Script,
     record: Script,
+    progress: Script,
     claim: Script,
     release: Script,
 }
@@ -191,6 +201,7 @@ impl Shared {
             tmp,
             cas: Script::new(CAS),
             record: Script::new(RECORD),
+            progress: Script::new(PROGRESS),
             claim: Script::new(CLAIM),
             release: Script::new(RELEASE),
         })
@@ -467,6 +478,7 @@ impl Shared {
         let mut call = self.record.key(self.key("batches"));
         call.key(self.key(&format!("results:{id}")))
             .key(self.key(&format!("counts:{id}")))
+            .key(self.key(&format!("progress:{id}")))
             .arg(id);
         for (line, r) in results {
             let (p, c, o, reasoning) = r.usage;
@@ -483,6 +495,32 @@ impl Shared {
             .await
             .map_err(redis_failed)?;
         Ok(new)
+    }
+
+    pub async fn save_progress(
+        &self,
+        id: &str,
+        line: u32,
+        progress: &[u8],
+    ) -> Result<(), StoreError> {
+        self.progress
+            .key(self.key(&format!("results:{id}")))
+            .key(self.key(&format!("progress:{id}")))
+            .arg(line)
+            .arg(progress)
+            .invoke_async::<i64>(&mut self.con())
+            .await
+            .map(drop)
+            .map_err(redis_failed)
+    }
+
+    pub async fn progress(&self, id: &str, line: u32) -> Result<Option<Vec<u8>>, StoreError> {
+        redis::cmd("HGET")
+            .arg(self.key(&format!("progress:{id}")))
+            .arg(line)
+            .query_async(&mut self.con())
+            .await
+            .map_err(redis_failed)
     }
 
     pub async fn results(&self, id: &str) -> Result<BTreeMap<u32, ItemResult>, StoreError> {
@@ -518,6 +556,7 @@ impl Shared {
                 .cmd("DEL")
                 .arg(self.key(&format!("results:{id}")))
                 .arg(self.key(&format!("counts:{id}")))
+                .arg(self.key(&format!("progress:{id}")))
                 .ignore();
             for f in &outputs {
                 pipe.cmd("HDEL").arg(self.key("files")).arg(*f).ignore();

@@ -12,6 +12,7 @@ pub(super) const BATCH_KEYS: &[&str] = &[
     "max_files_per_tenant",
     "max_bytes_per_tenant",
     "resume",
+    "checkpoint_tokens",
     "live_reserve",
     "prefill_ahead",
     "window",
@@ -99,6 +100,9 @@ pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<Bat
             .opt(&t, "max_bytes_per_tenant", Reader::positive_int)
             .unwrap_or(MAX_BYTES_PER_TENANT),
         resume: r.opt(&t, "resume", Reader::boolean).unwrap_or(true),
+        checkpoint_tokens: r
+            .opt(&t, "checkpoint_tokens", Reader::non_negative_int)
+            .unwrap_or(BatchPolicy::CHECKPOINT_TOKENS),
         live_reserve: r
             .opt(&t, "live_reserve", Reader::share)
             .unwrap_or(LIVE_RESERVE),
