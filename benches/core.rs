@@ -165,6 +165,7 @@ fn routing(c: &mut Criterion) {
                 home_tokens: (i % 5) * 256,
                 homed: f64::from(i % 3) / 10.0,
                 need: 0.05,
+                kv_full: false,
             })
             .collect();
         for strategy in [

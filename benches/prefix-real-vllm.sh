@@ -23,7 +23,8 @@
 #             cache_salt) or "shared" (no salt)
 #
 # The loads (benches/prefix_load.py): closed, open, turns, unique; knobs
-# are passed through (e.g. PREFIXES=20 PREFIX_TOKENS=500 CLIENTS=6).
+# are passed through (e.g. PREFIXES=20 PREFIX_TOKENS=500 CLIENTS=6), and
+# POOL_EXTRA is added to each gateway's pool (e.g. kv_high_watermark = 1.0).
 #
 #   benches/prefix-real-vllm.sh [load ...]          (default: closed unique)
 #   ROUNDS=3 ROUTERS="lo precise vrouter oracle" benches/prefix-real-vllm.sh closed
@@ -104,6 +105,7 @@ model = "mid"
 routing = "$routing"
 ttft_p99_threshold = "60s"
 $extra
+${POOL_EXTRA:-}
 backends = [
   { name = "vllm-0", url = "$E1", max_inflight = 8$kv1 },
   { name = "vllm-1", url = "$E2", max_inflight = 8$kv2 },
@@ -159,6 +161,13 @@ for load in $LOADS; do
       [[ $r == *2 ]] && keys=ka,kb
       line=$("$PY" benches/prefix_load.py --target "$target" --engines "$E1,$E2" --load "$load" \
         --round "$round" --keys "$keys" "${LOAD_ARGS[@]}")
+      # How Fairway placed the requests (its first replica's).
+      if [[ $r != vrouter && $r != oracle ]]; then
+        placed=$(curl -sf "http://127.0.0.1:$((port + 1))/metrics" | "$PY" -c '
+import json, re, sys
+print(json.dumps({m[1]: int(float(m[2])) for m in re.finditer(r"^fairway_prefix_placements_total\{.*placement=\"(\w+)\"\} (\S+)", sys.stdin.read(), re.M)}))')
+        line="${line%\}},\"placements\":$placed}"
+      fi
       kill $(jobs -p) 2>/dev/null || true
       wait 2>/dev/null || true
       echo "{\"load\":\"$load\",\"round\":$round,\"router\":\"$r\",${line#\{}" | tee -a "$OUT"
@@ -170,12 +179,18 @@ done
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 keys = ["hit_rate", "computed_tokens", "rps", "ttft_p50_ms", "ttft_p99_ms", "failed"]
+# The p99 of every round's requests pooled, and the spread of the
+# rounds' own p99s: one round's p99 is its third slowest request.
 for load in dict.fromkeys(r["load"] for r in rows):
     print(f"\n{load}: medians of {max(r['round'] for r in rows if r['load'] == load)} rounds")
-    print("| router | " + " | ".join(keys) + " |")
-    print("|---" * (len(keys) + 1) + "|")
+    print("| router | " + " | ".join(keys) + " | pooled ttft_p99_ms | rounds' p99 |")
+    print("|---" * (len(keys) + 3) + "|")
     for router in dict.fromkeys(r["router"] for r in rows if r["load"] == load):
         mine = [r for r in rows if r["load"] == load and r["router"] == router]
         med = [statistics.median(r[k] for r in mine if r[k] is not None) for k in keys]
-        print(f"| {router} | " + " | ".join(f"{m:g}" for m in med) + " |")
+        pooled = sorted(t for r in mine for t in r.get("ttfts_ms", []))
+        p99 = pooled[min(len(pooled) - 1, int(0.99 * len(pooled)))] if pooled else "-"
+        p99s = sorted(r["ttft_p99_ms"] for r in mine if r["ttft_p99_ms"] is not None)
+        spread = f"{p99s[0]}–{p99s[-1]}" if p99s else "-"
+        print(f"| {router} | " + " | ".join(f"{m:g}" for m in med) + f" | {p99} | {spread} |")
 EOF

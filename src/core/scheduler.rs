@@ -214,6 +214,9 @@ pub struct Scheduler {
     ejections_ended: Vec<BackendId>,
     rng: SmallRng,
     scratch: Vec<Candidate>,
+    /// Backends of the pool in `scratch` past their KV watermark alone,
+    /// which a prefix-aware pool may still send to as homes.
+    kv_gated: Vec<Candidate>,
     adapters: adapters::Adapters,
     /// New homes for the other replicas of a cluster, by the next sync
     /// (`shared_homes`); `None` when not shared.
@@ -250,6 +253,7 @@ impl Scheduler {
             ejections_ended: Vec::new(),
             rng: SmallRng::seed_from_u64(seed),
             scratch: Vec::new(),
+            kv_gated: Vec::new(),
             adapters: adapters::Adapters::default(),
             placed: None,
         };

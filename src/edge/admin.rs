@@ -243,7 +243,7 @@ pub fn snapshot(services: &Services) -> Snapshot {
                     entries: v.index.entries,
                     capacity: v.index.cap,
                     evictions: v.index.evictions,
-                    spills: v.spills,
+                    placements: v.placements,
                     local: v.local,
                 })
             })

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::core::routing::Placement;
 use crate::prom::{self, Kind};
 
 mod prefix;
@@ -38,7 +39,8 @@ pub struct PrefixGauges {
     pub capacity: usize,
     /// Counters.
     pub evictions: u64,
-    pub spills: u64,
+    /// By `Placement::index`.
+    pub placements: [u64; Placement::ALL.len()],
     pub local: u64,
 }
 

@@ -31,6 +31,12 @@ pub struct Candidate {
     pub homed: f64,
     /// This request's prompt, in the same unit.
     pub need: f64,
+    /// Its KV usage is at the pool's watermark: in a pool routing on
+    /// prefixes it is still a candidate, but only as the home of the
+    /// request's prefix (whose blocks its engine keeps cached: going home
+    /// costs it few new blocks, where a copy elsewhere evicts another
+    /// prefix), never a new home, a spill or a request without one.
+    pub kv_full: bool,
 }
 
 impl Candidate {
@@ -39,13 +45,19 @@ impl Candidate {
         f64::from(self.in_flight + self.waiting) / f64::from(self.window.max(1))
     }
 
-    /// Outstanding work over the backend's whole window (its own alone;
-    /// in a cluster, over this replica's share of it divided by the
+    /// Requests outstanding at the backend over its whole window (its own
+    /// alone; in a cluster, this replica's share of it divided by the
     /// share): a gap between two backends' is then counted in as many
     /// requests, whatever the number of replicas, where [`Self::load`]'s
     /// would take each request of this replica's for one of every
-    /// replica's.
+    /// replica's. Outstanding is this replica's in flight and the
+    /// requests waiting in the engine past that number (other gateways'
+    /// queued work): not their sum, which counts this replica's requests
+    /// waiting in the engine twice, and sent one request away from its
+    /// home in seven on two real engines whose caches were full.
     pub fn whole_load(&self) -> f64 {
-        self.load() * self.window_share.clamp(f64::MIN_POSITIVE, 1.0)
+        let share = self.window_share.clamp(f64::MIN_POSITIVE, 1.0);
+        let outstanding = self.in_flight + self.waiting.saturating_sub(self.in_flight);
+        f64::from(outstanding) * share / f64::from(self.window.max(1))
     }
 }

@@ -89,6 +89,7 @@ mod tests {
             home_tokens: 0,
             homed: 0.0,
             need: 0.0,
+            kv_full: false,
         }
     }
 

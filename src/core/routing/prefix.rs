@@ -23,9 +23,10 @@
 //!   converge on one partition;
 //! - **spill**: with no home within the bound, it goes to the least loaded
 //!   backend, for this request only, as it does when its home cannot
-//!   take a request now (a full window, no headroom): a copy made for a peak does not become a home,
-//!   so the partition does not drift (a prefix whose demand exceeds what
-//!   one engine serves within the bound is served by both, its home first);
+//!   take a request now (a full window, a slow engine): a copy made for a
+//!   peak does not become a home, so the partition does not drift (a
+//!   prefix whose demand exceeds what one engine serves within the bound
+//!   is served by both, its home first);
 //! - **adopted**: with no home, a backend holding at least half its prompt
 //!   now (its engine's events, or another replica's requests) becomes its
 //!   home, if within the bound;
@@ -39,6 +40,14 @@
 //!   seeing the same loads and shares agree;
 //!
 //! ties at random. A prompt without a full block goes to the least loaded.
+//!
+//! A backend past its KV watermark ([`Candidate::kv_full`]) takes only
+//! requests whose home it is: its engine keeps their blocks cached, so
+//! they cost it little new memory, where sending them away copies the
+//! prefix and evicts another there. On two real engines with caches
+//! smaller than the prefix set, gating the homes on the watermark spilled
+//! one request in ten and cut the hit rate from 0.67 to 0.53
+//! (docs/benchmarks/2026-12-07-prefix.md).
 
 use rand::Rng;
 
@@ -53,15 +62,47 @@ pub const SPILL_GAP: f64 = 0.5;
 pub enum Placement {
     /// Its home.
     Home,
-    /// The least loaded, its home being too busy or full: for this
-    /// request only.
+    /// The least loaded, its home being too busy (past the bound): for
+    /// this request only.
     Spill,
+    /// The least loaded, its home not taking a request now (a full
+    /// window, a slow engine, an ejection): for this request only.
+    Lent,
     /// A backend holding its prompt, which had no home: its home now.
     Adopted,
     /// A new home.
     New,
     /// The least loaded: no full block to place.
     Unplaced,
+}
+
+impl Placement {
+    /// Every placement, in the order of [`Self::index`].
+    pub const ALL: [Placement; 6] = [
+        Placement::Home,
+        Placement::Spill,
+        Placement::Lent,
+        Placement::Adopted,
+        Placement::New,
+        Placement::Unplaced,
+    ];
+
+    /// Its position in [`Self::ALL`] (a counter's slot).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Its name in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Placement::Home => "home",
+            Placement::Spill => "spill",
+            Placement::Lent => "lent",
+            Placement::Adopted => "adopted",
+            Placement::New => "new",
+            Placement::Unplaced => "unplaced",
+        }
+    }
 }
 
 /// Picks the index of a candidate (`cands` is not empty) for a request of
@@ -76,29 +117,36 @@ pub fn prefix_aware(
     rng: &mut impl Rng,
 ) -> (usize, Placement) {
     // The bound in requests over the backends' whole windows: the same
-    // for one replica as for several, each of whose windows is a share.
+    // for one replica as for several, each of whose windows is a share;
+    // the least loaded of those that may take any request (not
+    // `kv_full`, homes only: one at least).
     let least = cands
         .iter()
+        .filter(|c| !c.kv_full)
         .map(Candidate::whole_load)
         .fold(f64::INFINITY, f64::min);
     let within = |c: &Candidate| c.whole_load() - least <= SPILL_GAP;
     let half = prompt / 2;
     let Some(family) = family else {
-        let i = pick_by(cands, rng, |c| Some((c.load(), 0.0))).unwrap_or(0);
+        let i = pick_by(cands, rng, |c| (!c.kv_full).then(|| (c.load(), 0.0))).unwrap_or(0);
         return (i, Placement::Unplaced);
     };
     let deepest = cands.iter().map(|c| c.home_tokens).max().unwrap_or(0);
     if homed > deepest && homed >= half {
         // Its home cannot take it now (a full window, no headroom).
-        return (lent(cands, rng), Placement::Spill);
+        return (lent(cands, rng), Placement::Lent);
     }
     // A backend within the bound holding at least half the prompt now
     // (its engine's events, or this replica's own sends), the least
     // loaded of those holding the most.
-    let holds = cands.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
+    let holds = (cands.iter())
+        .filter(|c| !c.kv_full)
+        .map(|c| c.cached_tokens)
+        .max()
+        .unwrap_or(0);
     let holder = |rng: &mut _| {
         pick_by(cands, rng, |c| {
-            (within(c) && c.cached_tokens == holds).then(|| (c.load(), 0.0))
+            (within(c) && !c.kv_full && c.cached_tokens == holds).then(|| (c.load(), 0.0))
         })
         .filter(|_| holds > 0 && holds >= half)
     };
@@ -135,7 +183,7 @@ pub fn prefix_aware(
 /// full: the least loaded, the one holding more of the prompt first.
 fn lent(cands: &[Candidate], rng: &mut impl Rng) -> usize {
     pick_by(cands, rng, |c| {
-        Some((c.load(), -f64::from(c.cached_tokens)))
+        (!c.kv_full).then(|| (c.load(), -f64::from(c.cached_tokens)))
     })
     .unwrap_or(0)
 }
@@ -147,11 +195,12 @@ fn lent(cands: &[Candidate], rng: &mut impl Rng) -> usize {
 /// of `family` (replicas seeing the same loads and shares agree).
 fn new_home(cands: &[Candidate], family: u64, within: &impl Fn(&Candidate) -> bool) -> usize {
     let fits = |c: &Candidate| c.homed + c.need <= 1.0;
-    let any_fits = cands.iter().any(|c| within(c) && fits(c));
+    let open = |c: &Candidate| within(c) && !c.kv_full;
+    let any_fits = cands.iter().any(|c| open(c) && fits(c));
     cands
         .iter()
         .enumerate()
-        .filter(|(_, c)| within(c) && (fits(c) || !any_fits))
+        .filter(|(_, c)| open(c) && (fits(c) || !any_fits))
         .min_by(|(_, a), (_, b)| {
             a.load()
                 .total_cmp(&b.load())
@@ -256,6 +305,7 @@ mod tests {
             home_tokens: home,
             homed: 0.0,
             need: 0.1,
+            kv_full: false,
         }
     }
 
@@ -321,6 +371,40 @@ mod tests {
         // Homed on a backend that is not a candidate (its window is full):
         // the least loaded, for this request only.
         let c = [cand(0, 3, 0, 0), cand(1, 1, 0, 0)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 900, &mut rng),
+            (1, Placement::Lent)
+        );
+    }
+
+    #[test]
+    fn a_backend_past_its_kv_watermark_takes_only_its_homes() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut full = cand(0, 1, 900, 900);
+        full.kv_full = true;
+        // Its home, holding it: there, even as the least loaded is
+        // another.
+        let c = [full, cand(1, 0, 0, 0)];
+        assert_eq!(
+            prefix_aware(&c, 1000, FAMILY, 900, &mut rng),
+            (0, Placement::Home)
+        );
+        // Never a new home, an adopter or a request without a block,
+        // even the least loaded.
+        let mut idle = full;
+        idle.in_flight = 0;
+        idle.home_tokens = 0;
+        let c = [idle, cand(1, 3, 0, 0)];
+        for family in [FAMILY, None] {
+            for _ in 0..50 {
+                assert_eq!(prefix_aware(&c, 1000, family, 0, &mut rng).0, 1);
+            }
+        }
+        // Past the bound of the others' least load, it lends the request
+        // out like any home.
+        let mut busy = full;
+        busy.in_flight = 7;
+        let c = [busy, cand(1, 1, 0, 0)];
         assert_eq!(
             prefix_aware(&c, 1000, FAMILY, 900, &mut rng),
             (1, Placement::Spill)

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::core::ids::PoolId;
 use crate::core::routing::Candidate;
+use crate::core::spec::Strategy;
 use crate::core::time::Instant;
 
 use super::Scheduler;
@@ -22,8 +23,13 @@ impl Scheduler {
     /// room fails it alone (a slow prefill, a long prompt, all of them
     /// loaded alike), they all stay candidates and the strategy picks
     /// among them by load, as if the gate were off.
+    ///
+    /// In a pool routing on prefixes a backend that fails the KV gate
+    /// alone goes to `kv_gated` (`Candidate::kv_full`): it may still take
+    /// a request as its prefix's home.
     pub(super) fn collect_candidates(&mut self, now: Instant, pool: PoolId) {
         self.scratch.clear();
+        self.kv_gated.clear();
         let ps = &self.pools[pool.0 as usize];
         if ps.slots_left() == 0 {
             return;
@@ -35,7 +41,8 @@ impl Scheduler {
                 continue;
             }
             let headroom = headroom(b, ps, now, self.stale_after);
-            if !headroom.kv {
+            let homes_only = !headroom.kv;
+            if homes_only && !(headroom.latency && ps.strategy == Strategy::PrefixAware) {
                 continue;
             }
             let fresh = b
@@ -54,8 +61,11 @@ impl Scheduler {
                 home_tokens: 0,
                 homed: 0.0,
                 need: 0.0,
+                kv_full: homes_only,
             };
-            if headroom.latency {
+            if homes_only {
+                self.kv_gated.push(c);
+            } else if headroom.latency {
                 // Ahead of the slow ones, which are dropped below if any
                 // backend passes.
                 self.scratch.insert(self.scratch.len() - slow, c);

@@ -91,6 +91,13 @@ impl Scheduler {
             let ps = &mut self.pools[p];
             // `best` ≥ 1 as there are candidates, so a strategy has one.
             let i = if ps.strategy == Strategy::PrefixAware {
+                // Backends past their KV watermark, as homes only.
+                let mut gated = std::mem::take(&mut self.kv_gated);
+                gated.retain(|c| paced.is_none_or(|prompt| self.prefill_room(c.id, prompt)));
+                let at = best;
+                let best = best + gated.len();
+                self.scratch.splice(at..at, gated.drain(..));
+                self.kv_gated = gated;
                 self.match_cached(now, pool, id, best);
                 let homed = self.match_homes(now, pool, id, best);
                 let family = self.requests.get(id).and_then(|r| family(&r.prefix));
@@ -312,12 +319,12 @@ impl Scheduler {
         home_blocks: usize,
     ) {
         let ps = &mut self.pools[pool.0 as usize];
-        ps.prefix_spills += u64::from(placed == Placement::Spill);
+        ps.placements[placed.index()] += 1;
         let Some((h, req)) = ps.homes.as_mut().zip(self.requests.get(id)) else {
             return;
         };
         let keys = match placed {
-            Placement::Unplaced | Placement::Spill => return,
+            Placement::Unplaced | Placement::Spill | Placement::Lent => return,
             Placement::Home => &req.prefix[..home_blocks.min(req.prefix.len())],
             Placement::Adopted | Placement::New => &req.prefix[..],
         };

@@ -11,6 +11,7 @@ use crate::core::prefix::{Homes, PrefixIndex};
 use crate::core::queue::FairQueue;
 use crate::core::queue::cost::PoolCapacity;
 use crate::core::reading::Reading;
+use crate::core::routing::Placement;
 use crate::core::spec::{
     Api, BackendSpec, Discipline, OnLate, OutlierSpec, PoolSpec, PrefixSpec, Priority, Strategy,
 };
@@ -159,9 +160,9 @@ pub(super) struct PoolState {
     /// Where each prefix belongs (`Strategy::PrefixAware` only).
     pub(super) homes: Option<Homes>,
     pub(super) prefix_spec: PrefixSpec,
-    /// Requests the prefix strategy sent to the least loaded backend,
-    /// for themselves only, their prefix's home being too busy or full.
-    pub(super) prefix_spills: u64,
+    /// Requests the prefix strategy placed, by how their backend relates
+    /// to their prefix's homes (`Placement::index`).
+    pub(super) placements: [u64; Placement::ALL.len()],
     /// Requests served out of discipline order for their cached prefix
     /// (`QueueSpec::locality`).
     pub(super) local_dispatches: u64,
@@ -198,7 +199,7 @@ impl PoolState {
             prefix: None,
             homes: None,
             prefix_spec: pp.prefix,
-            prefix_spills: 0,
+            placements: [0; Placement::ALL.len()],
             local_dispatches: 0,
             retired: false,
         }

@@ -1758,6 +1758,36 @@ fn a_request_at_home_homes_none_of_its_own_blocks() {
 }
 
 #[test]
+fn past_its_kv_watermark_a_backend_takes_its_homes_and_nothing_new() {
+    let mut s = prefix_scheduler(crate::core::spec::PrefillCharge::Full);
+    let base = arrival(&s, "a");
+    let a = |prefix: Vec<u64>| Arrival {
+        prefix,
+        lane: super::Lane::Live,
+        ..base.clone()
+    };
+    let keys: Vec<u64> = (1..=10).collect();
+    let (id, ds) = s.on_arrival(t(0), a(keys.clone())).unwrap();
+    let home = dispatched(&ds)[0].1;
+    s.on_completion(t(1), id, None).unwrap();
+    // Other work fills its engine's KV cache past the watermark.
+    let full = Reading {
+        at: t(2),
+        kv_usage: Some(0.95),
+        ..Reading::default()
+    };
+    s.on_reading(t(2), home, full);
+    // The prefix goes home: its blocks are cached there.
+    let (_, ds) = s.on_arrival(t(3), a(keys)).unwrap();
+    assert_eq!(dispatched(&ds)[0].1, home);
+    // A new prefix, and a prompt without a full block, go elsewhere.
+    for prefix in [(20..30).collect(), Vec::new()] {
+        let (_, ds) = s.on_arrival(t(4), a(prefix)).unwrap();
+        assert_ne!(dispatched(&ds)[0].1, home);
+    }
+}
+
+#[test]
 fn a_preempted_request_whose_response_ended_anyway_is_cancelled_not_run_again() {
     // The gateway's settle of a served request the scheduler had just
     // preempted: `on_completion` finds it queued, `on_cancel` takes it

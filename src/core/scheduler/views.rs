@@ -8,6 +8,7 @@ use crate::core::admission::RateLimits;
 use crate::core::ids::{BackendId, PoolId, TenantId};
 use crate::core::prefix::IndexStats;
 use crate::core::reading::Reading;
+use crate::core::routing::Placement;
 use crate::core::spec::{Priority, pool_key};
 use crate::core::time::Instant;
 
@@ -58,9 +59,9 @@ pub struct BackendView {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PrefixView {
     pub index: IndexStats,
-    /// Requests sent to the least loaded backend rather than the holder
-    /// of their prefix (a counter).
-    pub spills: u64,
+    /// Requests the prefix strategy placed, by how their backend relates
+    /// to their prefix's homes (counters, `Placement::index`).
+    pub placements: [u64; Placement::ALL.len()],
     /// Requests served out of discipline order for their cached prefix
     /// (a counter; `QueueSpec::locality`).
     pub local: u64,
@@ -274,7 +275,7 @@ impl Scheduler {
         let p = &self.pools[pool.0 as usize];
         p.prefix.as_ref().map(|ix| PrefixView {
             index: ix.stats(),
-            spills: p.prefix_spills,
+            placements: p.placements,
             local: p.local_dispatches,
         })
     }

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use super::{BackendGauges, PrefixGauges, Snapshot};
+use crate::core::routing::Placement;
 use crate::prom::{self, Kind};
 
 /// The prefix indexes, and what they predicted per backend.
@@ -33,7 +34,10 @@ pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
             "fairway_prefix_spills_total",
             Kind::Counter,
             "Requests sent to the least loaded backend, for themselves only, because the home of their prefix was too busy or full.",
-            |p| p.spills as f64,
+            |p| {
+                (p.placements[Placement::Spill.index()] + p.placements[Placement::Lent.index()])
+                    as f64
+            },
         ),
         (
             "fairway_prefix_local_dispatches_total",
@@ -50,6 +54,23 @@ pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
                 "{name}{{model=\"{}\"}} {}",
                 prom::escape(&p.model),
                 get(p)
+            );
+        }
+    }
+    prom::family(
+        w,
+        "fairway_prefix_placements_total",
+        Kind::Counter,
+        "Requests the prefix strategy placed, by how their backend relates to their prefix's homes: home, spill (the least loaded, its home past the load bound: for this request only), lent (the least loaded, its home taking no request now: for this request only), adopted (a backend holding a homeless prefix became its home), new (a new home), unplaced (no full block: the least loaded).",
+    );
+    for p in &snap.prefix {
+        for placed in Placement::ALL {
+            let _ = writeln!(
+                w,
+                "fairway_prefix_placements_total{{model=\"{}\",placement=\"{}\"}} {}",
+                prom::escape(&p.model),
+                placed.as_str(),
+                p.placements[placed.index()]
             );
         }
     }
