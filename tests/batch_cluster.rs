@@ -4,7 +4,8 @@
 //! batch created there are seen at the other; a cancel at the replica
 //! that does not run a batch cancels it; the replica running a batch is
 //! killed with SIGKILL mid-batch and the other finishes it, every item in
-//! the output exactly once.
+//! the output exactly once; three replicas share one batch's items, and
+//! one killed mid-batch costs only its items in flight.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -358,4 +359,134 @@ fn a_replica_dies_mid_batch_and_the_other_finishes_it() {
         assert!(r.text().contains("object store"), "{}", r.text());
         assert_eq!(files().await, kept);
     });
+}
+
+/// Three replicas share one batch's items (a lease per item,
+/// `Store::take_items`): each runs part of them, the batch runs about as
+/// fast as one replica alone runs it (before, the replica holding the
+/// batch ran every item within its third of each backend's window), and
+/// a replica killed mid-batch costs at most its items in flight, which
+/// the others run.
+#[test]
+fn three_replicas_share_a_batch_and_a_dead_one_costs_only_its_items_in_flight() {
+    let Some(s3) = S3Server::start() else {
+        return;
+    };
+    s3.bucket(BUCKET);
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (b0, b1) = rt.block_on(slow_pair());
+    let env = [
+        "env",
+        "AWS_ACCESS_KEY_ID=test",
+        "AWS_SECRET_ACCESS_KEY=test",
+        "AWS_REGION=us-east-1",
+    ];
+    let serve = |replica: &str| {
+        let path = dir.path().join(format!("{replica}.toml"));
+        let backends = [b0.addr().to_string(), b1.addr().to_string()];
+        std::fs::write(
+            &path,
+            policy(&redis.url(), &s3.url(), replica, dir.path(), backends),
+        )
+        .unwrap();
+        ServeProcess::start(&env, &[], &path, "warn", std::process::Stdio::null())
+    };
+    let served = async |admin: std::net::SocketAddr| {
+        let m = get(&client(), format!("http://{admin}/metrics"))
+            .await
+            .text();
+        metric_sum(
+            &m,
+            "fairway_requests_total{tenant=\"evals\",model=\"m\",outcome=\"served\"",
+        )
+    };
+    let n = 900;
+    // Runs a batch of `n` at `addr`: its id, and seconds from its
+    // creation to its end.
+    let run = async |addr: std::net::SocketAddr| {
+        let f = upload(addr, "ke", "batch", &input(n, "m", 24)).await;
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(f.status, StatusCode::OK, "{}", f.text());
+        let c = create(addr, "ke", f.json()["id"].as_str().unwrap()).await;
+        assert_eq!(c.status, StatusCode::OK, "{}", c.text());
+        let id = c.json()["id"].as_str().unwrap().to_owned();
+        let b = ended(addr, "ke", &id, Duration::from_secs(90)).await;
+        assert_eq!(b["status"], "completed", "{b}");
+        (id, t0.elapsed().as_secs_f64())
+    };
+
+    // One replica alone: the whole of each backend's window.
+    let alone = serve("r1");
+    let (_, one) = rt.block_on(run(alone.addr));
+    let mut replicas = [Some(alone), Some(serve("r2")), Some(serve("r3"))];
+    let addrs: Vec<_> = replicas.iter().map(|r| r.as_ref().unwrap().addr).collect();
+    let admins: Vec<_> = replicas.iter().map(|r| r.as_ref().unwrap().admin).collect();
+    let (three, counts) = rt.block_on(async {
+        // The three see each other (each holds a third of the windows).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before: Vec<f64> =
+            futures_util::future::join_all(admins.iter().map(|a| served(*a))).await;
+        let (_, three) = run(addrs[0]).await;
+        let after: Vec<f64> =
+            futures_util::future::join_all(admins.iter().map(|a| served(*a))).await;
+        let counts: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+        (three, counts)
+    });
+    eprintln!("a batch of {n}: one replica {one:.1} s; three {three:.1} s, items each {counts:?}");
+    assert_eq!(counts.iter().sum::<f64>(), n as f64, "{counts:?}");
+    for c in &counts {
+        assert!(
+            *c >= n as f64 / 10.0,
+            "a replica ran few of the items: {counts:?}"
+        );
+    }
+
+    // A replica killed mid-batch: the others run its items.
+    let sent = || b0.stats().submitted_total + b1.stats().submitted_total;
+    let (id, engine_before) = rt.block_on(async {
+        let f = upload(addrs[1], "ke", "batch", &input(n, "m", 24)).await;
+        let c = create(addrs[1], "ke", f.json()["id"].as_str().unwrap()).await;
+        assert_eq!(c.status, StatusCode::OK, "{}", c.text());
+        let id = c.json()["id"].as_str().unwrap().to_owned();
+        let start = tokio::time::Instant::now();
+        while batch(addrs[1], "ke", &id).await["request_counts"]["completed"]
+            .as_u64()
+            .unwrap()
+            < 60
+        {
+            assert!(start.elapsed() < Duration::from_secs(30), "no progress");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (id, sent())
+    });
+    // Not the batch's lease holder: a replica that runs only items.
+    let holder = rt.block_on(runner_of(&redis.url(), &id)).unwrap();
+    let doomed = ["r1", "r2", "r3"]
+        .iter()
+        .position(|r| *r != holder)
+        .unwrap();
+    replicas[doomed] = None; // SIGKILL
+    let survivor = addrs[(doomed + 1) % 3];
+    rt.block_on(async {
+        let b = ended(survivor, "ke", &id, Duration::from_secs(90)).await;
+        assert_eq!(b["status"], "completed", "{b}");
+        assert_eq!(
+            b["request_counts"],
+            json!({"total": n, "completed": n, "failed": 0})
+        );
+        let out = lines(survivor, "ke", b["output_file_id"].as_str().unwrap()).await;
+        assert_eq!(out.len(), n);
+        assert!((0..n).all(|i| out.contains_key(&format!("q{i}"))));
+    });
+    // Every item sent once, but those in flight at the dead replica (at
+    // most a third of the 16 slots, and what was on its way).
+    let again = sent() - engine_before;
+    let done_before = 60;
+    eprintln!("after the kill: {again} engine requests");
+    assert!(
+        again as usize <= n - done_before + 16,
+        "{again} engine requests after the kill"
+    );
 }

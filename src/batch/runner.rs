@@ -52,6 +52,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+mod advance;
 mod finalize;
 mod items;
 mod writes;
@@ -169,6 +170,9 @@ struct Run {
     unstored: BTreeMap<u32, ItemResult>,
     /// Lines waiting to be tried again, and when.
     retry_at: HashMap<u32, tokio::time::Instant>,
+    /// Lines another replica runs (the shared store), not offered again
+    /// until their lease could have expired.
+    elsewhere: HashMap<u32, tokio::time::Instant>,
     tries: HashMap<u32, u32>,
     /// When the runner picked it up, and how many items had results then.
     started: tokio::time::Instant,
@@ -229,6 +233,9 @@ pub(super) async fn run(b: Arc<Batches>, shutdown: CancellationToken) {
     }
     // Items in flight run again at the next start (or at the replica that
     // takes the batch over): they have no result.
+    for id in state.items.batches() {
+        b.store.release_items(&id, &state.items.lines(&id)).await;
+    }
     state.items.stop_all();
     let held: Vec<String> = state.runs.keys().cloned().collect();
     b.store.release(&held).await;
@@ -245,26 +252,43 @@ impl Runs {
         b.refresh_ended().await;
         let ids: Vec<String> = active.iter().map(|s| s.batch.id.clone()).collect();
         let mine = b.store.claim(&ids).await?;
+        // With the shared store every replica runs items of every batch in
+        // progress, each item under a lease of its own
+        // (`Store::take_items`); the holder of the batch's lease alone
+        // validates, finalizes, cancels and expires it.
+        let helping: HashSet<String> = active
+            .iter()
+            .filter(|sb| b.store.is_shared() && sb.batch.status == Status::InProgress)
+            .map(|sb| sb.batch.id.clone())
+            .filter(|id| !mine.contains(id))
+            .collect();
         // A batch that ended, or that another replica took over (this one
         // missed renewing its lease): its items here stop.
         let gone: Vec<String> = self
             .runs
             .keys()
-            .filter(|id| !mine.contains(*id))
+            .filter(|id| !mine.contains(*id) && !helping.contains(*id))
             .cloned()
             .collect();
         for id in gone {
             self.forget(&b.runner, &id);
         }
         let now = crate::clock::unix_seconds();
-        let mut room = Room::default();
-        for sb in active.into_iter().filter(|sb| mine.contains(&sb.batch.id)) {
+        let mut room = advance::Room::for_step(b, self);
+        for sb in active {
+            if helping.contains(&sb.batch.id) {
+                self.advance(b, sb, &mut room, false).await?;
+                continue;
+            }
+            if !mine.contains(&sb.batch.id) {
+                continue;
+            }
             let expired = sb.batch.expires_at.is_some_and(|e| now >= e);
             match sb.batch.status {
                 Status::Validating if expired => self.finalize(b, sb, Status::Expired).await?,
                 Status::Validating => validate(b, sb).await?,
                 Status::InProgress if expired => self.finalize(b, sb, Status::Expired).await?,
-                Status::InProgress => self.advance(b, sb, &mut room).await?,
+                Status::InProgress => self.advance(b, sb, &mut room, true).await?,
                 Status::Cancelling => self.finalize(b, sb, Status::Cancelled).await?,
                 Status::Finalizing => self.finalize(b, sb, Status::Completed).await?,
                 _ => {}
@@ -397,155 +421,6 @@ async fn validate(b: &Arc<Batches>, sb: StoredBatch) -> Result<(), StoreError> {
         .await?;
     b.runner.wake();
     Ok(())
-}
-
-/// Free places per model pool in this step: its healthy backends' windows
-/// less what it holds now (live and batch, queued and in flight).
-#[derive(Default)]
-struct Room(HashMap<String, u32>);
-
-impl Room {
-    fn take(&mut self, b: &Batches, model: &str) -> bool {
-        let free = self.0.entry(model.to_owned()).or_insert_with(|| {
-            let live = b.gw.live();
-            match b
-                .gw
-                .model_pool(&live, model, crate::core::spec::Api::OpenAi, None)
-            {
-                Ok((pool, _, _)) => {
-                    let (capacity, held) = b.gw.sched().with(|s| s.pool_load(pool));
-                    capacity.saturating_sub(held)
-                }
-                Err(_) => 0,
-            }
-        });
-        if *free == 0 {
-            return false;
-        }
-        *free -= 1;
-        true
-    }
-}
-
-impl Runs {
-    async fn advance(
-        &mut self,
-        b: &Arc<Batches>,
-        sb: StoredBatch,
-        room: &mut Room,
-    ) -> Result<(), StoreError> {
-        let id = sb.batch.id.clone();
-        if !self.runs.contains_key(&id) {
-            // It read when the batch started; only a file removed from under
-            // the store fails here, and then the batch ends when it expires.
-            let items = read_items(b, &sb, false).await.unwrap_or_default();
-            let done: HashSet<u32> = b.store.results(&id).await?.into_keys().collect();
-            self.runs.entry(id.clone()).or_insert(Run {
-                items: Arc::new(items),
-                done_at_start: done.len(),
-                done,
-                unstored: BTreeMap::new(),
-                retry_at: HashMap::new(),
-                tries: HashMap::new(),
-                started: tokio::time::Instant::now(),
-                projected: None,
-            });
-            b.runner.batch_resumes.lock().entry(id.clone()).or_default();
-        }
-        let mut start = Vec::new();
-        let total = usize::try_from(sb.batch.request_counts.total).unwrap_or(usize::MAX);
-        let (finished, promoted) = {
-            let Some(run) = self.runs.get_mut(&id) else {
-                return Ok(());
-            };
-            run.projected = run.projection(total, crate::clock::unix_seconds());
-            // Its window cannot be met at this rate: its items go in their
-            // owner's live lane, by its weight, rather than in the batch lane.
-            let promoted = run
-                .projected
-                .zip(sb.batch.expires_at)
-                .is_some_and(|(p, e)| p > e);
-            let now = tokio::time::Instant::now();
-            for item in run.items.iter() {
-                if run.done.contains(&item.line)
-                    || run.unstored.contains_key(&item.line)
-                    || self.items.running(&id, item.line)
-                    || run.retry_at.get(&item.line).is_some_and(|t| *t > now)
-                {
-                    continue;
-                }
-                if !room.take(b, &item.model) {
-                    continue;
-                }
-                start.push(item.clone());
-            }
-            (
-                run.done.len() >= total
-                    && self.items.in_flight(&id) == 0
-                    && run.unstored.is_empty(),
-                promoted,
-            )
-        };
-        if finished {
-            // Finalized from the store's results, not from what this runner
-            // counted: a store whose primary failed over may have lost the
-            // last results written to it (replication is asynchronous). What
-            // it lacks runs again rather than going missing from the output.
-            let stored: HashSet<u32> = b.store.results(&id).await?.into_keys().collect();
-            if stored.len() < total {
-                if let Some(run) = self.runs.get_mut(&id) {
-                    let before = run.done.len();
-                    run.done.retain(|line| stored.contains(line));
-                    tracing::warn!(
-                        batch = %id,
-                        lost = before - run.done.len(),
-                        "batch items' results missing from the store; they run again"
-                    );
-                }
-                b.runner.wake();
-                return Ok(());
-            }
-            let now = crate::clock::unix_seconds();
-            let moved = b
-                .store
-                .update(&id, move |batch| {
-                    if batch.status == Status::InProgress {
-                        batch.status = Status::Finalizing;
-                        batch.finalizing_at = Some(now);
-                    }
-                })
-                .await?;
-            return match moved {
-                Some(sb) if sb.batch.status == Status::Finalizing => {
-                    self.finalize(b, sb, Status::Completed).await
-                }
-                _ => Ok(()),
-            };
-        }
-        let deadline = Duration::from_secs(
-            sb.batch
-                .expires_at
-                .unwrap_or(0)
-                .saturating_sub(crate::clock::unix_seconds()),
-        );
-        for item in start {
-            let line = item.line;
-            let tries = self
-                .runs
-                .get(&id)
-                .and_then(|r| r.tries.get(&line).copied())
-                .unwrap_or(0)
-                + 1;
-            let task = item_task(
-                b.clone(),
-                (id.clone(), sb.owner.clone(), sb.batch.endpoint.clone()),
-                item,
-                (deadline, promoted, tries),
-            );
-            self.items.start(&id, line, task);
-        }
-        Ok(())
-    }
 }
 
 /// What one try of an item came to, for its run.

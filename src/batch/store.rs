@@ -90,6 +90,17 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
+/// What [`Store::take_items`] found of the lines it was offered.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Taken {
+    /// Lines this replica may run now (their leases taken or renewed).
+    pub taken: Vec<u32>,
+    /// Lines with a result.
+    pub done: Vec<u32>,
+    /// Lines another replica runs (its lease has not expired).
+    pub busy: Vec<u32>,
+}
+
 /// The store the batch service uses.
 #[derive(Debug)]
 pub enum Store {
@@ -330,6 +341,31 @@ impl Store {
         match self {
             Store::Embedded(_) => Ok(ids.iter().cloned().collect()),
             Store::Shared(s) => s.claim(ids).await,
+        }
+    }
+
+    /// Of `lines` of batch `id` (in order), at most `n` this replica may
+    /// run now: all of the first `n` with the embedded store; with the
+    /// shared one those with no result and no lease of another replica's
+    /// that runs yet, each under a lease of this replica's (taken, or
+    /// renewed: offer the lines running here again each step) that
+    /// expires as a batch's does. Several replicas then run one batch's
+    /// items, and the items of one that dies go to the others.
+    pub async fn take_items(&self, id: &str, lines: &[u32], n: usize) -> Result<Taken, StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(Taken {
+                taken: lines.iter().copied().take(n).collect(),
+                ..Taken::default()
+            }),
+            Store::Shared(s) => s.take_items(id, lines, n).await,
+        }
+    }
+
+    /// Gives up this replica's leases of `lines` of batch `id` (at
+    /// shutdown), so that another replica takes them at once.
+    pub async fn release_items(&self, id: &str, lines: &[u32]) {
+        if let Store::Shared(s) = self {
+            s.release_items(id, lines).await;
         }
     }
 

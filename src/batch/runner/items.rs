@@ -58,6 +58,18 @@ impl<T: Send + 'static> ItemSet<T> {
             .is_some_and(|lines| lines.contains_key(&line))
     }
 
+    /// The lines of `batch` in flight.
+    pub(super) fn lines(&self, batch: &str) -> Vec<u32> {
+        self.by_batch
+            .get(batch)
+            .map_or_else(Vec::new, |lines| lines.keys().copied().collect())
+    }
+
+    /// The batches with items in flight.
+    pub(super) fn batches(&self) -> Vec<String> {
+        self.by_batch.keys().cloned().collect()
+    }
+
     /// How many of `batch`'s items are in flight.
     pub(super) fn in_flight(&self, batch: &str) -> usize {
         self.by_batch.get(batch).map_or(0, HashMap::len)

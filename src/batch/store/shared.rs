@@ -22,7 +22,9 @@
 //! a replica that dies stops renewing, and the next to look takes the
 //! batch over; its items that were in flight have no result and run again.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod leases;
+
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,15 +49,17 @@ return 1
 ";
 
 /// Records results of batch `ARGV[1]` (`KEYS`: batches, its results, its
-/// counts, its items' progress): after it, 7 values per item (line,
-/// result JSON, ok 1/0, prompt, cached, completion and reasoning tokens);
-/// each item without a result gets it and moves the counts, and its
-/// progress goes. How many were new (0 when the batch is gone).
+/// counts, its items' progress, its items' leases): after it, 7 values
+/// per item (line, result JSON, ok 1/0, prompt, cached, completion and
+/// reasoning tokens); each item without a result gets it and moves the
+/// counts, and its progress and lease go. How many were new (0 when the
+/// batch is gone).
 const RECORD: &str = r"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 local new = 0
 for i = 2, #ARGV, 7 do
   redis.call('HDEL', KEYS[4], ARGV[i])
+  redis.call('HDEL', KEYS[5], ARGV[i])
   if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
     new = new + 1
     if ARGV[i + 2] == '1' then redis.call('HINCRBY', KEYS[3], 'completed', 1)
@@ -76,32 +80,6 @@ const PROGRESS: &str = r"
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
-";
-
-/// Takes or renews the leases `KEYS` for replica `ARGV[1]` for `ARGV[2]`
-/// ms: a lease nobody holds is taken, one this replica holds renewed.
-/// Returns the indexes (1-based) of the leases it holds now.
-const CLAIM: &str = r"
-local mine = {}
-for i, k in ipairs(KEYS) do
-  local v = redis.call('GET', k)
-  if not v then
-    redis.call('SET', k, ARGV[1], 'PX', ARGV[2])
-    table.insert(mine, i)
-  elseif v == ARGV[1] then
-    redis.call('PEXPIRE', k, ARGV[2])
-    table.insert(mine, i)
-  end
-end
-return mine
-";
-
-/// Drops the leases `KEYS` that replica `ARGV[1]` holds.
-const RELEASE: &str = r"
-for _, k in ipairs(KEYS) do
-  if redis.call('GET', k) == ARGV[1] then redis.call('DEL', k) end
-end
-return 0
 ";
 
 /// What the shared store needs: the cluster's Redis, this replica's name,
@@ -130,6 +108,8 @@ pub struct Shared {
     cas: Script,
     record: Script,
     progress: Script,
+    take: Script,
+    release_items: Script,
     claim: Script,
     release: Script,
 }
@@ -202,8 +182,10 @@ impl Shared {
             cas: Script::new(CAS),
             record: Script::new(RECORD),
             progress: Script::new(PROGRESS),
-            claim: Script::new(CLAIM),
-            release: Script::new(RELEASE),
+            take: Script::new(leases::TAKE),
+            release_items: Script::new(leases::RELEASE_ITEMS),
+            claim: Script::new(leases::CLAIM),
+            release: Script::new(leases::RELEASE),
         })
     }
 
@@ -479,6 +461,7 @@ impl Shared {
         call.key(self.key(&format!("results:{id}")))
             .key(self.key(&format!("counts:{id}")))
             .key(self.key(&format!("progress:{id}")))
+            .key(self.key(&format!("items:{id}")))
             .arg(id);
         for (line, r) in results {
             let (p, c, o, reasoning) = r.usage;
@@ -557,6 +540,7 @@ impl Shared {
                 .arg(self.key(&format!("results:{id}")))
                 .arg(self.key(&format!("counts:{id}")))
                 .arg(self.key(&format!("progress:{id}")))
+                .arg(self.key(&format!("items:{id}")))
                 .ignore();
             for f in &outputs {
                 pipe.cmd("HDEL").arg(self.key("files")).arg(*f).ignore();
@@ -569,45 +553,5 @@ impl Shared {
             }
         }
         Ok(ended.len())
-    }
-
-    fn lease_keys(&self, ids: &[String]) -> Vec<String> {
-        ids.iter()
-            .map(|id| self.key(&format!("lease:{id}")))
-            .collect()
-    }
-
-    pub async fn claim(&self, ids: &[String]) -> Result<HashSet<String>, StoreError> {
-        if ids.is_empty() {
-            return Ok(HashSet::new());
-        }
-        let mut call = self.claim.prepare_invoke();
-        for k in self.lease_keys(ids) {
-            call.key(k);
-        }
-        let mine: Vec<usize> = call
-            .arg(&self.replica)
-            .arg(self.lease_ms)
-            .invoke_async(&mut self.con())
-            .await
-            .map_err(redis_failed)?;
-        Ok(mine
-            .into_iter()
-            .filter_map(|i| ids.get(i.checked_sub(1)?).cloned())
-            .collect())
-    }
-
-    pub async fn release(&self, ids: &[String]) {
-        if ids.is_empty() {
-            return;
-        }
-        let mut call = self.release.prepare_invoke();
-        for k in self.lease_keys(ids) {
-            call.key(k);
-        }
-        let done: Result<u32, _> = call.arg(&self.replica).invoke_async(&mut self.con()).await;
-        if let Err(e) = done {
-            tracing::warn!(error = %e, "batch store: leases not released; they expire");
-        }
     }
 }
