@@ -140,21 +140,11 @@ async fn resumable(
     let mut p = kept_progress(b, t).await;
     let mut next = (t.endpoint, first.clone());
     if p.generated() > 0 {
-        // Cut by a kill, or on another replica: continued.
+        // Cut by a kill, or run on another replica: continued.
         if p.finished() || p.at_limit(body) {
             return done(t, item, StatusCode::OK, &p.answer(kind, body));
         }
-        match p.continuation(body) {
-            Some(c) => {
-                let k = p.generated();
-                b.runner.note(t, |r| {
-                    r.resumed += 1;
-                    r.tokens_saved += k;
-                });
-                next = ("/v1/completions", Bytes::from(c));
-            }
-            None => p.restart(),
-        }
+        next = after_cut(b, t, &mut p, body, &first);
     }
     loop {
         let continuing = p.generated() > 0;
@@ -199,22 +189,35 @@ async fn resumable(
                     return done(t, item, StatusCode::OK, &p.answer(kind, body));
                 }
                 checkpoint(b, t, &p).await;
-                match p.continuation(body) {
-                    Some(c) => {
-                        let k = p.generated();
-                        b.runner.note(t, |r| {
-                            r.resumed += 1;
-                            r.tokens_saved += k;
-                        });
-                        next = ("/v1/completions", Bytes::from(c));
-                    }
-                    None => {
-                        b.runner.note(t, |r| r.restarted += 1);
-                        p.restart();
-                        next = (t.endpoint, first.clone());
-                    }
-                }
+                next = after_cut(b, t, &mut p, body, &first);
             }
+        }
+    }
+}
+
+/// The request after a cut (a preemption, a kill): the continuation from
+/// `p`'s tokens, or, when it cannot resume, the item's `first` request
+/// again from zero; counted either way.
+fn after_cut<'t>(
+    b: &Batches,
+    t: &Target<'t>,
+    p: &mut Progress,
+    body: &Value,
+    first: &Bytes,
+) -> (&'t str, Bytes) {
+    match p.continuation(body) {
+        Some(c) => {
+            let k = p.generated();
+            b.runner.note(t, |r| {
+                r.resumed += 1;
+                r.tokens_saved += k;
+            });
+            ("/v1/completions", Bytes::from(c))
+        }
+        None => {
+            b.runner.note(t, |r| r.restarted += 1);
+            p.restart();
+            (t.endpoint, first.clone())
         }
     }
 }

@@ -99,6 +99,44 @@ fn a_chat_item_cut_twice_resumes_by_token_ids_and_answers_as_one_call() {
 }
 
 #[test]
+fn a_stream_read_in_pieces_and_kept_mid_answer_continues_as_one_call() {
+    let item = chat_item(6);
+    let all = tokens(&["a", "b", "c", "d", "e", "f"]);
+    let body = stream(Kind::Chat, &[1, 2, 3], &all, Some("length"), true);
+    // Fed in pieces of 7 bytes, kept (serialized) after the third token,
+    // as a checkpoint is, and read back as another gateway would.
+    let mut p = Progress::default();
+    p.begin();
+    let mut buf = Vec::new();
+    let mut kept = None;
+    for piece in body.chunks(7) {
+        buf.extend_from_slice(piece);
+        let n = p.feed(&buf).unwrap();
+        buf.drain(..n);
+        if kept.is_none() && p.generated() >= 3 {
+            kept = Some(serde_json::to_vec(&p).unwrap());
+        }
+    }
+    assert_eq!(p.end(&buf), Ended::Done);
+    let whole: Value = serde_json::from_slice(&p.answer(Kind::Chat, &item)).unwrap();
+    let mut read = Progress::default();
+    assert_eq!(read.read(&body), Ended::Done);
+    assert_eq!(read.answer(Kind::Chat, &item), p.answer(Kind::Chat, &item));
+    // The kept progress continues from its three tokens, and its answer
+    // is the uninterrupted one's.
+    let mut q: Progress = serde_json::from_slice(&kept.unwrap()).unwrap();
+    assert_eq!(q.generated(), 3);
+    let c: Value = serde_json::from_slice(&q.continuation(&item).unwrap()).unwrap();
+    assert_eq!(c["prompt"], json!([1, 2, 3, 100, 101, 102]));
+    assert_eq!(c["max_tokens"], 3);
+    let rest = stream(Kind::Completions, &[9; 6], &all[3..], Some("length"), false);
+    assert_eq!(q.read(&rest), Ended::Done);
+    let resumed: Value = serde_json::from_slice(&q.answer(Kind::Chat, &item)).unwrap();
+    assert_eq!(resumed["choices"], whole["choices"]);
+    assert_eq!(resumed["usage"], whole["usage"]);
+}
+
+#[test]
 fn a_stop_string_across_a_seam_ends_the_answer_there() {
     let item = chat_item(10);
     let mut p = Progress::default();
