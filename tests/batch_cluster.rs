@@ -437,8 +437,12 @@ fn three_replicas_share_a_batch_and_a_dead_one_costs_only_its_items_in_flight() 
     eprintln!("a batch of {n}: one replica {one:.1} s; three {three:.1} s, items each {counts:?}");
     assert_eq!(counts.iter().sum::<f64>(), n as f64, "{counts:?}");
     for c in &counts {
+        // Without the items' leases the two that did not take the batch
+        // ran none or one; how many each runs follows how fast the cluster
+        // moves slots to their backlogs (the one where the batch was
+        // created starts first: about 515, 195 and 190 of 900).
         assert!(
-            *c >= n as f64 / 10.0,
+            *c >= n as f64 / 20.0,
             "a replica ran few of the items: {counts:?}"
         );
     }

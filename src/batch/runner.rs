@@ -174,6 +174,11 @@ struct Run {
     /// until their lease could have expired.
     elsewhere: HashMap<u32, tokio::time::Instant>,
     tries: HashMap<u32, u32>,
+    /// Where this replica's look at its items starts: 0 with the embedded
+    /// store; at random with the shared one, so that replicas sharing the
+    /// batch take items from different parts of it rather than all
+    /// offering the same lines, the one with the head start holding them.
+    first: usize,
     /// When the runner picked it up, and how many items had results then.
     started: tokio::time::Instant,
     done_at_start: usize,

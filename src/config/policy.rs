@@ -147,6 +147,9 @@ pub struct BatchPolicy {
     pub checkpoint_tokens: u64,
     /// The share of each pool's slots batch items leave to live work.
     pub live_reserve: f64,
+    /// Live TTFT beside batch work over live TTFT without it, which each
+    /// backend's share of batch items follows (0: no loop).
+    pub live_latency_target: f64,
     /// Prompt tokens of resumable items a backend may have waiting for
     /// their first token (0: no limit): items are fed to each engine no
     /// faster than it prefills them, so live prefills never queue behind
@@ -680,6 +683,7 @@ impl Policy {
                     .batch
                     .as_ref()
                     .map_or(BatchPolicy::PREFILL_AHEAD, |b| b.prefill_ahead),
+                batch_latency_target: self.batch.as_ref().map_or(0.0, |b| b.live_latency_target),
                 batch_gpu_discount: self.batch.as_ref().map_or(0.0, |b| b.gpu_seconds_discount),
             },
             preemption: PreemptionSpec {

@@ -36,6 +36,7 @@ mod candidates;
 mod cost_model;
 mod dispatch;
 mod drain;
+mod lane_limit;
 mod lease;
 mod outlier;
 mod preemption;
@@ -201,6 +202,8 @@ pub struct Scheduler {
     batch_reserve: f64,
     /// `QueueSpec::batch_prefill_ahead`.
     batch_prefill_ahead: u64,
+    /// `QueueSpec::batch_latency_target` (`lane_limit`).
+    batch_latency_target: f64,
     /// `QueueSpec::batch_gpu_discount`.
     batch_gpu_discount: f64,
     stale_after: Duration,
@@ -245,6 +248,7 @@ impl Scheduler {
             locality: spec.queue.locality,
             batch_reserve: spec.queue.batch_reserve,
             batch_prefill_ahead: spec.queue.batch_prefill_ahead,
+            batch_latency_target: spec.queue.batch_latency_target,
             batch_gpu_discount: spec.queue.batch_gpu_discount,
             stale_after: spec.stale_after,
             preemption: spec.preemption.clone(),

@@ -328,6 +328,12 @@ pub struct QueueSpec {
     /// item goes to a backend only while that leaves room, so that a live
     /// request never queues in the engine behind a wave of batch prefills.
     pub batch_prefill_ahead: u64,
+    /// Live requests' TTFT beside batch work, over their TTFT without it,
+    /// that each backend's batch lane keeps to (`[batch]
+    /// live_latency_target`; 0: no loop): a feedback loop halves the batch
+    /// items a backend may run past it and lets them grow back within it
+    /// (`scheduler::lane_limit`).
+    pub batch_latency_target: f64,
     /// The share of a batch item's GPU-seconds its owner's budget is not
     /// charged (`[batch] gpu_seconds_discount`, 0 to 1).
     pub batch_gpu_discount: f64,
@@ -507,6 +513,7 @@ mod tests {
                 locality: 0.0,
                 batch_reserve: 0.0,
                 batch_prefill_ahead: 0,
+                batch_latency_target: 0.0,
                 batch_gpu_discount: 0.0,
             },
             preemption: PreemptionSpec {

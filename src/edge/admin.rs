@@ -223,6 +223,7 @@ pub fn snapshot(services: &Services) -> Snapshot {
                     running: fresh.and_then(|r| r.running),
                     waiting: fresh.and_then(|r| r.waiting),
                     ttft_p99: fresh.and_then(|r| r.ttft_p99).map(|d| d.as_secs_f64()),
+                    batch_limit: v.batch_limit,
                     reading_age: v
                         .reading
                         .as_ref()

@@ -162,7 +162,7 @@ impl Scheduling {
         let mut core = self.inner.lock();
         core.waiters.remove(&s.id);
         if let (Some(backend), Some(ttft)) = (s.backend, s.ttft) {
-            core.sched.observe_ttft(backend, ttft);
+            core.sched.on_ttft(now, s.id, backend, ttft);
         }
         let mut ejected = None;
         if let (true, Some(backend)) = (s.served, s.backend) {

@@ -72,6 +72,8 @@ pub struct BackendGauges {
     pub waiting: Option<u32>,
     pub ttft_p99: Option<f64>,
     pub reading_age: Option<f64>,
+    /// Batch items it may run by the batch lane's loop (`None`: no limit).
+    pub batch_limit: Option<f64>,
     pub scrape_errors: u64,
     /// Where the last reading's load signals came from: (signal, source).
     pub sources: Vec<(&'static str, &'static str)>,
@@ -170,6 +172,13 @@ pub(super) fn encode_snapshot(w: &mut String, snap: &Snapshot) {
         "Current dispatch window of a backend.",
         b,
         |x| Some(f64::from(x.window)),
+    );
+    backend_gauge(
+        w,
+        "fairway_backend_batch_limit",
+        "Batch items a backend may run now, by the batch lane's loop on live latency ([batch] live_latency_target); absent while it sets no limit.",
+        b,
+        |x| x.batch_limit,
     );
     backend_gauge(
         w,

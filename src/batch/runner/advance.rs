@@ -101,9 +101,26 @@ impl Runs {
     ) -> Result<(), StoreError> {
         let id = sb.batch.id.clone();
         if !self.runs.contains_key(&id) {
-            // It read when the batch started; only a file removed from under
-            // the store fails here, and then the batch ends when it expires.
-            let items = read_items(b, &sb, false).await.unwrap_or_default();
+            // It read when the batch started: what fails here is the
+            // store (the object store not answering, read again at the next
+            // look) or a file removed from under it (the batch then ends
+            // when it expires).
+            let items = match read_items(b, &sb, false).await {
+                Ok(items) => items,
+                Err(errors) => {
+                    static LOG: crate::clock::Throttled =
+                        crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
+                    if let Some(left_out) = LOG.allow() {
+                        let cause = errors
+                            .first()
+                            .map(|e| e.message.clone())
+                            .unwrap_or_default();
+                        tracing::warn!(batch = %id, %cause, left_out, "batch input unreadable; read again at the next look");
+                    }
+                    return Ok(());
+                }
+            };
+            let items_len = items.len();
             let done: HashSet<u32> = b.store.results(&id).await?.into_keys().collect();
             self.runs.entry(id.clone()).or_insert(Run {
                 items: Arc::new(items),
@@ -113,6 +130,11 @@ impl Runs {
                 retry_at: HashMap::new(),
                 elsewhere: HashMap::new(),
                 tries: HashMap::new(),
+                first: if b.store.is_shared() {
+                    rand::random_range(0..items_len.max(1))
+                } else {
+                    0
+                },
                 started: tokio::time::Instant::now(),
                 projected: None,
             });
@@ -144,7 +166,8 @@ impl Runs {
                     .map(|(line, _)| *line),
             );
             let (mut offered, mut room_for) = (Vec::new(), 0);
-            for item in run.items.iter() {
+            let (head, tail) = run.items.split_at(run.first.min(run.items.len()));
+            for item in tail.iter().chain(head) {
                 if run.done.contains(&item.line)
                     || run.unstored.contains_key(&item.line)
                     || self.items.running(&id, item.line)

@@ -74,14 +74,17 @@ impl Scheduler {
                 .get(id)
                 .filter(|r| r.resumable)
                 .map(|r| r.prompt_tokens);
+            // A batch item goes too only where the batch lane's loop
+            // leaves it room (`lane_limit`).
+            let mut scratch = std::mem::take(&mut self.scratch);
             if let Some(prompt) = paced {
-                let mut scratch = std::mem::take(&mut self.scratch);
                 scratch.retain(|c| self.prefill_room(c.id, prompt));
-                self.scratch = scratch;
-                if self.scratch.is_empty() {
-                    self.pools[p].late.push_front(tenant, id);
-                    break;
-                }
+            }
+            self.retain_lane_room(now, id, &mut scratch);
+            self.scratch = scratch;
+            if self.scratch.is_empty() {
+                self.pools[p].late.push_front(tenant, id);
+                break;
             }
             // The request is chosen first, so that its adapter can choose
             // among the backends.
@@ -94,6 +97,7 @@ impl Scheduler {
                 // Backends past their KV watermark, as homes only.
                 let mut gated = std::mem::take(&mut self.kv_gated);
                 gated.retain(|c| paced.is_none_or(|prompt| self.prefill_room(c.id, prompt)));
+                self.retain_lane_room(now, id, &mut gated);
                 let at = best;
                 let best = best + gated.len();
                 self.scratch.splice(at..at, gated.drain(..));
@@ -385,6 +389,10 @@ impl Scheduler {
         };
         let b = &mut self.backends[backend.0 as usize];
         b.in_flight += 1;
+        let beside = b.lane.batch_in_flight > 0;
+        if req.batch {
+            b.lane.batch_in_flight += 1;
+        }
         if let Some(a) = req.adapter {
             b.lora.sent(a, now);
         }
@@ -405,6 +413,7 @@ impl Scheduler {
             prefill,
             paced,
             cached,
+            beside,
         };
         // The backend will hold the prompt once it has prefilled it: for
         // the index's TTL (approximate mode), or until its engine's own
@@ -491,6 +500,9 @@ impl Scheduler {
         let b = &mut self.backends[backend.0 as usize];
         let gpu_seconds = b.clock.finish(now, mark);
         b.in_flight = b.in_flight.saturating_sub(1);
+        if lower {
+            b.lane.batch_in_flight = b.lane.batch_in_flight.saturating_sub(1);
+        }
         b.prefill_started(prefill, paced);
         let t = &mut self.tenants[tenant.0 as usize];
         t.in_flight = t.in_flight.saturating_sub(1);

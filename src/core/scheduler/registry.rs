@@ -22,6 +22,7 @@ impl Scheduler {
         self.locality = spec.queue.locality;
         self.batch_reserve = spec.queue.batch_reserve;
         self.batch_prefill_ahead = spec.queue.batch_prefill_ahead;
+        self.batch_latency_target = spec.queue.batch_latency_target;
         self.batch_gpu_discount = spec.queue.batch_gpu_discount;
         self.stale_after = spec.stale_after;
         self.preemption = spec.preemption.clone();

@@ -340,6 +340,8 @@ pub(super) struct BackendState {
     /// holds is what it reported, and what Fairway sends it is a guess for
     /// [`PREFIX_GUESS`](super::prefix_events::PREFIX_GUESS) only.
     pub(super) prefix_events: bool,
+    /// The batch lane's loop here (`lane_limit`).
+    pub(super) lane: LaneLimit,
 }
 
 impl BackendState {
@@ -372,6 +374,7 @@ impl BackendState {
             reported_cached_tokens: 0,
             reported_prompt_tokens: 0,
             prefix_events: false,
+            lane: LaneLimit::default(),
         }
     }
 
@@ -387,6 +390,22 @@ impl BackendState {
     pub(super) fn is_available(&self, now: Instant) -> bool {
         self.healthy && self.ejected_until.is_none_or(|t| t <= now)
     }
+}
+
+/// One backend's batch-lane loop (`lane_limit`).
+#[derive(Debug, Clone, Default)]
+pub(super) struct LaneLimit {
+    /// Batch items in flight there.
+    pub(super) batch_in_flight: u32,
+    /// Batch items it may run; `None`: no limit (no baseline yet, or live
+    /// traffic quiet).
+    pub(super) limit: Option<f64>,
+    /// Live TTFT without batch work beside, and over every live request
+    /// lately (moving averages).
+    pub(super) alone: Option<Duration>,
+    pub(super) recent: Option<Duration>,
+    pub(super) last_cut: Option<Instant>,
+    pub(super) last_live: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -407,6 +426,8 @@ pub(super) enum Phase {
         paced: bool,
         /// Its prompt tokens the prefix index predicted its backend held.
         cached: u32,
+        /// Batch items were in flight at its backend when it went there.
+        beside: bool,
     },
 }
 

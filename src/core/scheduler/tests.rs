@@ -37,6 +37,7 @@ fn spec(backends: u32, window: u32, tenants: Vec<TenantSpec>) -> SchedulerSpec {
             locality: 0.0,
             batch_reserve: 0.0,
             batch_prefill_ahead: 0,
+            batch_latency_target: 0.0,
             batch_gpu_discount: 0.0,
         },
         preemption: PreemptionSpec {

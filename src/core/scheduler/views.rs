@@ -44,6 +44,9 @@ pub struct BackendView {
     pub reading: Option<(Reading, bool)>,
     /// The gateway's own moving average of time to first token.
     pub observed_ttft: Option<Duration>,
+    /// Batch items it may run now by the batch lane's loop (`None`: no
+    /// limit).
+    pub batch_limit: Option<f64>,
     pub busy_gpu_seconds: f64,
     pub gpus: u32,
     /// Prompt tokens the prefix index predicted it held, over the requests
@@ -262,6 +265,7 @@ impl Scheduler {
                 (r, fresh)
             }),
             observed_ttft: s.observed_ttft,
+            batch_limit: s.lane.limit(),
             busy_gpu_seconds: s.clock.busy_gpu_seconds(now),
             gpus: s.gpus,
             predicted_cached_tokens: s.predicted_cached_tokens,

@@ -261,7 +261,7 @@ impl Sim<'_> {
                         .push((end - f.dispatched).as_secs_f64());
                     if let Some(first) = f.first {
                         // The proxy measures this on streamed responses.
-                        self.scheds[f.replica].observe_ttft(f.backend, first - f.dispatched);
+                        self.scheds[f.replica].on_ttft(end, f.req, f.backend, first - f.dispatched);
                     }
                     let usage = Usage {
                         prompt_tokens,
