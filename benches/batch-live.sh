@@ -21,7 +21,8 @@
 #
 #   benches/batch-live.sh [seed] [items] [seconds of api load]
 #
-# RUNS="alone lane" picks runs (alone first: the ratios are to it).
+# RUNS="alone lane" picks runs (alone first: the ratios are to it);
+# lane@T is the lane with [batch] live_latency_target = T.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEED=${1:-1}
@@ -63,6 +64,8 @@ for run in ${RUNS:-alone live concurrency=4 lane}; do
   { cat config/reference.toml
     printf '\n[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\n' $port $admin
     printf '\n[batch]\ndata_dir = "%s/data-%s"\n' $WORK "${run/=/}"
+    # lane@T: the lane with its loop on live latency at target T.
+    [[ $run == lane@* ]] && printf 'live_latency_target = %s\n' "${run#lane@}"
   } > $WORK/policy.toml
   $BIN serve --config $WORK/policy.toml > $WORK/serve.log 2>&1 &
   pid=$!
@@ -75,7 +78,7 @@ for run in ${RUNS:-alone live concurrency=4 lane}; do
       sleep 0.5
     done ) > $WORK/samples.txt &
   sampler=$!
-  scenario=$WORK/suite.toml; as=$run
+  scenario=$WORK/suite.toml; as=${run%@*}
   [ $run = alone ] && { scenario=$WORK/alone.toml; as=live; }
   $BIN load --policy $WORK/policy.toml --scenario $scenario --seed $SEED \
     --target 127.0.0.1:$port --key api=sk-ref-api --key evals=sk-ref-evals \
