@@ -57,6 +57,43 @@ api_keys = ["ke"]
     )
 }
 
+/// A replica `replica` of the cluster on `redis` and `s3`, its files in
+/// `dir`, in front of `backends`; the object store's credentials and
+/// region in its environment, as an operator sets them.
+fn serve(
+    redis: &RedisServer,
+    s3: &S3Server,
+    dir: &std::path::Path,
+    replica: &str,
+    backends: [&fairway::sim::backend::SimHandle; 2],
+) -> ServeProcess {
+    let path = dir.join(format!("{replica}.toml"));
+    let backends = backends.map(|b| b.addr().to_string());
+    std::fs::write(
+        &path,
+        policy(&redis.url(), &s3.url(), replica, dir, backends),
+    )
+    .unwrap();
+    let env = [
+        "env",
+        "AWS_ACCESS_KEY_ID=test",
+        "AWS_SECRET_ACCESS_KEY=test",
+        "AWS_REGION=us-east-1",
+    ];
+    ServeProcess::start(&env, &[], &path, "warn", std::process::Stdio::null())
+}
+
+/// Requests of tenant `evals` (batch items) replica `admin` served.
+async fn served(admin: std::net::SocketAddr) -> f64 {
+    let m = get(&client(), format!("http://{admin}/metrics"))
+        .await
+        .text();
+    metric_sum(
+        &m,
+        "fairway_requests_total{tenant=\"evals\",model=\"m\",outcome=\"served\"",
+    )
+}
+
 /// The replica holding batch `id`'s lease, read from the store.
 async fn runner_of(redis: &str, id: &str) -> Option<String> {
     let mut con = redis::Client::open(redis)
@@ -81,37 +118,12 @@ fn a_replica_dies_mid_batch_and_the_other_finishes_it() {
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (b0, b1) = rt.block_on(slow_pair());
-    let backends = || [b0.addr().to_string(), b1.addr().to_string()];
-    // The object store's credentials and region, as an operator sets them.
-    let env = [
-        "env",
-        "AWS_ACCESS_KEY_ID=test",
-        "AWS_SECRET_ACCESS_KEY=test",
-        "AWS_REGION=us-east-1",
-    ];
-    let serve = |replica: &str| {
-        let path = dir.path().join(format!("{replica}.toml"));
-        std::fs::write(
-            &path,
-            policy(&redis.url(), &s3.url(), replica, dir.path(), backends()),
-        )
-        .unwrap();
-        ServeProcess::start(&env, &[], &path, "warn", std::process::Stdio::null())
-    };
+    let serve = |replica: &str| serve(&redis, &s3, dir.path(), replica, [&b0, &b1]);
     let mut replicas = [Some(serve("r1")), Some(serve("r2"))];
     let addrs: Vec<std::net::SocketAddr> =
         replicas.iter().map(|r| r.as_ref().unwrap().addr).collect();
     let admins: Vec<std::net::SocketAddr> =
         replicas.iter().map(|r| r.as_ref().unwrap().admin).collect();
-    let served = async |admin: std::net::SocketAddr| {
-        let m = get(&client(), format!("http://{admin}/metrics"))
-            .await
-            .text();
-        metric_sum(
-            &m,
-            "fairway_requests_total{tenant=\"evals\",model=\"m\",outcome=\"served\"",
-        )
-    };
 
     let (id, doomed, before) = rt.block_on(async {
         // Uploaded at r1, seen and read back at r2.
@@ -377,31 +389,7 @@ fn three_replicas_share_a_batch_and_a_dead_one_costs_only_its_items_in_flight() 
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (b0, b1) = rt.block_on(slow_pair());
-    let env = [
-        "env",
-        "AWS_ACCESS_KEY_ID=test",
-        "AWS_SECRET_ACCESS_KEY=test",
-        "AWS_REGION=us-east-1",
-    ];
-    let serve = |replica: &str| {
-        let path = dir.path().join(format!("{replica}.toml"));
-        let backends = [b0.addr().to_string(), b1.addr().to_string()];
-        std::fs::write(
-            &path,
-            policy(&redis.url(), &s3.url(), replica, dir.path(), backends),
-        )
-        .unwrap();
-        ServeProcess::start(&env, &[], &path, "warn", std::process::Stdio::null())
-    };
-    let served = async |admin: std::net::SocketAddr| {
-        let m = get(&client(), format!("http://{admin}/metrics"))
-            .await
-            .text();
-        metric_sum(
-            &m,
-            "fairway_requests_total{tenant=\"evals\",model=\"m\",outcome=\"served\"",
-        )
-    };
+    let serve = |replica: &str| serve(&redis, &s3, dir.path(), replica, [&b0, &b1]);
     let n = 900;
     // Runs a batch of `n` at `addr`: its id, and seconds from its
     // creation to its end.

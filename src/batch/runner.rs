@@ -187,6 +187,15 @@ struct Run {
 }
 
 impl Run {
+    /// Its item of input line `line` (its items are in input order).
+    fn item(&self, line: u32) -> Option<&Item> {
+        let i = self
+            .items
+            .binary_search_by_key(&line, |item| item.line)
+            .ok()?;
+        self.items.get(i)
+    }
+
     /// When its last item will have a result at the rate its items have
     /// had one since the runner picked it up; `None` until one has.
     fn projection(&self, total: usize, now: u64) -> Option<u64> {

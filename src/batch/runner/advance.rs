@@ -81,8 +81,8 @@ impl Runs {
         let mut out: HashMap<String, u32> = HashMap::new();
         for (id, run) in &self.runs {
             for line in self.items.lines(id) {
-                if let Ok(i) = run.items.binary_search_by_key(&line, |item| item.line) {
-                    *out.entry(run.items[i].model.clone()).or_default() += 1;
+                if let Some(item) = run.item(line) {
+                    *out.entry(item.model.clone()).or_default() += 1;
                 }
             }
         }
@@ -245,13 +245,7 @@ impl Runs {
             .extend(taken.busy.iter().map(|line| (*line, until)));
         let start: Vec<Item> = (taken.taken.iter())
             .filter(|line| !held.contains(line))
-            .filter_map(|line| {
-                let i = run
-                    .items
-                    .binary_search_by_key(line, |item| item.line)
-                    .ok()?;
-                run.items.get(i).cloned()
-            })
+            .filter_map(|line| run.item(*line).cloned())
             .collect();
         let deadline = Duration::from_secs(
             sb.batch
