@@ -175,14 +175,13 @@ impl Member {
         self.replicas.load(Ordering::Relaxed).max(1)
     }
 
-    /// The replica's view, with the leases `sched` holds.
-    pub fn view(&self, sched: &crate::core::scheduler::Scheduler) -> View {
+    /// The replica's view, with the `leases` its scheduler holds.
+    pub fn view(&self, leases: Vec<(String, crate::core::admission::LeaseKind, f64)>) -> View {
         View {
-            leases: sched
-                .leases()
+            leases: leases
                 .into_iter()
-                .map(|(t, kind, held)| LeaseHeld {
-                    tenant: t.to_owned(),
+                .map(|(tenant, kind, held)| LeaseHeld {
+                    tenant,
                     limit: kind.as_str(),
                     held,
                 })

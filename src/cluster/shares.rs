@@ -351,18 +351,18 @@ impl DemandMeter {
         }
     }
 
-    /// The fields to publish, from the scheduler's state at `now`.
+    /// The fields to publish, from the scheduler's demand at `now`.
     pub fn fields(
         &mut self,
         now: crate::core::time::Instant,
-        sched: &crate::core::scheduler::Scheduler,
+        demand: crate::core::scheduler::Demand,
     ) -> Vec<(String, f64)> {
         let now_secs = now.as_secs_f64();
-        let arrivals = sched.arrivals().map(|(t, n)| (t.to_owned(), n)).collect();
         let secs = self.at.map_or(0.0, |t| (now_secs - t).max(0.0));
         self.at = Some(now_secs);
-        let backlogs = sched
-            .backlogs()
+        let backlogs = demand
+            .backlogs
+            .into_iter()
             .flat_map(|(m, t, live, lower)| {
                 [(BACKLOG_FIELD, live), (LOWER_FIELD, lower)]
                     .into_iter()
@@ -371,15 +371,16 @@ impl DemandMeter {
             })
             .collect();
         let mut out: Vec<(String, f64)> = self
-            .sample(secs, arrivals)
+            .sample(secs, demand.arrivals)
             .into_iter()
             .map(|(t, d)| (format!("{TENANT_FIELD}{t}"), d))
             .collect();
         out.extend(self.smooth_backlogs(secs, backlogs));
         // Not averaged: a want ends as soon as its requests dispatch.
         out.extend(
-            sched
-                .preemption_wants(now)
+            demand
+                .wants
+                .into_iter()
                 .map(|(m, n)| (format!("{WANT_FIELD}{m}"), f64::from(n))),
         );
         out

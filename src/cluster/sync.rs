@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ClusterPolicy;
-use crate::core::admission::{LeaseAnswer, LeaseAsk};
+use crate::core::admission::{LeaseAnswer, LeaseAsk, LeaseKind};
 use crate::core::prefix::homes::HomeChange;
-use crate::core::scheduler::PlacedHome;
+use crate::core::scheduler::{Demand, PlacedHome};
 
 use super::homes::Ledger;
 use super::member::{Member, default_replica_name};
@@ -42,10 +42,22 @@ pub async fn join(policy: &ClusterPolicy) -> Result<(Syncer, Member), String> {
 /// What the sync drives: this replica's gateway, whose scheduler it hands
 /// leases and shares.
 pub trait Replica: Send + Sync {
-    /// Runs `f` on the scheduler under its lock, with the replica's now.
-    fn with_scheduler(
+    /// The demand to publish, with the replica's now; and when `replicas`
+    /// is `Some` (the store is up), the leases to ask for `ahead` of
+    /// their need.
+    fn demand(
         &self,
-        f: &mut dyn FnMut(crate::core::time::Instant, &mut crate::core::scheduler::Scheduler),
+        ahead: Duration,
+        replicas: Option<u32>,
+    ) -> (crate::core::time::Instant, Demand, Vec<LeaseAsk>);
+    /// The store's answers to `asks`, the limits some replica is short
+    /// of, and whether every lease must be asked for again.
+    fn leases_answered(
+        &self,
+        asks: &[LeaseAsk],
+        answers: &[LeaseAnswer],
+        short: &[(String, LeaseKind)],
+        ask_all: bool,
     );
     /// The policy in force.
     fn policy(&self) -> Arc<crate::config::Policy>;
@@ -72,7 +84,7 @@ pub struct Syncer {
     /// From the last answer: the limits some replica is short of, and
     /// whether every lease must be asked for again (the store restarted
     /// empty, or came back after this replica lost it).
-    short: Vec<(String, crate::core::admission::LeaseKind)>,
+    short: Vec<(String, LeaseKind)>,
     ask_all: bool,
     /// The first home of each prefix, as published ([`super::homes`]).
     ledger: Ledger,
@@ -83,13 +95,9 @@ impl Syncer {
     /// settles its leases, and hands the scheduler new shares (or, when
     /// the store came or went, the other way of enforcing the limits).
     pub async fn sync(&mut self, member: &Member, replica: &dyn Replica) {
-        let (mut demand, mut asks) = (Vec::new(), Vec::new());
-        replica.with_scheduler(&mut |now, sched| {
-            demand = self.meter.fields(now, sched);
-            if member.store_up() {
-                asks = sched.lease_asks(now, self.lease_ahead, member.replicas());
-            }
-        });
+        let up = member.store_up().then(|| member.replicas());
+        let (now, demand, asks) = replica.demand(self.lease_ahead, up);
+        let demand = self.meter.fields(now, demand);
         let shape = Shape::of(&replica.policy());
         let replicas = member.replicas();
         let (answers, changed) = self.exchange(member, &demand, &asks, &shape).await;
@@ -98,13 +106,7 @@ impl Syncer {
             std::mem::take(&mut self.ask_all),
         );
         if !answers.is_empty() || !short.is_empty() || ask_all {
-            replica.with_scheduler(&mut |_, sched| {
-                sched.lease_granted(&asks, &answers);
-                sched.lease_short_elsewhere(short.iter().map(|(t, k)| (t.as_str(), *k)));
-                if ask_all {
-                    sched.lease_ask_all();
-                }
-            });
+            replica.leases_answered(&asks, &answers, &short, ask_all);
         }
         if !answers.is_empty() {
             replica.leases_changed();

@@ -67,7 +67,7 @@ pub use outlier::{EjectReason, Ejection};
 pub use prefix_events::PrefixEvent;
 pub use shared_homes::PlacedHome;
 use state::{BackendState, Phase, PoolState, Req, Slab, TenantState, pool_capacity};
-pub use views::{BackendView, PrefixView, TenantView};
+pub use views::{BackendView, Demand, PrefixView, TenantView};
 
 /// Output tokens assumed for a request that gives no `max_tokens`.
 pub const DEFAULT_OUTPUT_ESTIMATE: u32 = 256;

@@ -55,14 +55,7 @@ pub async fn route(services: Arc<Services>, req: Request<Incoming>) -> Response<
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
-            let unready: Vec<String> = gw.sched().with(|s| {
-                let pools: Vec<_> = s.pools().collect();
-                pools
-                    .into_iter()
-                    .filter(|p| !s.pool_is_ready(*p))
-                    .map(|p| s.pool_model(p).to_owned())
-                    .collect()
-            });
+            let unready = gw.sched().unready_models();
             if gw.is_draining() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
             } else if unready.is_empty() {
@@ -92,7 +85,7 @@ pub async fn route(services: Arc<Services>, req: Request<Incoming>) -> Response<
                 "policy": &*live.policy,
                 "source_sha256": live.source_hash,
                 "loaded_at_unix": live.loaded_at_unix,
-                "cluster": gw.cluster().map(|c| gw.sched().with(|s| c.view(s))),
+                "cluster": gw.cluster().map(|c| c.view(gw.sched().leases())),
             });
             json(StatusCode::OK, &v)
         }
@@ -172,93 +165,81 @@ pub fn snapshot(services: &Services) -> Snapshot {
     // With the histograms by model (many tenants), the per-tenant gauges
     // list only the tenants with work queued or in flight now.
     let every_tenant = live.policy.histograms_by_tenant();
-    gw.sched().with_fairness(|s, fairness| {
-        let tenant_ids: Vec<_> = s.tenants().collect();
-        let tenants = tenant_ids
-            .into_iter()
-            .map(|t| (t, s.tenant_view(now, t)))
-            .filter(|(_, v)| every_tenant || v.queued > 0 || v.in_flight > 0)
-            .map(|(t, v)| {
-                let slo = live
-                    .tenant_policy
-                    .get(&t)
-                    .map(|&i| &live.policy.tenants[i].slo);
-                TenantGauges {
-                    slo_ttft: slo.map(|s| s.ttft.as_secs_f64()),
-                    slo_e2e: slo.map(|s| s.e2e.as_secs_f64()),
-                    tenant: v.name,
-                    queued: v.queued,
-                    in_flight: v.in_flight,
-                    preempted: v.preempted_total,
-                    rate_bucket: v.rate_level,
-                    gpu_seconds_bucket: v.gpu_seconds_level,
-                }
-            })
-            .collect();
-        let backend_ids: Vec<_> = s.backends().collect();
-        let backends = backend_ids
-            .into_iter()
-            .map(|b| {
-                let v = s.backend_view(now, b);
-                let fresh = v
+    let view = gw.sched().view(now, every_tenant);
+    let tenants = view
+        .tenants
+        .into_iter()
+        .map(|(t, v)| {
+            let slo = live
+                .tenant_policy
+                .get(&t)
+                .map(|&i| &live.policy.tenants[i].slo);
+            TenantGauges {
+                slo_ttft: slo.map(|s| s.ttft.as_secs_f64()),
+                slo_e2e: slo.map(|s| s.e2e.as_secs_f64()),
+                tenant: v.name,
+                queued: v.queued,
+                in_flight: v.in_flight,
+                preempted: v.preempted_total,
+                rate_bucket: v.rate_level,
+                gpu_seconds_bucket: v.gpu_seconds_level,
+            }
+        })
+        .collect();
+    let backends = view
+        .backends
+        .into_iter()
+        .map(|(v, model, indexed)| {
+            let fresh = v
+                .reading
+                .as_ref()
+                .filter(|(_, fresh)| *fresh)
+                .map(|(r, _)| r);
+            BackendGauges {
+                predicted_cached_tokens: indexed.then_some(v.predicted_cached_tokens),
+                reported_cached_tokens: v.reported_cached_tokens,
+                reported_prompt_tokens: v.reported_prompt_tokens,
+                model,
+                scrape_errors: pollers.scrape_errors(&v.name),
+                kv_events: pollers.kv_events(&v.name),
+                sources: pollers.sources(&v.name).pairs().collect(),
+                backend: v.name,
+                in_flight: v.in_flight,
+                window: v.window,
+                healthy: v.healthy,
+                kv_usage: fresh.and_then(|r| r.kv_usage),
+                running: fresh.and_then(|r| r.running),
+                waiting: fresh.and_then(|r| r.waiting),
+                ttft_p99: fresh.and_then(|r| r.ttft_p99).map(|d| d.as_secs_f64()),
+                batch_limit: v.batch_limit,
+                reading_age: v
                     .reading
                     .as_ref()
-                    .filter(|(_, fresh)| *fresh)
-                    .map(|(r, _)| r);
-                BackendGauges {
-                    predicted_cached_tokens: s
-                        .prefix_view(v.pool)
-                        .map(|_| v.predicted_cached_tokens),
-                    reported_cached_tokens: v.reported_cached_tokens,
-                    reported_prompt_tokens: v.reported_prompt_tokens,
-                    model: s.pool_model(v.pool).to_owned(),
-                    scrape_errors: pollers.scrape_errors(&v.name),
-                    kv_events: pollers.kv_events(&v.name),
-                    sources: pollers.sources(&v.name).pairs().collect(),
-                    backend: v.name,
-                    in_flight: v.in_flight,
-                    window: v.window,
-                    healthy: v.healthy,
-                    kv_usage: fresh.and_then(|r| r.kv_usage),
-                    running: fresh.and_then(|r| r.running),
-                    waiting: fresh.and_then(|r| r.waiting),
-                    ttft_p99: fresh.and_then(|r| r.ttft_p99).map(|d| d.as_secs_f64()),
-                    batch_limit: v.batch_limit,
-                    reading_age: v
-                        .reading
-                        .as_ref()
-                        .map(|(r, _)| now.saturating_since(r.at).as_secs_f64()),
-                }
-            })
-            .collect();
-        let queued_by_model = s
-            .pools()
-            .map(|p| (s.pool_model(p).to_owned(), s.queued_in_pool(p)))
-            .collect();
-        let prefix = s
-            .pools()
-            .filter_map(|p| {
-                let v = s.prefix_view(p)?;
-                Some(PrefixGauges {
-                    model: s.pool_model(p).to_owned(),
-                    entries: v.index.entries,
-                    capacity: v.index.cap,
-                    evictions: v.index.evictions,
-                    placements: v.placements,
-                    local: v.local,
-                })
-            })
-            .collect();
-        Snapshot {
-            tenants,
-            backends,
-            queued_by_model,
-            prefix,
-            template_fallbacks,
-            jain_index: fairness.last(),
-            cluster: gw.cluster().map(|c| c.view(s)),
-        }
-    })
+                    .map(|(r, _)| now.saturating_since(r.at).as_secs_f64()),
+            }
+        })
+        .collect();
+    let prefix = view
+        .prefix
+        .into_iter()
+        .map(|(model, v)| PrefixGauges {
+            model,
+            entries: v.index.entries,
+            capacity: v.index.cap,
+            evictions: v.index.evictions,
+            placements: v.placements,
+            local: v.local,
+        })
+        .collect();
+    Snapshot {
+        tenants,
+        backends,
+        queued_by_model: view.queued_by_model,
+        prefix,
+        template_fallbacks,
+        jain_index: view.jain_index,
+        cluster: gw.cluster().map(|c| c.view(view.leases)),
+    }
 }
 
 fn text(status: StatusCode, s: &str) -> Response<BoxBody> {

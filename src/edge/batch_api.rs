@@ -104,7 +104,7 @@ pub(super) fn ok<T: Serialize>(v: &T) -> Response<BoxBody> {
 pub(super) fn scope(gw: &Gateway, headers: &HeaderMap) -> Result<Scope, ApiError> {
     Ok(match caller(&gw.live(), headers)? {
         Caller::Operator => Scope::Operator,
-        Caller::Tenant(t) => Scope::Tenant(gw.sched().with(|s| s.tenant_name(t).to_owned())),
+        Caller::Tenant(t) => Scope::Tenant(gw.sched().tenant_name(t)),
     })
 }
 

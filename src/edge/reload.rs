@@ -144,7 +144,7 @@ async fn reload_inner(services: &Services) -> Result<Reloaded, ReloadError> {
     let spec = gw.replica_spec(&policy);
     // The new live view is put in force in the same critical section as
     // the spec, so no request sees one without the other.
-    gw.sched().apply_spec(gw.now(), &spec, |sched| {
+    gw.sched().reload(gw.now(), &spec, |sched| {
         let live = derive_live(
             policy.clone(),
             sched,

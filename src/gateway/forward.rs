@@ -224,7 +224,7 @@ fn prepare(
     let name = match live.backend_names.get(&backend) {
         Some(name) => name.clone(),
         // A backend added by a reload after this request took its policy.
-        None => Arc::from(gw.sched().with(|s| s.backend_name(backend).to_owned())),
+        None => Arc::from(gw.sched().backend_name(backend)),
     };
     ticket.sent(gw.now(), backend, name, up.headers_mut());
     Ok((up, address))

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::sync::Notify;
@@ -12,15 +13,16 @@ use tokio::sync::Notify;
 use crate::clock::Clock;
 use crate::cluster::Member;
 use crate::config::Policy;
+use crate::core::admission::{LeaseAnswer, LeaseAsk, LeaseKind};
 use crate::core::ids::{BackendId, PoolId, TenantId};
 use crate::core::reading::Reading;
-use crate::core::scheduler::{EjectReason, Ejection, PrefixEvent};
+use crate::core::scheduler::{Demand, EjectReason, PrefixEvent};
 use crate::core::spec::{Api, SchedulerSpec};
 use crate::core::time::Instant;
 use crate::gateway::adapters::Discovered;
 use crate::gateway::live::Live;
 use crate::gateway::origins::{ResponseOrigins, SharedOrigins};
-use crate::gateway::scheduling::Scheduling;
+use crate::gateway::scheduling::{Ejected, Scheduling};
 use crate::gateway::usage_share::{
     EveryoneCache, LiveNumbers, SharedUsage, UsageSource, tenant_name,
 };
@@ -163,12 +165,7 @@ impl Gateway {
     pub fn response_created(&self, id: &str, backend: BackendId, tenant: TenantId) {
         self.responses.remember(self.now(), id, backend, tenant);
         if let Some(shared) = &self.shared_responses {
-            let (b, t) = self.sched.with(|s| {
-                (
-                    s.backend_name(backend).to_owned(),
-                    s.tenant_name(tenant).to_owned(),
-                )
-            });
+            let (b, t) = self.sched.names(backend, tenant);
             shared.remember(id, &b, &t);
         }
     }
@@ -180,11 +177,7 @@ impl Gateway {
             return Some(b);
         }
         let (backend, owner) = self.shared_responses.as_ref()?.find(id).await?;
-        self.sched.with(|s| {
-            (s.tenant(&owner) == Some(tenant))
-                .then(|| s.backend(&backend))
-                .flatten()
-        })
+        self.sched.origin(&backend, &owner, tenant)
     }
 
     /// The LoRA adapters the backends list.
@@ -262,7 +255,7 @@ impl Gateway {
     ) -> Result<BackendId, ApiError> {
         let (pool, _, _) = self.model_pool(live, model, api, tenant)?;
         self.sched
-            .with(|s| s.healthy_backend(pool))
+            .healthy_backend(pool)
             .ok_or_else(|| ApiError::NoBackend(model.to_owned()))
     }
 
@@ -271,16 +264,18 @@ impl Gateway {
     /// it causes.
     pub fn backend_failed(&self, backend: BackendId) {
         let now = self.clock.now();
-        let ejected = self.sched.on_backend_result(now, backend, false);
-        if let Some(e) = ejected {
+        if let Some(e) = self.sched.backend_failed(now, backend) {
             self.report_ejection(now, e);
         }
     }
 
     /// Logs and counts an outlier ejection, and wakes the deadline task for
     /// its end.
-    pub fn report_ejection(&self, now: Instant, e: Ejection) {
-        let name = self.sched.with(|s| s.backend_name(e.backend).to_owned());
+    pub fn report_ejection(&self, now: Instant, ejected: Ejected) {
+        let Ejected {
+            ejection: e,
+            backend: name,
+        } = ejected;
         let secs = (e.until - now).as_secs_f64();
         match e.reason {
             EjectReason::ConsecutiveFailures(n) => tracing::warn!(
@@ -308,7 +303,7 @@ impl Gateway {
     pub fn apply_cluster_share(&self) {
         let live = self.live.load();
         let spec = self.replica_spec(&live.policy);
-        self.sched.apply_spec(self.clock.now(), &spec, |_| ());
+        self.sched.apply_spec(self.clock.now(), &spec);
     }
 
     /// Triton's readiness: `model`'s Triton pool (or every Triton pool)
@@ -325,8 +320,7 @@ impl Gateway {
         if self.is_draining() || (model.is_some() && pools.is_empty()) {
             return false;
         }
-        self.sched
-            .with(|s| pools.iter().all(|p| s.pool_is_ready(*p)))
+        self.sched.pools_ready(&pools)
     }
 }
 
@@ -353,11 +347,11 @@ impl UsageSource for Gateway {
             Some(id) => Some(*id),
             None if live.policy.tenants.is_empty() => live
                 .default_tenant
-                .or_else(|| self.sched().with(|s| s.tenant("default"))),
+                .or_else(|| self.sched.tenant_id("default")),
             None => None,
         };
         let clock_now = self.now();
-        let view = id.map(|id| self.sched().with(|s| s.tenant_view(clock_now, id)));
+        let view = id.map(|id| self.sched.tenant_view(clock_now, id));
         let hour = live.usage[index].lock().totals(now, 3600);
         LiveNumbers {
             at: now,
@@ -389,23 +383,26 @@ impl crate::poller::Sink for Gateway {
     }
 
     fn on_kv_events(&self, name: &str, followed: bool, events: &[PrefixEvent]) {
-        let now = self.clock.now();
-        self.sched.with(|s| {
-            let Some(b) = s.backend(name) else {
-                return;
-            };
-            s.set_prefix_events(b, followed);
-            for e in events {
-                s.on_prefix_event(now, b, e);
-            }
-        });
+        self.sched
+            .on_prefix_events(self.clock.now(), name, followed, events);
     }
 }
 
 impl crate::cluster::Replica for Gateway {
-    fn with_scheduler(&self, f: &mut dyn FnMut(Instant, &mut crate::core::scheduler::Scheduler)) {
+    fn demand(&self, ahead: Duration, replicas: Option<u32>) -> (Instant, Demand, Vec<LeaseAsk>) {
         let now = self.clock.now();
-        self.sched.with(|s| f(now, s));
+        let (demand, asks) = self.sched.demand(now, ahead, replicas);
+        (now, demand, asks)
+    }
+
+    fn leases_answered(
+        &self,
+        asks: &[LeaseAsk],
+        answers: &[LeaseAnswer],
+        short: &[(String, LeaseKind)],
+        ask_all: bool,
+    ) {
+        self.sched.leases_answered(asks, answers, short, ask_all);
     }
 
     fn policy(&self) -> Arc<Policy> {
@@ -421,11 +418,10 @@ impl crate::cluster::Replica for Gateway {
     }
 
     fn placed_homes(&self) -> Vec<crate::core::scheduler::PlacedHome> {
-        self.sched.with(|s| s.placed_homes())
+        self.sched.placed_homes()
     }
 
     fn homes_changed(&self, changes: &[crate::core::prefix::homes::HomeChange]) {
-        let now = self.clock.now();
-        self.sched.with(|s| s.homes_changed(now, changes));
+        self.sched.homes_changed(self.clock.now(), changes);
     }
 }

@@ -10,15 +10,23 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot};
 
-use crate::core::admission::{RateLimits, Refusal};
+use crate::core::admission::{LeaseAnswer, LeaseAsk, LeaseKind, RateLimits, Refusal};
 use crate::core::fairness::FairnessMeter;
-use crate::core::ids::{BackendId, RequestId, TenantId, Usage};
+use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
+use crate::core::prefix::homes::HomeChange;
 use crate::core::reading::Reading;
-use crate::core::scheduler::{Arrival, Decision, Ejection, Scheduler};
+use crate::core::scheduler::{
+    Arrival, BackendView, Decision, Demand, Ejection, PlacedHome, PrefixEvent, PrefixView,
+    Scheduler, TenantView,
+};
 use crate::core::spec::SchedulerSpec;
 use crate::core::time::Instant;
+
+mod pending;
+
+pub use pending::Pending;
+use pending::Waiter;
 
 /// The scheduler and its waiting requests, behind one lock.
 pub struct Scheduling {
@@ -64,12 +72,39 @@ pub struct Settle {
 }
 
 /// What settling a request gave.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Settled {
     /// GPU-seconds attributed to it, when it ended in the scheduler.
     pub gpu_seconds: Option<f64>,
     /// The ejection its success ended, if any.
-    pub ejected: Option<Ejection>,
+    pub ejected: Option<Ejected>,
+}
+
+/// An outlier ejection, with its backend's name for the log and the
+/// metric, read in the same critical section.
+#[derive(Clone, Debug)]
+pub struct Ejected {
+    pub ejection: Ejection,
+    pub backend: String,
+}
+
+/// The scheduler's state for the metrics scrape, read in one critical
+/// section.
+#[derive(Debug)]
+pub struct SchedulerView {
+    /// The tenants asked for, with their views.
+    pub tenants: Vec<(TenantId, TenantView)>,
+    /// Every backend, with its pool's model and whether the pool keeps a
+    /// prefix index.
+    pub backends: Vec<(BackendView, String, bool)>,
+    /// Requests queued, by model.
+    pub queued_by_model: Vec<(String, u32)>,
+    /// Each prefix-routed pool's index and placements, by model.
+    pub prefix: Vec<(String, PrefixView)>,
+    /// The limits this replica holds leases of, with each one's level.
+    pub leases: Vec<(String, LeaseKind, f64)>,
+    /// The fairness gauge's last value.
+    pub jain_index: Option<f64>,
 }
 
 impl Scheduling {
@@ -83,13 +118,6 @@ impl Scheduling {
                 fairness,
             }),
         }
-    }
-
-    /// Runs `f` on the scheduler: for views and lookups, and for the
-    /// cluster's leases. Decisions are not delivered from here; an event
-    /// that makes them has a method of its own.
-    pub fn with<R>(&self, f: impl FnOnce(&mut Scheduler) -> R) -> R {
-        f(&mut self.inner.lock().sched)
     }
 
     /// Admission, then the fair queue and dispatch: the request either got
@@ -168,7 +196,8 @@ impl Scheduling {
         if let (true, Some(backend)) = (s.served, s.backend) {
             // A success for outlier detection (failures are reported as
             // they happen, in the request path).
-            ejected = core.sched.on_backend_result(now, backend, true);
+            let ejection = core.sched.on_backend_result(now, backend, true);
+            ejected = core.ejected(ejection);
         }
         let (ended, decisions) = match (s.served, s.usage) {
             (true, usage @ Some(_)) => match core.sched.on_completion(now, s.id, usage) {
@@ -194,15 +223,13 @@ impl Scheduling {
         }
     }
 
-    /// A failed (`ok == false`) or served request of `backend`, for
-    /// outlier detection; the ejection it causes, if any.
-    pub fn on_backend_result(
-        &self,
-        now: Instant,
-        backend: BackendId,
-        ok: bool,
-    ) -> Option<Ejection> {
-        self.inner.lock().sched.on_backend_result(now, backend, ok)
+    /// A failed request of `backend` (5xx, connection error, header
+    /// timeout, a stream cut), for outlier detection; the ejection it
+    /// causes, if any.
+    pub fn backend_failed(&self, now: Instant, backend: BackendId) -> Option<Ejected> {
+        let mut core = self.inner.lock();
+        let ejection = core.sched.on_backend_result(now, backend, false);
+        core.ejected(ejection)
     }
 
     /// A poller's tick of backend `name`: its health, and its reading if
@@ -229,18 +256,27 @@ impl Scheduling {
         Some(was_up)
     }
 
-    /// Applies a new spec (a reload, or new cluster shares), and runs `f`
-    /// on the scheduler in the same critical section (a reload derives its
-    /// live view from the new ids there).
-    pub fn apply_spec<R>(
+    /// Applies a new spec (new cluster shares).
+    pub fn apply_spec(&self, now: Instant, spec: &SchedulerSpec) {
+        let mut core = self.inner.lock();
+        let decisions = core.sched.apply_policy(spec, now);
+        core.deliver(decisions, None);
+    }
+
+    /// Applies a reloaded spec, and hands `install` the scheduler, read
+    /// only, in the same critical section: a reload derives its live view
+    /// (the ids of tenants, pools and backends) from the new spec there
+    /// and puts it in force, so that no request sees one without the
+    /// other.
+    pub fn reload<R>(
         &self,
         now: Instant,
         spec: &SchedulerSpec,
-        f: impl FnOnce(&Scheduler) -> R,
+        install: impl FnOnce(&Scheduler) -> R,
     ) -> R {
         let mut core = self.inner.lock();
         let decisions = core.sched.apply_policy(spec, now);
-        let out = f(&core.sched);
+        let out = install(&core.sched);
         core.deliver(decisions, None);
         out
     }
@@ -286,13 +322,187 @@ impl Scheduling {
         core.fairness.sample(now, &service, &backlogged);
     }
 
-    /// Runs `f` on the scheduler and the fairness meter together (the
-    /// metrics scrape's snapshot).
-    pub fn with_fairness<R>(&self, f: impl FnOnce(&mut Scheduler, &FairnessMeter) -> R) -> R {
+    /// The state the metrics scrape shows: every tenant's view when
+    /// `every_tenant`, else only those with work queued or in flight.
+    pub fn view(&self, now: Instant, every_tenant: bool) -> SchedulerView {
         let mut core = self.inner.lock();
         let core = &mut *core;
-        f(&mut core.sched, &core.fairness)
+        let s = &mut core.sched;
+        let tenant_ids: Vec<_> = s.tenants().collect();
+        let tenants = tenant_ids
+            .into_iter()
+            .map(|t| (t, s.tenant_view(now, t)))
+            .filter(|(_, v)| every_tenant || v.queued > 0 || v.in_flight > 0)
+            .collect();
+        let backend_ids: Vec<_> = s.backends().collect();
+        let backends = backend_ids
+            .into_iter()
+            .map(|b| {
+                let v = s.backend_view(now, b);
+                let (model, indexed) = (
+                    s.pool_model(v.pool).to_owned(),
+                    s.prefix_view(v.pool).is_some(),
+                );
+                (v, model, indexed)
+            })
+            .collect();
+        let queued_by_model = s
+            .pools()
+            .map(|p| (s.pool_model(p).to_owned(), s.queued_in_pool(p)))
+            .collect();
+        let prefix = s
+            .pools()
+            .filter_map(|p| Some((s.pool_model(p).to_owned(), s.prefix_view(p)?)))
+            .collect();
+        SchedulerView {
+            tenants,
+            backends,
+            queued_by_model,
+            prefix,
+            leases: leases(s),
+            jain_index: core.fairness.last(),
+        }
     }
+
+    /// The limits this replica holds leases of, with each one's level.
+    pub fn leases(&self) -> Vec<(String, LeaseKind, f64)> {
+        leases(&self.inner.lock().sched)
+    }
+
+    /// The name of backend `b`.
+    pub fn backend_name(&self, b: BackendId) -> String {
+        self.inner.lock().sched.backend_name(b).to_owned()
+    }
+
+    /// The name of tenant `t`.
+    pub fn tenant_name(&self, t: TenantId) -> String {
+        self.inner.lock().sched.tenant_name(t).to_owned()
+    }
+
+    /// The names of backend `b` and tenant `t`.
+    pub fn names(&self, b: BackendId, t: TenantId) -> (String, String) {
+        let core = self.inner.lock();
+        (
+            core.sched.backend_name(b).to_owned(),
+            core.sched.tenant_name(t).to_owned(),
+        )
+    }
+
+    /// The tenant named `name`.
+    pub fn tenant_id(&self, name: &str) -> Option<TenantId> {
+        self.inner.lock().sched.tenant(name)
+    }
+
+    /// The backend named `backend`, when the tenant named `owner` is
+    /// `tenant` (an origin read from the cluster's store).
+    pub fn origin(&self, backend: &str, owner: &str, tenant: TenantId) -> Option<BackendId> {
+        let core = self.inner.lock();
+        (core.sched.tenant(owner) == Some(tenant))
+            .then(|| core.sched.backend(backend))
+            .flatten()
+    }
+
+    /// A backend of `pool` that may take a request now.
+    pub fn healthy_backend(&self, pool: PoolId) -> Option<BackendId> {
+        self.inner.lock().sched.healthy_backend(pool)
+    }
+
+    /// Whether every pool of `pools` has a backend that may take requests.
+    pub fn pools_ready(&self, pools: &[PoolId]) -> bool {
+        let core = self.inner.lock();
+        pools.iter().all(|p| core.sched.pool_is_ready(*p))
+    }
+
+    /// The models of the pools with no backend that may take requests.
+    pub fn unready_models(&self) -> Vec<String> {
+        let core = self.inner.lock();
+        core.sched
+            .pools()
+            .filter(|p| !core.sched.pool_is_ready(*p))
+            .map(|p| core.sched.pool_model(p).to_owned())
+            .collect()
+    }
+
+    /// Tenant `t`'s numbers now.
+    pub fn tenant_view(&self, now: Instant, t: TenantId) -> TenantView {
+        self.inner.lock().sched.tenant_view(now, t)
+    }
+
+    /// `pool`'s slots and the requests holding them.
+    pub fn pool_load(&self, pool: PoolId) -> (u32, u32) {
+        self.inner.lock().sched.pool_load(pool)
+    }
+
+    /// Prefix-cache events of backend `name` (and whether its events are
+    /// followed at all), for the pool's index.
+    pub fn on_prefix_events(
+        &self,
+        now: Instant,
+        name: &str,
+        followed: bool,
+        events: &[PrefixEvent],
+    ) {
+        let mut core = self.inner.lock();
+        let Some(b) = core.sched.backend(name) else {
+            return;
+        };
+        core.sched.set_prefix_events(b, followed);
+        for e in events {
+            core.sched.on_prefix_event(now, b, e);
+        }
+    }
+
+    /// The homes given new prefixes since the last call, for the cluster.
+    pub fn placed_homes(&self) -> Vec<PlacedHome> {
+        self.inner.lock().sched.placed_homes()
+    }
+
+    /// What the cluster decided of the prefixes' homes.
+    pub fn homes_changed(&self, now: Instant, changes: &[HomeChange]) {
+        self.inner.lock().sched.homes_changed(now, changes);
+    }
+
+    /// The demand to publish to the cluster, and (when `replicas` is
+    /// `Some`, the store being up) the leases to ask it for, `ahead` of
+    /// their need.
+    pub fn demand(
+        &self,
+        now: Instant,
+        ahead: Duration,
+        replicas: Option<u32>,
+    ) -> (Demand, Vec<LeaseAsk>) {
+        let mut core = self.inner.lock();
+        let demand = core.sched.demand(now);
+        let asks = replicas.map_or_else(Vec::new, |n| core.sched.lease_asks(now, ahead, n));
+        (demand, asks)
+    }
+
+    /// The store's answers to `asks`; the limits some replica is short of;
+    /// and whether every lease must be asked for again.
+    pub fn leases_answered(
+        &self,
+        asks: &[LeaseAsk],
+        answers: &[LeaseAnswer],
+        short: &[(String, LeaseKind)],
+        ask_all: bool,
+    ) {
+        let mut core = self.inner.lock();
+        core.sched.lease_granted(asks, answers);
+        core.sched
+            .lease_short_elsewhere(short.iter().map(|(t, k)| (t.as_str(), *k)));
+        if ask_all {
+            core.sched.lease_ask_all();
+        }
+    }
+}
+
+/// The limits `sched` holds leases of, owned.
+fn leases(sched: &Scheduler) -> Vec<(String, LeaseKind, f64)> {
+    sched
+        .leases()
+        .into_iter()
+        .map(|(t, k, level)| (t.to_owned(), k, level))
+        .collect()
 }
 
 /// What the lock guards: the scheduler and the decision channel of every
@@ -307,17 +517,15 @@ struct CoreState {
     fairness: FairnessMeter,
 }
 
-/// A request's decision channel.
-#[derive(Debug)]
-enum Waiter {
-    /// A queued request that cannot be preempted waits for one decision.
-    Once(oneshot::Sender<Decision>),
-    /// A preemptible (batch) request's channel lives as long as it does:
-    /// dispatch, preemption, dispatch again, or shed.
-    Many(mpsc::UnboundedSender<Decision>),
-}
-
 impl CoreState {
+    /// `ejection` with its backend's name.
+    fn ejected(&self, ejection: Option<Ejection>) -> Option<Ejected> {
+        ejection.map(|ejection| Ejected {
+            backend: self.sched.backend_name(ejection.backend).to_owned(),
+            ejection,
+        })
+    }
+
     /// Hands decisions to their requests; returns the one for `me`.
     fn deliver(&mut self, decisions: Vec<Decision>, me: Option<RequestId>) -> Option<Decision> {
         let mut mine = None;
@@ -359,94 +567,10 @@ impl CoreState {
         preemptible: bool,
     ) -> Pending {
         let ready = self.deliver(decisions, Some(me));
-        let rx = if preemptible {
-            let (tx, rx) = mpsc::unbounded_channel();
-            self.waiters.insert(me, Waiter::Many(tx));
-            Rx::Many(rx)
-        } else if ready.is_none() {
-            let (tx, rx) = oneshot::channel();
-            self.waiters.insert(me, Waiter::Once(tx));
-            Rx::Once(rx)
-        } else {
-            Rx::Done
-        };
-        Pending { ready, rx }
-    }
-}
-
-/// A request's decisions: one already made, then those still to come.
-#[derive(Debug)]
-pub struct Pending {
-    pub ready: Option<Decision>,
-    rx: Rx,
-}
-
-#[derive(Debug)]
-enum Rx {
-    Done,
-    Once(oneshot::Receiver<Decision>),
-    Many(mpsc::UnboundedReceiver<Decision>),
-}
-
-impl Pending {
-    /// Whether a `Preempt` has been sent and not yet read. Decisions are
-    /// sent under the core lock, so under it this sees every one so far. A
-    /// dispatch that came after the preemption is kept for `next`.
-    pub fn preempted_already(&mut self) -> bool {
-        let mut preempted = false;
-        if let Rx::Many(rx) = &mut self.rx {
-            while let Ok(d) = rx.try_recv() {
-                match d {
-                    Decision::Preempt { .. } => preempted = true,
-                    other => self.ready = Some(other),
-                }
-            }
+        let (waiter, pending) = pending::channel(ready, preemptible);
+        if let Some(w) = waiter {
+            self.waiters.insert(me, w);
         }
-        preempted
-    }
-
-    /// The next decision for the request; `None` when none can come (the
-    /// scheduler dropped it, which would be a bug, or it had its one).
-    pub async fn next(&mut self) -> Option<Decision> {
-        if let Some(d) = self.ready.take() {
-            return Some(d);
-        }
-        match &mut self.rx {
-            Rx::Done => None,
-            Rx::Once(rx) => {
-                let d = rx.await.ok();
-                self.rx = Rx::Done;
-                d
-            }
-            Rx::Many(rx) => rx.recv().await,
-        }
-    }
-
-    /// Ready once a `Preempt` arrives (other decisions are dropped: none
-    /// but a `Preempt` comes to a request in flight); never when its
-    /// channel closed or cannot carry one.
-    pub fn poll_preempted(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        if matches!(self.ready.take(), Some(Decision::Preempt { .. })) {
-            return std::task::Poll::Ready(());
-        }
-        let Rx::Many(rx) = &mut self.rx else {
-            return std::task::Poll::Pending;
-        };
-        while let std::task::Poll::Ready(d) = rx.poll_recv(cx) {
-            match d {
-                Some(Decision::Preempt { .. }) => return std::task::Poll::Ready(()),
-                Some(_) => {}
-                None => {
-                    self.rx = Rx::Done;
-                    return std::task::Poll::Pending;
-                }
-            }
-        }
-        std::task::Poll::Pending
-    }
-
-    /// Whether `next` may still wait for a decision.
-    pub fn is_waiting(&self) -> bool {
-        self.ready.is_none() && !matches!(self.rx, Rx::Done)
+        pending
     }
 }

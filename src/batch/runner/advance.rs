@@ -54,7 +54,7 @@ impl Room {
                 .model_pool(&live, model, crate::core::spec::Api::OpenAi, None)
             {
                 Ok((pool, _, _)) => {
-                    let (capacity, held) = b.gw.sched().with(|s| s.pool_load(pool));
+                    let (capacity, held) = b.gw.sched().pool_load(pool);
                     (capacity + surplus).saturating_sub(held.max(items))
                 }
                 Err(_) => 0,

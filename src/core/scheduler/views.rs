@@ -70,6 +70,19 @@ pub struct PrefixView {
     pub local: u64,
 }
 
+/// What a cluster divides limits and windows by, read at one instant:
+/// [`Scheduler::arrivals`], [`Scheduler::backlogs`] and
+/// [`Scheduler::preemption_wants`], owned.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Demand {
+    /// Requests of each live tenant that arrived so far, by name.
+    pub arrivals: Vec<(String, u64)>,
+    /// (pool key, tenant, live, lower) for each tenant with a backlog.
+    pub backlogs: Vec<(String, String, u32, u32)>,
+    /// (pool key, interactive requests that could preempt batch work).
+    pub wants: Vec<(String, u32)>,
+}
+
 impl Scheduler {
     /// Whether a pool has at least one healthy backend.
     pub fn pool_is_ready(&self, pool: PoolId) -> bool {
@@ -121,6 +134,21 @@ impl Scheduler {
         (0..self.pools.len())
             .filter(|i| !self.pools[*i].retired)
             .map(|i| PoolId(i as u32))
+    }
+
+    /// The cluster's [`Demand`] at `now`.
+    pub fn demand(&self, now: Instant) -> Demand {
+        Demand {
+            arrivals: self.arrivals().map(|(t, n)| (t.to_owned(), n)).collect(),
+            backlogs: self
+                .backlogs()
+                .map(|(m, t, live, lower)| (m.into_owned(), t.to_owned(), live, lower))
+                .collect(),
+            wants: self
+                .preemption_wants(now)
+                .map(|(m, n)| (m.into_owned(), n))
+                .collect(),
+        }
     }
 
     /// Requests of each live tenant that arrived so far (admitted or

@@ -23,7 +23,7 @@ impl Sim<'_> {
         let demands: crate::cluster::Demands = names
             .iter()
             .zip(self.meters.iter_mut().zip(&self.scheds))
-            .map(|(name, (meter, sched))| (name.clone(), meter.fields(now, sched)))
+            .map(|(name, (meter, sched))| (name.clone(), meter.fields(now, sched.demand(now))))
             .collect();
         let shape = Shape::of(self.policy);
         let n = u32::try_from(self.scheds.len()).unwrap_or(u32::MAX);
