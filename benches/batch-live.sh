@@ -23,25 +23,82 @@
 #
 # RUNS="alone lane" picks runs (alone first: the ratios are to it);
 # lane@T is the lane with [batch] live_latency_target = T.
+#
+# ENGINES=real runs the same against two REAL vLLM engines instead
+# (../shared/tools/real-vllm.sh: the CPU build, the random 6-layer Llama
+# of hidden 512, one engine per core, 16 sequences each: 32 slots), with
+# a load scaled to them: api at API_RATE (default 2) requests/s of 100-300
+# prompt and 32-96 answer tokens, the suite's items 100-400 and 32-128.
+# The engines stay up for the next run with KEEP_ENGINES=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEED=${1:-1}
 ITEMS=${2:-3000}
 SECONDS_OF_LOAD=${3:-150}
-SLOTS=128
+ENGINES=${ENGINES:-sim}
 WORK=$(mktemp -d)
+TOOL=${REAL_VLLM:-../shared/tools/real-vllm.sh}
+cleanup() {
+  kill $(jobs -p) 2>/dev/null || true
+  if [[ $ENGINES == real && -z ${KEEP_ENGINES:-} ]]; then
+    "$TOOL" stop 8121 >/dev/null 2>&1 || true; "$TOOL" stop 8122 >/dev/null 2>&1 || true
+  fi
+  [ -n "${KEEP:-}" ] && echo "kept in $WORK" || rm -rf $WORK
+}
 # KEEP=1 keeps the runs' logs, reports and metrics (printed at the end).
-trap 'kill $(jobs -p) 2>/dev/null || true; [ -n "${KEEP:-}" ] && echo "kept in $WORK" || rm -rf $WORK' EXIT
+trap cleanup EXIT
 cargo build --release --quiet
 BIN=target/release/fairway
 
-api='[[tenants]]
-name = "api"
-arrivals = { poisson = { rate = 10.0 } }
-prompt_tokens = [200, 600]
+if [[ $ENGINES == real ]]; then
+  PEERS=${PEERS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fairway-real-vllm}
+  export MODEL_DIR=$PEERS/mid-llama MODEL_HIDDEN=512 MODEL_LAYERS=6 MODEL_HEADS=8
+  export SERVED_NAME=mid MAX_MODEL_LEN=2048
+  for i in 1 2; do
+    port=$((8120 + i))
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && continue
+    VLLM_CPU_OMP_THREADS_BIND=$((i - 1)) VLLM_EXTRA_ARGS="--max-num-seqs 16" "$TOOL" start "$port" >&2
+  done
+  SLOTS=32
+  # The reference policy's tenants and queue, over the two engines.
+  python3 - config/reference.toml > $WORK/base.toml <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+head, rest = text.split("[[pools]]", 1)
+tenants = rest[rest.index("# An external paying customer"):]
+print(head + """[[pools]]
+model = "mid"
+routing = "least_outstanding"
+ttft_p99_threshold = "60s"
+backends = [
+  { name = "vllm-0", url = "http://127.0.0.1:8121", max_inflight = 16 },
+  { name = "vllm-1", url = "http://127.0.0.1:8122", max_inflight = 16 },
+]
+
+""" + tenants)
+PY
+  api_shape="prompt_tokens = [100, 300]
+output_tokens = [32, 96]"
+  evals_shape="prompt_tokens = [100, 400]
+output_tokens = [32, 128]"
+  API_RATE=${API_RATE:-2.0}
+else
+  SLOTS=128
+  cp config/reference.toml $WORK/base.toml
+  api_shape="prompt_tokens = [200, 600]
 output_tokens = [80, 200]
-max_tokens = 256
-stream = true'
+max_tokens = 256"
+  evals_shape="prompt_tokens = [300, 1000]
+output_tokens = [50, 200]
+max_tokens = 256"
+  API_RATE=${API_RATE:-10.0}
+fi
+
+api="[[tenants]]
+name = \"api\"
+arrivals = { poisson = { rate = $API_RATE } }
+$api_shape
+stream = true"
 printf 'duration = "%ss"\n\n%s\n' "$SECONDS_OF_LOAD" "$api" > $WORK/alone.toml
 cat > $WORK/suite.toml <<TOML
 duration = "${SECONDS_OF_LOAD}s"
@@ -51,9 +108,7 @@ $api
 [[tenants]]
 name = "evals"
 arrivals = { batch = { at = "10s", count = $ITEMS } }
-prompt_tokens = [300, 1000]
-output_tokens = [50, 200]
-max_tokens = 256
+$evals_shape
 batch_api = true
 TOML
 
@@ -61,7 +116,7 @@ printf '%-14s %-22s %-8s %-10s %-14s %-10s %s\n' run "api TTFT p50 / p99" "vs al
 base=""
 for run in ${RUNS:-alone live concurrency=4 lane}; do
   port=$((18600 + RANDOM % 500)); admin=$((port + 1))
-  { cat config/reference.toml
+  { cat $WORK/base.toml
     printf '\n[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\n' $port $admin
     printf '\n[batch]\ndata_dir = "%s/data-%s"\n' $WORK "${run/=/}"
     # lane@T: the lane with its loop on live latency at target T.

@@ -289,6 +289,14 @@ impl Scheduling {
         core.deliver(decisions, None);
     }
 
+    /// A streamed request's first token came `ttft` after its dispatch to
+    /// `backend`: with the batch lane's loop on, its signal is fed then,
+    /// not when the request ends (one critical section more per streamed
+    /// request, only with the loop on).
+    pub fn ttft(&self, now: Instant, id: RequestId, backend: BackendId, ttft: Duration) {
+        self.inner.lock().sched.on_ttft(now, id, backend, ttft);
+    }
+
     /// When the deadline task must next run [`on_tick`](Self::on_tick).
     pub fn next_wakeup(&self) -> Option<Instant> {
         self.inner.lock().sched.next_wakeup()

@@ -99,6 +99,9 @@ pub struct Ticket {
     stop_call: Option<StopCall>,
     /// Whether [`finish`](Ticket::finish) ran.
     finished: bool,
+    /// Whether the TTFT went to the scheduler at the first byte (the batch
+    /// lane's loop on), not to be fed again at the settle.
+    ttft_fed: bool,
 }
 
 impl Ticket {
@@ -138,6 +141,7 @@ impl Ticket {
             status: 0,
             stop_call: None,
             finished: false,
+            ttft_fed: false,
         }
     }
 
@@ -273,14 +277,30 @@ impl Ticket {
 
     /// Notes the first body byte from the backend (TTFT); `resumable`: a
     /// resumable batch item's, whose prefill the scheduler counts until
-    /// then.
+    /// then. With the batch lane's loop on, a streamed request's TTFT goes
+    /// to the scheduler now rather than at its end, so the loop follows
+    /// live latency a whole answer sooner.
     pub fn first_byte(&mut self, resumable: bool) {
-        if self.first_byte.is_none() {
-            self.first_byte = Some(self.gw.now());
-            self.spans.next(&self.gw, SpanPhase::Stream);
-            if resumable && let Some(id) = self.id {
-                self.gw.sched().first_token(self.gw.now(), id);
-            }
+        if self.first_byte.is_some() {
+            return;
+        }
+        let now = self.gw.now();
+        self.first_byte = Some(now);
+        self.spans.next(&self.gw, SpanPhase::Stream);
+        let Some(id) = self.id else { return };
+        if resumable {
+            self.gw.sched().first_token(now, id);
+        } else if self.streaming
+            && self
+                .live
+                .policy
+                .batch
+                .as_ref()
+                .is_some_and(|b| b.live_latency_target > 0.0)
+            && let (Some(backend), Some(sent)) = (self.backend, self.sent)
+        {
+            self.gw.sched().ttft(now, id, backend, now - sent);
+            self.ttft_fed = true;
         }
     }
 
@@ -340,7 +360,7 @@ impl Ticket {
     fn settle(&mut self, now: Instant) {
         let Some(id) = self.id.take() else { return };
         let ttft = match (self.streaming, self.sent, self.first_byte) {
-            (true, Some(sent), Some(first)) => Some(first - sent),
+            (true, Some(sent), Some(first)) if !self.ttft_fed => Some(first - sent),
             _ => None,
         };
         let settled = self.gw.sched().settle(

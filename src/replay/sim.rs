@@ -249,6 +249,9 @@ struct Sim<'p> {
     /// Batch items resume when preempted mid-answer (`[batch] resume`,
     /// on without a `[batch]` section).
     resume: bool,
+    /// Whether live TTFTs go to the scheduler at the first token (the
+    /// batch lane's loop on), as the proxy feeds them.
+    ttft_at_first: bool,
     /// Per workload request: tokens kept from attempts before its current
     /// one (a resumed batch item's).
     kept: Vec<u32>,
@@ -416,6 +419,10 @@ impl<'p> Sim<'p> {
             lost_tokens: 0,
             resumed: 0,
             resume: policy.batch.as_ref().is_none_or(|b| b.resume),
+            ttft_at_first: policy
+                .batch
+                .as_ref()
+                .is_some_and(|b| b.live_latency_target > 0.0),
             kept: vec![0; workload.len()],
             pool_of: vec![None; workload.len()],
             last_end: Instant::ZERO,

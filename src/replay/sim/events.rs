@@ -225,6 +225,15 @@ impl Sim<'_> {
                             let r = f.replica;
                             let d = self.scheds[r].on_first_token(now, f.req);
                             self.pending.extend(d.into_iter().map(|d| (r, d)));
+                        } else if self.ttft_at_first {
+                            // The batch lane's loop: the proxy feeds it at
+                            // the first byte.
+                            self.scheds[f.replica].on_ttft(
+                                first,
+                                f.req,
+                                f.backend,
+                                first - f.dispatched,
+                            );
                         }
                         // The engine's histogram observes it now, in wall
                         // seconds as the simulated backend exports it.
@@ -259,7 +268,7 @@ impl Sim<'_> {
                     self.backends[bi]
                         .e2e_window
                         .push((end - f.dispatched).as_secs_f64());
-                    if let Some(first) = f.first {
+                    if let Some(first) = f.first.filter(|_| !self.ttft_at_first) {
                         // The proxy measures this on streamed responses.
                         self.scheds[f.replica].on_ttft(end, f.req, f.backend, first - f.dispatched);
                     }
