@@ -306,6 +306,24 @@ async fn send(
     }
 }
 
+/// `body` with vLLM's `priority` set to `priority` (`[batch]
+/// engine_priority`), over any the item names, on the chat and
+/// completions calls; as it is with 0, on other calls, or when it is not
+/// a JSON object.
+fn with_priority(body: Bytes, path: &str, priority: u64) -> Bytes {
+    if priority == 0 || !matches!(path, "/v1/chat/completions" | "/v1/completions") {
+        return body;
+    }
+    let Ok(mut v) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    let Some(o) = v.as_object_mut() else {
+        return body;
+    };
+    o.insert("priority".to_owned(), priority.into());
+    serde_json::to_vec(&v).map_or(body, Bytes::from)
+}
+
 /// Sends `body` to `path` as the item's request.
 async fn request(
     b: &Arc<Batches>,
@@ -314,6 +332,7 @@ async fn request(
     body: Bytes,
     resumable: bool,
 ) -> Reply {
+    let body = with_priority(body, path, b.limits.engine_priority);
     let mut req = Request::new(RequestBody::local(body));
     *req.method_mut() = Method::POST;
     *req.uri_mut() = http::Uri::from_maybe_shared(Bytes::from(path.to_owned())).unwrap_or_default();
@@ -361,4 +380,25 @@ async fn read_answer(mut body: BoxBody) -> Result<Vec<u8>, ()> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_priority_is_set_on_chat_and_completions_items_only() {
+        let body = Bytes::from_static(br#"{"model":"m","priority":-5,"messages":[]}"#);
+        let out = with_priority(body.clone(), "/v1/chat/completions", 3);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["priority"], 3);
+        assert_eq!(v["model"], "m");
+        assert_eq!(with_priority(body.clone(), "/v1/chat/completions", 0), body);
+        assert_eq!(with_priority(body.clone(), "/v1/embeddings", 3), body);
+        let not_json = Bytes::from_static(b"[1");
+        assert_eq!(
+            with_priority(not_json.clone(), "/v1/completions", 3),
+            not_json
+        );
+    }
 }

@@ -150,6 +150,11 @@ pub struct BatchPolicy {
     /// Live TTFT beside batch work over live TTFT without it, which each
     /// backend's share of batch items follows (0: no loop).
     pub live_latency_target: f64,
+    /// vLLM's `priority` set on every batch item's chat and completions
+    /// call (0: none sent), for engines started with
+    /// `--scheduling-policy priority`: their waiting queue serves lower
+    /// values first, and live requests go at 0.
+    pub engine_priority: u64,
     /// Prompt tokens of resumable items a backend may have waiting for
     /// their first token (0: no limit): items are fed to each engine no
     /// faster than it prefills them, so live prefills never queue behind

@@ -163,6 +163,7 @@ pub fn run_variant(
                 checkpoint_tokens: 0,
                 live_reserve: 0.0,
                 live_latency_target: 0.0,
+                engine_priority: 0,
                 prefill_ahead: crate::config::policy::BatchPolicy::PREFILL_AHEAD,
                 window: std::time::Duration::from_secs(crate::protocol::batch::WINDOW_SECONDS),
                 gpu_seconds_discount: 0.0,

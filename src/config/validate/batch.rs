@@ -15,6 +15,7 @@ pub(super) const BATCH_KEYS: &[&str] = &[
     "checkpoint_tokens",
     "live_reserve",
     "live_latency_target",
+    "engine_priority",
     "prefill_ahead",
     "window",
     "gpu_seconds_discount",
@@ -110,6 +111,9 @@ pub(super) fn read_batch(r: &mut Reader<'_>, root: &Table<'_, '_>) -> Option<Bat
         live_latency_target: r
             .opt(&t, "live_latency_target", Reader::number)
             .map_or(0.0, |v: f64| if v > 0.0 { v.max(1.0) } else { 0.0 }),
+        engine_priority: r
+            .opt(&t, "engine_priority", Reader::non_negative_int)
+            .unwrap_or(0),
         prefill_ahead: r
             .opt(&t, "prefill_ahead", Reader::non_negative_int)
             .unwrap_or(BatchPolicy::PREFILL_AHEAD),
