@@ -1,8 +1,11 @@
 //! The batch families of `/metrics` (docs/batch.md lists them).
 
+use std::collections::BTreeMap;
+
 use super::runner::RunView;
 use super::store::StoredBatch;
 use super::{Batches, ENDED_COUNTED_FOR, EndedCounts, attempt};
+use crate::prom::{self, Kind};
 
 impl Batches {
     /// The batch families of `/metrics`: batches by tenant and status, and
@@ -10,10 +13,6 @@ impl Batches {
     /// `running`, `completed`, `failed`). Label values are tenant names
     /// from the policy and the fixed statuses.
     pub fn encode_metrics(&self, out: &mut String) {
-        use std::collections::BTreeMap;
-        use std::fmt::Write as _;
-
-        use crate::prom::{self, Kind};
         let all = self.runner.seen();
         let mut batches = self
             .ended
@@ -45,153 +44,180 @@ impl Batches {
                 *items.entry((sb.owner.clone(), state)).or_default() += n;
             }
         }
-        prom::family(
-            out,
-            "fairway_batches",
-            Kind::Gauge,
-            "Batches kept, by tenant and status (ended ones counted at most every 15 s).",
-        );
-        for ((t, s), n) in &batches {
-            let _ = writeln!(
-                out,
-                "fairway_batches{{tenant=\"{}\",status=\"{s}\"}} {n}",
-                prom::escape(t)
-            );
-        }
-        prom::family(
-            out,
-            "fairway_batch_items",
-            Kind::Gauge,
-            "Items of unfinished batches, by tenant and state (pending, running: sent to the request path, completed, failed).",
-        );
-        for ((t, s), n) in &items {
-            let _ = writeln!(
-                out,
-                "fairway_batch_items{{tenant=\"{}\",state=\"{s}\"}} {n}",
-                prom::escape(t)
-            );
-        }
-        prom::family(
-            out,
-            "fairway_batch_deadline_slack_seconds",
-            Kind::Gauge,
-            "Per running batch: its expiry less its projected completion at the rate its items finish (negative: it will not make its window; its items are then promoted).",
-        );
-        for (sb, r) in &running {
-            if let (Some(at), Some(e)) = (r.projected, sb.batch.expires_at) {
-                let slack = e as f64 - at as f64;
-                let _ = writeln!(
-                    out,
-                    "fairway_batch_deadline_slack_seconds{{tenant=\"{}\",batch=\"{}\"}} {slack}",
-                    prom::escape(&sb.owner),
-                    prom::escape(&sb.batch.id)
-                );
-            }
-        }
         let resumes = self.runner.resumes();
-        type Field = fn(&attempt::Resumes) -> u64;
-        let families: [(&str, &str, Field); 5] = [
-            (
-                "fairway_batch_items_preempted_total",
-                "Resumable batch items cut mid-answer by a preemption, by tenant.",
-                |r| r.preempted,
-            ),
-            (
-                "fairway_batch_items_resumed_total",
-                "Continuations of preempted batch items sent from the tokens they had, by tenant.",
-                |r| r.resumed,
-            ),
-            (
-                "fairway_batch_items_restarted_total",
-                "Preempted batch items that could not resume and started again from zero, by tenant.",
-                |r| r.restarted,
-            ),
-            (
-                "fairway_batch_resume_tokens_saved_total",
-                "Generated tokens that resumed batch items kept rather than generated again, by tenant.",
-                |r| r.tokens_saved,
-            ),
-            (
-                "fairway_batch_items_retried_total",
-                "Batch items sent again after an answer that asked for it (a 429 or 503, a 5xx, a broken answer), by tenant.",
-                |r| r.retried,
-            ),
-        ];
-        for (name, help, field) in families {
-            prom::family(out, name, Kind::Counter, help);
-            for (t, r) in &resumes {
-                let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", prom::escape(t), field(r));
-            }
-        }
         let (up, failures, held) = self.runner.store_writes();
-        for (name, kind, help, value) in [
-            (
-                "fairway_batch_store_up",
-                Kind::Gauge,
-                "1 while the batch store takes the runner's calls; 0 after a failure, until it does again (the runner then starts no items).",
-                u64::from(up),
-            ),
-            (
-                "fairway_batch_store_failures_total",
-                Kind::Counter,
-                "Calls of the batch runner's that the store failed.",
-                failures,
-            ),
-            (
-                "fairway_batch_store_reopens_total",
-                Kind::Counter,
-                "Times the embedded batch store's database was opened again after a failure of its file (a full disk freed since).",
-                self.store.reopens(),
-            ),
-            (
-                "fairway_batch_results_held",
-                Kind::Gauge,
-                "Batch items' results the store refused, held to be written once it works again (their items are not run again).",
-                held as u64,
-            ),
-        ] {
-            prom::family(out, name, kind, help);
-            let _ = writeln!(out, "{name} {value}");
-        }
-        // The same, per running batch, since the runner picked it up.
-        prom::family(
+        write_families(
             out,
-            "fairway_batch_running_preemptions",
-            Kind::Gauge,
-            "Per running batch, since the runner picked it up: its items cut mid-answer (preempted), continued from their tokens (resumed) or started again (restarted).",
+            &Scrape {
+                batches,
+                items,
+                running,
+                resumes,
+                store: (up, failures, held),
+                reopens: self.store.reopens(),
+            },
         );
-        for (sb, r) in &running {
-            let r = &r.resumes;
-            for (what, n) in [
-                ("preempted", r.preempted),
-                ("resumed", r.resumed),
-                ("restarted", r.restarted),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "fairway_batch_running_preemptions{{tenant=\"{}\",batch=\"{}\",what=\"{what}\"}} {n}",
-                    prom::escape(&sb.owner),
-                    prom::escape(&sb.batch.id)
-                );
-            }
-        }
-        prom::family(
-            out,
-            "fairway_batch_running_tokens_kept",
-            Kind::Gauge,
-            "Per running batch, since the runner picked it up: generated tokens its resumed items kept.",
-        );
-        for (sb, r) in &running {
-            let _ = writeln!(
-                out,
-                "fairway_batch_running_tokens_kept{{tenant=\"{}\",batch=\"{}\"}} {}",
-                prom::escape(&sb.owner),
-                prom::escape(&sb.batch.id),
-                r.resumes.tokens_saved
-            );
+    }
+}
+
+/// What one scrape read of the batches.
+struct Scrape<'a> {
+    /// Batches by (tenant, status).
+    batches: EndedCounts,
+    /// Items of unfinished batches by (tenant, state).
+    items: BTreeMap<(String, &'static str), u64>,
+    running: Vec<(&'a StoredBatch, &'a RunView)>,
+    /// Items' preemptions and retries by tenant.
+    resumes: BTreeMap<String, attempt::Resumes>,
+    /// The runner's store writes: up, failures, results held.
+    store: (bool, u64, usize),
+    reopens: u64,
+}
+
+/// The batch families, in their order in `/metrics`.
+fn write_families(w: &mut String, s: &Scrape) {
+    let mut f = prom::family(
+        w,
+        "fairway_batches",
+        Kind::Gauge,
+        "Batches kept, by tenant and status (ended ones counted at most every 15 s).",
+    );
+    for ((t, status), n) in &s.batches {
+        f.sample(&[("tenant", t), ("status", status)], n);
+    }
+    let mut f = prom::family(
+        w,
+        "fairway_batch_items",
+        Kind::Gauge,
+        "Items of unfinished batches, by tenant and state (pending, running: sent to the request path, completed, failed).",
+    );
+    for ((t, state), n) in &s.items {
+        f.sample(&[("tenant", t), ("state", state)], n);
+    }
+    let mut f = prom::family(
+        w,
+        "fairway_batch_deadline_slack_seconds",
+        Kind::Gauge,
+        "Per running batch: its expiry less its projected completion at the rate its items finish (negative: it will not make its window; its items are then promoted).",
+    );
+    for (sb, r) in &s.running {
+        if let (Some(at), Some(e)) = (r.projected, sb.batch.expires_at) {
+            let slack = e as f64 - at as f64;
+            f.sample(&[("tenant", &sb.owner), ("batch", &sb.batch.id)], slack);
         }
     }
+    write_resumes(w, &s.resumes);
+    write_store(w, s.store, s.reopens);
+    write_running(w, &s.running);
+}
 
+/// Items' preemptions, resumptions and retries by tenant.
+fn write_resumes(w: &mut String, resumes: &BTreeMap<String, attempt::Resumes>) {
+    type Field = fn(&attempt::Resumes) -> u64;
+    let families: [(&str, &str, Field); 5] = [
+        (
+            "fairway_batch_items_preempted_total",
+            "Resumable batch items cut mid-answer by a preemption, by tenant.",
+            |r| r.preempted,
+        ),
+        (
+            "fairway_batch_items_resumed_total",
+            "Continuations of preempted batch items sent from the tokens they had, by tenant.",
+            |r| r.resumed,
+        ),
+        (
+            "fairway_batch_items_restarted_total",
+            "Preempted batch items that could not resume and started again from zero, by tenant.",
+            |r| r.restarted,
+        ),
+        (
+            "fairway_batch_resume_tokens_saved_total",
+            "Generated tokens that resumed batch items kept rather than generated again, by tenant.",
+            |r| r.tokens_saved,
+        ),
+        (
+            "fairway_batch_items_retried_total",
+            "Batch items sent again after an answer that asked for it (a 429 or 503, a 5xx, a broken answer), by tenant.",
+            |r| r.retried,
+        ),
+    ];
+    for (name, help, field) in families {
+        let mut f = prom::family(w, name, Kind::Counter, help);
+        for (t, r) in resumes {
+            f.sample(&[("tenant", t)], field(r));
+        }
+    }
+}
+
+/// The batch store as the runner finds it: `(up, failures, held)` and
+/// the embedded store's reopens.
+fn write_store(w: &mut String, (up, failures, held): (bool, u64, usize), reopens: u64) {
+    for (name, kind, help, value) in [
+        (
+            "fairway_batch_store_up",
+            Kind::Gauge,
+            "1 while the batch store takes the runner's calls; 0 after a failure, until it does again (the runner then starts no items).",
+            u64::from(up),
+        ),
+        (
+            "fairway_batch_store_failures_total",
+            Kind::Counter,
+            "Calls of the batch runner's that the store failed.",
+            failures,
+        ),
+        (
+            "fairway_batch_store_reopens_total",
+            Kind::Counter,
+            "Times the embedded batch store's database was opened again after a failure of its file (a full disk freed since).",
+            reopens,
+        ),
+        (
+            "fairway_batch_results_held",
+            Kind::Gauge,
+            "Batch items' results the store refused, held to be written once it works again (their items are not run again).",
+            held as u64,
+        ),
+    ] {
+        prom::family(w, name, kind, help).sample(&[], value);
+    }
+}
+
+/// The preemptions of each running batch, since the runner picked it up.
+fn write_running(w: &mut String, running: &[(&StoredBatch, &RunView)]) {
+    let mut f = prom::family(
+        w,
+        "fairway_batch_running_preemptions",
+        Kind::Gauge,
+        "Per running batch, since the runner picked it up: its items cut mid-answer (preempted), continued from their tokens (resumed) or started again (restarted).",
+    );
+    for (sb, r) in running {
+        let r = &r.resumes;
+        for (what, n) in [
+            ("preempted", r.preempted),
+            ("resumed", r.resumed),
+            ("restarted", r.restarted),
+        ] {
+            let labels = [
+                ("tenant", &*sb.owner),
+                ("batch", &sb.batch.id),
+                ("what", what),
+            ];
+            f.sample(&labels, n);
+        }
+    }
+    let mut f = prom::family(
+        w,
+        "fairway_batch_running_tokens_kept",
+        Kind::Gauge,
+        "Per running batch, since the runner picked it up: generated tokens its resumed items kept.",
+    );
+    for (sb, r) in running {
+        let labels = [("tenant", &*sb.owner), ("batch", &sb.batch.id)];
+        f.sample(&labels, r.resumes.tokens_saved);
+    }
+}
+
+impl Batches {
     /// Counts a batch of `owner`'s that this replica just ended as
     /// `status` at once (the next recount includes it anyway).
     pub(super) fn ended_now(&self, owner: &str, status: crate::protocol::batch::Status) {

@@ -6,13 +6,12 @@ use std::sync::atomic::Ordering;
 
 use serde_json::Value;
 
-use super::service::Placement;
+use super::service::{Counters, Placement};
 use crate::prom::{self, Kind};
 
 impl Placement {
     /// `GET /metrics`, Prometheus text.
     pub(super) fn metrics(&self) -> String {
-        use std::fmt::Write;
         let policy = self.policy.load();
         let now = self.clock.now();
         let (known, fresh, reservations) = {
@@ -25,88 +24,11 @@ impl Placement {
             (names.len(), fresh, nodes.reservations.len())
         };
         let c = self.counters.lock();
-        let mut w = String::new();
-        prom::family(
-            &mut w,
-            "fairway_placement_decisions_total",
-            Kind::Counter,
-            "Placement decisions by kind (filter: one per node judged) and result.",
-        );
-        for ((kind, allowed), n) in &c.decisions {
-            let result = if *allowed { "allowed" } else { "refused" };
-            let _ = writeln!(
-                w,
-                "fairway_placement_decisions_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
-            );
-        }
-        prom::family(
-            &mut w,
-            "fairway_placement_refusals_total",
-            Kind::Counter,
-            "Refusals by rule (one per GPU or node that failed it).",
-        );
-        for (rule, n) in &c.refusals {
-            let _ = writeln!(w, "fairway_placement_refusals_total{{rule=\"{rule}\"}} {n}");
-        }
-        prom::family(
-            &mut w,
-            "fairway_placement_agent_reads_total",
-            Kind::Counter,
-            "Reads of the agents' GET /node by result.",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_placement_agent_reads_total{{result=\"ok\"}} {}\n\
-             fairway_placement_agent_reads_total{{result=\"failed\"}} {}",
-            c.reads[1], c.reads[0]
-        );
-        prom::family(
-            &mut w,
-            "fairway_placement_nodes",
-            Kind::Gauge,
-            "Nodes an agent has reported, and those with a fresh reading.",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_placement_nodes{{reading=\"any\"}} {known}\n\
-             fairway_placement_nodes{{reading=\"fresh\"}} {fresh}"
-        );
-        prom::family(
-            &mut w,
-            "fairway_placement_reservations",
-            Kind::Gauge,
-            "Memory reservations held for allowed bindings.",
-        );
-        let _ = writeln!(w, "fairway_placement_reservations {reservations}");
-        if self.shared.is_some() {
-            let up = u8::from(self.store_up.load(Ordering::Relaxed));
-            prom::family(
-                &mut w,
-                "fairway_placement_store_up",
-                Kind::Gauge,
-                "Whether the last call to the cluster's store, which holds the reservations of every placement replica, succeeded.",
-            );
-            let _ = writeln!(w, "fairway_placement_store_up {up}");
-            prom::family(
-                &mut w,
-                "fairway_placement_store_errors_total",
-                Kind::Counter,
-                "Calls to the cluster's store that failed (judged with this replica's reservations only).",
-            );
-            let _ = writeln!(w, "fairway_placement_store_errors_total {}", c.store_errors);
-            prom::family(
-                &mut w,
-                "fairway_placement_binding_conflicts_total",
-                Kind::Counter,
-                "Bindings judged again because another placement replica reserved on their node in between.",
-            );
-            let _ = writeln!(
-                w,
-                "fairway_placement_binding_conflicts_total {}",
-                c.conflicts
-            );
-        }
-        w
+        let store_up = self
+            .shared
+            .as_ref()
+            .map(|_| u8::from(self.store_up.load(Ordering::Relaxed)));
+        families(&c, known, fresh, reservations, store_up)
     }
 
     /// `GET /nodes`.
@@ -153,4 +75,81 @@ impl Placement {
             "decisions": self.decisions.lock().iter().rev().collect::<Vec<_>>(),
         })
     }
+}
+
+/// Placement's families, `store_up` (1 or 0) with a cluster store.
+fn families(
+    c: &Counters,
+    known: usize,
+    fresh: usize,
+    reservations: usize,
+    store_up: Option<u8>,
+) -> String {
+    let mut w = String::new();
+    let mut f = prom::family(
+        &mut w,
+        "fairway_placement_decisions_total",
+        Kind::Counter,
+        "Placement decisions by kind (filter: one per node judged) and result.",
+    );
+    for ((kind, allowed), n) in &c.decisions {
+        let result = if *allowed { "allowed" } else { "refused" };
+        f.sample(&[("kind", kind), ("result", result)], n);
+    }
+    let mut f = prom::family(
+        &mut w,
+        "fairway_placement_refusals_total",
+        Kind::Counter,
+        "Refusals by rule (one per GPU or node that failed it).",
+    );
+    for (rule, n) in &c.refusals {
+        f.sample(&[("rule", rule)], n);
+    }
+    prom::family(
+        &mut w,
+        "fairway_placement_agent_reads_total",
+        Kind::Counter,
+        "Reads of the agents' GET /node by result.",
+    )
+    .sample(&[("result", "ok")], c.reads[1])
+    .sample(&[("result", "failed")], c.reads[0]);
+    prom::family(
+        &mut w,
+        "fairway_placement_nodes",
+        Kind::Gauge,
+        "Nodes an agent has reported, and those with a fresh reading.",
+    )
+    .sample(&[("reading", "any")], known)
+    .sample(&[("reading", "fresh")], fresh);
+    prom::family(
+        &mut w,
+        "fairway_placement_reservations",
+        Kind::Gauge,
+        "Memory reservations held for allowed bindings.",
+    )
+    .sample(&[], reservations);
+    if let Some(up) = store_up {
+        prom::family(
+            &mut w,
+            "fairway_placement_store_up",
+            Kind::Gauge,
+            "Whether the last call to the cluster's store, which holds the reservations of every placement replica, succeeded.",
+        )
+        .sample(&[], up);
+        prom::family(
+            &mut w,
+            "fairway_placement_store_errors_total",
+            Kind::Counter,
+            "Calls to the cluster's store that failed (judged with this replica's reservations only).",
+        )
+        .sample(&[], c.store_errors);
+        prom::family(
+            &mut w,
+            "fairway_placement_binding_conflicts_total",
+            Kind::Counter,
+            "Bindings judged again because another placement replica reserved on their node in between.",
+        )
+        .sample(&[], c.conflicts);
+    }
+    w
 }

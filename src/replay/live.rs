@@ -22,11 +22,12 @@ use http::{Request, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tokio::task::JoinHandle;
 
 pub use super::handover::Target;
 use super::handover::{self, BatchAs, HttpClient};
 use crate::clock::Clock;
-use crate::config::Policy;
+use crate::config::{Policy, Slo};
 use crate::core::time::Instant;
 use crate::replay::sim::{Outcome, RequestResult, Trace};
 use crate::replay::workload::WorkRequest;
@@ -86,24 +87,68 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
         .build_http();
     let clock = Arc::new(Clock::new());
     let start = clock.now();
-    let at = |w: &WorkRequest| start + Duration::from_secs_f64(w.t);
+    let live_done = tokio_util::sync::CancellationToken::new();
+    let sends = spawn_sends(&client, &clock, start, workload, target, &live_done);
+    let handed = spawn_handovers(&client, &clock, start, sends.lane, target);
+    let mut done: Vec<Exchange> = vec![(start, None, None, 0); workload.len()];
+    for (i, task) in sends.live {
+        done[i] = task.await.unwrap_or((start, None, None, 0));
+    }
+    // Gated batch requests still waiting for a place are not sent.
+    live_done.cancel();
+    for (i, task) in sends.batch {
+        done[i] = task.await.unwrap_or((start, None, None, 0));
+    }
+    for task in handed {
+        for (i, ex) in task.await.unwrap_or_default() {
+            done[i] = ex;
+        }
+    }
+    trace(policy, workload, start, done)
+}
+
+/// The requests sent one by one, by their index in the workload, and the
+/// batch requests left to hand over through `/v1/batches`, by tenant.
+struct Sends<'w> {
+    live: Vec<(usize, JoinHandle<Exchange>)>,
+    batch: Vec<(usize, JoinHandle<Exchange>)>,
+    lane: BTreeMap<&'w str, Vec<(usize, &'w WorkRequest)>>,
+}
+
+/// Spawns a task per request sent on its own, each waiting for its time;
+/// with `BatchAs::Concurrency` the batch requests wait for a place too,
+/// given up once `live_done` is cancelled.
+fn spawn_sends<'w>(
+    client: &HttpClient,
+    clock: &Arc<Clock>,
+    start: Instant,
+    workload: &'w [WorkRequest],
+    target: &Target,
+    live_done: &tokio_util::sync::CancellationToken,
+) -> Sends<'w> {
     let gate = match target.batch_as {
         BatchAs::Concurrency(n) => Some(Arc::new(tokio::sync::Semaphore::new(n))),
         _ => None,
     };
-    let live_done = tokio_util::sync::CancellationToken::new();
-    let (mut live, mut batch) = (Vec::new(), Vec::new());
-    let mut lane: BTreeMap<&str, Vec<(usize, &WorkRequest)>> = BTreeMap::new();
+    let mut sends = Sends {
+        live: Vec::new(),
+        batch: Vec::new(),
+        lane: BTreeMap::new(),
+    };
     for (i, w) in workload.iter().enumerate() {
         if w.batch && target.batch_as == BatchAs::Lane {
-            lane.entry(w.tenant.as_str()).or_default().push((i, w));
+            sends
+                .lane
+                .entry(w.tenant.as_str())
+                .or_default()
+                .push((i, w));
             continue;
         }
         let (client, clock, target) = (client.clone(), clock.clone(), target.clone());
         let gate = gate.clone().filter(|_| w.batch);
         let live_done = live_done.clone();
         let key = target.keys.get(&w.tenant).cloned();
-        let (at, stream) = (at(w), w.stream);
+        let (at, stream) = (start + Duration::from_secs_f64(w.t), w.stream);
         let body = handover::body(w, i, stream).to_string();
         let task = tokio::spawn(async move {
             tokio::time::sleep_until(clock.to_std(at).into()).await;
@@ -119,8 +164,27 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
                 exchange(&client, &clock, &target, key.as_deref(), body, stream).await;
             (sent, first, end, status)
         });
-        if w.batch { &mut batch } else { &mut live }.push((i, task));
+        if w.batch {
+            &mut sends.batch
+        } else {
+            &mut sends.live
+        }
+        .push((i, task));
     }
+    sends
+}
+
+/// Spawns a task per tenant of `lane` that hands its batch requests over
+/// as one batch at the first one's time; each request's answer is the
+/// batch's end, 200 or 500 by its item's result (none: no answer).
+fn spawn_handovers(
+    client: &HttpClient,
+    clock: &Arc<Clock>,
+    start: Instant,
+    lane: BTreeMap<&str, Vec<(usize, &WorkRequest)>>,
+    target: &Target,
+) -> Vec<JoinHandle<Vec<(usize, Exchange)>>> {
+    let at = |w: &WorkRequest| start + Duration::from_secs_f64(w.t);
     let mut handed = Vec::new();
     for (tenant, items) in lane {
         let (client, clock, target) = (client.clone(), clock.clone(), target.clone());
@@ -151,19 +215,12 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
                 .collect::<Vec<_>>()
         }));
     }
-    let mut done: Vec<Exchange> = vec![(start, None, None, 0); workload.len()];
-    for (i, task) in live {
-        done[i] = task.await.unwrap_or((start, None, None, 0));
-    }
-    live_done.cancel();
-    for (i, task) in batch {
-        done[i] = task.await.unwrap_or((start, None, None, 0));
-    }
-    for task in handed {
-        for (i, ex) in task.await.unwrap_or_default() {
-            done[i] = ex;
-        }
-    }
+    handed
+}
+
+/// The trace of `done`, the exchange of each request of `workload` in
+/// order, timed from `start`.
+fn trace(policy: &Policy, workload: &[WorkRequest], start: Instant, done: Vec<Exchange>) -> Trace {
     let slo: HashMap<&str, _> = policy
         .tenants
         .iter()
@@ -172,38 +229,17 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
     let tenants: Vec<String> = policy.tenants.iter().map(|t| t.name.clone()).collect();
     let mut requests = Vec::with_capacity(workload.len());
     let mut last = start;
-    for (w, (sent, first, end, status)) in workload.iter().zip(done) {
-        let arrived = (sent - start).as_secs_f64();
-        let served = status == 200 && end.is_some();
-        let e2e = end.filter(|_| served).map(|e| (e - sent).as_secs_f64());
-        let ttft = e2e.map(|e| first.map_or(e, |f| (f - sent).as_secs_f64()));
-        let good = match (slo.get(w.tenant.as_str()), ttft, e2e) {
-            (Some(s), Some(t), Some(e)) => t <= s.ttft.as_secs_f64() && e <= s.e2e.as_secs_f64(),
-            (None, Some(_), Some(_)) => true,
-            _ => false,
-        };
-        if let Some(e) = end {
+    for (w, ex) in workload.iter().zip(done) {
+        if let Some(e) = ex.2 {
             last = last.max(e);
         }
-        let outcome = match status {
-            200 if served => Outcome::Served,
-            401 | 404 | 429 => Outcome::Refused("status"),
-            503 => Outcome::Shed,
-            _ => Outcome::FailedUpstream,
-        };
+        let tenant = tenants
+            .iter()
+            .position(|t| *t == w.tenant)
+            .unwrap_or(usize::MAX);
         requests.push((
-            tenants
-                .iter()
-                .position(|t| *t == w.tenant)
-                .unwrap_or(usize::MAX),
-            RequestResult {
-                outcome,
-                arrived,
-                queue_wait: None,
-                ttft,
-                e2e,
-                good,
-            },
+            tenant,
+            result(ex, start, slo.get(w.tenant.as_str()).copied()),
         ));
     }
     Trace {
@@ -227,5 +263,38 @@ pub async fn play(policy: &Policy, workload: &[WorkRequest], target: &Target) ->
         estimates: Vec::new(),
         // Inside the engines, not seen here.
         prefix: None,
+    }
+}
+
+/// One request's result as the client saw it: served on a 200 with its
+/// whole body, good when within `slo` (its tenant's; none: any served
+/// request is good).
+fn result(
+    (sent, first, end, status): Exchange,
+    start: Instant,
+    slo: Option<&Slo>,
+) -> RequestResult {
+    let arrived = (sent - start).as_secs_f64();
+    let served = status == 200 && end.is_some();
+    let e2e = end.filter(|_| served).map(|e| (e - sent).as_secs_f64());
+    let ttft = e2e.map(|e| first.map_or(e, |f| (f - sent).as_secs_f64()));
+    let good = match (slo, ttft, e2e) {
+        (Some(s), Some(t), Some(e)) => t <= s.ttft.as_secs_f64() && e <= s.e2e.as_secs_f64(),
+        (None, Some(_), Some(_)) => true,
+        _ => false,
+    };
+    let outcome = match status {
+        200 if served => Outcome::Served,
+        401 | 404 | 429 => Outcome::Refused("status"),
+        503 => Outcome::Shed,
+        _ => Outcome::FailedUpstream,
+    };
+    RequestResult {
+        outcome,
+        arrived,
+        queue_wait: None,
+        ttft,
+        e2e,
+        good,
     }
 }

@@ -2,7 +2,6 @@
 //! reaches the scheduling path ([`EdgeCounters`]), and its families in the
 //! exposition.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::prom::{self, Kind};
@@ -34,6 +33,7 @@ pub struct EdgeCounters {
 }
 
 impl EdgeCounters {
+    /// Writes the edge's families.
     pub(super) fn encode(&self, w: &mut String) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         prom::family(
@@ -41,82 +41,46 @@ impl EdgeCounters {
             "fairway_listener_refusals_total",
             Kind::Counter,
             "Connections and requests the client listener refused at its caps ([server] max_connections, max_connections_per_client, max_requests).",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_listener_refusals_total{{limit=\"connections\"}} {}",
-            get(&self.refused_connections)
-        );
-        let _ = writeln!(
-            w,
-            "fairway_listener_refusals_total{{limit=\"connections_per_client\"}} {}",
-            get(&self.refused_per_client)
-        );
-        let _ = writeln!(
-            w,
-            "fairway_listener_refusals_total{{limit=\"requests\"}} {}",
-            get(&self.refused_requests)
-        );
+        )
+        .sample(&[("limit", "connections")], get(&self.refused_connections))
+        .sample(&[("limit", "connections_per_client")], get(&self.refused_per_client))
+        .sample(&[("limit", "requests")], get(&self.refused_requests));
         prom::family(
             w,
             "fairway_connections_closed_total",
             Kind::Counter,
             "Client connections Fairway closed: idle for [server] idle_timeout, ended by the client's protocol error (malformed requests, HTTP/2 floods), or closed before their first request (pushed out by newer connections past the unproven share of max_connections, or at header_read_timeout).",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_connections_closed_total{{reason=\"no_request\"}} {}",
-            get(&self.evicted_unproven)
-        );
-        let _ = writeln!(
-            w,
-            "fairway_connections_closed_total{{reason=\"idle\"}} {}",
-            get(&self.closed_idle)
-        );
-        let _ = writeln!(
-            w,
-            "fairway_connections_closed_total{{reason=\"protocol_error\"}} {}",
-            get(&self.closed_protocol_error)
-        );
+        )
+        .sample(&[("reason", "no_request")], get(&self.evicted_unproven))
+        .sample(&[("reason", "idle")], get(&self.closed_idle))
+        .sample(&[("reason", "protocol_error")], get(&self.closed_protocol_error));
         prom::family(
             w,
             "fairway_open_connections",
             Kind::Gauge,
             "Client connections open now.",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_open_connections {}",
-            get(&self.open_connections)
-        );
+        )
+        .sample(&[], get(&self.open_connections));
         prom::family(
             w,
             "fairway_panics_total",
             Kind::Counter,
             "Handler panics answered with a 500.",
-        );
-        let _ = writeln!(w, "fairway_panics_total {}", get(&self.panics));
+        )
+        .sample(&[], get(&self.panics));
         prom::family(
             w,
             "fairway_accept_errors_total",
             Kind::Counter,
             "Failed accepts on the client and admin listeners (out of file descriptors and the like).",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_accept_errors_total {}",
-            get(&self.accept_errors)
-        );
+        )
+        .sample(&[], get(&self.accept_errors));
         prom::family(
             w,
             "fairway_log_lines_dropped_total",
             Kind::Counter,
             "Log lines (access log included) dropped because the log's output could not keep up and its buffer (--log-buffer) was full.",
-        );
-        let _ = writeln!(
-            w,
-            "fairway_log_lines_dropped_total {}",
-            super::log_writer::dropped_lines()
-        );
+        )
+        .sample(&[], super::log_writer::dropped_lines());
     }
 }

@@ -9,7 +9,6 @@
 //! model, backend names) or from enums, never from request data.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,7 +25,7 @@ mod histogram;
 
 use histogram::{
     AtomicF64, AtomicHistogram, Histogram, LATENCY_BUCKETS, OVERHEAD_BUCKETS, TPOT_BUCKETS,
-    hist_lines, hist_tm, latency_buckets,
+    hist_tm, latency_buckets,
 };
 
 /// Every per-request series of one (tenant, model).
@@ -348,161 +347,140 @@ impl Metrics {
     /// The whole exposition in Prometheus text format.
     pub fn encode(&self, snap: &Snapshot) -> String {
         let g = self.inner.lock();
-        let c = Counts::read(&g);
         let mut out = String::with_capacity(8192);
         let w = &mut out;
+        prom::family(w, "fairway_build_info", Kind::Gauge, "Build information.")
+            .sample(&[("version", env!("CARGO_PKG_VERSION"))], 1);
+        encode_requests(w, &Counts::read(&g));
+        self.encode_registry(w, &g);
+        recent_quantiles(w, &g.usage);
+        drop(g);
+        self.edge.encode(w);
+        encode_snapshot(w, snap);
+        out
+    }
 
-        prom::family(w, "fairway_build_info", Kind::Gauge, "Build information.");
-        let _ = writeln!(
-            w,
-            "fairway_build_info{{version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
-        );
-
-        prom::family(
-            w,
-            "fairway_requests_total",
-            Kind::Counter,
-            "Requests by final outcome; every request is counted exactly once.",
-        );
-        for (((t, m), i), v) in &c.requests {
-            let o = Outcome::ALL[*i];
-            let _ = writeln!(
-                w,
-                "fairway_requests_total{{tenant=\"{}\",model=\"{}\",outcome=\"{}\",reason=\"{}\"}} {v}",
-                prom::escape(t),
-                prom::escape(m),
-                o.as_str(),
-                o.reason()
-            );
-        }
-        counter_tm(
-            w,
-            "fairway_goodput_total",
-            "Served responses that met the tenant's SLO (TTFT and e2e).",
-            &c.goodput,
-        );
-        prom::family(
-            w,
-            "fairway_slo_attainment_ratio",
-            Kind::Gauge,
-            "Share of served responses that met the tenant's SLO, since start.",
-        );
-        for (k, served) in &c.served {
-            let good = c.goodput.get(k).copied().unwrap_or(0);
-            let _ = writeln!(
-                w,
-                "fairway_slo_attainment_ratio{{{}}} {}",
-                tm(k),
-                good as f64 / (*served).max(1) as f64
-            );
-        }
-        hist_tm(
-            w,
-            "fairway_ttft_seconds",
-            "Time to first byte of the response body, served requests.",
-            &c.ttft,
-        );
-        hist_tm(
-            w,
-            "fairway_e2e_seconds",
-            "Arrival to end of response, served requests.",
-            &c.e2e,
-        );
-        hist_tm(
-            w,
-            "fairway_queue_wait_seconds",
-            "Time queued in Fairway before dispatch.",
-            &c.queue_wait,
-        );
-        hist_tm(
-            w,
-            "fairway_time_per_output_token_seconds",
-            "Decode time per output token after the first.",
-            &c.tpot,
-        );
-        counter_tm(
-            w,
-            "fairway_prompt_tokens_total",
-            "Prompt tokens reported by backends.",
-            &c.prompt_tokens,
-        );
-        counter_tm(
-            w,
-            "fairway_completion_tokens_total",
-            "Completion tokens reported by backends.",
-            &c.completion_tokens,
-        );
-        prom::family(
-            w,
-            "fairway_gpu_seconds_total",
-            Kind::Counter,
-            "GPU-seconds attributed to each tenant.",
-        );
-        for (t, v) in &c.gpu_seconds {
-            let _ = writeln!(
-                w,
-                "fairway_gpu_seconds_total{{tenant=\"{}\"}} {v}",
-                prom::escape(t)
-            );
-        }
-        prom::family(
+    /// Fairway's own time per request, and what only changes off the
+    /// request path: reloads, ejections, adapters.
+    fn encode_registry(&self, w: &mut String, g: &Registry) {
+        let mut f = prom::family(
             w,
             "fairway_overhead_seconds",
             Kind::Histogram,
             "Time Fairway adds to a request, excluding queue wait and backend time.",
         );
         if let Some(h) = self.overhead.read() {
-            hist_lines(w, "fairway_overhead_seconds", "", &h);
+            h.write(&mut f, &[]);
         }
-        prom::family(
+        let mut f = prom::family(
             w,
             "fairway_config_reloads_total",
             Kind::Counter,
             "Policy reloads by result.",
         );
         for r in ["ok", "failed"] {
-            let _ = writeln!(
-                w,
-                "fairway_config_reloads_total{{result=\"{r}\"}} {}",
-                g.reloads.get(r).copied().unwrap_or(0)
-            );
+            f.sample(&[("result", r)], g.reloads.get(r).copied().unwrap_or(0));
         }
-        prom::family(
+        let mut f = prom::family(
             w,
             "fairway_backend_ejections_total",
             Kind::Counter,
             "Outlier ejections by backend: its requests failed in a row (5xx, connection errors, header timeouts).",
         );
         for (b, v) in &g.ejections {
-            let _ = writeln!(
-                w,
-                "fairway_backend_ejections_total{{backend=\"{}\"}} {v}",
-                prom::escape(b)
-            );
+            f.sample(&[("backend", b)], v);
         }
-        prom::family(
+        let mut f = prom::family(
             w,
             "fairway_adapter_requests_total",
             Kind::Counter,
             "Requests for a LoRA adapter sent to a backend, by base model, adapter and backend (a request preempted and sent again counts each time).",
         );
         for ((m, a, b), v) in &g.adapters {
-            let _ = writeln!(
-                w,
-                "fairway_adapter_requests_total{{model=\"{}\",adapter=\"{}\",backend=\"{}\"}} {v}",
-                prom::escape(m),
-                prom::escape(a),
-                prom::escape(b)
-            );
+            f.sample(&[("model", m), ("adapter", a), ("backend", b)], v);
         }
-        recent_quantiles(w, &g.usage);
-        drop(g);
-        self.edge.encode(w);
+    }
+}
 
-        encode_snapshot(w, snap);
-
-        out
+/// The families of finished requests, by (tenant, model): outcomes,
+/// goodput and SLO attainment, latency histograms, tokens, GPU-seconds.
+fn encode_requests(w: &mut String, c: &Counts) {
+    let mut f = prom::family(
+        w,
+        "fairway_requests_total",
+        Kind::Counter,
+        "Requests by final outcome; every request is counted exactly once.",
+    );
+    for (((t, m), i), v) in &c.requests {
+        let o = Outcome::ALL[*i];
+        let labels: [(&str, &str); 4] = [
+            ("tenant", t),
+            ("model", m),
+            ("outcome", o.as_str()),
+            ("reason", o.reason()),
+        ];
+        f.sample(&labels, v);
+    }
+    counter_tm(
+        w,
+        "fairway_goodput_total",
+        "Served responses that met the tenant's SLO (TTFT and e2e).",
+        &c.goodput,
+    );
+    let mut f = prom::family(
+        w,
+        "fairway_slo_attainment_ratio",
+        Kind::Gauge,
+        "Share of served responses that met the tenant's SLO, since start.",
+    );
+    for (k, served) in &c.served {
+        let good = c.goodput.get(k).copied().unwrap_or(0);
+        f.sample(&tm(k), good as f64 / (*served).max(1) as f64);
+    }
+    for (name, help, m) in [
+        (
+            "fairway_ttft_seconds",
+            "Time to first byte of the response body, served requests.",
+            &c.ttft,
+        ),
+        (
+            "fairway_e2e_seconds",
+            "Arrival to end of response, served requests.",
+            &c.e2e,
+        ),
+        (
+            "fairway_queue_wait_seconds",
+            "Time queued in Fairway before dispatch.",
+            &c.queue_wait,
+        ),
+        (
+            "fairway_time_per_output_token_seconds",
+            "Decode time per output token after the first.",
+            &c.tpot,
+        ),
+    ] {
+        hist_tm(w, name, help, m);
+    }
+    counter_tm(
+        w,
+        "fairway_prompt_tokens_total",
+        "Prompt tokens reported by backends.",
+        &c.prompt_tokens,
+    );
+    counter_tm(
+        w,
+        "fairway_completion_tokens_total",
+        "Completion tokens reported by backends.",
+        &c.completion_tokens,
+    );
+    let mut f = prom::family(
+        w,
+        "fairway_gpu_seconds_total",
+        Kind::Counter,
+        "GPU-seconds attributed to each tenant.",
+    );
+    for (t, v) in &c.gpu_seconds {
+        f.sample(&[("tenant", t)], v);
     }
 }
 
@@ -547,46 +525,38 @@ fn recent_quantiles(
             |s: &super::usage::WindowStats| s.e2e_seconds.p99,
         ),
     ] {
-        prom::family(w, name, Kind::Gauge, help);
+        let mut f = prom::family(w, name, Kind::Gauge, help);
         for (t, s) in &windows {
             if let Some(v) = pick(s) {
-                let _ = writeln!(w, "{name}{{tenant=\"{}\"}} {v}", prom::escape(t));
+                f.sample(&[("tenant", t)], v);
             }
         }
     }
-    prom::family(
+    let mut f = prom::family(
         w,
         "fairway_tenant_recent_responses",
         Kind::Gauge,
         "Responses served to the tenant in the last minute, behind its recent quantiles (under 100: the p99 is the slowest few).",
     );
     for (t, s) in &windows {
-        let _ = writeln!(
-            w,
-            "fairway_tenant_recent_responses{{tenant=\"{}\"}} {}",
-            prom::escape(t),
-            s.served
-        );
+        f.sample(&[("tenant", t)], s.served);
     }
 }
 
 /// A (tenant, model) key's labels; a model's own (shared histograms)
 /// when the tenant is empty, which no tenant's name is.
-pub(super) fn tm(k: &TM) -> String {
+pub(super) fn tm(k: &TM) -> Vec<(&'static str, &str)> {
     if k.0.is_empty() {
-        return format!("model=\"{}\"", prom::escape(&k.1));
+        return vec![("model", &k.1)];
     }
-    format!(
-        "tenant=\"{}\",model=\"{}\"",
-        prom::escape(&k.0),
-        prom::escape(&k.1)
-    )
+    vec![("tenant", &k.0), ("model", &k.1)]
 }
 
+/// A counter family by (tenant, model) key.
 fn counter_tm(w: &mut String, name: &str, help: &str, m: &BTreeMap<TM, u64>) {
-    prom::family(w, name, Kind::Counter, help);
+    let mut f = prom::family(w, name, Kind::Counter, help);
     for (k, v) in m {
-        let _ = writeln!(w, "{name}{{{}}} {v}", tm(k));
+        f.sample(&tm(k), v);
     }
 }
 

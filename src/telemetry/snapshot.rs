@@ -4,7 +4,6 @@
 //! and backends).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use crate::core::routing::Placement;
 use crate::prom::{self, Kind};
@@ -91,6 +90,25 @@ pub struct BackendGauges {
 
 /// Writes the families read from `snap`.
 pub(super) fn encode_snapshot(w: &mut String, snap: &Snapshot) {
+    encode_tenants(w, &snap.tenants);
+    let mut f = prom::family(
+        w,
+        "fairway_jain_fairness_index",
+        Kind::Gauge,
+        "Jain's index over backlogged tenants' weighted service in the recent window.",
+    );
+    if let Some(j) = snap.jain_index {
+        f.sample(&[], j);
+    }
+    if let Some(c) = &snap.cluster {
+        encode_cluster(w, c);
+    }
+    encode_pools(w, snap);
+    encode_prefix(w, snap);
+    encode_backends(w, &snap.backends);
+}
+/// The per-tenant families.
+fn encode_tenants(w: &mut String, tenants: &[TenantGauges]) {
     type Get = fn(&TenantGauges) -> Option<f64>;
     let per_tenant: [(&str, Kind, &str, Get); 7] = [
         (
@@ -137,121 +155,107 @@ pub(super) fn encode_snapshot(w: &mut String, snap: &Snapshot) {
         ),
     ];
     for (name, kind, help, get) in per_tenant {
-        prom::family(w, name, kind, help);
-        for t in &snap.tenants {
+        let mut f = prom::family(w, name, kind, help);
+        for t in tenants {
             if let Some(v) = get(t) {
-                let _ = writeln!(w, "{name}{{tenant=\"{}\"}} {v}", prom::escape(&t.tenant));
+                f.sample(&[("tenant", &t.tenant)], v);
             }
         }
     }
-    prom::family(
-        w,
-        "fairway_jain_fairness_index",
-        Kind::Gauge,
-        "Jain's index over backlogged tenants' weighted service in the recent window.",
-    );
-    if let Some(j) = snap.jain_index {
-        let _ = writeln!(w, "fairway_jain_fairness_index {j}");
+}
+
+/// The per-backend families: Fairway's own counts, and its latest
+/// reading's.
+fn encode_backends(w: &mut String, backends: &[BackendGauges]) {
+    type Get = fn(&BackendGauges) -> Option<f64>;
+    let gauges: [(&str, &str, Get); 9] = [
+        (
+            "fairway_backend_in_flight",
+            "Requests Fairway has in flight on a backend.",
+            |x| Some(f64::from(x.in_flight)),
+        ),
+        (
+            "fairway_backend_window",
+            "Current dispatch window of a backend.",
+            |x| Some(f64::from(x.window)),
+        ),
+        (
+            "fairway_backend_batch_limit",
+            "Batch items a backend may run now, by the batch lane's loop on live latency ([batch] live_latency_target); absent while it sets no limit.",
+            |x| x.batch_limit,
+        ),
+        (
+            "fairway_backend_healthy",
+            "1 if the backend is healthy, 0 if ejected.",
+            |x| Some(f64::from(u8::from(x.healthy))),
+        ),
+        (
+            "fairway_backend_kv_usage_ratio",
+            "Polled KV-cache usage (0..1).",
+            |x| x.kv_usage,
+        ),
+        (
+            "fairway_backend_running",
+            "Polled requests running in the engine.",
+            |x| x.running.map(f64::from),
+        ),
+        (
+            "fairway_backend_waiting",
+            "Polled requests waiting in the engine.",
+            |x| x.waiting.map(f64::from),
+        ),
+        (
+            "fairway_backend_ttft_p99_seconds",
+            "Polled TTFT p99 over the last scrape window.",
+            |x| x.ttft_p99,
+        ),
+        (
+            "fairway_backend_reading_age_seconds",
+            "Age of the backend's latest reading.",
+            |x| x.reading_age,
+        ),
+    ];
+    for (name, help, get) in gauges {
+        let mut f = prom::family(w, name, Kind::Gauge, help);
+        for b in backends {
+            if let Some(v) = get(b) {
+                f.sample(&[("backend", &b.backend), ("model", &b.model)], v);
+            }
+        }
     }
-    if let Some(c) = &snap.cluster {
-        encode_cluster(w, c);
-    }
-    encode_pools(w, snap);
-    encode_prefix(w, snap);
-    let b = &snap.backends;
-    backend_gauge(
-        w,
-        "fairway_backend_in_flight",
-        "Requests Fairway has in flight on a backend.",
-        b,
-        |x| Some(f64::from(x.in_flight)),
-    );
-    backend_gauge(
-        w,
-        "fairway_backend_window",
-        "Current dispatch window of a backend.",
-        b,
-        |x| Some(f64::from(x.window)),
-    );
-    backend_gauge(
-        w,
-        "fairway_backend_batch_limit",
-        "Batch items a backend may run now, by the batch lane's loop on live latency ([batch] live_latency_target); absent while it sets no limit.",
-        b,
-        |x| x.batch_limit,
-    );
-    backend_gauge(
-        w,
-        "fairway_backend_healthy",
-        "1 if the backend is healthy, 0 if ejected.",
-        b,
-        |x| Some(f64::from(u8::from(x.healthy))),
-    );
-    backend_gauge(
-        w,
-        "fairway_backend_kv_usage_ratio",
-        "Polled KV-cache usage (0..1).",
-        b,
-        |x| x.kv_usage,
-    );
-    backend_gauge(
-        w,
-        "fairway_backend_running",
-        "Polled requests running in the engine.",
-        b,
-        |x| x.running.map(f64::from),
-    );
-    backend_gauge(
-        w,
-        "fairway_backend_waiting",
-        "Polled requests waiting in the engine.",
-        b,
-        |x| x.waiting.map(f64::from),
-    );
-    backend_gauge(
-        w,
-        "fairway_backend_ttft_p99_seconds",
-        "Polled TTFT p99 over the last scrape window.",
-        b,
-        |x| x.ttft_p99,
-    );
-    backend_gauge(
-        w,
-        "fairway_backend_reading_age_seconds",
-        "Age of the backend's latest reading.",
-        b,
-        |x| x.reading_age,
-    );
-    prom::family(
+    encode_scrapes(w, backends);
+}
+
+/// How each backend's scrapes went: failures, and where its latest
+/// reading's load signals came from.
+fn encode_scrapes(w: &mut String, backends: &[BackendGauges]) {
+    let mut f = prom::family(
         w,
         "fairway_backend_scrape_errors_total",
         Kind::Counter,
         "Failed metric scrapes per backend.",
     );
-    for x in b {
-        let _ = writeln!(
-            w,
-            "fairway_backend_scrape_errors_total{{backend=\"{}\",model=\"{}\"}} {}",
-            prom::escape(&x.backend),
-            prom::escape(&x.model),
-            x.scrape_errors
+    for b in backends {
+        f.sample(
+            &[("backend", &b.backend), ("model", &b.model)],
+            b.scrape_errors,
         );
     }
-    prom::family(
+    let mut f = prom::family(
         w,
         "fairway_backend_reading_source",
         Kind::Gauge,
         "Which of the backend's series each load signal of its latest reading came from (1 per signal).",
     );
-    for x in b {
-        for (signal, source) in &x.sources {
-            let _ = writeln!(
-                w,
-                "fairway_backend_reading_source{{backend=\"{}\",model=\"{}\",signal=\"{signal}\",source=\"{}\"}} 1",
-                prom::escape(&x.backend),
-                prom::escape(&x.model),
-                prom::escape(source)
-            );
+    for b in backends {
+        for (signal, source) in &b.sources {
+            let labels: [(&str, &str); 4] = [
+                ("backend", &b.backend),
+                ("model", &b.model),
+                ("signal", signal),
+                ("source", source),
+            ];
+            f.sample(&labels, 1);
         }
     }
 }
@@ -312,74 +316,55 @@ fn encode_pools(w: &mut String, snap: &Snapshot) {
         ),
     ];
     for (name, help, get) in gauges {
-        prom::family(w, name, Kind::Gauge, help);
+        let mut f = prom::family(w, name, Kind::Gauge, help);
         for (model, p) in &pools {
             if let Some(v) = get(p) {
-                let _ = writeln!(w, "{name}{{model=\"{}\"}} {v}", prom::escape(model));
+                f.sample(&[("model", model)], v);
             }
         }
     }
 }
 
-/// This replica's view of its cluster.
+/// This replica's view of its cluster: the store, the replicas and the
+/// prefix homes they share.
 fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
-    let replica = prom::escape(&c.replica);
+    let replica = [("replica", c.replica.as_str())];
     prom::family(
         w,
         "fairway_cluster_replicas",
         Kind::Gauge,
         "Gateway replicas sharing the policy's limits, as this replica last read them from the store.",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_replicas{{replica=\"{replica}\"}} {}",
-        c.replicas
-    );
+    )
+    .sample(&replica, c.replicas);
     prom::family(
         w,
         "fairway_cluster_store_up",
         Kind::Gauge,
         "1 if the last sync with the cluster store succeeded.",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_store_up{{replica=\"{replica}\"}} {}",
-        u8::from(c.store_up)
-    );
+    )
+    .sample(&replica, u8::from(c.store_up));
     prom::family(
         w,
         "fairway_cluster_store_rtt_seconds",
         Kind::Gauge,
         "Round trip of the last successful sync with the cluster store.",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_store_rtt_seconds{{replica=\"{replica}\"}} {}",
-        c.store_rtt_seconds
-    );
+    )
+    .sample(&replica, c.store_rtt_seconds);
     prom::family(
         w,
         "fairway_cluster_store_errors_total",
         Kind::Counter,
         "Syncs with the cluster store that failed (unreachable, timed out, refused).",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_store_errors_total{{replica=\"{replica}\"}} {}",
-        c.store_errors
-    );
+    )
+    .sample(&replica, c.store_errors);
     prom::family(
         w,
         "fairway_cluster_store_syncs_total",
         Kind::Counter,
         "Syncs with the cluster store that succeeded: the store round trips this replica made.",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_store_syncs_total{{replica=\"{replica}\"}} {}",
-        c.syncs
-    );
-    prom::family(
+    )
+    .sample(&replica, c.syncs);
+    let mut f = prom::family(
         w,
         "fairway_cluster_prefix_homes_total",
         Kind::Counter,
@@ -390,66 +375,53 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
         ("learned", c.homes.learned),
         ("moved", c.homes.moved),
     ] {
-        let _ = writeln!(
-            w,
-            "fairway_cluster_prefix_homes_total{{replica=\"{replica}\",way=\"{way}\"}} {n}"
-        );
+        f.sample(&[replica[0], ("way", way)], n);
     }
     prom::family(
         w,
         "fairway_cluster_leasing",
         Kind::Gauge,
         "1 while tenants' limits are leased from the store (exact for the cluster); 0 while this replica enforces its share locally (store unreachable).",
-    );
-    let _ = writeln!(
-        w,
-        "fairway_cluster_leasing{{replica=\"{replica}\"}} {}",
-        u8::from(c.leasing)
-    );
-    prom::family(
+    )
+    .sample(&replica, u8::from(c.leasing));
+    encode_cluster_shares(w, c);
+}
+
+/// What this replica holds of the cluster's limits and windows, and the
+/// demand it sees.
+fn encode_cluster_shares(w: &mut String, c: &crate::cluster::View) {
+    let replica = ("replica", c.replica.as_str());
+    let mut f = prom::family(
         w,
         "fairway_cluster_lease",
         Kind::Gauge,
         "What this replica holds of a tenant's leased limit: requests (rate), GPU-seconds (gpu_seconds, negative in debt) or slots (concurrency).",
     );
     for l in &c.leases {
-        let _ = writeln!(
-            w,
-            "fairway_cluster_lease{{replica=\"{replica}\",tenant=\"{}\",limit=\"{}\"}} {}",
-            prom::escape(&l.tenant),
-            l.limit,
-            l.held
+        f.sample(
+            &[replica, ("tenant", &l.tenant), ("limit", l.limit)],
+            l.held,
         );
     }
-    prom::family(
+    let mut f = prom::family(
         w,
         "fairway_cluster_tenant_share",
         Kind::Gauge,
         "This replica's share of a tenant's limits while the store is unreachable (its part of the cluster's demand for the tenant).",
     );
     for (t, s) in &c.tenants {
-        let _ = writeln!(
-            w,
-            "fairway_cluster_tenant_share{{replica=\"{replica}\",tenant=\"{}\"}} {}",
-            prom::escape(t),
-            s.share
-        );
+        f.sample(&[replica, ("tenant", t)], s.share);
     }
-    prom::family(
+    let mut f = prom::family(
         w,
         "fairway_cluster_pool_share",
         Kind::Gauge,
         "This replica's share of a pool's backend windows (its part of the weighted fair split of the cluster's backlog).",
     );
     for (model, s) in &c.pools {
-        let _ = writeln!(
-            w,
-            "fairway_cluster_pool_share{{replica=\"{replica}\",model=\"{}\"}} {}",
-            prom::escape(model),
-            s.share
-        );
+        f.sample(&[replica, ("model", model)], s.share);
     }
-    prom::family(
+    let mut f = prom::family(
         w,
         "fairway_cluster_pool_slots",
         Kind::Gauge,
@@ -457,14 +429,10 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     );
     for (model, s) in &c.pools {
         if let Some(slots) = s.slots {
-            let _ = writeln!(
-                w,
-                "fairway_cluster_pool_slots{{replica=\"{replica}\",model=\"{}\"}} {slots}",
-                prom::escape(model),
-            );
+            f.sample(&[replica, ("model", model)], slots);
         }
     }
-    prom::family(
+    let mut f = prom::family(
         w,
         "fairway_cluster_tenant_demand",
         Kind::Gauge,
@@ -472,31 +440,7 @@ fn encode_cluster(w: &mut String, c: &crate::cluster::View) {
     );
     for (t, s) in &c.tenants {
         for (scope, v) in [("replica", s.demand_here), ("cluster", s.demand_cluster)] {
-            let _ = writeln!(
-                w,
-                "fairway_cluster_tenant_demand{{replica=\"{replica}\",tenant=\"{}\",scope=\"{scope}\"}} {v}",
-                prom::escape(t)
-            );
-        }
-    }
-}
-
-fn backend_gauge(
-    w: &mut String,
-    name: &str,
-    help: &str,
-    bs: &[BackendGauges],
-    f: impl Fn(&BackendGauges) -> Option<f64>,
-) {
-    prom::family(w, name, Kind::Gauge, help);
-    for b in bs {
-        if let Some(v) = f(b) {
-            let _ = writeln!(
-                w,
-                "{name}{{backend=\"{}\",model=\"{}\"}} {v}",
-                prom::escape(&b.backend),
-                prom::escape(&b.model)
-            );
+            f.sample(&[replica, ("tenant", t), ("scope", scope)], v);
         }
     }
 }

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::format::{fmt_count, fmt_duration, fmt_opt_duration, fmt_pct, fmt_rate};
 use super::rates::{increase, p99_between, p99_by_model, series_increase};
-use super::snapshot::{Series, Snapshot};
+use super::snapshot::{ClusterFigures, Series, Snapshot};
 use super::table::{push_line, write_table};
 
 /// Refusals per second by reason (`concurrency:0.5 rate:2.0`, reasons in
@@ -56,7 +56,21 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
         .filter(|d| d.is_finite() && *d > 0.0);
     let base = prev.filter(|_| dt.is_some());
     let mut out = String::new();
+    push_line(&mut out, &head_line(base, cur, dt), width);
+    if let Some(c) = &cur.cluster {
+        push_line(&mut out, &cluster_line(c), width);
+    }
+    out.push('\n');
+    write_tenants(&mut out, base, cur, dt, width);
+    out.push('\n');
+    super::batches::render(base.map(|p| &p.batches), &cur.batches, dt, &mut out, width);
+    write_backends(&mut out, prev, cur, width);
+    out
+}
 
+/// The header line: the fairness index, Fairway's overhead p99 and the
+/// window the rates are over.
+fn head_line(base: Option<&Snapshot>, cur: &Snapshot, dt: Option<f64>) -> String {
     let mut head = String::from("fairway top");
     let jain = cur
         .jain
@@ -72,51 +86,64 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
         }
         None => head.push_str("  (rates from the next scrape)"),
     }
-    push_line(&mut out, &head, width);
-    if let Some(c) = &cur.cluster {
-        let num = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
-        let store = match c.store_up {
-            Some(u) if u >= 1.0 => "up",
-            Some(_) => "DOWN",
-            None => "-",
-        };
-        let mut line = format!(
-            "cluster  replica {} of {}  store {store}",
-            c.replica,
-            num(c.replicas)
-        );
-        if let Some(rtt) = c.rtt_seconds.filter(|_| store == "up") {
-            let _ = write!(line, " (rtt {})", fmt_duration(rtt));
-        }
-        if c.leasing.is_some_and(|l| l >= 1.0) {
-            let mut by_tenant: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-            for ((t, limit), held) in &c.leases {
-                let unit = match limit.as_str() {
-                    "rate" => "req",
-                    "gpu_seconds" => "GPU-s",
-                    _ => "slots",
-                };
-                by_tenant
-                    .entry(t)
-                    .or_default()
-                    .push(format!("{held:.1} {unit}"));
-            }
-            if !by_tenant.is_empty() {
-                line.push_str("  leases");
-                for (t, parts) in by_tenant {
-                    let _ = write!(line, " {t} {}", parts.join("/"));
-                }
-            }
-        } else if !c.shares.is_empty() {
-            line.push_str("  shares");
-            for (t, s) in &c.shares {
-                let _ = write!(line, " {t} {:.0}%", s * 100.0);
-            }
-        }
-        push_line(&mut out, &line, width);
-    }
-    out.push('\n');
+    head
+}
 
+/// The replica's view of its cluster: the store, and what it holds of
+/// the tenants' limits (its leases, or its shares while the store is
+/// unreachable).
+fn cluster_line(c: &ClusterFigures) -> String {
+    let num = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
+    let store = match c.store_up {
+        Some(u) if u >= 1.0 => "up",
+        Some(_) => "DOWN",
+        None => "-",
+    };
+    let mut line = format!(
+        "cluster  replica {} of {}  store {store}",
+        c.replica,
+        num(c.replicas)
+    );
+    if let Some(rtt) = c.rtt_seconds.filter(|_| store == "up") {
+        let _ = write!(line, " (rtt {})", fmt_duration(rtt));
+    }
+    if c.leasing.is_some_and(|l| l >= 1.0) {
+        let mut by_tenant: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for ((t, limit), held) in &c.leases {
+            let unit = match limit.as_str() {
+                "rate" => "req",
+                "gpu_seconds" => "GPU-s",
+                _ => "slots",
+            };
+            by_tenant
+                .entry(t)
+                .or_default()
+                .push(format!("{held:.1} {unit}"));
+        }
+        if !by_tenant.is_empty() {
+            line.push_str("  leases");
+            for (t, parts) in by_tenant {
+                let _ = write!(line, " {t} {}", parts.join("/"));
+            }
+        }
+    } else if !c.shares.is_empty() {
+        line.push_str("  shares");
+        for (t, s) in &c.shares {
+            let _ = write!(line, " {t} {:.0}%", s * 100.0);
+        }
+    }
+    line
+}
+
+/// The tenants' table: rates between the scrapes, p99s against the SLO
+/// targets, queues and refusals.
+fn write_tenants(
+    out: &mut String,
+    base: Option<&Snapshot>,
+    cur: &Snapshot,
+    dt: Option<f64>,
+    width: usize,
+) {
     let mut rows = Vec::new();
     for (name, t) in &cur.tenants {
         let pt = base.and_then(|p| p.tenants.get(name));
@@ -152,34 +179,36 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
         ]);
     }
     if rows.is_empty() {
-        push_line(&mut out, "(no tenants yet)", width);
-    } else {
-        write_table(
-            &mut out,
-            &[
-                "tenant",
-                "req/s",
-                "served/s",
-                "goodput/s",
-                "ttft p99",
-                "slo ttft",
-                "e2e p99",
-                "slo e2e",
-                "queued",
-                "in flight",
-                "refused/s",
-                "preempt/s",
-            ],
-            &[
-                true, false, false, false, false, false, false, false, false, false, true, false,
-            ],
-            &rows,
-            width,
-        );
+        push_line(out, "(no tenants yet)", width);
+        return;
     }
-    out.push('\n');
-    super::batches::render(base.map(|p| &p.batches), &cur.batches, dt, &mut out, width);
+    write_table(
+        out,
+        &[
+            "tenant",
+            "req/s",
+            "served/s",
+            "goodput/s",
+            "ttft p99",
+            "slo ttft",
+            "e2e p99",
+            "slo e2e",
+            "queued",
+            "in flight",
+            "refused/s",
+            "preempt/s",
+        ],
+        &[
+            true, false, false, false, false, false, false, false, false, false, true, false,
+        ],
+        &rows,
+        width,
+    );
+}
 
+/// The backends' table: health, window, KV usage and the prefix cache's
+/// hit rate since `prev`.
+fn write_backends(out: &mut String, prev: Option<&Snapshot>, cur: &Snapshot, width: usize) {
     let mut rows = Vec::new();
     for (key, b) in &cur.backends {
         let (backend, model) = key;
@@ -216,26 +245,25 @@ pub fn render(prev: Option<&Snapshot>, cur: &Snapshot, width: usize) -> String {
         ]);
     }
     if rows.is_empty() {
-        push_line(&mut out, "(no backends)", width);
-    } else {
-        write_table(
-            &mut out,
-            &[
-                "backend",
-                "model",
-                "healthy",
-                "in flight/window",
-                "kv %",
-                "cache hit %",
-                "waiting",
-                "reading age",
-            ],
-            &[true, true, true, false, false, false, false, false],
-            &rows,
-            width,
-        );
+        push_line(out, "(no backends)", width);
+        return;
     }
-    out
+    write_table(
+        out,
+        &[
+            "backend",
+            "model",
+            "healthy",
+            "in flight/window",
+            "kv %",
+            "cache hit %",
+            "waiting",
+            "reading age",
+        ],
+        &[true, true, true, false, false, false, false, false],
+        &rows,
+        width,
+    );
 }
 
 /// A p99 with `!` after it when it exceeds the (positive) SLO target.

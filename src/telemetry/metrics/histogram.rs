@@ -3,7 +3,6 @@
 //! and the bracket each tenant's SLO targets add to it.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -104,26 +103,17 @@ impl AtomicF64 {
     }
 }
 
-pub(super) fn hist_tm(w: &mut String, name: &str, help: &str, m: &BTreeMap<TM, Histogram>) {
-    prom::family(w, name, Kind::Histogram, help);
-    for (k, h) in m {
-        hist_lines(w, name, &tm(k), h);
+impl Histogram {
+    /// Writes it under `f` with `labels`.
+    pub(super) fn write(&self, f: &mut prom::Family, labels: &prom::Labels) {
+        f.histogram(labels, &self.bounds, &self.counts, self.sum, self.count);
     }
 }
 
-pub(super) fn hist_lines(w: &mut String, name: &str, labels: &str, h: &Histogram) {
-    let sep = if labels.is_empty() { "" } else { "," };
-    let mut cum = 0;
-    for (b, c) in h.bounds.iter().zip(&h.counts) {
-        cum += c;
-        let _ = writeln!(w, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cum}");
+/// A histogram family by (tenant, model) key.
+pub(super) fn hist_tm(w: &mut String, name: &str, help: &str, m: &BTreeMap<TM, Histogram>) {
+    let mut f = prom::family(w, name, Kind::Histogram, help);
+    for (k, h) in m {
+        h.write(&mut f, &tm(k));
     }
-    let _ = writeln!(w, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
-    let braces = if labels.is_empty() {
-        String::new()
-    } else {
-        format!("{{{labels}}}")
-    };
-    let _ = writeln!(w, "{name}_sum{braces} {}", h.sum);
-    let _ = writeln!(w, "{name}_count{braces} {}", h.count);
 }

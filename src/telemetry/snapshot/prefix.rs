@@ -2,8 +2,6 @@
 //! backend against what the engines reported, and the KV-event
 //! subscribers.
 
-use std::fmt::Write as _;
-
 use super::{BackendGauges, PrefixGauges, Snapshot};
 use crate::core::routing::Placement;
 use crate::prom::{self, Kind};
@@ -47,17 +45,12 @@ pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
         ),
     ];
     for (name, kind, help, get) in families {
-        prom::family(w, name, kind, help);
+        let mut f = prom::family(w, name, kind, help);
         for p in &snap.prefix {
-            let _ = writeln!(
-                w,
-                "{name}{{model=\"{}\"}} {}",
-                prom::escape(&p.model),
-                get(p)
-            );
+            f.sample(&[("model", &p.model)], get(p));
         }
     }
-    prom::family(
+    let mut f = prom::family(
         w,
         "fairway_prefix_placements_total",
         Kind::Counter,
@@ -65,16 +58,11 @@ pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
     );
     for p in &snap.prefix {
         for placed in Placement::ALL {
-            let _ = writeln!(
-                w,
-                "fairway_prefix_placements_total{{model=\"{}\",placement=\"{}\"}} {}",
-                prom::escape(&p.model),
-                placed.as_str(),
-                p.placements[placed.index()]
-            );
+            let labels = [("model", p.model.as_str()), ("placement", placed.as_str())];
+            f.sample(&labels, p.placements[placed.index()]);
         }
     }
-    prom::family(
+    let mut f = prom::family(
         w,
         "fairway_chat_template_fallbacks_total",
         Kind::Counter,
@@ -82,13 +70,16 @@ pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
     );
     for (model, failed, over) in &snap.template_fallbacks {
         for (reason, n) in [("failed", failed), ("budget", over)] {
-            let _ = writeln!(
-                w,
-                "fairway_chat_template_fallbacks_total{{model=\"{}\",reason=\"{reason}\"}} {n}",
-                prom::escape(model)
-            );
+            f.sample(&[("model", model), ("reason", reason)], n);
         }
     }
+    encode_cached_tokens(w, &snap.backends);
+    encode_kv_events(w, snap);
+}
+
+/// Per backend, the prompt tokens the prefix index predicted it held
+/// against those it reported cached.
+fn encode_cached_tokens(w: &mut String, backends: &[BackendGauges]) {
     type Count = fn(&BackendGauges) -> Option<u64>;
     let per_backend: [(&str, &str, Count); 3] = [
         (
@@ -108,19 +99,13 @@ pub(super) fn encode_prefix(w: &mut String, snap: &Snapshot) {
         ),
     ];
     for (name, help, get) in per_backend {
-        prom::family(w, name, Kind::Counter, help);
-        for b in &snap.backends {
+        let mut f = prom::family(w, name, Kind::Counter, help);
+        for b in backends {
             if let Some(v) = get(b) {
-                let _ = writeln!(
-                    w,
-                    "{name}{{backend=\"{}\",model=\"{}\"}} {v}",
-                    prom::escape(&b.backend),
-                    prom::escape(&b.model),
-                );
+                f.sample(&[("backend", &b.backend), ("model", &b.model)], v);
             }
         }
     }
-    encode_kv_events(w, snap);
 }
 
 /// The KV-event subscribers' families (backends with `kv_events` only).
@@ -193,16 +178,10 @@ fn encode_kv_events(w: &mut String, snap: &Snapshot) {
         return;
     }
     for (name, kind, help, get) in families {
-        prom::family(w, name, kind, help);
+        let mut f = prom::family(w, name, kind, help);
         for b in &snap.backends {
             if let Some(c) = &b.kv_events {
-                let _ = writeln!(
-                    w,
-                    "{name}{{backend=\"{}\",model=\"{}\"}} {}",
-                    prom::escape(&b.backend),
-                    prom::escape(&b.model),
-                    get(c)
-                );
+                f.sample(&[("backend", &b.backend), ("model", &b.model)], get(c));
             }
         }
     }
