@@ -22,7 +22,9 @@
 #   benches/batch-live.sh [seed] [items] [seconds of api load]
 #
 # RUNS="alone lane" picks runs (alone first: the ratios are to it);
-# lane@T is the lane with [batch] live_latency_target = T.
+# lane@T is the lane with [batch] live_latency_target = T; a +prio suffix
+# (lane+prio, lane@1.2+prio) adds [batch] engine_priority = 1, which
+# only the real engines (started with --scheduling-policy priority) take.
 #
 # ENGINES=real runs the same against two REAL vLLM engines instead
 # (../shared/tools/real-vllm.sh: the CPU build, the random 6-layer Llama
@@ -57,7 +59,7 @@ if [[ $ENGINES == real ]]; then
   for i in 1 2; do
     port=$((8120 + i))
     curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && continue
-    VLLM_CPU_OMP_THREADS_BIND=$((i - 1)) VLLM_EXTRA_ARGS="--max-num-seqs 16" "$TOOL" start "$port" >&2
+    VLLM_CPU_OMP_THREADS_BIND=$((i - 1)) VLLM_EXTRA_ARGS="--max-num-seqs 16 --scheduling-policy priority" "$TOOL" start "$port" >&2
   done
   SLOTS=32
   # The reference policy's tenants and queue, over the two engines.
@@ -120,7 +122,8 @@ for run in ${RUNS:-alone live concurrency=4 lane}; do
     printf '\n[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\n' $port $admin
     printf '\n[batch]\ndata_dir = "%s/data-%s"\n' $WORK "${run/=/}"
     # lane@T: the lane with its loop on live latency at target T.
-    [[ $run == lane@* ]] && printf 'live_latency_target = %s\n' "${run#lane@}"
+    [[ $run == lane@* ]] && { t=${run#lane@}; printf 'live_latency_target = %s\n' "${t%+prio}"; }
+    [[ $run == *+prio ]] && printf 'engine_priority = 1\n'
   } > $WORK/policy.toml
   $BIN serve --config $WORK/policy.toml > $WORK/serve.log 2>&1 &
   pid=$!
@@ -133,7 +136,7 @@ for run in ${RUNS:-alone live concurrency=4 lane}; do
       sleep 0.5
     done ) > $WORK/samples.txt &
   sampler=$!
-  scenario=$WORK/suite.toml; as=${run%@*}
+  scenario=$WORK/suite.toml; as=${run%%[@+]*}
   [ $run = alone ] && { scenario=$WORK/alone.toml; as=live; }
   $BIN load --policy $WORK/policy.toml --scenario $scenario --seed $SEED \
     --target 127.0.0.1:$port --key api=sk-ref-api --key evals=sk-ref-evals \
