@@ -220,7 +220,7 @@ impl Batches {
     /// Creates a batch of `owner`'s file: `validating` until the runner has
     /// read the file.
     pub async fn create(&self, owner: &str, body: &[u8]) -> Result<Batch, BatchError> {
-        let c = CreateBatch::parse(body).map_err(BatchError::Invalid)?;
+        let c = CreateBatch::parse(body).map_err(|e| BatchError::Invalid(e.to_string()))?;
         let scope = Scope::Tenant(owner.to_owned());
         let input = self.stored_file(&scope, &c.input_file_id).await?;
         if input.file.purpose != "batch" {

@@ -282,7 +282,7 @@ pub fn multipart_form(data: &[u8]) {
             f.feed(piece)?;
             assert!(f.held() <= 16 << 10, "held {} bytes", f.held());
         }
-        Ok::<_, String>(f)
+        Ok::<_, crate::protocol::audio::FormError>(f)
     };
     let whole = read(body.len().max(1));
     let cut = read(usize::from(cut % 16) + 1);

@@ -7,8 +7,9 @@
 //! it; `docs/architecture.md` has the rules, `tests/architecture.rs`
 //! keeps them):
 //! 0. [`core`]: sans-IO scheduling (admission, fair queue, windows, routing, accounting).
-//! 1. [`clock`] (the one wall-clock reader), [`hex`], [`outcome`] (how a
-//!    request ended), [`prom`] (the Prometheus text writer), [`tokens`]
+//! 1. [`clock`] (the one wall-clock reader), [`fault`] (whose fault an
+//!    error is, its log level, its sources on one line), [`hex`],
+//!    [`outcome`] (how a request ended), [`prom`] (the Prometheus text writer), [`tokens`]
 //!    (the shared token estimate), [`net`] (accept loop, body types, TLS,
 //!    the HTTP client and the scrape helper).
 //! 2. [`config`]: the policy file and its validation.
@@ -34,6 +35,7 @@ pub mod cluster;
 pub mod config;
 pub mod core;
 pub mod edge;
+pub mod fault;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod gateway;

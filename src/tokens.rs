@@ -22,7 +22,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 pub mod chat;
 
-pub use chat::ChatTokenizer;
+pub use chat::{ChatError, ChatTokenizer, LoadError};
 
 /// Estimated tokens in `text`: `ceil(len / 4)`, at least 1 for non-empty text.
 pub fn estimate(text: &str) -> u32 {

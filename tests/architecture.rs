@@ -362,7 +362,7 @@ fn dependencies(cargo_toml: &str) -> Vec<String> {
 /// `main.rs` (the binary, a crate of its own) are outside the layers.
 const LAYERS: &[&[&str]] = &[
     &["core"],
-    &["clock", "hex", "outcome", "prom", "tokens", "net"],
+    &["clock", "fault", "hex", "outcome", "prom", "tokens", "net"],
     &["config"],
     &["protocol"],
     &["cluster", "poller"],

@@ -13,6 +13,7 @@ mod support;
 
 use std::path::PathBuf;
 
+use fairway::fault::Chain;
 use fairway::tokens::ChatTokenizer;
 use serde_json::{Value, json};
 
@@ -95,9 +96,12 @@ async fn what_the_template_refuses_falls_back_and_bad_files_are_named() {
     let body = json!({"model": "m", "messages": [{"role": "robot", "content": "hi"}]}).to_string();
     assert_eq!(tok.prompt_ids(body.as_bytes()), None);
     assert!(
-        tok.render(r#"[{"role":"robot","content":"x"}]"#, None, true)
-            .unwrap_err()
-            .contains("unknown role robot")
+        Chain(
+            &tok.render(r#"[{"role":"robot","content":"x"}]"#, None, true)
+                .unwrap_err()
+        )
+        .to_string()
+        .contains("unknown role robot")
     );
     // A template of its own file replaces the config's.
     let own = dir.join("own.jinja");
@@ -121,11 +125,13 @@ async fn what_the_template_refuses_falls_back_and_bad_files_are_named() {
     let broken = dir.join("broken.jinja");
     std::fs::write(&broken, "{% for m in messages %}").unwrap();
     let e = ChatTokenizer::load(&dir.join("tokenizer.json"), None, Some(&broken)).unwrap_err();
+    let e = e.to_string();
     assert!(
         e.contains("broken.jinja") && e.contains("does not compile"),
         "{e}"
     );
     let e = ChatTokenizer::load(&dir.join("missing.json"), None, None).unwrap_err();
+    let e = e.to_string();
     assert!(e.contains("missing.json"), "{e}");
     // Without a template, a chat has no ids; a completion still does.
     let t = ChatTokenizer::load(&dir.join("tokenizer.json"), None, None).unwrap();

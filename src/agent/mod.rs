@@ -41,5 +41,5 @@ pub mod server;
 
 pub use config::*;
 pub use engine::MAX_SCRAPE_BYTES;
-pub use node::{EngineOnNode, NodeReading, parse_simulated_gpus};
+pub use node::{EngineOnNode, NodeReading, SimulatedGpusError, parse_simulated_gpus};
 pub use server::serve;

@@ -52,31 +52,40 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
+/// Why `--simulate-gpus` does not read: the operator's flag, refused
+/// before the agent starts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimulatedGpusError {
+    /// A GPU that is not `TOTAL_GB:USED_GB`.
+    #[error("`{0}`: expected TOTAL_GB:USED_GB")]
+    NotAPair(String),
+    /// A size that is not a finite, non-negative number.
+    #[error("`{0}` is not a number of GB")]
+    NotGb(String),
+    /// A total of zero, or below the used memory.
+    #[error("`{0}`: the total must be above zero and at least the used memory")]
+    Sizes(String),
+}
+
 /// Reads `--simulate-gpus`: one `TOTAL:USED` pair per GPU in decimal GB,
 /// comma-separated, e.g. `80:20,80:0`. Index is the position.
-pub fn parse_simulated_gpus(text: &str) -> Result<Vec<AgentGpu>, String> {
+pub fn parse_simulated_gpus(text: &str) -> Result<Vec<AgentGpu>, SimulatedGpusError> {
     text.split(',')
         .enumerate()
         .map(|(index, one)| {
             let (total, used) = one
                 .trim()
                 .split_once(':')
-                .ok_or_else(|| format!("`{one}`: expected TOTAL_GB:USED_GB"))?;
-            let gb = |s: &str| -> Result<u64, String> {
-                let v: f64 = s
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("`{s}` is not a number of GB"))?;
-                if !v.is_finite() || v < 0.0 {
-                    return Err(format!("`{s}` is not a number of GB"));
+                .ok_or_else(|| SimulatedGpusError::NotAPair(one.to_owned()))?;
+            let gb = |s: &str| -> Result<u64, SimulatedGpusError> {
+                match s.trim().parse::<f64>() {
+                    Ok(v) if v.is_finite() && v >= 0.0 => Ok((v * 1e9) as u64),
+                    _ => Err(SimulatedGpusError::NotGb(s.to_owned())),
                 }
-                Ok((v * 1e9) as u64)
             };
             let (total, used) = (gb(total)?, gb(used)?);
             if total == 0 || used > total {
-                return Err(format!(
-                    "`{one}`: the total must be above zero and at least the used memory"
-                ));
+                return Err(SimulatedGpusError::Sizes(one.to_owned()));
             }
             Ok(AgentGpu {
                 index: index as u32,

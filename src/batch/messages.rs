@@ -17,7 +17,8 @@ impl Batches {
     /// (Anthropic has no validating state), checked against the policy as
     /// any batch's file is before its first item runs.
     pub async fn create_messages(&self, owner: &str, body: &[u8]) -> Result<Value, BatchError> {
-        let requests = mb::parse_create(body).map_err(BatchError::Invalid)?;
+        let requests = mb::parse_create(body)
+            .map_err(|e| BatchError::Invalid(crate::fault::Chain(&e).to_string()))?;
         if requests.len() > self.limits.max_lines {
             return Err(BatchError::TooLarge(format!(
                 "a batch holds at most {} requests here, not {}",

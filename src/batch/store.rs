@@ -40,6 +40,10 @@ pub enum StoreError {
     Disk(std::io::Error),
     #[error("batch store: a stored record does not read back: {0}")]
     Corrupt(String),
+    /// The shared store's connection to `[cluster]`'s store could not be
+    /// set up.
+    #[error("batch store (redis)")]
+    Connect(#[source] crate::cluster::ConnectError),
     /// The shared store's Redis or object store failed.
     #[error("batch store ({0}): {1}")]
     Remote(&'static str, String),

@@ -58,10 +58,20 @@ pub struct ReplayArgs {
     capacity: Option<f64>,
 }
 
-fn share(s: &str) -> Result<f64, String> {
+/// A flag's value these commands cannot take: the operator's, refused
+/// before anything runs.
+#[derive(Debug, thiserror::Error)]
+enum ArgError {
+    #[error("expected a share in (0, 1], got \"{0}\"")]
+    NotShare(String),
+    #[error("expected TENANT=KEY, got \"{0}\"")]
+    NotTenantKey(String),
+}
+
+fn share(s: &str) -> Result<f64, ArgError> {
     match s.parse::<f64>() {
         Ok(a) if a > 0.0 && a <= 1.0 => Ok(a),
-        _ => Err(format!("expected a share in (0, 1], got \"{s}\"")),
+        _ => Err(ArgError::NotShare(s.to_owned())),
     }
 }
 
@@ -111,10 +121,10 @@ fn load_workload(
     Ok((policy, work))
 }
 
-fn parse_key(s: &str) -> Result<(String, String), String> {
+fn parse_key(s: &str) -> Result<(String, String), ArgError> {
     match s.split_once('=') {
         Some((t, k)) if !t.is_empty() && !k.is_empty() => Ok((t.to_owned(), k.to_owned())),
-        _ => Err(format!("expected TENANT=KEY, got \"{s}\"")),
+        _ => Err(ArgError::NotTenantKey(s.to_owned())),
     }
 }
 

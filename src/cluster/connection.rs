@@ -12,19 +12,55 @@ use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value};
 
 use crate::config::{ClusterPolicy, SentinelStore};
+use crate::fault::Blame;
+
+/// Why the store's connection could not be set up. Nothing was sent yet:
+/// Redis did not take what the policy gives it, so it is the policy's
+/// fault and trying again cannot help.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// A node's URL (with the policy's password) is not one Redis takes.
+    #[error("cluster store {url}")]
+    Url {
+        url: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The client of the store's node could not be made.
+    #[error("cluster store")]
+    Client(#[source] redis::RedisError),
+    /// The client of the sentinels could not be made.
+    #[error("cluster store sentinels")]
+    Sentinels(#[source] redis::RedisError),
+}
+
+impl ConnectError {
+    /// Whose fault it is: the policy's, so this gateway's.
+    pub fn blame(&self) -> Blame {
+        Blame::Gateway
+    }
+
+    /// Whether trying again can help: not before the policy changes.
+    pub fn retryable(&self) -> bool {
+        false
+    }
+}
 
 /// A client of the policy's store (a single node), with its password
 /// (nothing is sent yet).
-fn client(policy: &ClusterPolicy) -> Result<redis::Client, String> {
+fn client(policy: &ClusterPolicy) -> Result<redis::Client, ConnectError> {
     let info = node_info(&policy.store, policy)?;
-    redis::Client::open(info).map_err(|e| format!("cluster store: {e}"))
+    redis::Client::open(info).map_err(ConnectError::Client)
 }
 
 /// `url` as connection information, with the policy's password.
-fn node_info(url: &str, policy: &ClusterPolicy) -> Result<redis::ConnectionInfo, String> {
+fn node_info(url: &str, policy: &ClusterPolicy) -> Result<redis::ConnectionInfo, ConnectError> {
     let mut info = url
         .into_connection_info()
-        .map_err(|e| format!("cluster store {url}: {e}"))?;
+        .map_err(|source| ConnectError::Url {
+            url: url.to_owned(),
+            source,
+        })?;
     if let Some(pw) = &policy.password {
         let redis = info.redis_settings().clone().set_password(&pw.0);
         info = info.set_redis_settings(redis);
@@ -35,7 +71,7 @@ fn node_info(url: &str, policy: &ClusterPolicy) -> Result<redis::ConnectionInfo,
 /// A lazy connection to the policy's store, each call and reconnection
 /// bounded by `timeout`: nothing is sent until the first call, so a store
 /// that is down at start stops nothing.
-pub fn connection(policy: &ClusterPolicy, timeout: Duration) -> Result<Connection, String> {
+pub fn connection(policy: &ClusterPolicy, timeout: Duration) -> Result<Connection, ConnectError> {
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout))
@@ -44,7 +80,7 @@ pub fn connection(policy: &ClusterPolicy, timeout: Duration) -> Result<Connectio
     let (current, sentinel) = match policy.sentinel() {
         None => {
             let m = ConnectionManager::new_lazy_with_config(client(policy)?, config.clone())
-                .map_err(|e| format!("cluster store: {e}"))?;
+                .map_err(ConnectError::Client)?;
             (Some(m), None)
         }
         Some(SentinelStore { tls, hosts, name }) => {
@@ -53,8 +89,7 @@ pub fn connection(policy: &ClusterPolicy, timeout: Duration) -> Result<Connectio
                 .iter()
                 .map(|h| node_info(&format!("{scheme}://{h}"), policy))
                 .collect::<Result<Vec<_>, _>>()?;
-            let sentinel =
-                Sentinel::build(sentinels).map_err(|e| format!("cluster store sentinels: {e}"))?;
+            let sentinel = Sentinel::build(sentinels).map_err(ConnectError::Sentinels)?;
             let mut node = SentinelNodeConnectionInfo::default();
             if tls {
                 node = node.set_tls_mode(redis::TlsMode::Secure);

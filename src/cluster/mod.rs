@@ -24,7 +24,7 @@ mod shares;
 mod store;
 mod sync;
 
-pub use connection::{Connection, connection};
+pub use connection::{ConnectError, Connection, connection};
 pub use homes::{Entry, Ledger};
 pub use member::*;
 pub use shares::{DemandMeter, Shape, apportion, shares, water_fill};

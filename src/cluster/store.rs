@@ -8,7 +8,7 @@ use redis::Script;
 use crate::config::ClusterPolicy;
 use crate::core::admission::{LeaseAnswer, LeaseAsk, LeaseKind};
 
-use super::connection::{Connection, connection};
+use super::connection::{ConnectError, Connection, connection};
 use super::homes::{Entry, HomesStream};
 
 /// One sync of replica `ARGV[1]`, on the store's clock (`TIME`): renews
@@ -215,7 +215,7 @@ pub fn undistributed(
 impl Store {
     /// A lazy connection: nothing is sent until the first call, so a store
     /// that is down at start does not stop the gateway.
-    pub fn connect(policy: &ClusterPolicy, replica: &str) -> Result<Store, String> {
+    pub fn connect(policy: &ClusterPolicy, replica: &str) -> Result<Store, ConnectError> {
         let con = connection(policy, policy.sync_interval)?;
         // One hash tag, `{key_prefix}`, over every key the script touches
         // (including those it is not passed: the live replicas' demand and

@@ -13,6 +13,7 @@ use crate::core::admission::{LeaseAnswer, LeaseAsk, LeaseKind};
 use crate::core::prefix::homes::HomeChange;
 use crate::core::scheduler::{Demand, PlacedHome};
 
+use super::connection::ConnectError;
 use super::homes::Ledger;
 use super::member::{Member, default_replica_name};
 use super::shares::{DemandMeter, Shape, shares};
@@ -22,7 +23,7 @@ use super::store::{Answer, Store};
 /// starts with the cluster's count and the demand it has seen. A store
 /// that does not answer within one sync interval leaves the count at 1
 /// (the sync task keeps trying).
-pub async fn join(policy: &ClusterPolicy) -> Result<(Syncer, Member), String> {
+pub async fn join(policy: &ClusterPolicy) -> Result<(Syncer, Member), ConnectError> {
     let replica = policy.replica.clone().unwrap_or_else(default_replica_name);
     let store = Store::connect(policy, &replica)?;
     let member = Member::new(replica);

@@ -80,7 +80,10 @@ pub fn expand(path: &Path, text: String) -> Result<Source, Vec<ConfigError>> {
                     }
                 }
             }
-            Err(message) => errors.push(error(&at.display().to_string(), 1, 1, "", message)),
+            Err(e) => {
+                let message = format!("cannot read tenant resources: {e}");
+                errors.push(error(&at.display().to_string(), 1, 1, "", message));
+            }
         }
     }
     if errors.is_empty() {
@@ -135,13 +138,12 @@ fn listed(text: &str) -> Vec<String> {
 }
 
 /// A file, or a folder's YAML files in name order.
-fn files(at: &Path) -> Result<Vec<PathBuf>, String> {
-    let meta = std::fs::metadata(at).map_err(|e| format!("cannot read tenant resources: {e}"))?;
+fn files(at: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let meta = std::fs::metadata(at)?;
     if !meta.is_dir() {
         return Ok(vec![at.to_owned()]);
     }
-    let mut found: Vec<PathBuf> = std::fs::read_dir(at)
-        .map_err(|e| format!("cannot read tenant resources: {e}"))?
+    let mut found: Vec<PathBuf> = std::fs::read_dir(at)?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
         .collect();

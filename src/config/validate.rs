@@ -17,6 +17,7 @@ mod sim;
 mod tenants;
 #[cfg(test)]
 mod tests;
+mod url;
 
 use std::time::Duration;
 
@@ -326,7 +327,7 @@ pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 fn read_telemetry(r: &mut Reader<'_>, t: &Table<'_, '_>, env: EnvLookup<'_>) -> TelemetryPolicy {
     r.check_keys(t, TELEMETRY_KEYS);
     let endpoint = |url: &str| {
-        pools::parse_http_url(url.trim()).map_err(|why| {
+        url::parse_http_url(url.trim()).map_err(|why| {
             format!(
                 "invalid OTLP endpoint \"{url}\": {why} (the collector's OTLP/HTTP port, usually 4318)"
             )

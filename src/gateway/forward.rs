@@ -13,6 +13,7 @@ use http::Response;
 
 use crate::core::ids::BackendId;
 use crate::core::scheduler::Decision;
+use crate::fault::Chain;
 use crate::gateway::handle::Gateway;
 use crate::gateway::live::Live;
 use crate::gateway::pool;
@@ -133,9 +134,8 @@ pub async fn forward(
                     timeout: allowed,
                 });
             }
-            Ok(Err(e)) => {
-                let cause = e.to_string();
-                if !e.is_connect() {
+            Ok(Err(cause)) => {
+                if !cause.retryable() {
                     return Err(ApiError::Upstream {
                         backend: ticket.backend_name().to_string(),
                         cause,
@@ -144,7 +144,7 @@ pub async fn forward(
                 static LOG: crate::clock::Throttled =
                     crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
                 if let Some(left_out) = LOG.allow() {
-                    tracing::warn!(backend = %ticket.backend_name(), %cause, retried, left_out, "connection to backend failed; ejecting it");
+                    tracing::warn!(backend = %ticket.backend_name(), cause = %Chain(&cause), retried, left_out, "connection to backend failed; ejecting it");
                 }
                 let Some(id) = ticket.id() else {
                     return Err(ApiError::Internal("request left the scheduler".into()));

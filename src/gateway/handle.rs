@@ -76,12 +76,14 @@ impl Gateway {
     pub fn new(parts: Parts) -> Self {
         let shared_responses = parts.live.policy.cluster.as_ref().and_then(|c| {
             SharedOrigins::connect(c)
-                .inspect_err(|e| tracing::warn!(error = %e, "responses are not shared"))
+                .inspect_err(
+                    |e| tracing::warn!(error = %crate::fault::Chain(e), "responses are not shared"),
+                )
                 .ok()
         });
         let shared_usage = match (&parts.live.policy.cluster, &parts.cluster) {
             (Some(c), Some(m)) => SharedUsage::connect(c, &m.replica)
-                .inspect_err(|e| tracing::warn!(error = %e, "usage windows are not shared"))
+                .inspect_err(|e| tracing::warn!(error = %crate::fault::Chain(e), "usage windows are not shared"))
                 .ok()
                 .map(Arc::new),
             _ => None,

@@ -93,7 +93,9 @@ impl std::fmt::Debug for SharedOrigins {
 
 impl SharedOrigins {
     /// A lazy connection to the policy's store (nothing is sent yet).
-    pub fn connect(policy: &crate::config::ClusterPolicy) -> Result<SharedOrigins, String> {
+    pub fn connect(
+        policy: &crate::config::ClusterPolicy,
+    ) -> Result<SharedOrigins, crate::cluster::ConnectError> {
         let con = crate::cluster::connection(policy, policy.sync_interval)?;
         Ok(SharedOrigins {
             con,

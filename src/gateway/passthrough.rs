@@ -29,6 +29,7 @@ use crate::gateway::{pool, upstream};
 use crate::net::body::{BoxBody, RequestBody};
 use crate::protocol::error::{ApiError, close_if_body_unread};
 use crate::protocol::openai;
+use crate::protocol::upstream::UpstreamError;
 
 /// Longest wait for a pass-through call's response headers.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -154,10 +155,10 @@ async fn send(
                 timeout: TIMEOUT,
             });
         }
-        Ok(Err(e)) => {
+        Ok(Err(cause)) => {
             return Err(ApiError::Upstream {
                 backend: name,
-                cause: e.to_string(),
+                cause,
             });
         }
         Ok(Ok(r)) => r,
@@ -195,22 +196,22 @@ pub async fn triton_metadata(
     let req = http::Request::get(url)
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let unavailable = |cause: String| ApiError::Upstream {
+    let unavailable = |cause| ApiError::Upstream {
         backend: address.to_string(),
         cause,
     };
     let resp = tokio::time::timeout(METADATA_TIMEOUT, gw.client().request(req))
         .await
-        .map_err(|_| unavailable("no answer in time".into()))?
-        .map_err(|e| unavailable(e.to_string()))?;
+        .map_err(|_| unavailable(UpstreamError::NoAnswer))?
+        .map_err(|e| unavailable(UpstreamError::Client(e)))?;
     let (parts, body) = resp.into_parts();
     let body = tokio::time::timeout(
         METADATA_TIMEOUT,
         http_body_util::Limited::new(body, METADATA_LIMIT).collect(),
     )
     .await
-    .map_err(|_| unavailable("body not in time".into()))?
-    .map_err(|e| unavailable(e.to_string()))?
+    .map_err(|_| unavailable(UpstreamError::BodyTimeout))?
+    .map_err(|e| unavailable(UpstreamError::Body(e)))?
     .to_bytes();
     // The client asked for the pool's model: name it so.
     let body = match serde_json::from_slice::<serde_json::Value>(&body) {

@@ -39,6 +39,9 @@ use tokio::time::Instant;
 use crate::gateway::upstream::UpBody;
 use crate::net::client::{CONNECT_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE};
 
+/// Why a backend call failed.
+pub use crate::protocol::upstream::UpstreamError as Error;
+
 /// Reads from a backend go into a buffer of this size rather than hyper's
 /// adaptive one (8 KiB to start): every held stream keeps its upstream
 /// connection's buffer, and the smaller one saves about 1 KiB of RSS per
@@ -46,28 +49,6 @@ use crate::net::client::{CONNECT_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE};
 const READ_BUFFER: usize = 4096;
 
 type Sender = http1::SendRequest<UpBody>;
-
-/// Why a backend call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// No connection could be opened (nothing was sent).
-    #[error("connecting to {authority}: {cause}")]
-    Connect {
-        authority: Authority,
-        cause: std::io::Error,
-    },
-    /// The exchange failed after the request was handed to a connection.
-    #[error("{0}")]
-    Http(#[from] hyper::Error),
-}
-
-impl Error {
-    /// Whether the backend could not be reached at all: the request never
-    /// left, so another backend may take it.
-    pub fn is_connect(&self) -> bool {
-        matches!(self, Error::Connect { .. })
-    }
-}
 
 struct Idle {
     sender: Sender,
@@ -147,7 +128,7 @@ pub async fn send(authority: &Authority, req: Request<UpBody>) -> Result<Respons
             Err(mut e) => match e.take_message() {
                 // Not written: the connection was closing.
                 Some(req) => req,
-                None => return Err(Error::Http(e.into_error())),
+                None => return Err(e.into_error().into()),
             },
         },
         None => req,
@@ -160,19 +141,16 @@ pub async fn send(authority: &Authority, req: Request<UpBody>) -> Result<Respons
 /// Opens a connection to `authority` and starts driving it on this
 /// thread's runtime.
 async fn connect(authority: &Authority) -> Result<Sender, Error> {
-    let failed = |cause| Error::Connect {
-        authority: authority.clone(),
-        cause,
-    };
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, open(authority))
         .await
-        .map_err(|_| {
-            failed(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("no connection within {CONNECT_TIMEOUT:?}"),
-            ))
+        .map_err(|_| Error::ConnectTimeout {
+            authority: authority.clone(),
+            after: CONNECT_TIMEOUT,
         })?
-        .map_err(failed)?;
+        .map_err(|source| Error::Connect {
+            authority: authority.clone(),
+            source,
+        })?;
     let _ = stream.set_nodelay(true);
     let (sender, conn) = http1::Builder::new()
         .read_buf_exact_size(Some(READ_BUFFER))

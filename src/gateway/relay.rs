@@ -20,6 +20,7 @@ use crate::protocol::openai::{error_event, find, preempted_event};
 use crate::protocol::responses::response_id;
 use crate::protocol::sse::{data_lines, event_end};
 use crate::protocol::triton::{self, Answer, add_triton_event, triton_error_event};
+use crate::protocol::upstream::UpstreamError;
 use crate::protocol::usage::{ChunkLite, merge_usage};
 
 /// Largest non-streaming body kept for reading `usage` (the body is relayed
@@ -177,8 +178,9 @@ impl Body for RelayBody {
                     return Poll::Ready(tail.map(|t| Ok(Frame::data(t))));
                 }
                 Poll::Ready(Some(Err(e))) => {
+                    let e = UpstreamError::from(e);
                     if let Some(t) = this.ticket.take() {
-                        t.end(BodyEnd::UpstreamError(e.to_string()));
+                        t.end(BodyEnd::UpstreamError(&e));
                     }
                     if this.mode.is_json() {
                         // Nothing can be added to a JSON body: the client

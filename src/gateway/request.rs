@@ -108,22 +108,30 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<RequestBody>, call: Call) -> 
         // The ticket finishes when the body ends (or the client leaves).
         Ok((resp, mode, pending)) => relay(resp, mode, ticket, pending),
         Err(e) => {
-            let status = e.status();
-            // A client or a backend can make these at will: at most one
-            // line every 10 s (the access log and the metrics have each).
-            static LOG: crate::clock::Throttled =
-                crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
-            if status.is_server_error()
-                && let Some(left_out) = LOG.allow()
-            {
-                tracing::warn!(error = %e, status = status.as_u16(), left_out, "request failed");
-            }
+            log_failure(&e);
             ticket.failed(&e);
             let mut resp = call.error_response(e);
             close_if_body_unread(&mut resp, version, has_body && !ticket.body_read());
             ticket.finish();
             resp
         }
+    }
+}
+
+/// Logs a failed request at the level its blame gives: ours or a
+/// backend's at `WARN`, a client's at `DEBUG`.
+fn log_failure(e: &ApiError) {
+    let (status, blame) = (e.status().as_u16(), e.blame());
+    if blame.level() == tracing::Level::DEBUG {
+        tracing::debug!(error = %e, status, %blame, "request failed");
+        return;
+    }
+    // A client or a backend can make these at will: at most one line
+    // every 10 s (the access log and the metrics have each).
+    static LOG: crate::clock::Throttled =
+        crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
+    if let Some(left_out) = LOG.allow() {
+        tracing::warn!(error = %e, status, %blame, left_out, "request failed");
     }
 }
 

@@ -38,7 +38,9 @@ impl StopCall {
             let call = pool::send(&self.address.authority, req);
             match tokio::time::timeout(Duration::from_secs(5), call).await {
                 Ok(Ok(r)) => tracing::debug!(status = r.status().as_u16(), "stop request sent"),
-                Ok(Err(e)) => tracing::debug!(error = %e, "stop request failed"),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %crate::fault::Chain(&e), "stop request failed");
+                }
                 Err(_) => tracing::debug!("stop request timed out"),
             }
         });

@@ -15,6 +15,7 @@ use opentelemetry::trace::TraceId;
 use crate::core::admission::RateLimits;
 use crate::core::ids::{BackendId, PoolId, RequestId, TenantId, Usage};
 use crate::core::time::Instant;
+use crate::fault::Chain;
 use crate::gateway::access::AccessLine;
 use crate::gateway::handle::Gateway;
 use crate::gateway::live::Live;
@@ -25,6 +26,7 @@ use crate::net::body::BoxBody;
 use crate::net::headers::X_REQUEST_ID;
 use crate::outcome::{Outcome, RefusedBy};
 use crate::protocol::error::{ApiError, close_if_body_unread};
+use crate::protocol::upstream::UpstreamError;
 use crate::telemetry::metrics::RequestRecord;
 use crate::telemetry::otel;
 use crate::telemetry::usage::UsageRecord;
@@ -39,11 +41,12 @@ pub fn backend_fault(status: http::StatusCode) -> bool {
 
 /// How a relayed body ended.
 #[derive(Debug)]
-pub enum BodyEnd {
+pub enum BodyEnd<'a> {
     Complete {
         usage: Option<Usage>,
     },
-    UpstreamError(String),
+    /// The backend's stream broke off.
+    UpstreamError(&'a UpstreamError),
     /// The body was an error (Triton's shape): under a 2xx (where Triton's
     /// headers had gone), the backend failed the request.
     ErrorBody(String),
@@ -313,7 +316,7 @@ impl Ticket {
     }
 
     /// The body ended (complete or broken): the request is finished.
-    pub fn end(mut self, how: BodyEnd) {
+    pub fn end(mut self, how: BodyEnd<'_>) {
         match how {
             BodyEnd::Complete { usage } => {
                 self.usage = usage;
@@ -325,7 +328,7 @@ impl Ticket {
                 static LOG: crate::clock::Throttled =
                     crate::clock::Throttled::new(crate::clock::REMOTE_LOG_EVERY);
                 if let Some(left_out) = LOG.allow() {
-                    tracing::warn!(backend = %self.backend_name, %cause, left_out, "stream from backend broke");
+                    tracing::warn!(backend = %self.backend_name, cause = %Chain(cause), left_out, "stream from backend broke");
                 }
                 self.upstream_failed();
             }

@@ -193,7 +193,10 @@ pub fn tenant_name(live: &Live, index: usize) -> &str {
 
 impl SharedUsage {
     /// A lazy connection to the policy's store (nothing is sent yet).
-    pub fn connect(policy: &ClusterPolicy, replica: &str) -> Result<SharedUsage, String> {
+    pub fn connect(
+        policy: &ClusterPolicy,
+        replica: &str,
+    ) -> Result<SharedUsage, crate::cluster::ConnectError> {
         Ok(SharedUsage {
             con: crate::cluster::connection(
                 policy,

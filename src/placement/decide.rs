@@ -74,7 +74,7 @@ impl Placement {
                 return json(StatusCode::OK, &result);
             }
             Err(e) => {
-                result.error = e;
+                result.error = e.to_string();
                 return json(StatusCode::OK, &result);
             }
         };
@@ -173,7 +173,7 @@ impl Placement {
         let request = match pod.request() {
             Ok(Some(r)) => r,
             Ok(None) => return Verdict::allow(),
-            Err(e) => return Verdict::deny(400, e),
+            Err(e) => return Verdict::deny(400, e.to_string()),
         };
         let mut pod = pod.clone();
         if pod.metadata.namespace.is_empty() {

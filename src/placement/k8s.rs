@@ -55,6 +55,18 @@ pub struct PodSpec {
     pub node_name: String,
 }
 
+/// A pod whose size annotation is not a size: the pod author's fault,
+/// and the same pod is refused again. Its message is the one Kubernetes
+/// shows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod}: annotation {annotation}: \"{text}\" is not a positive number of GB")]
+pub struct BadSize {
+    /// The pod's `namespace/name`.
+    pub pod: String,
+    pub annotation: &'static str,
+    pub text: String,
+}
+
 impl Pod {
     /// `namespace/name`, or the generated name's prefix when unnamed.
     pub fn key(&self) -> String {
@@ -68,7 +80,7 @@ impl Pod {
 
     /// What the pod asks of a GPU; `Ok(None)` for a pod without the size
     /// annotation (not a model server pod placement looks at).
-    pub fn request(&self) -> Result<Option<PodRequest>, String> {
+    pub fn request(&self) -> Result<Option<PodRequest>, BadSize> {
         let notes = &self.metadata.annotations;
         let Some((key, text)) = [SIZE_ANNOTATION, GUIDE_SIZE_ANNOTATION]
             .iter()
@@ -81,11 +93,10 @@ impl Pod {
             .parse::<f64>()
             .ok()
             .filter(|gb| gb.is_finite() && *gb > 0.0 && *gb < 1e6)
-            .ok_or_else(|| {
-                format!(
-                    "pod {}: annotation {key}: \"{text}\" is not a positive number of GB",
-                    self.key()
-                )
+            .ok_or_else(|| BadSize {
+                pod: self.key(),
+                annotation: key,
+                text: text.clone(),
             })?;
         let model = notes
             .get(MODEL_ANNOTATION)
@@ -287,7 +298,10 @@ mod tests {
         assert_eq!(guide.unwrap().model, "models/vllm-0");
         assert_eq!(pod(&[]).request().unwrap(), None);
         for bad in ["", "x", "-1", "0", "NaN", "inf"] {
-            let err = pod(&[(SIZE_ANNOTATION, bad)]).request().unwrap_err();
+            let err = pod(&[(SIZE_ANNOTATION, bad)])
+                .request()
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.contains("models/vllm-0") && err.contains(SIZE_ANNOTATION),
                 "{err}"

@@ -33,6 +33,7 @@ use crate::config::validate::OTLP_ENDPOINT_ENV;
 use crate::config::{ConfigError, PlacementPolicy, Policy, load_policy_with_env};
 use crate::core::placement::PodRequest;
 use crate::core::time::Instant;
+use crate::net::scrape::ScrapeError;
 
 /// Largest request body read (an extender's `NodeList` of a big cluster).
 pub(super) const MAX_BODY: usize = 16 << 20;
@@ -64,8 +65,14 @@ pub enum StartError {
     NoTls,
     #[error(transparent)]
     Tls(#[from] crate::net::tls::TlsError),
-    #[error("[cluster] store: {0}")]
-    Store(String),
+    /// The store's password variable is not set.
+    #[error(
+        "[cluster] store: the variable {0} (password_env) is not set: placement shares its reservations through the store and needs its password"
+    )]
+    NoStorePassword(String),
+    /// The store's connection could not be set up.
+    #[error("[cluster] store")]
+    Store(#[source] crate::cluster::ConnectError),
 }
 
 /// One answer, kept for `GET /nodes`.
@@ -140,9 +147,7 @@ fn shared(policy: &Policy) -> Result<Option<super::shared::Shared>, StartError> 
         .as_ref()
         .and_then(|p| p.0.strip_prefix(STAND_IN))
     {
-        return Err(StartError::Store(format!(
-            "the variable {name} (password_env) is not set: placement shares its reservations through the store and needs its password"
-        )));
+        return Err(StartError::NoStorePassword(name.to_owned()));
     }
     super::shared::Shared::connect(cluster)
         .map(Some)
@@ -372,12 +377,12 @@ impl Placement {
         }
     }
 
-    async fn read_agent(&self, url: &str, timeout: Duration) -> Result<NodeReading, String> {
+    /// One agent's reading; a failure is the agent's, and the next poll
+    /// tries again.
+    async fn read_agent(&self, url: &str, timeout: Duration) -> Result<NodeReading, ScrapeError> {
         let url = format!("{url}/node");
-        let body = crate::net::scrape::get(&self.client, &url, timeout, MAX_READING)
-            .await
-            .map_err(|e| e.to_string())?;
-        serde_json::from_slice::<NodeReading>(&body).map_err(|e| e.to_string())
+        let body = crate::net::scrape::get(&self.client, &url, timeout, MAX_READING).await?;
+        serde_json::from_slice::<NodeReading>(&body).map_err(|e| ScrapeError::unusable(&url, e))
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {

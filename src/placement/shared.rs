@@ -99,7 +99,9 @@ type Result<T> = redis::RedisResult<T>;
 impl Shared {
     /// A lazy connection to the policy's store (nothing is sent yet); each
     /// call bounded by [`STORE_TIMEOUT`].
-    pub fn connect(policy: &crate::config::ClusterPolicy) -> std::result::Result<Shared, String> {
+    pub fn connect(
+        policy: &crate::config::ClusterPolicy,
+    ) -> std::result::Result<Shared, crate::cluster::ConnectError> {
         let con = crate::cluster::connection(policy, STORE_TIMEOUT)?;
         Ok(Shared {
             con,

@@ -46,7 +46,7 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use tokio_util::io::ReaderStream;
 
-pub use self::multipart::{Form, boundary};
+pub use self::multipart::{Form, FormError, boundary};
 use crate::net::body::{BodyError, RequestBody};
 use crate::protocol::error::ApiError;
 
@@ -104,7 +104,8 @@ pub async fn read_head(
                 Some(Err(e)) => return Err(crate::protocol::read::read_error(&e, limit)),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
-                        form.feed(&data).map_err(ApiError::InvalidRequest)?;
+                        form.feed(&data)
+                            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
                         head.hold(data).await?;
                     }
                 }

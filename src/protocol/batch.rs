@@ -218,36 +218,47 @@ pub struct CreateBatch {
     pub metadata: Option<serde_json::Map<String, Value>>,
 }
 
+/// Why a create body was refused: the client's fault, and the same body
+/// fails again. Its message is the one the client reads.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// Not JSON of a create's shape.
+    #[error(transparent)]
+    Json(serde_json::Error),
+    #[error("endpoint must be one of {}, not \"{endpoint}\"", ENDPOINTS.join(", "))]
+    Endpoint { endpoint: String },
+    #[error("completion_window must be \"24h\", not \"{0}\"")]
+    Window(String),
+    #[error("metadata holds at most 16 pairs")]
+    MetadataPairs,
+    /// A metadata key or value over its length, or a value not a string.
+    #[error("metadata \"{0}\": keys up to 64 characters, string values up to 512")]
+    MetadataPair(String),
+}
+
 impl CreateBatch {
     /// The body, checked as OpenAI checks it: a known endpoint and
     /// window, at most 16 metadata pairs of keys up to 64 and string
     /// values up to 512 characters.
-    pub fn parse(body: &[u8]) -> Result<CreateBatch, String> {
-        let c: CreateBatch = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    pub fn parse(body: &[u8]) -> Result<CreateBatch, CreateError> {
+        let c: CreateBatch = serde_json::from_slice(body).map_err(CreateError::Json)?;
         if !ENDPOINTS.contains(&c.endpoint.as_str()) {
-            return Err(format!(
-                "endpoint must be one of {}, not \"{}\"",
-                ENDPOINTS.join(", "),
-                c.endpoint
-            ));
+            return Err(CreateError::Endpoint {
+                endpoint: c.endpoint,
+            });
         }
         if !WINDOWS.contains(&c.completion_window.as_str()) {
-            return Err(format!(
-                "completion_window must be \"24h\", not \"{}\"",
-                c.completion_window
-            ));
+            return Err(CreateError::Window(c.completion_window));
         }
         if let Some(m) = &c.metadata {
             if m.len() > 16 {
-                return Err("metadata holds at most 16 pairs".into());
+                return Err(CreateError::MetadataPairs);
             }
             for (k, v) in m {
                 let ok =
                     k.chars().count() <= 64 && v.as_str().is_some_and(|s| s.chars().count() <= 512);
                 if !ok {
-                    return Err(format!(
-                        "metadata \"{k}\": keys up to 64 characters, string values up to 512"
-                    ));
+                    return Err(CreateError::MetadataPair(k.clone()));
                 }
             }
         }

@@ -1,7 +1,8 @@
 //! The one edge error type: every failure that becomes a response is an
 //! [`ApiError`], and one exhaustive `match` gives its status, OpenAI `type`
-//! and `code`, and the outcome it is counted under. A new variant cannot
-//! compile without those choices.
+//! and `code`, the outcome it is counted under, whose fault it is and
+//! whether trying again can help. A new variant cannot compile without
+//! those choices.
 
 use std::time::Duration;
 
@@ -9,10 +10,14 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::core::admission::{LimitKind, RateLimits, Refusal};
+use crate::fault::{Blame, Chain};
 use crate::net::body::{self, BoxBody};
 use crate::outcome::{Outcome, RefusedBy};
+use crate::protocol::upstream::UpstreamError;
 
-/// A failure that becomes an OpenAI-style error response.
+/// A failure that becomes an OpenAI-style error response. Its message is
+/// the client's, whole: an upstream failure's reads its cause's sources
+/// already, so log it with `%`, not [`Chain`].
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{0}")]
@@ -36,8 +41,13 @@ pub enum ApiError {
     Shed { retry_after: Duration },
     #[error("No healthy backend serves model `{0}`.")]
     NoBackend(String),
-    #[error("Backend `{backend}` failed: {cause}")]
-    Upstream { backend: String, cause: String },
+    /// A backend could not be reached, or broke off before its answer.
+    #[error("Backend `{backend}` failed: {}", Chain(.cause))]
+    Upstream {
+        backend: String,
+        #[source]
+        cause: UpstreamError,
+    },
     #[error("Backend `{backend}` sent no response headers within {timeout:?}.")]
     UpstreamTimeout { backend: String, timeout: Duration },
     #[error("The gateway is shutting down.")]
@@ -66,6 +76,17 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// One row of [`ApiError`]'s table.
+struct Parts {
+    status: StatusCode,
+    /// OpenAI's `type`.
+    kind: &'static str,
+    code: Option<&'static str>,
+    outcome: Outcome,
+    blame: Blame,
+    retry: bool,
+}
+
 fn refusal_text(r: &Refusal) -> String {
     match r.limit {
         LimitKind::Concurrency => "too many concurrent requests (max_concurrency)".into(),
@@ -81,40 +102,53 @@ fn refusal_text(r: &Refusal) -> String {
 }
 
 impl ApiError {
-    /// Status, OpenAI `type`, `code` and outcome: the one exhaustive table.
-    fn parts(&self) -> (StatusCode, &'static str, Option<&'static str>, Outcome) {
+    /// Status, OpenAI `type`, `code`, outcome, whose fault, and whether
+    /// the client trying again (after `retry-after`, when given) can
+    /// succeed: the one exhaustive table.
+    fn parts(&self) -> Parts {
+        use Blame::{Backend, Client, Gateway};
         use Outcome as O;
         use RefusedBy as R;
-        match self {
+        let (status, kind, code, outcome, blame, retry) = match self {
             ApiError::InvalidRequest(_) => (
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 None,
                 O::Refused(R::InvalidRequest),
+                Client,
+                false,
             ),
             ApiError::Auth(_) => (
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
                 Some("invalid_api_key"),
                 O::Refused(R::Auth),
+                Client,
+                false,
             ),
             ApiError::UnknownModel(_) | ApiError::NotServedOver(..) => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 Some("model_not_found"),
                 O::Refused(R::UnknownModel),
+                Client,
+                false,
             ),
             ApiError::BodyTooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 None,
                 O::Refused(R::BodyTooLarge),
+                Client,
+                false,
             ),
             ApiError::BodyTimeout(_) => (
                 StatusCode::REQUEST_TIMEOUT,
                 "invalid_request_error",
                 Some("request_timeout"),
                 O::Refused(R::BodyTimeout),
+                Client,
+                true,
             ),
             // Nobody reads this answer; the outcome is what counts.
             ApiError::ClientGone => (
@@ -122,84 +156,128 @@ impl ApiError {
                 "invalid_request_error",
                 None,
                 O::Cancelled,
+                Client,
+                false,
             ),
             ApiError::Refused { refusal, .. } => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "requests",
                 Some("rate_limit_exceeded"),
                 O::Refused(R::Limit(refusal.limit)),
+                Client,
+                true,
             ),
             ApiError::Shed { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("overloaded"),
                 O::Shed,
+                Gateway,
+                true,
             ),
             ApiError::NoBackend(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("no_healthy_backend"),
                 O::FailedUpstream,
+                Backend,
+                true,
             ),
-            ApiError::Upstream { .. } => (
+            ApiError::Upstream { cause, .. } => (
                 StatusCode::BAD_GATEWAY,
                 "server_error",
                 None,
                 O::FailedUpstream,
+                cause.blame(),
+                true,
             ),
             ApiError::UpstreamTimeout { .. } => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "server_error",
                 None,
                 O::FailedUpstream,
+                Backend,
+                true,
             ),
             ApiError::Draining => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 None,
                 O::Shed,
+                Gateway,
+                true,
             ),
             ApiError::Overloaded(_) | ApiError::SpoolFull(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("overloaded"),
                 O::Shed,
+                Gateway,
+                true,
             ),
             ApiError::StoreUnavailable(..) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
                 Some("store_unavailable"),
                 O::Refused(R::StoreUnavailable),
+                Gateway,
+                true,
             ),
             ApiError::NotFound => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 None,
                 O::Refused(R::InvalidRequest),
+                Client,
+                false,
             ),
             ApiError::UnknownResponse(_) => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 Some("response_not_found"),
                 O::Refused(R::InvalidRequest),
+                Client,
+                false,
             ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
                 None,
                 O::Error,
+                Gateway,
+                false,
             ),
+        };
+        Parts {
+            status,
+            kind,
+            code,
+            outcome,
+            blame,
+            retry,
         }
     }
 
     /// The outcome this error is counted under.
     pub fn outcome(&self) -> Outcome {
-        self.parts().3
+        self.parts().outcome
     }
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        self.parts().0
+        self.parts().status
+    }
+
+    /// Whose fault it is; the level it is logged at follows from it
+    /// ([`Blame::level`]).
+    pub fn blame(&self) -> Blame {
+        self.parts().blame
+    }
+
+    /// Whether the client sending the same request again (after
+    /// `retry-after`, when the answer has one) can succeed.
+    pub fn retryable(&self) -> bool {
+        self.parts().retry
     }
 
     /// The error in the shape of the route `path` belongs to, for a
@@ -218,7 +296,9 @@ impl ApiError {
 
     /// The response: OpenAI error body plus `retry-after` / `x-ratelimit-*`.
     pub fn into_response(self) -> Response<BoxBody> {
-        let (status, kind, code, _) = self.parts();
+        let Parts {
+            status, kind, code, ..
+        } = self.parts();
         let param = match &self {
             ApiError::UnknownModel(_) => Some("model"),
             _ => None,

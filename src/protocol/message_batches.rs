@@ -30,25 +30,40 @@ pub struct BatchRequest {
     pub params: serde_json::Map<String, Value>,
 }
 
+/// Why a batch create was refused: the client's fault, and the same body
+/// fails again. Its message (with its source's) is the one the client
+/// reads.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// Not JSON of a create's shape.
+    #[error("the body is not a batch of requests")]
+    Json(#[source] serde_json::Error),
+    /// Too few or too many requests.
+    #[error("requests: a batch holds 1 to {MAX_REQUESTS} requests, not {0}")]
+    Count(usize),
+    /// One request breaks a rule; `at` is the field's path.
+    #[error("{at}: {rule}")]
+    Request { at: String, rule: String },
+}
+
 /// `POST /v1/messages/batches`'s body, checked as Anthropic checks it:
 /// 1 to [`MAX_REQUESTS`] requests, each a `custom_id` of 1 to 64 letters,
 /// digits, `_` or `-`, unique in the batch, and `params`, an object with a
 /// `model`, not streamed. The error names the request by its index.
-pub fn parse_create(body: &[u8]) -> Result<Vec<BatchRequest>, String> {
-    let c: Create = serde_json::from_slice(body)
-        .map_err(|e| format!("the body is not a batch of requests: {e}"))?;
+pub fn parse_create(body: &[u8]) -> Result<Vec<BatchRequest>, CreateError> {
+    let c: Create = serde_json::from_slice(body).map_err(CreateError::Json)?;
     if c.requests.is_empty() || c.requests.len() > MAX_REQUESTS {
-        return Err(format!(
-            "requests: a batch holds 1 to {MAX_REQUESTS} requests, not {}",
-            c.requests.len()
-        ));
+        return Err(CreateError::Count(c.requests.len()));
     }
     let mut seen = std::collections::HashSet::new();
     c.requests
         .into_iter()
         .enumerate()
         .map(|(i, r)| {
-            let at = |what: &str| format!("requests.{i}.{what}");
+            let broken = |what: &str, rule: String| CreateError::Request {
+                at: format!("requests.{i}.{what}"),
+                rule,
+            };
             let custom_id = match r.get("custom_id").and_then(Value::as_str) {
                 Some(id)
                     if (1..=64).contains(&id.len())
@@ -59,25 +74,25 @@ pub fn parse_create(body: &[u8]) -> Result<Vec<BatchRequest>, String> {
                     id.to_owned()
                 }
                 _ => {
-                    return Err(format!(
-                        "{}: 1 to 64 letters, digits, '_' or '-'",
-                        at("custom_id")
+                    return Err(broken(
+                        "custom_id",
+                        "1 to 64 letters, digits, '_' or '-'".into(),
                     ));
                 }
             };
             if !seen.insert(custom_id.clone()) {
-                return Err(format!("{}: '{custom_id}' is not unique", at("custom_id")));
+                return Err(broken("custom_id", format!("'{custom_id}' is not unique")));
             }
             let Some(Value::Object(params)) = r.get("params").cloned() else {
-                return Err(format!("{}: a Messages request object", at("params")));
+                return Err(broken("params", "a Messages request object".into()));
             };
             if !params.get("model").is_some_and(Value::is_string) {
-                return Err(format!("{}: a string", at("params.model")));
+                return Err(broken("params.model", "a string".into()));
             }
             if params.get("stream").and_then(Value::as_bool) == Some(true) {
-                return Err(format!(
-                    "{}: a batch request is not streamed",
-                    at("params.stream")
+                return Err(broken(
+                    "params.stream",
+                    "a batch request is not streamed".into(),
                 ));
             }
             Ok(BatchRequest { custom_id, params })
@@ -270,7 +285,7 @@ mod tests {
             (r#"{"requests":[{"custom_id":"a"}]}"#.to_owned(), "requests.0.params"),
             ("[]".to_owned(), "not a batch"),
         ] {
-            let e = parse_create(bad.as_bytes()).unwrap_err();
+            let e = crate::fault::Chain(&parse_create(bad.as_bytes()).unwrap_err()).to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
     }

@@ -20,4 +20,5 @@ pub mod responses;
 pub mod resume;
 pub mod sse;
 pub mod triton;
+pub mod upstream;
 pub mod usage;

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, header};
+use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -32,10 +32,15 @@ pub enum BatchAs {
     Lane,
 }
 
-impl std::str::FromStr for BatchAs {
-    type Err = String;
+/// A `--batch-as` value that is none of the ways: the operator's flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected live, lane or concurrency=N (N > 0), got \"{0}\"")]
+pub struct BadBatchAs(String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for BatchAs {
+    type Err = BadBatchAs;
+
+    fn from_str(s: &str) -> Result<Self, BadBatchAs> {
         match s {
             "live" => Ok(BatchAs::Live),
             "lane" => Ok(BatchAs::Lane),
@@ -44,14 +49,53 @@ impl std::str::FromStr for BatchAs {
                 .and_then(|n| n.parse().ok())
                 .filter(|n| *n > 0)
                 .map(BatchAs::Concurrency)
-                .ok_or_else(|| {
-                    format!("expected live, lane or concurrency=N (N > 0), got \"{s}\"")
-                }),
+                .ok_or_else(|| BadBatchAs(s.to_owned())),
         }
     }
 }
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Why handing a tenant's items to the Batch API failed: the gateway's
+/// answer, or the way to it. `fairway load` counts the items as failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    /// The request could not be made (a key that is no header value).
+    #[error("{path}: making the request")]
+    Request {
+        path: String,
+        #[source]
+        source: http::Error,
+    },
+    /// No answer from the gateway.
+    #[error("{path}")]
+    Send {
+        path: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// The answer's body broke off.
+    #[error("{path}: reading the answer")]
+    Body {
+        path: String,
+        #[source]
+        source: hyper::Error,
+    },
+    /// An error status, with the body that came with it.
+    #[error("{path}: {status} {body}")]
+    Status {
+        path: String,
+        status: StatusCode,
+        body: String,
+    },
+    /// An answer that is not JSON.
+    #[error("{path}")]
+    Json {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
 
 /// Where and as whom to send.
 #[derive(Clone, Debug)]
@@ -86,7 +130,7 @@ async fn call(
     path: &str,
     content_type: &str,
     body: Bytes,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, HandoverError> {
     let mut req = Request::builder()
         .method(method)
         .uri(format!("http://{}{path}", target.authority))
@@ -94,27 +138,33 @@ async fn call(
     if let Some(k) = key {
         req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
     }
-    let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
-    let resp = client.request(req).await.map_err(|e| e.to_string())?;
+    let path = path.to_owned();
+    let req = match req.body(Full::new(body)) {
+        Ok(req) => req,
+        Err(source) => return Err(HandoverError::Request { path, source }),
+    };
+    let resp = match client.request(req).await {
+        Ok(resp) => resp,
+        Err(source) => return Err(HandoverError::Send { path, source }),
+    };
     let status = resp.status();
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
+    let bytes = match resp.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(source) => return Err(HandoverError::Body { path, source }),
+    };
     if !status.is_success() {
-        return Err(format!(
-            "{path}: {status} {}",
-            String::from_utf8_lossy(&bytes)
-        ));
+        return Err(HandoverError::Status {
+            path,
+            status,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        });
     }
     if path.ends_with("/content") {
         return Ok(serde_json::Value::String(
             String::from_utf8_lossy(&bytes).into_owned(),
         ));
     }
-    serde_json::from_slice(&bytes).map_err(|e| format!("{path}: {e}"))
+    serde_json::from_slice(&bytes).map_err(|source| HandoverError::Json { path, source })
 }
 
 /// Hands `items` (index in the workload, request) of one tenant over as
@@ -124,7 +174,7 @@ pub async fn hand_over(
     target: &Target,
     key: Option<&str>,
     items: &[(usize, &WorkRequest)],
-) -> Result<HashMap<usize, bool>, String> {
+) -> Result<HashMap<usize, bool>, HandoverError> {
     let mut file = String::new();
     for (i, w) in items {
         let line = serde_json::json!({

@@ -198,7 +198,7 @@ fn spawn_handovers(
             let answered = handover::hand_over(&client, &target, key.as_deref(), &refs).await;
             let end = clock.now();
             if let Err(e) = &answered {
-                eprintln!("batch handover failed: {e}");
+                eprintln!("batch handover failed: {}", crate::fault::Chain(e));
             }
             let answered = answered.unwrap_or_default();
             owned

@@ -202,43 +202,55 @@ pub fn reference() -> Scenario {
     }
 }
 
+/// Why a scenario file cannot be played: the operator's file, refused
+/// before anything runs.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// Not TOML of a scenario's shape.
+    #[error(transparent)]
+    Toml(toml::de::Error),
+    /// A tenant's settings cannot make a workload; `rule` says which.
+    #[error("tenant {tenant}: {rule}")]
+    Tenant { tenant: String, rule: &'static str },
+}
+
 impl Scenario {
     /// Reads a scenario file (TOML).
-    pub fn from_toml(text: &str) -> Result<Scenario, String> {
-        let s: Scenario = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
+        let s: Scenario = toml::from_str(text).map_err(ScenarioError::Toml)?;
         s.check()?;
         Ok(s)
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), ScenarioError> {
         for t in &self.tenants {
+            let broken = |rule| ScenarioError::Tenant {
+                tenant: t.name.clone(),
+                rule,
+            };
             let bad_range = |r: [u32; 2]| r[0] > r[1];
             if bad_range(t.prompt_tokens) || bad_range(t.output_tokens) || t.output_tokens[0] == 0 {
-                return Err(format!(
-                    "tenant {}: token ranges are [low, high] with low ≤ high and output ≥ 1",
-                    t.name
+                return Err(broken(
+                    "token ranges are [low, high] with low ≤ high and output ≥ 1",
                 ));
             }
             match &t.arrivals {
                 Arrivals::Poisson { rate } if !(rate.is_finite() && *rate > 0.0) => {
-                    return Err(format!("tenant {}: poisson rate must be > 0", t.name));
+                    return Err(broken("poisson rate must be > 0"));
                 }
                 Arrivals::Bursts { every, .. } if every.is_zero() => {
-                    return Err(format!("tenant {}: bursts need every > 0", t.name));
+                    return Err(broken("bursts need every > 0"));
                 }
                 Arrivals::Closed { clients: 0, .. } => {
-                    return Err(format!(
-                        "tenant {}: a closed loop needs clients ≥ 1",
-                        t.name
-                    ));
+                    return Err(broken("a closed loop needs clients ≥ 1"));
                 }
                 _ => {}
             }
             if t.prefix.as_ref().is_some_and(|p| p.groups == 0) {
-                return Err(format!("tenant {}: prefix needs groups ≥ 1", t.name));
+                return Err(broken("prefix needs groups ≥ 1"));
             }
             if t.conversation.as_ref().is_some_and(|c| c.turns == 0) {
-                return Err(format!("tenant {}: conversation needs turns ≥ 1", t.name));
+                return Err(broken("conversation needs turns ≥ 1"));
             }
         }
         Ok(())
@@ -425,6 +437,11 @@ arrivals = { poisson = { rate = 0.0 } }
 prompt_tokens = [1, 2]
 output_tokens = [1, 2]
 "#;
-        assert!(Scenario::from_toml(bad).unwrap_err().contains("rate"));
+        assert!(
+            Scenario::from_toml(bad)
+                .unwrap_err()
+                .to_string()
+                .contains("rate")
+        );
     }
 }

@@ -43,7 +43,7 @@
 //! is passed to the template as it is (vLLM may flatten it first).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use aho_corasick::{AhoCorasick, MatchKind};
@@ -153,8 +153,64 @@ struct TokenizerConfig {
     rest: serde_json::Map<String, serde_json::Value>,
 }
 
-fn load_error(what: &Path, e: impl std::fmt::Display) -> String {
-    format!("{}: {e}", what.display())
+/// Why a pool's tokenizer files could not be loaded. They are the
+/// operator's, so it is the policy's fault, and trying again cannot help
+/// until the files change.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A file could not be read.
+    #[error("{}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The tokenizer file could not be read or is not one.
+    #[error("{}", .path.display())]
+    Tokenizer {
+        path: PathBuf,
+        #[source]
+        source: tokenizers::Error,
+    },
+    /// The tokenizer's config is not JSON of its shape.
+    #[error("{}", .path.display())]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The chat template (in `path`) does not compile.
+    #[error("{}: the chat template does not compile", .path.display())]
+    Template {
+        path: PathBuf,
+        #[source]
+        source: Error,
+    },
+}
+
+/// Why a chat could not be rendered or tokenized: messages that are not
+/// JSON, or that the template refuses, are the caller's fault; a tokenizer
+/// failing on text is ours. The same text fails the same way again.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    /// The messages or tools are not JSON.
+    #[error("the messages are not JSON")]
+    Json(#[source] serde_json::Error),
+    /// The template refused the messages (`raise_exception`), failed on
+    /// them, or there is none.
+    #[error("the chat template failed")]
+    Template(#[source] Error),
+    /// The tokenizer failed on the rendered text.
+    #[error("tokenizing failed")]
+    Tokenize(#[source] tokenizers::Error),
+}
+
+/// A read of `path` that failed.
+fn unread(path: &Path) -> impl FnOnce(std::io::Error) -> LoadError + '_ {
+    move |source| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    }
 }
 
 impl ChatTokenizer {
@@ -165,17 +221,23 @@ impl ChatTokenizer {
         tokenizer: &Path,
         config: Option<&Path>,
         template: Option<&Path>,
-    ) -> Result<Self, String> {
-        let tok = Tokenizer::from_file(tokenizer).map_err(|e| load_error(tokenizer, e))?;
+    ) -> Result<Self, LoadError> {
+        let tok = Tokenizer::from_file(tokenizer).map_err(|source| LoadError::Tokenizer {
+            path: tokenizer.to_owned(),
+            source,
+        })?;
         let cfg: TokenizerConfig = match config {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| load_error(p, e))?;
-                serde_json::from_str(&text).map_err(|e| load_error(p, e))?
+                let text = std::fs::read_to_string(p).map_err(unread(p))?;
+                serde_json::from_str(&text).map_err(|source| LoadError::Config {
+                    path: p.to_owned(),
+                    source,
+                })?
             }
             None => TokenizerConfig::default(),
         };
         let source = match (template, &cfg.chat_template) {
-            (Some(p), _) => Some(std::fs::read_to_string(p).map_err(|e| load_error(p, e))?),
+            (Some(p), _) => Some(std::fs::read_to_string(p).map_err(unread(p))?),
             (None, Some(serde_json::Value::String(s))) => Some(s.clone()),
             // A list of named templates: the "default" one.
             (None, Some(serde_json::Value::Array(list))) => list
@@ -197,10 +259,11 @@ impl ChatTokenizer {
         let env = match source {
             Some(src) => {
                 let mut env = environment();
-                env.add_template_owned(TEMPLATE, src).map_err(|e| {
-                    let what = template.or(config).unwrap_or(tokenizer);
-                    load_error(what, format!("the chat template does not compile: {e}"))
-                })?;
+                env.add_template_owned(TEMPLATE, src)
+                    .map_err(|source| LoadError::Template {
+                        path: template.or(config).unwrap_or(tokenizer).to_owned(),
+                        source,
+                    })?;
                 Some(env)
             }
             None => None,
@@ -274,13 +337,13 @@ impl ChatTokenizer {
         messages: &str,
         tools: Option<&str>,
         add_generation_prompt: bool,
-    ) -> Result<String, String> {
+    ) -> Result<String, ChatError> {
         let json = format!(
             r#"{{"messages":{messages},"tools":{},"add_generation_prompt":{add_generation_prompt}}}"#,
             tools.unwrap_or("null")
         );
-        let b: Body<'_> = serde_json::from_str(&json).map_err(|e| e.to_string())?;
-        self.render_chat(&b).map_err(|e| e.to_string())
+        let b: Body<'_> = serde_json::from_str(&json).map_err(ChatError::Json)?;
+        self.render_chat(&b).map_err(ChatError::Template)
     }
 
     fn render_chat(&self, b: &Body<'_>) -> Result<String, Error> {
@@ -314,7 +377,7 @@ impl ChatTokenizer {
 
     /// `text`'s ids, no special tokens added, cut and cached as the module
     /// docs say.
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ChatError> {
         let mut ids = Vec::new();
         let Some((ac, cut_ids)) = &self.cut else {
             self.piece(text, &mut ids)?;
@@ -330,7 +393,7 @@ impl ChatTokenizer {
         Ok(ids)
     }
 
-    fn piece(&self, text: &str, ids: &mut Vec<u32>) -> Result<(), String> {
+    fn piece(&self, text: &str, ids: &mut Vec<u32>) -> Result<(), ChatError> {
         if text.is_empty() {
             return Ok(());
         }
@@ -342,7 +405,7 @@ impl ChatTokenizer {
         let enc = self
             .tokenizer
             .encode_fast(text, false)
-            .map_err(|e| e.to_string())?;
+            .map_err(ChatError::Tokenize)?;
         let got: Arc<[u32]> = enc.get_ids().into();
         ids.extend_from_slice(&got);
         self.cache.lock().put(key, got);

@@ -42,6 +42,6 @@ impl Scraper {
             &String::from_utf8_lossy(&body),
             self.clock.now().as_secs_f64(),
         )
-        .map_err(|reason| ScrapeError::unusable(&self.url, reason))
+        .map_err(|e| ScrapeError::unusable(&self.url, crate::fault::Chain(&e)))
     }
 }

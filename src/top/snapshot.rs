@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::poller::expo::parse_float;
-use crate::poller::{HistogramBucket, Sample, parse};
+use crate::poller::{HistogramBucket, ParseError, Sample, parse};
 
 /// A `fairway_requests_total` series of one tenant: (model, outcome, reason).
 pub(super) type Series = (String, String, String);
@@ -94,20 +94,28 @@ pub(super) struct ClusterFigures {
     pub(super) leases: BTreeMap<(String, String), f64>,
 }
 
+/// Why a `/metrics` body is not a Fairway gateway's: the address the
+/// operator gave is some other server's.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("not a Prometheus exposition")]
+    NotExposition(#[source] ParseError),
+    /// A Prometheus exposition, but not Fairway's.
+    #[error("no fairway_ metrics in the body; is this Fairway's admin /metrics endpoint?")]
+    NotFairway,
+}
+
 impl Snapshot {
     /// Reads a `/metrics` body read at `at_secs` (seconds on a clock the
     /// caller keeps steady between scrapes; only differences are used).
     ///
-    /// `Err` (a message for the operator) when the body is not a Prometheus
+    /// `Err` when the body is not a Prometheus
     /// exposition, or holds no `fairway_` metric at all (the address is
     /// some other server).
-    pub fn from_text(text: &str, at_secs: f64) -> Result<Snapshot, String> {
-        let expo = parse(text).map_err(|e| format!("not a Prometheus exposition: {e}"))?;
+    pub fn from_text(text: &str, at_secs: f64) -> Result<Snapshot, SnapshotError> {
+        let expo = parse(text).map_err(SnapshotError::NotExposition)?;
         if !expo.samples.iter().any(|s| s.name.starts_with("fairway_")) {
-            return Err(
-                "no fairway_ metrics in the body; is this Fairway's admin /metrics endpoint?"
-                    .to_owned(),
-            );
+            return Err(SnapshotError::NotFairway);
         }
         let mut snap = Snapshot {
             at_secs,

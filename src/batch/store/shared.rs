@@ -149,7 +149,7 @@ impl Shared {
     /// Connects lazily (nothing is sent until the first call).
     pub fn connect(c: &SharedConfig<'_>) -> Result<Shared, StoreError> {
         let con = crate::cluster::connection(c.cluster, Duration::from_secs(10))
-            .map_err(|e| StoreError::Remote("redis", e))?;
+            .map_err(StoreError::Connect)?;
         // `s3://bucket/prefix`: the builder reads the bucket, the keys go
         // under the prefix.
         let prefix = c

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::EnvLookup;
 use super::reader::{Reader, Table, Zero};
+use super::url::UrlError;
 use crate::config::policy::{ClusterPolicy, Secret, SentinelStore, StoreFailure};
 
 pub(super) const CLUSTER_KEYS: &[&str] = &[
@@ -38,7 +39,7 @@ pub(super) fn read_cluster(
             match check_store_url(&url) {
                 Ok(()) => Some(url),
                 Err(e) => {
-                    r.error(v.span(), p, e);
+                    r.error(v.span(), p, e.to_string());
                     None
                 }
             }
@@ -122,12 +123,12 @@ pub(super) fn read_cluster(
 
 /// `redis://host[:port][/db]` or `rediss://…`, with no password in it (it
 /// would show in `/admin/policy`; `password_env` holds it).
-fn check_store_url(url: &str) -> Result<(), String> {
+fn check_store_url(url: &str) -> Result<(), UrlError> {
     if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
         let Some(SentinelStore { hosts, .. }) = SentinelStore::parse(url) else {
-            return Err(format!(
-                "\"{url}\": expected redis+sentinel://host:port[,host:port…]/name (the sentinels, and the name they know the primary by)"
-            ));
+            return Err(UrlError::NotSentinel {
+                url: url.to_owned(),
+            });
         };
         for h in &hosts {
             check_store_url(&format!("redis://{h}"))?;
@@ -135,24 +136,26 @@ fn check_store_url(url: &str) -> Result<(), String> {
         return Ok(());
     }
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(format!(
-            "\"{url}\" is not a URL; expected redis://host:port"
-        ));
+        return Err(UrlError::NotStoreUrl {
+            url: url.to_owned(),
+        });
     };
     if scheme != "redis" && scheme != "rediss" {
-        return Err(format!(
-            "scheme `{scheme}` is not supported; use redis://, rediss:// (TLS) or redis+sentinel://"
-        ));
+        return Err(UrlError::StoreScheme {
+            scheme: scheme.to_owned(),
+        });
     }
     let authority = rest.split('/').next().unwrap_or_default();
     if let Some((userinfo, _)) = authority.rsplit_once('@')
         && userinfo.contains(':')
     {
-        return Err("put the password in the variable `password_env` names, not in the URL".into());
+        return Err(UrlError::Password);
     }
     let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     if host.is_empty() || host.starts_with(':') {
-        return Err(format!("\"{url}\" has no host"));
+        return Err(UrlError::NoHost {
+            url: url.to_owned(),
+        });
     }
     Ok(())
 }

@@ -5,12 +5,12 @@
 //! exactly one of `url` and `sim`.
 
 use std::collections::HashMap;
-use std::net::Ipv6Addr;
 use std::time::Duration;
 
 use super::prefix::{check_kv_events, read_kv_events, read_prefix, read_tokenizer};
 use super::reader::{Reader, Table, Value, Zero};
 use super::sim::read_sim;
+use super::url::{parse_http_url, split_http_url};
 use crate::config::policy::{
     BackendPolicy, BackendTarget, HttpEndpoint, MetricsDialect, OutlierPolicy, PoolPolicy, Strategy,
 };
@@ -460,72 +460,5 @@ fn read_path(r: &mut Reader<'_>, v: &Value<'_>, path: &str) -> Option<String> {
             format!("invalid path \"{s}\": expected an absolute path such as \"/health\""),
         );
         None
-    }
-}
-
-/// Parses `http://host:port[/]` into `host:port`.
-pub(super) fn parse_http_url(url: &str) -> Result<String, String> {
-    let (authority, tail) = split_http_url(url)?;
-    if !tail.is_empty() && tail != "/" {
-        return Err(format!(
-            "a backend url has no path, query or fragment (found \"{tail}\"): \
-             Fairway adds the API path itself; {EXPECTED_URL}"
-        ));
-    }
-    Ok(authority)
-}
-
-const EXPECTED_URL: &str = "expected http://host:port, e.g. \"http://10.0.0.5:8000\"";
-
-/// Splits `http://host:port<tail>` into a checked `host:port` and the tail
-/// (path, query, fragment; possibly empty).
-fn split_http_url(url: &str) -> Result<(String, &str), String> {
-    const EXPECTED: &str = EXPECTED_URL;
-    let lower = url.to_ascii_lowercase();
-    if lower.starts_with("https://") {
-        return Err(
-            "https backends are not supported yet (TLS to backends is not built); use http://host:port"
-                .to_owned(),
-        );
-    }
-    let Some(rest) = lower
-        .starts_with("http://")
-        .then(|| &url["http://".len()..])
-    else {
-        return Err(EXPECTED.to_owned());
-    };
-    let (authority, tail) = match rest.find(['/', '?', '#']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    if authority.contains('@') {
-        return Err(format!(
-            "credentials in the url are not supported; {EXPECTED}"
-        ));
-    }
-    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
-        let Some((ip, port)) = bracketed.split_once(']') else {
-            return Err(format!("unclosed `[` in the host; {EXPECTED}"));
-        };
-        if ip.parse::<Ipv6Addr>().is_err() {
-            return Err(format!("\"{ip}\" is not an IPv6 address"));
-        }
-        (&authority[..ip.len() + 2], port.strip_prefix(':'))
-    } else {
-        match authority.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        }
-    };
-    let is_host_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_';
-    if host.is_empty() || (!host.starts_with('[') && !host.chars().all(is_host_char)) {
-        return Err(format!("missing or invalid host; {EXPECTED}"));
-    }
-    let Some(port) = port.filter(|p| !p.is_empty()) else {
-        return Err(format!("missing port; {EXPECTED}"));
-    };
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok((format!("{host}:{p}"), tail)),
-        _ => Err(format!("invalid port \"{port}\"; {EXPECTED}")),
     }
 }

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::policy::{BackendPolicy, KvEventsSource, PoolTokenizer, PrefixSpec, Strategy};
+use crate::fault::Chain;
 use crate::tokens::ChatTokenizer;
 
 const KEYS: &[&str] = &["endpoint", "replay", "topic"];
@@ -196,7 +197,7 @@ pub(super) fn read_tokenizer(r: &mut Reader<'_>, t: &Table<'_, '_>) -> Option<Po
             r.error(
                 span,
                 &t.child("tokenizer"),
-                format!("cannot load the tokenizer: {why}"),
+                format!("cannot load the tokenizer: {}", Chain(&why)),
             );
             None
         }

@@ -3,8 +3,8 @@ use std::time::Duration;
 
 use proptest::prelude::{Just, ProptestConfig, any, prop_assert, prop_oneof, proptest};
 
-use super::pools::parse_http_url;
 use super::tenants::sha256;
+use super::url::parse_http_url;
 use super::{parse_policy, parse_policy_with_env, summary};
 use crate::config::EngineParams;
 use crate::config::file::ConfigError;

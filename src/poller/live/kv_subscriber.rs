@@ -32,6 +32,7 @@ use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage
 use super::Sink;
 use crate::config::KvEventsSource;
 use crate::core::scheduler::PrefixEvent;
+use crate::fault::Chain;
 use crate::poller::kv_events::{EventBatch, Feed, Sequence, decode_batch, decode_seq};
 
 /// How long a connection (to the publisher or the replay socket) may take.
@@ -149,7 +150,7 @@ pub(super) async fn follow(
             Ok(s) => s,
             Err(why) => {
                 if followed {
-                    tracing::warn!(backend = %name, endpoint = %target.source.endpoint, error = %why, "KV events: publisher unreachable; routing on approximate prefixes");
+                    tracing::warn!(backend = %name, endpoint = %target.source.endpoint, error = %Chain(&why), "KV events: publisher unreachable; routing on approximate prefixes");
                     followed = false;
                     feed.reset();
                     stats.connected.store(0, Ordering::Relaxed);
@@ -272,16 +273,29 @@ fn decode(msg: &ZmqMessage, stats: &KvStats) -> Option<(u64, EventBatch)> {
     decoded
 }
 
-async fn subscribe(source: &KvEventsSource) -> Result<SubSocket, String> {
+/// Why the engine's publisher could not be followed: the engine's side
+/// (not up, or not publishing), so the backend's fault; the task tries
+/// again, backing off.
+#[derive(Debug, thiserror::Error)]
+enum SubscribeError {
+    #[error("connect timed out")]
+    ConnectTimeout,
+    #[error("connecting")]
+    Connect(#[source] zeromq::ZmqError),
+    #[error("subscribing")]
+    Subscribe(#[source] zeromq::ZmqError),
+}
+
+async fn subscribe(source: &KvEventsSource) -> Result<SubSocket, SubscribeError> {
     let mut sub = SubSocket::new();
     match tokio::time::timeout(CONNECT_TIMEOUT, sub.connect(&source.endpoint)).await {
-        Err(_) => return Err("connect timed out".into()),
-        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err(SubscribeError::ConnectTimeout),
+        Ok(Err(e)) => return Err(SubscribeError::Connect(e)),
         Ok(Ok(())) => {}
     }
     sub.subscribe(&source.topic)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(SubscribeError::Subscribe)?;
     Ok(sub)
 }
 

@@ -57,6 +57,18 @@ enum Part {
 /// An incremental reader of a `multipart/form-data` body (RFC 7578) that
 /// keeps only what routing needs: the `model` and `stream` fields and the
 /// file's first bytes, size and position.
+/// Why a multipart form cannot be read: the client's fault, and the same
+/// body fails again. Its message is the one the client reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormError {
+    /// A part's headers run past [`HEADER_LIMIT`].
+    #[error("a multipart part's headers are too long")]
+    HeadersTooLong,
+    /// A field read for routing (`model`, `stream`) runs past its limit.
+    #[error("the form field `{0}` is too long")]
+    FieldTooLong(&'static str),
+}
+
 #[derive(Debug)]
 pub struct Form {
     delimiter: Vec<u8>,
@@ -110,7 +122,7 @@ impl Form {
     }
 
     /// Reads the next bytes of the body.
-    pub fn feed(&mut self, chunk: &[u8]) -> Result<(), String> {
+    pub fn feed(&mut self, chunk: &[u8]) -> Result<(), FormError> {
         self.fed += chunk.len() as u64;
         if self.state == State::End {
             return Ok(());
@@ -178,22 +190,22 @@ impl Form {
     /// not before the end of `buf` less a partial terminator of `len`
     /// bytes. Judged by position, so the answer does not depend on how the
     /// body was cut into chunks.
-    fn bounded(&self, found: Option<usize>, len: usize) -> Result<(), String> {
+    fn bounded(&self, found: Option<usize>, len: usize) -> Result<(), FormError> {
         let earliest = found.unwrap_or_else(|| (self.buf.len() + 1).saturating_sub(len));
         if earliest > HEADER_LIMIT {
-            return Err("a multipart part's headers are too long".into());
+            return Err(FormError::HeadersTooLong);
         }
         Ok(())
     }
 
     /// The first `n` bytes of `buf` belong to the current part.
-    fn content(&mut self, n: usize) -> Result<(), String> {
+    fn content(&mut self, n: usize) -> Result<(), FormError> {
         let bytes = &self.buf[..n];
         match &mut self.part {
             Part::Preamble | Part::Other => {}
             Part::Field(name, value) => {
                 if value.len() + n > VALUE_LIMIT {
-                    return Err(format!("the form field `{name}` is too long"));
+                    return Err(FormError::FieldTooLong(name));
                 }
                 value.extend_from_slice(bytes);
             }

@@ -129,7 +129,8 @@ pub(super) async fn transcription(
         let frame = frame
             .map_err(|e| ApiError::bad_request(format!("Could not read the request body: {e}")))?;
         if let Ok(data) = frame.into_data() {
-            form.feed(&data).map_err(ApiError::bad_request)?;
+            form.feed(&data)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
         }
     }
     let model = form.model.clone().unwrap_or_default();
