@@ -1,7 +1,7 @@
 //! The floor under the gateway's data path: a reverse proxy with the
 //! gateway's runtime shape and nothing else. One current-thread runtime
 //! per worker accepting on its own `SO_REUSEPORT` socket, hyper's HTTP/1
-//! server, the gateway's per-thread backend pool (`fairway::gateway::pool`)
+//! server, the gateway's per-thread backend pool (`fairway::gateway::connections`)
 //! and round robin over the backends: no policy, no body parsing, no
 //! metrics, no log.
 //!
@@ -26,7 +26,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpSocket};
 
-use fairway::gateway::pool;
+use fairway::gateway::connections;
 use fairway::gateway::upstream;
 
 /// The gateway's allocator, for a like-for-like floor.
@@ -42,7 +42,7 @@ struct Shared {
 async fn proxy(
     shared: Arc<Shared>,
     req: Request<Incoming>,
-) -> Result<Response<pool::Body>, pool::Error> {
+) -> Result<Response<connections::Body>, fairway::protocol::upstream::UpstreamError> {
     let (mut parts, body) = req.into_parts();
     // The request body is read whole, as the gateway reads it.
     let body = body.collect().await?.to_bytes();
@@ -58,7 +58,7 @@ async fn proxy(
         .headers
         .insert(http::header::HOST, backend.as_str().parse().unwrap());
     let up = Request::from_parts(parts, upstream::whole(body));
-    pool::send(backend, up).await
+    connections::send(backend, up).await
 }
 
 fn listener(addr: SocketAddr) -> TcpListener {

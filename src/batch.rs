@@ -20,7 +20,7 @@ pub mod store;
 use std::sync::Arc;
 
 use crate::config::BatchPolicy;
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::protocol::batch::{Batch, CreateBatch, FileObject, Status};
 use store::{Store, StoreError, StoredBatch, StoredFile};
 

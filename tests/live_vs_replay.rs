@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use fairway::config::parse_policy;
 use fairway::replay::Variant;
-use fairway::replay::live::{Target, play};
+use fairway::replay::load::{Target, play};
 use fairway::replay::report::{RunReport, summarise};
 use fairway::replay::scenario::Scenario;
 use fairway::replay::sim::{RunOptions, run};

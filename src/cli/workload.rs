@@ -155,16 +155,16 @@ pub struct LoadArgs {
 
 /// Plays the workload against a running gateway and reports it.
 pub async fn load(a: LoadArgs) -> anyhow::Result<()> {
-    use crate::replay::{live, report};
+    use crate::replay::{load, report};
     let (policy, work) = load_workload(&a.source)?;
-    let target = live::Target {
+    let target = load::Target {
         authority: a.target.clone(),
         keys: a.keys.into_iter().collect(),
         timeout: a.timeout,
         batch_as: a.batch_as,
     };
     eprintln!("playing {} requests against {}", work.len(), a.target);
-    let trace = live::play(&policy, &work, &target).await;
+    let trace = load::play(&policy, &work, &target).await;
     let run = report::summarise(crate::replay::Variant::of(&policy), &trace);
     print!("{}", report::table(std::slice::from_ref(&run)));
     if let Some(path) = &a.json {

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use crate::edge::reload::{Reloaded, reload};
 use crate::edge::services::Services;
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::gateway::tenant::constant_time_eq;
 use crate::net::body::{self, BoxBody};
 use crate::protocol::error::ApiError;

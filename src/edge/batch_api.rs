@@ -23,7 +23,7 @@ use serde_json::json;
 
 use crate::batch::{BatchError, Batches, Scope};
 use crate::edge::usage_page::{Caller, caller};
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::net::body::{self, BoxBody, RequestBody};
 use crate::protocol::error::ApiError;
 

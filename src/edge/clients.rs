@@ -24,7 +24,7 @@ use tracing::instrument::WithSubscriber;
 
 use crate::edge::conn;
 use crate::edge::services::Services;
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::net::accept::accept_loop;
 use crate::net::body::BodyError;
 use crate::net::tls;
@@ -293,7 +293,7 @@ async fn worker(
         let mut every = tokio::time::interval(crate::net::client::IDLE_TIMEOUT / 3);
         loop {
             every.tick().await;
-            crate::gateway::pool::sweep();
+            crate::gateway::connections::sweep();
         }
     });
     accept_loop(

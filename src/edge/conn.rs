@@ -22,7 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 
 /// File descriptors kept free of client connections, for the listeners,
 /// backend health checks and scrapes, the policy file, logs and traces.

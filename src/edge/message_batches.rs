@@ -18,7 +18,7 @@ use serde_json::json;
 
 use super::batch_api::{ok, query, read_json, scope};
 use crate::batch::{BatchError, Batches, Scope};
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::net::body::{self, BoxBody, RequestBody};
 
 /// Whether these routes own `path`.

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::clock::unix_seconds;
 use crate::config::{ConfigError, Policy, load_policy};
 use crate::edge::services::{Services, start_sims};
-use crate::gateway::live::derive_live;
+use crate::gateway::live_policy::derive_live;
 use crate::hex::hex;
 
 /// Why a reload was refused.

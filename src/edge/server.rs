@@ -42,9 +42,9 @@ use crate::edge::listeners::{Listeners, worker_sockets};
 use crate::edge::services::{PolicySource, Services, start_sims};
 use crate::edge::stack::edge;
 use crate::edge::{admin, conn, reload};
-use crate::gateway::handle::{Gateway, Parts};
-use crate::gateway::live::derive_live;
+use crate::gateway::live_policy::derive_live;
 use crate::gateway::scheduling::Scheduling;
+use crate::gateway::state::{Gateway, Parts};
 use crate::net::accept::accept_loop;
 use crate::net::tls;
 use crate::poller::Pollers;
@@ -142,7 +142,7 @@ impl Server {
             }
             None => (None, None),
         };
-        let spec = crate::gateway::handle::cluster_spec(&policy, cluster.as_deref());
+        let spec = crate::gateway::state::cluster_spec(&policy, cluster.as_deref());
         let mut sched = Scheduler::new(&spec, clock.now(), rand::random());
         if cluster.is_some() {
             sched.share_homes();

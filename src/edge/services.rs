@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::config::{BackendTarget, Policy};
 use crate::core::spec::Api;
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::poller::Pollers;
 use crate::sim::backend::{SimBackend, SimHandle};
 

@@ -16,9 +16,9 @@ use crate::edge::admin;
 use crate::edge::layers::{
     BodyLimitLayer, DrainLayer, PanicResponse, RequestIdLayer, RequestLimitLayer, SensitiveLayer,
 };
-use crate::gateway::handle::Gateway;
 use crate::gateway::request;
 use crate::gateway::request::Call;
+use crate::gateway::state::Gateway;
 use crate::net::body::{BodyError, BoxBody, RequestBody};
 use crate::protocol::error::{ApiError, close_if_body_unread};
 

@@ -77,7 +77,7 @@ mod tests {
     fn listed_adapters_merge_over_backends_and_go_with_them() {
         let d = Discovered::default();
         let body = br#"{"object":"list","data":[{"id":"base","parent":null},{"id":"sql","parent":"base"}]}"#;
-        let listed = crate::poller::live::from_models_list(body).unwrap();
+        let listed = crate::poller::tasks::from_models_list(body).unwrap();
         assert_eq!(listed, ["sql"]);
         d.report("b0", "base", listed);
         d.report("b1", "base", vec!["chat".into()]);
@@ -85,6 +85,6 @@ mod tests {
         assert_eq!(d.base_of("chat").as_deref(), Some("base"));
         d.forget("b1");
         assert_eq!(d.base_of("chat"), None);
-        assert_eq!(crate::poller::live::from_models_list(b"not json"), None);
+        assert_eq!(crate::poller::tasks::from_models_list(b"not json"), None);
     }
 }

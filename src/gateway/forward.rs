@@ -14,12 +14,12 @@ use http::Response;
 use crate::core::ids::BackendId;
 use crate::core::scheduler::Decision;
 use crate::fault::Chain;
-use crate::gateway::handle::Gateway;
-use crate::gateway::live::Live;
-use crate::gateway::pool;
+use crate::gateway::connections;
+use crate::gateway::live_policy::Live;
 use crate::gateway::scheduling::Pending;
-use crate::gateway::stop::StopCall;
+use crate::gateway::state::Gateway;
 use crate::gateway::ticket::{Ticket, backend_fault};
+use crate::gateway::triton_stop::StopCall;
 use crate::gateway::upstream::{self, Address};
 use crate::protocol::audio;
 use crate::protocol::error::ApiError;
@@ -65,7 +65,7 @@ pub async fn forward(
     mut pending: Pending,
     preemptible: bool,
     ticket: &mut Ticket,
-) -> Result<(Response<pool::Body>, Pending), ApiError> {
+) -> Result<(Response<connections::Body>, Pending), ApiError> {
     let server = &live.policy.server;
     let pool_policy = &live.policy.pools[out.pool_index];
     // An upload's backend answers once it has the whole body, which the
@@ -89,7 +89,7 @@ pub async fn forward(
             continue;
         }
         let (up, address) = prepare(gw, live, &out, backend, ticket)?;
-        let sent = tokio::time::timeout(allowed, pool::send(&address.authority, up));
+        let sent = tokio::time::timeout(allowed, connections::send(&address.authority, up));
         let result = if preemptible {
             // Batch work: until its response starts, the scheduler may
             // take its slot back. Dropping the upstream call closes the

@@ -4,19 +4,19 @@
 
 pub mod access;
 pub mod adapters;
+pub mod connections;
 pub mod forward;
-pub mod handle;
-pub mod live;
+pub mod live_policy;
 pub mod origins;
 pub mod passthrough;
-pub mod pool;
 pub mod relay;
 pub mod request;
 pub mod salt;
 pub mod scheduling;
 pub mod spans;
-pub mod stop;
+pub mod state;
 pub mod tenant;
 pub mod ticket;
+pub mod triton_stop;
 pub mod upstream;
 pub mod usage_share;

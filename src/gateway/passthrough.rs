@@ -22,10 +22,10 @@ use http_body_util::BodyExt;
 
 use crate::core::ids::BackendId;
 use crate::core::spec::Api;
-use crate::gateway::handle::Gateway;
-use crate::gateway::live::Live;
+use crate::gateway::live_policy::Live;
+use crate::gateway::state::Gateway;
 use crate::gateway::tenant::authenticate;
-use crate::gateway::{pool, upstream};
+use crate::gateway::{connections, upstream};
 use crate::net::body::{BoxBody, RequestBody};
 use crate::protocol::error::{ApiError, close_if_body_unread};
 use crate::protocol::openai;
@@ -148,7 +148,8 @@ async fn send(
         address,
         upstream::whole(body),
     )?;
-    let resp = match tokio::time::timeout(TIMEOUT, pool::send(&address.authority, up)).await {
+    let resp = match tokio::time::timeout(TIMEOUT, connections::send(&address.authority, up)).await
+    {
         Err(_) => {
             return Err(ApiError::UpstreamTimeout {
                 backend: name,

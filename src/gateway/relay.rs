@@ -82,7 +82,7 @@ pin_project_lite::pin_project! {
     /// The relayed body. Holds the request's ticket until it ends.
     pub struct RelayBody {
         #[pin]
-        inner: crate::gateway::pool::Body,
+        inner: crate::gateway::connections::Body,
         mode: Mode,
         // JSON: the body so far (up to `MAX_SCAN`), for its usage. SSE: the
         // start of an event not yet complete, held back (up to `MAX_HOLD`)
@@ -101,7 +101,7 @@ pin_project_lite::pin_project! {
 
 impl RelayBody {
     /// Wraps a backend body.
-    pub fn new(inner: crate::gateway::pool::Body, mode: Mode, ticket: Ticket) -> Self {
+    pub fn new(inner: crate::gateway::connections::Body, mode: Mode, ticket: Ticket) -> Self {
         RelayBody {
             inner,
             mode,

@@ -20,13 +20,13 @@ use crate::core::ids::TenantId;
 use crate::core::scheduler::{Arrival, Lane};
 use crate::core::spec::{Api, Strategy};
 use crate::gateway::forward::{Outgoing, Payload, forward};
-use crate::gateway::handle::Gateway;
-use crate::gateway::live::Live;
+use crate::gateway::live_policy::Live;
 use crate::gateway::relay::{Mode, RelayBody};
 use crate::gateway::scheduling::{Arrived, Pending};
+use crate::gateway::state::Gateway;
 use crate::gateway::tenant::authenticate;
 use crate::gateway::ticket::Ticket;
-use crate::gateway::{pool, upstream};
+use crate::gateway::{connections, upstream};
 use crate::net::body::{BoxBody, RequestBody};
 use crate::protocol::error::{ApiError, close_if_body_unread, rate_limit_headers};
 use crate::protocol::openai::RequestInfo;
@@ -142,7 +142,7 @@ async fn run(
     req: Request<RequestBody>,
     call: Call,
     ticket: &mut Ticket,
-) -> Result<(Response<pool::Body>, Mode, Option<Pending>), ApiError> {
+) -> Result<(Response<connections::Body>, Mode, Option<Pending>), ApiError> {
     let tenant = identify(live, &req, ticket)?;
     let path = req.uri().path().to_owned();
     let read = read(live, req, &path, call, ticket).await?;
@@ -279,7 +279,7 @@ async fn read<'p>(
 }
 
 /// The scheduler pool a request goes to.
-struct Pool {
+struct Routed {
     id: crate::core::ids::PoolId,
     /// Index into the policy's pools.
     index: usize,
@@ -296,13 +296,13 @@ fn route(
     call: Call,
     tenant: TenantId,
     ticket: &mut Ticket,
-) -> Result<Pool, ApiError> {
+) -> Result<Routed, ApiError> {
     let (id, index, is_adapter) = gw.model_pool(live, &info.model, call.api(), Some(tenant))?;
     let adapter = is_adapter.then(|| info.model.clone());
     ticket.routed(id, index, adapter.as_deref());
     closed_while_store_down(gw, live, tenant)?;
     ticket.asked(info.prompt_tokens, info.max_tokens, info.stream);
-    Ok(Pool { id, index, adapter })
+    Ok(Routed { id, index, adapter })
 }
 
 /// The `cache_salt` the gateway sets on a chat or completions request of
@@ -344,7 +344,7 @@ fn cache_salt(live: &Live, tenant: TenantId, call: Call, info: &RequestInfo) -> 
 /// request's on the same thread.
 async fn prompt_tokens(
     live: &Live,
-    pool: &Pool,
+    pool: &Routed,
     read: &Read<'_>,
     call: Call,
     salt: Option<&str>,
@@ -400,7 +400,7 @@ const INLINE_PROMPT_BYTES: usize = 32 << 10;
 /// makes; returns its decisions and whether it may be preempted.
 fn admit(
     gw: &Gateway,
-    pool: &Pool,
+    pool: &Routed,
     info: &RequestInfo,
     call: Call,
     (tenant, item): (TenantId, Option<&BatchItem>),
@@ -456,7 +456,7 @@ fn admit(
 /// Relay: the backend's answer, streamed to the client through the
 /// ticket, which finishes when the body ends.
 fn relay(
-    resp: Response<pool::Body>,
+    resp: Response<connections::Body>,
     mode: Mode,
     mut ticket: Ticket,
     pending: Option<Pending>,
@@ -484,7 +484,7 @@ impl Mode {
     /// How a call's answer is relayed: by its protocol, whether the
     /// backend answered SSE, whether the usage chunk Fairway asked for is
     /// dropped, and whether it is Triton's `infer`.
-    fn of(call: Call, resp: &Response<pool::Body>, strip_usage: bool, infer: bool) -> Mode {
+    fn of(call: Call, resp: &Response<connections::Body>, strip_usage: bool, infer: bool) -> Mode {
         let is_sse = resp
             .headers()
             .get(header::CONTENT_TYPE)

@@ -3,7 +3,7 @@
 
 use http::{HeaderMap, HeaderValue};
 
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::telemetry::otel;
 
 /// A request's spans: `fairway.request` and the phase open now.

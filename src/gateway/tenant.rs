@@ -6,7 +6,7 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use crate::core::ids::TenantId;
-use crate::gateway::live::Live;
+use crate::gateway::live_policy::Live;
 use crate::protocol::error::ApiError;
 
 /// Finds the tenant: API key (Bearer, `api-key`, or Anthropic's

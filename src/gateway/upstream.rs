@@ -111,7 +111,7 @@ impl std::fmt::Display for Address {
     }
 }
 
-/// The request to forward to `address` (see [`crate::gateway::pool::send`]):
+/// The request to forward to `address` (see [`crate::gateway::connections::send`]):
 /// the client's method, path and headers (less hop-by-hop ones and its
 /// credentials for Fairway), `X-Forwarded-For` ending with the client
 /// connection's address ([`forwarded_for`]), and `body`.

@@ -28,7 +28,7 @@ use crate::config::ClusterPolicy;
 use crate::core::admission::LeaseKind;
 use crate::telemetry::usage::{Bucket, TenantWindows};
 
-use super::live::Live;
+use super::live_policy::Live;
 
 /// What the publication reads of the gateway: the live policy and, per
 /// tenant, this replica's live numbers (implemented by `Gateway`).

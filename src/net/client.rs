@@ -1,6 +1,6 @@
 //! The HTTP client of everything but the request path: the pollers, the
 //! trace exporter, Triton's metadata calls and placement. (Requests go
-//! through the gateway's own per-thread pool, `gateway::pool`, with the
+//! through the gateway's own per-thread pool, `gateway::connections`, with the
 //! same timeouts.)
 
 use std::time::Duration;

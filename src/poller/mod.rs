@@ -14,7 +14,7 @@
 //!   publisher's msgpack batches, and SGLang's and TensorRT-LLM's), and
 //!   encodes them as the simulated engine publishes them.
 //!
-//! - `live::kv_subscriber` is the I/O half of precise prefix routing: one
+//! - `tasks::kv_subscriber` is the I/O half of precise prefix routing: one
 //!   task per backend with `kv_events`, subscribed to its engine's
 //!   publisher, with replay on gaps, resets and a watchdog.
 //!
@@ -24,11 +24,11 @@
 pub mod dialect;
 pub mod expo;
 pub mod kv_events;
-pub mod live;
+pub mod tasks;
 
 pub use dialect::{
     AgentGpu, AgentReading, DecodeError, Decoder, HistogramBucket, HistogramWindow,
     collect_buckets, quantile,
 };
 pub use expo::{ErrorKind, Exposition, MetricType, ParseError, Sample, parse, parse_strict};
-pub use live::{KvEventCounts, PollStats, Pollers, Sink};
+pub use tasks::{KvEventCounts, PollStats, Pollers, Sink};

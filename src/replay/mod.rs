@@ -11,7 +11,7 @@
 pub mod capacity;
 mod compare;
 pub mod handover;
-pub mod live;
+pub mod load;
 pub mod report;
 pub mod scenario;
 pub mod sim;

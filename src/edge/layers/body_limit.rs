@@ -15,7 +15,7 @@ use http::{Request, Response, header};
 use http_body_util::Limited;
 use tower::{Layer, Service};
 
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::gateway::ticket::refuse;
 use crate::net::body::{BoxBody, RequestBody};
 use crate::protocol::error::ApiError;

@@ -9,7 +9,7 @@ use futures_util::future::{Either, Ready, ready};
 use http::{Request, Response};
 use tower::{Layer, Service};
 
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::gateway::ticket::refuse;
 use crate::net::body::BoxBody;
 use crate::protocol::error::ApiError;

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use http::Response;
 use tower_http::catch_panic::ResponseForPanic;
 
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::net::body::BoxBody;
 use crate::protocol::error::ApiError;
 

@@ -23,7 +23,7 @@ use pin_project_lite::pin_project;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
-use crate::gateway::handle::Gateway;
+use crate::gateway::state::Gateway;
 use crate::gateway::ticket::refuse;
 use crate::net::body::{BodyError, BoxBody};
 use crate::protocol::error::ApiError;

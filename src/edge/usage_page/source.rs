@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::gateway::handle::Gateway;
-use crate::gateway::live::Live;
+use crate::gateway::live_policy::Live;
+use crate::gateway::state::Gateway;
 use crate::gateway::usage_share::{Everyone, LiveNumbers, UsageSource};
 use crate::telemetry::usage::TenantWindows;
 

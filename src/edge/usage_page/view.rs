@@ -1,7 +1,7 @@
 //! The operator's view of every tenant: a page at a time, in the order
 //! asked for.
 
-use crate::gateway::live::Live;
+use crate::gateway::live_policy::Live;
 use crate::protocol::error::ApiError;
 
 use crate::gateway::usage_share::Everyone;

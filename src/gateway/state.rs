@@ -20,7 +20,7 @@ use crate::core::scheduler::{Demand, EjectReason, PrefixEvent};
 use crate::core::spec::{Api, SchedulerSpec};
 use crate::core::time::Instant;
 use crate::gateway::adapters::Discovered;
-use crate::gateway::live::Live;
+use crate::gateway::live_policy::Live;
 use crate::gateway::origins::{ResponseOrigins, SharedOrigins};
 use crate::gateway::scheduling::{Ejected, Scheduling};
 use crate::gateway::usage_share::{

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::gateway::pool;
+use crate::gateway::connections;
 use crate::gateway::upstream::{Address, whole};
 
 /// The TensorRT-LLM LLM-API model's cancellation: the same generate URL
@@ -35,7 +35,7 @@ impl StopCall {
             return;
         };
         handle.spawn(async move {
-            let call = pool::send(&self.address.authority, req);
+            let call = connections::send(&self.address.authority, req);
             match tokio::time::timeout(Duration::from_secs(5), call).await {
                 Ok(Ok(r)) => tracing::debug!(status = r.status().as_u16(), "stop request sent"),
                 Ok(Err(e)) => {

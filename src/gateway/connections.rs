@@ -39,8 +39,7 @@ use tokio::time::Instant;
 use crate::gateway::upstream::UpBody;
 use crate::net::client::{CONNECT_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE};
 
-/// Why a backend call failed.
-pub use crate::protocol::upstream::UpstreamError as Error;
+use crate::protocol::upstream::UpstreamError;
 
 /// Reads from a backend go into a buffer of this size rather than hyper's
 /// adaptive one (8 KiB to start): every held stream keeps its upstream
@@ -57,15 +56,15 @@ struct Idle {
 
 /// A thread's idle connections, by backend.
 #[derive(Default)]
-struct Pool {
+struct IdleByBackend {
     idle: HashMap<Authority, VecDeque<Idle>>,
 }
 
 thread_local! {
-    static POOL: RefCell<Pool> = RefCell::new(Pool::default());
+    static POOL: RefCell<IdleByBackend> = RefCell::new(IdleByBackend::default());
 }
 
-impl Pool {
+impl IdleByBackend {
     /// The most recently used connection to `authority` that is ready for
     /// a request. The ones passed over (closed, idle too long, or not
     /// ready, which does not happen in practice: a connection is given
@@ -120,7 +119,10 @@ fn idle_count() -> usize {
 
 /// Sends `req` (its URI in origin form, its `Host` set) to the backend at
 /// `authority`, on an idle connection of this thread's or a new one.
-pub async fn send(authority: &Authority, req: Request<UpBody>) -> Result<Response<Body>, Error> {
+pub async fn send(
+    authority: &Authority,
+    req: Request<UpBody>,
+) -> Result<Response<Body>, UpstreamError> {
     let pooled = POOL.with(|p| p.borrow_mut().take(authority, Instant::now()));
     let req = match pooled {
         Some(mut sender) => match sender.try_send_request(req).await {
@@ -140,14 +142,14 @@ pub async fn send(authority: &Authority, req: Request<UpBody>) -> Result<Respons
 
 /// Opens a connection to `authority` and starts driving it on this
 /// thread's runtime.
-async fn connect(authority: &Authority) -> Result<Sender, Error> {
+async fn connect(authority: &Authority) -> Result<Sender, UpstreamError> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, open(authority))
         .await
-        .map_err(|_| Error::ConnectTimeout {
+        .map_err(|_| UpstreamError::ConnectTimeout {
             authority: authority.clone(),
             after: CONNECT_TIMEOUT,
         })?
-        .map_err(|source| Error::Connect {
+        .map_err(|source| UpstreamError::Connect {
             authority: authority.clone(),
             source,
         })?;
@@ -295,7 +297,7 @@ mod tests {
             .unwrap()
     }
 
-    async fn call(authority: &Authority) -> Result<Bytes, Error> {
+    async fn call(authority: &Authority) -> Result<Bytes, UpstreamError> {
         let resp = send(authority, get(authority)).await?;
         Ok(resp.into_body().collect().await?.to_bytes())
     }
