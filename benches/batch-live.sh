@@ -24,7 +24,9 @@
 # RUNS="alone lane" picks runs (alone first: the ratios are to it);
 # lane@T is the lane with [batch] live_latency_target = T; a +prio suffix
 # (lane+prio, lane@1.2+prio) adds [batch] engine_priority = 1, which
-# only the real engines (started with --scheduling-policy priority) take.
+# only the real engines (started with --scheduling-policy priority) take;
+# +pre0 preempts batch items for a waiting live request at once
+# ([preemption] min_wait = "0ms" instead of the reference's 250 ms).
 #
 # ENGINES=real runs the same against two REAL vLLM engines instead
 # (../shared/tools/real-vllm.sh: the CPU build, the random 6-layer Llama
@@ -118,12 +120,12 @@ printf '%-14s %-22s %-8s %-10s %-14s %-10s %s\n' run "api TTFT p50 / p99" "vs al
 base=""
 for run in ${RUNS:-alone live concurrency=4 lane}; do
   port=$((18600 + RANDOM % 500)); admin=$((port + 1))
-  { cat $WORK/base.toml
+  { if [[ $run == *+pre0* ]]; then sed 's/^min_wait = .*/min_wait = "0ms"/' $WORK/base.toml; else cat $WORK/base.toml; fi
     printf '\n[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\n' $port $admin
     printf '\n[batch]\ndata_dir = "%s/data-%s"\n' $WORK "${run/=/}"
     # lane@T: the lane with its loop on live latency at target T.
-    [[ $run == lane@* ]] && { t=${run#lane@}; printf 'live_latency_target = %s\n' "${t%+prio}"; }
-    [[ $run == *+prio ]] && printf 'engine_priority = 1\n'
+    [[ $run == lane@* ]] && { t=${run#lane@}; printf 'live_latency_target = %s\n' "${t%%+*}"; }
+    [[ $run == *+prio* ]] && printf 'engine_priority = 1\n'
   } > $WORK/policy.toml
   $BIN serve --config $WORK/policy.toml > $WORK/serve.log 2>&1 &
   pid=$!
