@@ -1,6 +1,6 @@
 //! The client listener's edge: tower layers for the concerns every request
 //! meets before the scheduling path (request id, panics, the listener's
-//! request cap, drain, body limit). [`crate::edge::server::edge`] stacks
+//! request cap, drain, body limit). [`crate::edge::stack::edge`] stacks
 //! them, and its doc lists the order. Admission, queueing and routing are
 //! not layers: they need the parsed body and the core's decision, so they
 //! stay one `async fn` in [`crate::gateway::request`].

@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-pub use crate::net::headers::X_REQUEST_ID;
+use crate::net::headers::X_REQUEST_ID;
 
 /// Longest client id kept; longer ones are replaced.
 const MAX_LEN: usize = 128;
