@@ -258,9 +258,7 @@ impl Scheduling {
 
     /// Applies a new spec (new cluster shares).
     pub fn apply_spec(&self, now: Instant, spec: &SchedulerSpec) {
-        let mut core = self.inner.lock();
-        let decisions = core.sched.apply_policy(spec, now);
-        core.deliver(decisions, None);
+        self.reload(now, spec, |_| ());
     }
 
     /// Applies a reloaded spec, and hands `install` the scheduler, read
